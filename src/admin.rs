@@ -1,0 +1,67 @@
+//! The metrics listener: `/metrics`, `/healthz` and `/readyz`, and nothing else.
+//!
+//! It is a separate listener from the proxy so that scraping and probing never compete with
+//! (or get forwarded as) inference traffic, and so it can be kept off the public network.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::metrics::Metrics;
+
+/// Whether the proxy should get new traffic.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    /// From now on `/readyz` answers 503.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// Answers one admin request.
+pub fn handle<B>(
+    req: &Request<B>,
+    metrics: &Metrics,
+    ready: &Arc<Readiness>,
+) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, body: &'static str| {
+        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        r
+    };
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    }
+    match req.uri().path() {
+        "/metrics" => {
+            let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if ready.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" => text(StatusCode::OK, "ready\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n",
+        ),
+    }
+}

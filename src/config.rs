@@ -1,0 +1,335 @@
+//! Command-line flags and environment variables, in two layers (as ripgrep does): the raw
+//! [`ProxyArgs`] clap parses, and the validated [`Config`] the rest of the program uses.
+//! Validation never binds a socket and never reads the process environment itself, so it is
+//! testable with plain values.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+use http::Uri;
+
+use crate::metrics::{Buckets, MetricsConfig};
+
+/// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (a path prefix is kept).
+    #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    /// Where clients connect.
+    #[arg(long, env = "TOKENMETER_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: String,
+
+    /// Where /metrics, /healthz and /readyz are served (never on the proxy listener).
+    #[arg(
+        long,
+        env = "TOKENMETER_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub metrics_listen: String,
+
+    /// GPUs behind the upstream, for tokenmeter_output_tokens_per_second_per_gpu.
+    #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
+    pub gpus: f64,
+
+    /// Distinct model label values kept; further models are counted as "other".
+    #[arg(long, env = "TOKENMETER_MAX_MODELS", default_value_t = 32)]
+    pub max_models: usize,
+
+    /// Window of the aggregate tokens/s gauges (e.g. 10s, 500ms, 1m).
+    #[arg(long, env = "TOKENMETER_RATE_WINDOW", default_value = "10s", value_parser = parse_duration)]
+    pub rate_window: Duration,
+
+    /// On SIGTERM, how long open streams may take to finish before the process exits.
+    #[arg(long, env = "TOKENMETER_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Longest SSE/NDJSON line (or non-streaming JSON body) parsed; longer ones are forwarded
+    /// untouched, not parsed, and counted in tokenmeter_parse_errors_total{reason="line_too_long"}.
+    #[arg(long, env = "TOKENMETER_MAX_LINE_BYTES", default_value_t = 1 << 20)]
+    pub max_line_bytes: usize,
+
+    /// Request bodies up to this size are read before forwarding (for the model name); larger
+    /// ones are streamed through as they come.
+    #[arg(long, env = "TOKENMETER_MAX_REQUEST_BODY", default_value_t = 8 << 20)]
+    pub max_request_body: usize,
+
+    /// Longest wait for the upstream's response headers (0 = no limit); then 504, outcome "timeout".
+    #[arg(long, env = "TOKENMETER_UPSTREAM_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// Longest silence between two body frames from the upstream (0 = no limit); then the
+    /// stream is ended, outcome "timeout".
+    #[arg(long, env = "TOKENMETER_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest time a client may take to send its request headers.
+    #[arg(long, env = "TOKENMETER_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Idle pooled upstream connections are closed after this; keep it below the server's
+    /// keep-alive (vLLM's is 5 s) so a request never picks a connection the server is closing.
+    #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
+    pub pool_idle_timeout: Duration,
+
+    /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_HTTP2")]
+    pub upstream_http2: bool,
+
+    /// TTFT histogram buckets in seconds, comma-separated (default: vLLM's).
+    #[arg(long, env = "TOKENMETER_BUCKETS_TTFT", value_parser = parse_buckets)]
+    pub buckets_ttft: Option<Vec<f64>>,
+
+    /// Inter-token latency / time-per-output-token buckets in seconds (default: vLLM's).
+    #[arg(long, env = "TOKENMETER_BUCKETS_ITL", value_parser = parse_buckets)]
+    pub buckets_itl: Option<Vec<f64>>,
+
+    /// Per-request tokens/s buckets (default: 1 to 10,000).
+    #[arg(long, env = "TOKENMETER_BUCKETS_TPS", value_parser = parse_buckets)]
+    pub buckets_tps: Option<Vec<f64>>,
+
+    /// Request duration buckets in seconds (default: vLLM's e2e latency).
+    #[arg(long, env = "TOKENMETER_BUCKETS_DURATION", value_parser = parse_buckets)]
+    pub buckets_duration: Option<Vec<f64>>,
+
+    /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
+    #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
+    pub buckets_tokens: Option<Vec<f64>>,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `scheme://host:port`, no path.
+    pub origin: Uri,
+    /// A path prefix put before every request path ("" for none).
+    pub base_path: String,
+}
+
+/// The validated configuration of a proxy.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub upstream: Upstream,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub metrics: MetricsConfig,
+    pub drain_timeout: Duration,
+    pub max_line_bytes: usize,
+    pub max_request_body: usize,
+    pub upstream_timeout: Option<Duration>,
+    pub idle_timeout: Option<Duration>,
+    pub header_read_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub upstream_http2: bool,
+}
+
+/// Why a configuration was refused: each names the flag.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("--upstream is required (or TOKENMETER_UPSTREAM)")]
+    MissingUpstream,
+    #[error("--upstream {0:?} is not a valid http:// URL: {1}")]
+    BadUpstream(String, String),
+    #[error("--{0} {1:?} is not a valid address (expected HOST:PORT, e.g. 0.0.0.0:8080)")]
+    BadAddress(&'static str, String),
+    #[error("--gpus must be a positive number, got {0}")]
+    BadGpus(f64),
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
+}
+
+/// Parses durations such as `250ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 30s, 5m)"))?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Parses a comma-separated list of increasing, finite bucket boundaries.
+pub fn parse_buckets(s: &str) -> Result<Vec<f64>, String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("{x:?} is not a number"))
+        })
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() || v.iter().any(|x| !x.is_finite()) || v.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "{s:?}: buckets must be finite and strictly increasing"
+        ));
+    }
+    Ok(v)
+}
+
+fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
+    let bad = |why: &str| ConfigError::BadUpstream(s.to_string(), why.to_string());
+    let uri: Uri = s
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => return Err(bad("https upstreams are not supported; use http://")),
+        _ => return Err(bad("it needs the http:// scheme")),
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(bad("it has no host"));
+    };
+    if uri.query().is_some() {
+        return Err(bad("it may not have a query"));
+    }
+    let origin = Uri::builder()
+        .scheme("http")
+        .authority(authority.clone())
+        .path_and_query("/")
+        .build()
+        .map_err(|e| bad(&e.to_string()))?;
+    Ok(Upstream {
+        origin,
+        base_path: uri.path().trim_end_matches('/').to_string(),
+    })
+}
+
+fn parse_addr(flag: &'static str, s: &str) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ConfigError::BadAddress(flag, s.to_string()))
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+impl ProxyArgs {
+    /// Validates the flags.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let upstream = parse_upstream(
+            self.upstream
+                .as_deref()
+                .ok_or(ConfigError::MissingUpstream)?,
+        )?;
+        if !(self.gpus.is_finite() && self.gpus > 0.0) {
+            return Err(ConfigError::BadGpus(self.gpus));
+        }
+        if self.max_models == 0 {
+            return Err(ConfigError::Zero("max-models"));
+        }
+        if self.max_line_bytes == 0 {
+            return Err(ConfigError::Zero("max-line-bytes"));
+        }
+        let d = Buckets::default();
+        Ok(Config {
+            upstream,
+            listen: parse_addr("listen", &self.listen)?,
+            metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
+            metrics: MetricsConfig {
+                buckets: Buckets {
+                    ttft: self.buckets_ttft.clone().unwrap_or(d.ttft),
+                    itl: self.buckets_itl.clone().unwrap_or(d.itl),
+                    tps: self.buckets_tps.clone().unwrap_or(d.tps),
+                    duration: self.buckets_duration.clone().unwrap_or(d.duration),
+                    tokens: self.buckets_tokens.clone().unwrap_or(d.tokens),
+                },
+                max_models: self.max_models,
+                rate_window: self.rate_window,
+                gpus: self.gpus,
+            },
+            drain_timeout: self.drain_timeout,
+            max_line_bytes: self.max_line_bytes,
+            max_request_body: self.max_request_body,
+            upstream_timeout: nonzero(self.upstream_timeout),
+            idle_timeout: nonzero(self.idle_timeout),
+            header_read_timeout: self.header_read_timeout,
+            pool_idle_timeout: self.pool_idle_timeout,
+            upstream_http2: self.upstream_http2,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: ProxyArgs,
+    }
+
+    fn args(extra: &[&str]) -> ProxyArgs {
+        let mut v = vec!["t"];
+        v.extend_from_slice(extra);
+        T::try_parse_from(v).expect("parse").a
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("5 fortnights").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn upstream_keeps_prefix_and_rejects_nonsense() {
+        let c = args(&["--upstream", "http://127.0.0.1:8000/v1/"]).validate();
+        let u = c.expect("valid").upstream;
+        assert_eq!(u.origin.to_string(), "http://127.0.0.1:8000/");
+        assert_eq!(u.base_path, "/v1");
+        for bad in [
+            "127.0.0.1:8000",
+            "ftp://x",
+            "http://",
+            "https://api.openai.com",
+            "::",
+        ] {
+            let e = args(&["--upstream", bad]).validate();
+            assert!(
+                matches!(e, Err(ConfigError::BadUpstream(..))),
+                "{bad}: {e:?}"
+            );
+        }
+        assert_eq!(
+            args(&[]).validate().err(),
+            Some(ConfigError::MissingUpstream)
+        );
+    }
+
+    #[test]
+    fn addresses_gpus_and_buckets_are_checked() {
+        let up = ["--upstream", "http://u:1"];
+        let e = args(&[&up[..], &["--listen", "nope"]].concat()).validate();
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::BadAddress("listen", "nope".into()))
+        );
+        let e = args(&[&up[..], &["--gpus", "0"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::BadGpus(0.0)));
+        assert!(parse_buckets("1,2,3").is_ok());
+        assert!(parse_buckets("1,1").is_err());
+        assert!(parse_buckets("a").is_err());
+        let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
+        assert_eq!(c.expect("valid").idle_timeout, None);
+    }
+}

@@ -1,0 +1,26 @@
+//! tokenmeter: a streaming reverse proxy that measures LLM inference.
+//!
+//! This file is the table of contents. A request's path through the code, top to bottom:
+//!
+//! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
+//! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown.
+//! - [`proxy`]: forwards one request upstream with a pooled client and wraps the response body.
+//! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
+//! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
+//! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
+//! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band).
+//! - [`metrics`]: the only module that names a metric; every label value is bounded.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
+//! - [`signal`]: SIGTERM / Ctrl-C as a future.
+
+pub mod admin;
+pub mod config;
+pub mod meter;
+pub mod metrics;
+pub mod ndjson;
+pub mod protocol;
+pub mod proxy;
+pub mod server;
+pub mod signal;
+pub mod sse;
+pub mod tap;

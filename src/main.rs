@@ -1,0 +1,75 @@
+//! The `tokenmeter` binary: parses the command line and runs the chosen mode.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokenmeter::config::ProxyArgs;
+use tokenmeter::server::Server;
+use tracing_subscriber::EnvFilter;
+
+/// A streaming reverse proxy for LLM inference servers that exports TTFT, per-request and
+/// aggregate tokens/s (at stated concurrency) as Prometheus metrics.
+#[derive(Parser)]
+#[command(name = "tokenmeter", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default when no subcommand is given).
+    Proxy(ProxyArgs),
+}
+
+/// Exit code for a configuration the user must fix (BSD's EX_USAGE).
+const EXIT_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("TOKENMETER_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = match cli.command {
+        Some(Command::Proxy(args)) => args,
+        None => cli.proxy,
+    };
+    let cfg = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tokenmeter: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tokenmeter: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let server = match Server::bind(&cfg).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("tokenmeter: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(
+            listen = %server.proxy_addr(),
+            metrics = %server.metrics_addr(),
+            upstream = %cfg.upstream.origin,
+            "tokenmeter started"
+        );
+        server.serve(tokenmeter::signal::shutdown()).await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,383 @@
+//! Per-request measurement: the state machine behind every metric of a request.
+//!
+//! A [`Meter`] is created when a request is sent upstream ([`Recorder::start`]), is told about the
+//! response ([`Meter::on_response`]), sees every body frame as it passes ([`Meter::on_data`]) and
+//! is finished exactly once ([`Meter::finish`]): at the end of the stream, on an error, or, through
+//! `Drop`, when the client went away. Everything is recorded at that one point, so a request is
+//! counted once and the in-flight gauges can never leak.
+//!
+//! Concurrency is measured, not sampled: [`Concurrency`] keeps the integral over time of the
+//! number of requests in flight, so the mean over any request's decode window is a subtraction.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use prometheus::Histogram;
+
+use crate::metrics::{concurrency_band, Metrics, Outcome, ParseError, Phase, TokenSource};
+use crate::protocol::request::RequestInfo;
+use crate::protocol::{self, Api, Extractor, Framing, Message};
+use crate::{ndjson, sse};
+
+/// The time integral of the number of requests in flight.
+#[derive(Debug)]
+pub struct Concurrency {
+    state: Mutex<ConcurrencyState>,
+}
+
+#[derive(Debug)]
+struct ConcurrencyState {
+    origin: Instant,
+    last: Instant,
+    in_flight: u64,
+    /// Sum of in_flight x seconds since `origin`, up to `last`.
+    integral: f64,
+}
+
+impl Default for Concurrency {
+    fn default() -> Self {
+        let now = Instant::now();
+        Concurrency {
+            state: Mutex::new(ConcurrencyState {
+                origin: now,
+                last: now,
+                in_flight: 0,
+                integral: 0.0,
+            }),
+        }
+    }
+}
+
+impl Concurrency {
+    fn update(&self, now: Instant, delta: i64) -> f64 {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = now.max(s.last);
+        s.integral += s.in_flight as f64 * (now - s.last).as_secs_f64();
+        s.last = now;
+        s.in_flight = s.in_flight.saturating_add_signed(delta);
+        s.integral
+    }
+
+    /// The integral up to `now` (requests x seconds).
+    pub fn integral(&self, now: Instant) -> f64 {
+        self.update(now, 0)
+    }
+
+    /// Requests in flight right now.
+    pub fn current(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_flight
+    }
+
+    /// Seconds since this tracker was created (for rates over its whole life).
+    pub fn age(&self, now: Instant) -> f64 {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        now.saturating_duration_since(s.origin).as_secs_f64()
+    }
+}
+
+/// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
+pub struct Recorder {
+    pub metrics: Arc<Metrics>,
+    pub concurrency: Concurrency,
+    /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
+    pub max_line: usize,
+}
+
+impl Recorder {
+    pub fn new(metrics: Arc<Metrics>, max_line: usize) -> Self {
+        Recorder {
+            metrics,
+            concurrency: Concurrency::default(),
+            max_line,
+        }
+    }
+
+    /// A request is being sent upstream now.
+    pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
+        let now = Instant::now();
+        self.metrics.phase(Phase::Prefill, 1);
+        self.concurrency.update(now, 1);
+        Meter {
+            recorder: Arc::clone(self),
+            decoder: Decoder::Opaque,
+            stream: Stream {
+                request,
+                start: now,
+                status: 0,
+                extractor: Box::new(protocol::Opaque::default()),
+                model: None,
+                itl: None,
+                first_byte: None,
+                first_token: None,
+                last_token: None,
+                integral_at_first: 0.0,
+                integral_at_last: 0.0,
+                counted: 0,
+            },
+            finished: false,
+        }
+    }
+}
+
+enum Decoder {
+    Sse(sse::Decoder),
+    Ndjson(ndjson::Decoder),
+    /// A whole JSON document, kept up to the line limit and parsed once at the end.
+    Json {
+        body: Vec<u8>,
+        overflow: bool,
+    },
+    Opaque,
+}
+
+/// What is known about the response so far (everything but the decoder, so the decoder's
+/// callback can borrow it).
+struct Stream {
+    request: RequestInfo,
+    /// When the request was sent upstream.
+    start: Instant,
+    status: u16,
+    extractor: Box<dyn Extractor>,
+    /// The `model` label, fixed at the first token so live and final observations agree.
+    model: Option<String>,
+    itl: Option<Histogram>,
+    first_byte: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// Concurrency integral at the first and at the latest token.
+    integral_at_first: f64,
+    integral_at_last: f64,
+    /// Output tokens counted from events so far.
+    counted: u64,
+}
+
+/// The measurement of one request.
+pub struct Meter {
+    recorder: Arc<Recorder>,
+    decoder: Decoder,
+    stream: Stream,
+    finished: bool,
+}
+
+impl Meter {
+    /// The response head arrived: choose how to read the body.
+    pub fn on_response(&mut self, status: u16, path: &str, content_type: &str, encoded: bool) {
+        self.stream.status = status;
+        if encoded {
+            // A compressed body cannot be read without decompressing it; we forward it untouched.
+            self.recorder
+                .metrics
+                .parse_error(ParseError::ContentEncoding, 1);
+            return;
+        }
+        let (framing, extractor) = protocol::select(path, content_type);
+        let max = self.recorder.max_line;
+        self.decoder = match framing {
+            Framing::Sse => Decoder::Sse(sse::Decoder::new(max)),
+            Framing::Ndjson => Decoder::Ndjson(ndjson::Decoder::new(max)),
+            Framing::Json => Decoder::Json {
+                body: Vec::new(),
+                overflow: false,
+            },
+            Framing::Opaque => Decoder::Opaque,
+        };
+        self.stream.extractor = extractor;
+    }
+
+    /// The upstream answered with an error we generated ourselves (502/504): no response head.
+    pub fn set_status(&mut self, status: u16) {
+        self.stream.status = status;
+    }
+
+    /// A body frame is passing through to the client now.
+    pub fn on_data(&mut self, data: &[u8], now: Instant) {
+        if data.is_empty() {
+            return;
+        }
+        let (stream, rec) = (&mut self.stream, &*self.recorder);
+        stream.first_byte.get_or_insert(now);
+        let mut on = |msg: Message<'_>| stream.on_message(rec, &msg, now);
+        match &mut self.decoder {
+            Decoder::Sse(d) => d.feed(data, &mut on),
+            Decoder::Ndjson(d) => d.feed(data, &mut on),
+            Decoder::Json { body, overflow } => {
+                if *overflow {
+                } else if body.len() + data.len() > rec.max_line {
+                    *overflow = true;
+                    *body = Vec::new();
+                } else {
+                    body.extend_from_slice(data);
+                }
+            }
+            Decoder::Opaque => {}
+        }
+    }
+
+    /// Ends the measurement and records it. Later calls do nothing.
+    pub fn finish(&mut self, outcome: Outcome) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let now = Instant::now();
+        self.flush(outcome == Outcome::Complete, now);
+        let rec = &*self.recorder;
+        let m = &rec.metrics;
+        let s = &self.stream;
+
+        // Leave the in-flight gauges first: nothing below may return before this.
+        let phase = if s.first_token.is_some() {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        };
+        m.phase(phase, -1);
+        rec.concurrency.update(now, -1);
+
+        let api = s.extractor.api();
+        let summary = s.extractor.summary();
+        let model = s.model.clone().unwrap_or_else(|| s.model_label(rec));
+        let code = if s.status == 0 { 502 } else { s.status };
+        m.count_request(&model, code, outcome, api);
+        m.parse_error(ParseError::InvalidJson, summary.malformed);
+        m.parse_error(ParseError::LineTooLong, self.decoder.errors());
+        m.duration
+            .with_label_values(&[&model])
+            .observe((now - s.start).as_secs_f64());
+        if let Some(fb) = s.first_byte {
+            m.ttfb
+                .with_label_values(&[&model])
+                .observe((fb - s.start).as_secs_f64());
+        }
+        if api == Api::Unknown {
+            return;
+        }
+
+        let (output, source) = match (summary.output_tokens, summary.token_id_tokens) {
+            (Some(n), _) => (n, TokenSource::Usage),
+            (None, Some(n)) => (n, TokenSource::TokenIds),
+            (None, None) => (s.counted, TokenSource::Counted),
+        };
+        if output > s.counted {
+            // The usage report corrects the windowed rate for tokens no event showed.
+            m.rate.add(output - s.counted, now);
+        }
+        m.token_source.with_label_values(&[source.as_str()]).inc();
+        m.output_tokens_total
+            .with_label_values(&[&model])
+            .inc_by(output);
+        m.output_tokens
+            .with_label_values(&[&model])
+            .observe(output as f64);
+        if let Some(input) = summary.input_tokens {
+            m.input_tokens_total
+                .with_label_values(&[&model])
+                .inc_by(input);
+            m.input_tokens
+                .with_label_values(&[&model])
+                .observe(input as f64);
+        }
+        if let (Some(first), Some(last)) = (s.first_token, s.last_token) {
+            let decode = (last - first).as_secs_f64();
+            if output >= 2 && decode > 0.0 {
+                let mean = (s.integral_at_last - s.integral_at_first) / decode;
+                // Our own request was in flight throughout: the mean is at least 1.
+                let band = concurrency_band(mean.max(1.0));
+                m.tpot
+                    .with_label_values(&[&model])
+                    .observe(decode / (output - 1) as f64);
+                m.request_tps
+                    .with_label_values(&[&model, band])
+                    .observe((output - 1) as f64 / decode);
+            }
+        }
+    }
+
+    /// Completes the decoder's pending input at the end of the body.
+    fn flush(&mut self, complete: bool, now: Instant) {
+        let (stream, rec) = (&mut self.stream, &*self.recorder);
+        let mut on = |msg: Message<'_>| stream.on_message(rec, &msg, now);
+        match &mut self.decoder {
+            Decoder::Sse(d) => d.finish(&mut on),
+            Decoder::Ndjson(d) => d.finish(&mut on),
+            Decoder::Json { body, overflow } => {
+                if *overflow {
+                    rec.metrics.parse_error(ParseError::LineTooLong, 1);
+                } else if complete && !body.is_empty() {
+                    // A non-streaming response: its tokens count, but it has no first token.
+                    let n = stream.extractor.on_message(&Message {
+                        event: "",
+                        data: body,
+                    });
+                    stream.counted += u64::from(n);
+                    rec.metrics.rate.add(u64::from(n), now);
+                }
+            }
+            Decoder::Opaque => {}
+        }
+    }
+}
+
+impl Decoder {
+    fn errors(&self) -> u64 {
+        match self {
+            Decoder::Sse(d) => d.errors().line_too_long,
+            Decoder::Ndjson(d) => d.errors().line_too_long,
+            _ => 0,
+        }
+    }
+}
+
+impl Stream {
+    fn model_label(&self, rec: &Recorder) -> String {
+        let named = self.extractor.summary().model.as_deref();
+        rec.metrics
+            .models
+            .label(named.or(self.request.model.as_deref()))
+    }
+
+    fn on_message(&mut self, rec: &Recorder, msg: &Message<'_>, now: Instant) {
+        let tokens = self.extractor.on_message(msg);
+        if tokens == 0 {
+            return;
+        }
+        let m = &rec.metrics;
+        match self.last_token {
+            None => {
+                let model = self.model_label(rec);
+                m.ttft
+                    .with_label_values(&[&model])
+                    .observe((now - self.start).as_secs_f64());
+                self.itl = Some(m.itl.with_label_values(&[&model]));
+                self.model = Some(model);
+                self.first_token = Some(now);
+                self.integral_at_first = rec.concurrency.integral(now);
+                m.phase(Phase::Prefill, -1);
+                m.phase(Phase::Decode, 1);
+            }
+            Some(last) => {
+                // Spread the gap over the tokens this event carries, observed once per token.
+                if let Some(h) = &self.itl {
+                    let per_token = (now - last).as_secs_f64() / f64::from(tokens);
+                    for _ in 0..tokens {
+                        h.observe(per_token);
+                    }
+                }
+            }
+        }
+        self.last_token = Some(now);
+        self.integral_at_last = rec.concurrency.integral(now);
+        self.counted += u64::from(tokens);
+        m.rate.add(u64::from(tokens), now);
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        // Dropped before finishing: the client went away (hyper drops the body, or the whole
+        // service future before the response head).
+        self.finish(Outcome::ClientDisconnect);
+    }
+}

@@ -1,0 +1,305 @@
+//! A sans-IO Server-Sent Events decoder, as the WHATWG HTML standard specifies it.
+//!
+//! [`Decoder::feed`] takes bytes in pieces of any size and calls back with each complete event as a
+//! [`Message`]. It never fails and never panics: lines end with CRLF, LF or a lone CR (even when the
+//! CR and LF arrive in different pieces), a leading BOM is skipped, comments and unknown fields are
+//! ignored. Memory is bounded: only an incomplete line and the current event's data are kept, and a
+//! line or event longer than the limit is dropped (and counted) instead of grown without bound.
+//!
+//! One deliberate departure from the standard: [`Decoder::finish`] dispatches an event that the
+//! stream left unterminated (no final blank line), as the OpenAI and Anthropic SDKs do, because for
+//! metering a last event carrying usage is worth more than strictness.
+
+use crate::protocol::Message;
+
+/// Errors a decoder counts instead of failing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeErrors {
+    /// Lines (or events) longer than the limit, skipped unparsed.
+    pub line_too_long: u64,
+}
+
+/// Splits an SSE byte stream into events.
+#[derive(Debug)]
+pub struct Decoder {
+    max_line: usize,
+    /// The incomplete line carried over from the previous piece.
+    line: Vec<u8>,
+    /// The current line is over the limit: skip bytes until its end.
+    skipping: bool,
+    /// The previous piece ended in CR: a leading LF in the next piece belongs to it.
+    after_cr: bool,
+    /// Nothing has been seen yet: a BOM may still come (possibly split across pieces).
+    at_start: bool,
+    event: String,
+    data: Vec<u8>,
+    /// At least one `data:` field was seen for the current event.
+    has_data: bool,
+    /// The current event's data went over the limit: it is dropped at dispatch.
+    data_overflow: bool,
+    errors: DecodeErrors,
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+impl Decoder {
+    /// A decoder that keeps at most `max_line` bytes of one line or one event's data.
+    pub fn new(max_line: usize) -> Self {
+        Decoder {
+            max_line: max_line.max(1),
+            line: Vec::new(),
+            skipping: false,
+            after_cr: false,
+            at_start: true,
+            event: String::new(),
+            data: Vec::new(),
+            has_data: false,
+            data_overflow: false,
+            errors: DecodeErrors::default(),
+        }
+    }
+
+    /// What the decoder has counted so far.
+    pub fn errors(&self) -> DecodeErrors {
+        self.errors
+    }
+
+    /// Feeds the next piece of the stream; calls `on` for every event it completes.
+    pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
+        if self.at_start {
+            // Hold back a possible partial BOM until we can tell.
+            self.line.extend_from_slice(chunk);
+            if self.line.len() < BOM.len() && BOM.starts_with(&self.line) {
+                return;
+            }
+            self.at_start = false;
+            let held = std::mem::take(&mut self.line);
+            let rest = held.strip_prefix(BOM).unwrap_or(&held);
+            self.feed_lines(rest, on);
+            return;
+        }
+        if self.after_cr && !chunk.is_empty() {
+            self.after_cr = false;
+            if let Some(rest) = chunk.strip_prefix(b"\n") {
+                chunk = rest;
+            }
+        }
+        self.feed_lines(chunk, on);
+    }
+
+    /// The stream ended: completes a final unterminated line and event.
+    pub fn finish(&mut self, on: &mut dyn FnMut(Message<'_>)) {
+        if self.at_start {
+            self.at_start = false;
+            let held = std::mem::take(&mut self.line);
+            self.feed_lines(&held, on);
+        }
+        if !self.line.is_empty() && !self.skipping {
+            let line = std::mem::take(&mut self.line);
+            self.process_line(&line, on);
+        }
+        self.line.clear();
+        self.skipping = false;
+        self.dispatch(on);
+    }
+
+    fn feed_lines(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
+        while !chunk.is_empty() {
+            let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') else {
+                self.push_partial(chunk);
+                return;
+            };
+            let (head, tail) = (&chunk[..end], &chunk[end..]);
+            // Consume the terminator: CRLF, CR or LF. A CR at the end of the piece may be
+            // followed by an LF in the next one.
+            let rest = match tail {
+                [b'\r', b'\n', rest @ ..] => rest,
+                [b'\r'] => {
+                    self.after_cr = true;
+                    &[][..]
+                }
+                [_, rest @ ..] => rest,
+                [] => &[][..],
+            };
+            if self.skipping {
+                self.skipping = false;
+                self.line.clear();
+            } else if self.line.is_empty() {
+                self.process_line(head, on);
+            } else {
+                self.push_partial(head);
+                if !self.skipping {
+                    let line = std::mem::take(&mut self.line);
+                    self.process_line(&line, on);
+                    self.line = line;
+                    self.line.clear();
+                }
+                self.skipping = false;
+            }
+            chunk = rest;
+        }
+    }
+
+    fn push_partial(&mut self, bytes: &[u8]) {
+        if self.skipping {
+            return;
+        }
+        if self.line.len() + bytes.len() > self.max_line {
+            self.errors.line_too_long += 1;
+            self.line.clear();
+            self.skipping = true;
+            // A line too long to read poisons the event it belongs to.
+            self.data_overflow = true;
+        } else {
+            self.line.extend_from_slice(bytes);
+        }
+    }
+
+    fn process_line(&mut self, line: &[u8], on: &mut dyn FnMut(Message<'_>)) {
+        if line.is_empty() {
+            self.dispatch(on);
+            return;
+        }
+        if line.len() > self.max_line {
+            self.errors.line_too_long += 1;
+            self.data_overflow = true;
+            return;
+        }
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(0) => return, // a comment
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &[][..]),
+        };
+        match field {
+            b"data" => {
+                if self.data.len() + value.len() + 1 > self.max_line {
+                    if !self.data_overflow {
+                        self.errors.line_too_long += 1;
+                    }
+                    self.data_overflow = true;
+                    self.data.clear();
+                } else if !self.data_overflow {
+                    self.data.extend_from_slice(value);
+                    self.data.push(b'\n');
+                }
+                self.has_data = true;
+            }
+            b"event" => {
+                self.event.clear();
+                self.event.push_str(&String::from_utf8_lossy(value));
+            }
+            // `id` and `retry` matter to a reconnecting client, not to a meter.
+            _ => {}
+        }
+    }
+
+    fn dispatch(&mut self, on: &mut dyn FnMut(Message<'_>)) {
+        if self.has_data && !self.data_overflow {
+            let data = self.data.strip_suffix(b"\n").unwrap_or(&self.data);
+            on(Message {
+                event: &self.event,
+                data,
+            });
+        }
+        self.event.clear();
+        self.data.clear();
+        self.has_data = false;
+        self.data_overflow = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_pieces(pieces: &[&[u8]], max: usize) -> (Vec<(String, String)>, DecodeErrors) {
+        let mut d = Decoder::new(max);
+        let mut out = Vec::new();
+        let mut on = |m: Message<'_>| {
+            out.push((
+                m.event.to_string(),
+                String::from_utf8_lossy(m.data).into_owned(),
+            ))
+        };
+        for p in pieces {
+            d.feed(p, &mut on);
+        }
+        d.finish(&mut on);
+        (out, d.errors())
+    }
+
+    /// Decodes `input` whole, then split at every byte offset, and checks all agree with `expect`.
+    fn check(input: &[u8], expect: &[(&str, &str)]) {
+        let expect: Vec<(String, String)> = expect
+            .iter()
+            .map(|(e, d)| (e.to_string(), d.to_string()))
+            .collect();
+        assert_eq!(decode_pieces(&[input], 1 << 20).0, expect, "whole input");
+        for i in 0..=input.len() {
+            let (a, b) = input.split_at(i);
+            assert_eq!(decode_pieces(&[a, b], 1 << 20).0, expect, "split at {i}");
+        }
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(decode_pieces(&bytes, 1 << 20).0, expect, "byte by byte");
+    }
+
+    #[test]
+    fn line_endings() {
+        check(
+            b"data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d\n\n",
+            &[("", "a"), ("", "b"), ("", "c"), ("", "d")],
+        );
+    }
+
+    #[test]
+    fn fields_comments_and_multiline_data() {
+        check(
+            b": keep-alive\nevent: delta\nid: 7\nretry: 10\ndata:x\ndata: y\n\nevent: e\n\n",
+            &[("delta", "x\ny")],
+        );
+    }
+
+    #[test]
+    fn bom_is_skipped_only_at_start() {
+        check(b"\xEF\xBB\xBFdata: a\n\n", &[("", "a")]);
+        check(b"\xEF\xBB\xBF", &[]);
+    }
+
+    #[test]
+    fn unterminated_final_event_is_dispatched_at_finish() {
+        check(b"data: a\n\ndata: [DONE]", &[("", "a"), ("", "[DONE]")]);
+    }
+
+    #[test]
+    fn empty_data_field_dispatches_empty_event() {
+        check(b"data\n\ndata:\n\n", &[("", ""), ("", "")]);
+    }
+
+    #[test]
+    fn long_line_is_skipped_counted_and_bounded() {
+        let mut input = b"data: ok\n\ndata: ".to_vec();
+        input.extend(std::iter::repeat(b'x').take(100));
+        input.extend_from_slice(b"\n\ndata: after\n\n");
+        for split in 0..input.len() {
+            let (a, b) = input.split_at(split);
+            let (events, errors) = decode_pieces(&[a, b], 32);
+            let datas: Vec<&str> = events.iter().map(|(_, d)| d.as_str()).collect();
+            assert_eq!(datas, ["ok", "after"], "split at {split}");
+            assert_eq!(errors.line_too_long, 1, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn many_data_lines_cannot_grow_an_event_without_bound() {
+        let input = "data: 0123456789\n".repeat(100) + "\n";
+        let mut d = Decoder::new(64);
+        let mut n = 0;
+        d.feed(input.as_bytes(), &mut |_| n += 1);
+        assert_eq!(n, 0);
+        assert!(d.data.capacity() <= 128);
+        assert_eq!(d.errors().line_too_long, 1);
+    }
+}

@@ -1,0 +1,132 @@
+//! The body wrapper that lets the meter watch a response go by.
+//!
+//! **Invariant:** a [`TapBody`] yields exactly the frames its inner body produces, in order, the
+//! same bytes, as soon as the inner body produces them. It never holds a frame back to parse it:
+//! the meter looks at each data frame by reference (an O(bytes) scan, no I/O, no await) and the
+//! frame is returned in the same poll. `is_end_stream` and `size_hint` are delegated, so hyper
+//! frames the response exactly as it would without the tap.
+//!
+//! The meter is finished from exactly three places: the end of the stream, an error (including
+//! the idle timeout), and `Drop` when the client went away first.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project::{pin_project, pinned_drop};
+use tokio::time::Sleep;
+
+use crate::meter::Meter;
+use crate::metrics::Outcome;
+
+/// Errors a tapped body can yield.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// No frame came from the upstream for longer than `--idle-timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream sent nothing for {0:?}")]
+pub struct IdleTimeout(pub Duration);
+
+/// A response body that shows every data frame to a [`Meter`] on its way through.
+#[pin_project(PinnedDrop)]
+pub struct TapBody<B> {
+    #[pin]
+    inner: B,
+    meter: Meter,
+    idle_timeout: Option<Duration>,
+    idle: Option<Pin<Box<Sleep>>>,
+    done: bool,
+}
+
+impl<B: Body> TapBody<B> {
+    pub fn new(inner: B, mut meter: Meter, idle_timeout: Option<Duration>) -> Self {
+        // hyper never polls a body it knows is empty (HEAD, 204, Content-Length: 0): that
+        // response is complete now, and must not be taken for a client that went away.
+        let done = inner.is_end_stream();
+        if done {
+            meter.finish(Outcome::Complete);
+        }
+        TapBody {
+            inner,
+            meter,
+            idle_timeout,
+            idle: None,
+            done,
+        }
+    }
+}
+
+impl<B> Body for TapBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.meter.on_data(data, Instant::now());
+                }
+                if let Some(idle) = this.idle {
+                    if let Some(d) = this.idle_timeout {
+                        idle.as_mut().reset(tokio::time::Instant::now() + *d);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                *this.done = true;
+                this.meter.finish(Outcome::UpstreamError);
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                *this.done = true;
+                this.meter.finish(Outcome::Complete);
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                let Some(d) = *this.idle_timeout else {
+                    return Poll::Pending;
+                };
+                let idle = this
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(d)));
+                if idle.as_mut().poll(cx).is_ready() {
+                    *this.done = true;
+                    this.meter.finish(Outcome::Timeout);
+                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(d)))));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[pinned_drop]
+impl<B> PinnedDrop for TapBody<B> {
+    fn drop(self: Pin<&mut Self>) {
+        // Finishing is idempotent: this only counts a body dropped before its end.
+        self.project().meter.finish(Outcome::ClientDisconnect);
+    }
+}
