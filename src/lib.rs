@@ -12,8 +12,11 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//!
+//! Beside the proxy: [`bench`], a load generator that measures any OpenAI-compatible server.
 
 pub mod admin;
+pub mod bench;
 pub mod config;
 pub mod meter;
 pub mod metrics;

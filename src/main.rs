@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Run the proxy (the default when no subcommand is given).
     Proxy(ProxyArgs),
+    /// Load-test an OpenAI-compatible server: per-request vs aggregate tokens/s by concurrency.
+    Bench(tokenmeter::bench::BenchArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
+        Some(Command::Bench(args)) => return run_bench(&args),
         None => cli.proxy,
     };
     let cfg = match args.validate() {
@@ -72,4 +75,39 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+fn run_bench(args: &tokenmeter::bench::BenchArgs) -> ExitCode {
+    use tokenmeter::bench;
+    let cfg = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tokenmeter bench: error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tokenmeter bench: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bench::run(&cfg, bench::progress::Progress::new())) {
+        Ok(_) => {
+            for f in [
+                bench::JSON_FILE,
+                bench::CSV_FILE,
+                bench::THROUGHPUT_SVG,
+                bench::TTFT_SVG,
+            ] {
+                println!("wrote {}", cfg.out.join(f).display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tokenmeter bench: error: {e}");
+            ExitCode::from(if e.is_usage() { EXIT_USAGE } else { 1 })
+        }
+    }
 }
