@@ -257,9 +257,12 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
         seed: cfg.seed,
     });
     let scraper = cfg.proxy_metrics.as_deref().map(Scraper::new).transpose()?;
-    if let Some(s) = &scraper {
-        s.snapshot().await?;
-    }
+    // The proxy's counters as of the last request the bench sent; every stretch of traffic
+    // (probe, warmup, level) is settled against it, so none leaks into the next level's figures.
+    let mut proxy_last = match &scraper {
+        Some(s) => Some(s.snapshot().await?),
+        None => None,
+    };
     // One short request first, so a wrong model or path fails in a second with the server's
     // status, not after a whole level of errors.
     let probe = client
@@ -270,6 +273,9 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
             url: format!("{}{}", cfg.base, cfg.endpoint.path()),
             source,
         });
+    }
+    if let (Some(s), Some(last)) = (&scraper, &proxy_last) {
+        proxy_last = Some(settled_snapshot(s, last, 1.0).await?);
     }
 
     let next_id = Arc::new(AtomicU64::new(0));
@@ -298,7 +304,7 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
                 Stop::Requests(n as u64),
                 live.clone(),
             );
-            let _ = load::run_level(
+            let warm = load::run_level(
                 client.clone(),
                 requests.clone(),
                 next_id.clone(),
@@ -307,11 +313,11 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
                 live,
             )
             .await;
+            if let (Some(s), Some(last)) = (&scraper, &proxy_last) {
+                proxy_last = Some(settled_snapshot(s, last, warm.samples.len() as f64).await?);
+            }
         }
-        let before = match &scraper {
-            Some(s) => Some(s.snapshot().await?),
-            None => None,
-        };
+        let before = proxy_last.take();
         let live = Arc::new(Live::default());
         let run: LevelRun = {
             let _bar = progress.level(label, cfg.stop, live.clone());
@@ -329,6 +335,7 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
         if let (Some(s), Some(before)) = (&scraper, before) {
             let after = settled_snapshot(s, &before, run.samples.len() as f64).await?;
             level.proxy = Some(proxy_view::delta(&before, &after));
+            proxy_last = Some(after);
         }
         println!("{}", report::table_row(&level));
         levels.push(level);

@@ -1,0 +1,601 @@
+//! `tokenmeter bench` end to end: against a scripted upstream with known timing, through the
+//! proxy (client and proxy figures must agree), and the files it writes.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokenmeter::bench::load::Stop;
+use tokenmeter::bench::progress::Progress;
+use tokenmeter::bench::report::{self, LevelReport, Report};
+use tokenmeter::bench::stats::Summary;
+use tokenmeter::bench::{self, BenchArgs, BenchConfig, BenchError};
+use tokio::sync::mpsc;
+
+// === A scripted upstream ===
+
+/// How the scripted upstream streams: `ttft`, then `max_tokens` tokens `gap` apart, then a
+/// usage chunk and `[DONE]`. Timing does not depend on load, so per-request figures are known.
+#[derive(Clone, Copy)]
+struct Script {
+    ttft: Duration,
+    gap: Duration,
+}
+
+/// A response body fed from a channel, so the handler can pace its frames.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+type MockBody = http_body_util::Either<Full<Bytes>, ChannelBody>;
+
+async fn handle(script: Script, req: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let full = |status: StatusCode, body: &str| {
+        let mut r = Response::new(MockBody::Left(Full::new(Bytes::from(body.to_string()))));
+        *r.status_mut() = status;
+        r
+    };
+    if path == "/v1/models" {
+        return Ok(full(
+            StatusCode::OK,
+            r#"{"object":"list","data":[{"id":"mock"}]}"#,
+        ));
+    }
+    let body = req.into_body().collect().await.map(|b| b.to_bytes());
+    let Ok(Ok(json)) = body.map(|b| serde_json::from_slice::<serde_json::Value>(&b)) else {
+        return Ok(full(StatusCode::BAD_REQUEST, "{}"));
+    };
+    if json["model"] != "mock" {
+        return Ok(full(StatusCode::NOT_FOUND, r#"{"error":"no such model"}"#));
+    }
+    let n = json["max_tokens"].as_u64().unwrap_or(16);
+    let prompt = json["messages"][0]["content"]
+        .as_str()
+        .or(json["prompt"].as_str())
+        .unwrap_or("");
+    let prompt_tokens = prompt.split(' ').count();
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        tokio::time::sleep(script.ttft).await;
+        for i in 0..n {
+            // Paced from the start, not from the last send, so timer lateness does not add up.
+            tokio::time::sleep_until(start + script.ttft + script.gap * i as u32).await;
+            let chunk = format!(
+                "data: {{\"model\":\"mock\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
+            );
+            if tx.send(Bytes::from(chunk)).await.is_err() {
+                return;
+            }
+        }
+        let usage = format!(
+            "data: {{\"model\":\"mock\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n"
+        );
+        let _ = tx.send(Bytes::from(usage)).await;
+    });
+    let mut r = Response::new(MockBody::Right(ChannelBody(rx)));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    Ok(r)
+}
+
+async fn spawn_upstream(script: Script) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| handle(script, req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// === Helpers ===
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn config(target: &str, extra: &[&str], out: &Path) -> BenchConfig {
+    let mut args = vec!["bench", "--target", target, "--out"];
+    let out = out.to_str().unwrap();
+    args.push(out);
+    args.extend_from_slice(extra);
+    Cli::try_parse_from(args).unwrap().bench.validate().unwrap()
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tokenmeter-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const SCRIPT: Script = Script {
+    ttft: Duration::from_millis(40),
+    gap: Duration::from_millis(10),
+};
+
+// === Against the scripted upstream ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measures_the_known_timing_of_a_scripted_upstream() {
+    let addr = spawn_upstream(SCRIPT).await;
+    let out = tempdir("scripted");
+    let cfg = config(
+        &format!("http://{addr}"),
+        &[
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "8",
+            "--output-tokens",
+            "20",
+            "--prompt-tokens",
+            "50",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    assert_eq!(report.model, "mock", "model from /v1/models");
+    assert_eq!(report.levels.len(), 2);
+    for l in &report.levels {
+        assert_eq!((l.requests, l.errors), (8, 0), "level {}", l.concurrency);
+        // Exact: every request asked for 20 tokens and the usage chunk says 20.
+        assert_eq!(l.output_tokens, 8 * 20);
+        let per_req = l.output_tokens_per_request.unwrap();
+        assert_eq!((per_req.min, per_req.max), (20.0, 20.0));
+        assert_eq!(l.input_tokens_per_request.unwrap().mean, 50.0);
+        // Timing: the script's 40 ms TTFT and 10 ms per token, plus loopback and scheduling.
+        let ttft = l.ttft.unwrap();
+        assert!(
+            ttft.p50 >= 0.040 && ttft.p50 < 0.070,
+            "TTFT p50 {}",
+            ttft.p50
+        );
+        let tpot = l.tpot.unwrap();
+        assert!(
+            tpot.p50 >= 0.0095 && tpot.p50 < 0.013,
+            "TPOT p50 {}",
+            tpot.p50
+        );
+        let tps = l.request_tps.unwrap();
+        assert!(
+            tps.p50 > 75.0 && tps.p50 <= 105.0,
+            "per-request tok/s {}",
+            tps.p50
+        );
+        let itl = l.itl.unwrap();
+        assert_eq!(itl.count, 8 * 19, "one ITL per token after the first");
+        assert!(itl.p50 >= 0.0095 && itl.p50 < 0.013, "ITL p50 {}", itl.p50);
+    }
+    // The scripted upstream does not slow down with load: 4 in flight give about 4 times the
+    // aggregate of 1 (each request: 40 ms + 19 x 10 ms = 230 ms for 20 tokens, ~87 tok/s).
+    let (a1, a4) = (
+        report.levels[0].aggregate_tps,
+        report.levels[1].aggregate_tps,
+    );
+    assert!(a1 > 60.0 && a1 < 95.0, "aggregate at 1: {a1}");
+    assert!(
+        a4 / a1 > 3.0 && a4 / a1 < 4.5,
+        "aggregate at 4 / at 1: {a4} / {a1}"
+    );
+    for f in [
+        bench::JSON_FILE,
+        bench::CSV_FILE,
+        bench::THROUGHPUT_SVG,
+        bench::TTFT_SVG,
+    ] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_mode_keeps_n_in_flight_for_the_window() {
+    let addr = spawn_upstream(SCRIPT).await;
+    let out = tempdir("duration");
+    let cfg = config(
+        &format!("http://{addr}"),
+        &[
+            "--concurrency",
+            "3",
+            "--duration",
+            "600ms",
+            "--output-tokens",
+            "10",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    let l = &report.levels[0];
+    // The window is the deadline; the drain after it waits for requests already sent.
+    assert!(
+        (l.window_seconds - 0.6).abs() < 0.02,
+        "window {}",
+        l.window_seconds
+    );
+    assert!(l.elapsed_seconds > l.window_seconds);
+    // Each request: 40 ms + 9 x 10 ms = 130 ms; 3 workers over 600 ms send 3 x 5 = 15.
+    assert!((12..=15).contains(&l.requests), "requests {}", l.requests);
+    assert_eq!(l.output_tokens, l.requests as u64 * 10);
+    assert!(l.window_output_tokens < l.output_tokens as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_model_fails_at_once_with_the_status() {
+    let addr = spawn_upstream(SCRIPT).await;
+    let out = tempdir("wrong-model");
+    let cfg = config(&format!("http://{addr}"), &["--model", "nope"], &out);
+    match bench::run(&cfg, Progress::disabled()).await {
+        Err(BenchError::Probe { source, .. }) => {
+            assert_eq!(source, tokenmeter::bench::client::RequestError::Status(404))
+        }
+        other => panic!("expected a probe error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_is_one_clear_error() {
+    // Bind and drop a listener: a port nobody listens on.
+    let addr = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = tempdir("down");
+    let cfg = config(&format!("http://{addr}"), &["--model", "m"], &out);
+    let err = bench::run(&cfg, Progress::disabled()).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("Connection refused") || msg.contains("connection refused"),
+        "{msg}"
+    );
+    assert!(!err.is_usage());
+}
+
+// === Through the proxy ===
+
+#[derive(Parser)]
+struct ProxyCli {
+    #[command(flatten)]
+    proxy: tokenmeter::config::ProxyArgs,
+}
+
+/// TTFT buckets 1 ms apart up to 200 ms: the proxy's interpolated median is then within a
+/// millisecond of the true one, so the comparison tests measurement, not bucket resolution.
+fn fine_ttft_buckets() -> Vec<f64> {
+    (1..=200).map(|ms| ms as f64 / 1000.0).collect()
+}
+
+/// Starts tokenmeter in front of `upstream`; returns its proxy and metrics addresses.
+async fn spawn_proxy(upstream: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let args = ProxyCli::try_parse_from([
+        "tokenmeter",
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .unwrap();
+    let mut cfg = args.proxy.validate().unwrap();
+    // Set on the config, not with --buckets-ttft: that flag's clap definition panics on access
+    // (Option<Vec<f64>> with a Vec-returning parser), reported to the lead.
+    cfg.metrics.buckets.ttft = fine_ttft_buckets();
+    let server = tokenmeter::server::Server::bind(&cfg).await.unwrap();
+    let addrs = (server.proxy_addr(), server.metrics_addr());
+    tokio::spawn(server.serve(std::future::pending()));
+    addrs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_proxy_agree_on_ttft_and_tokens() {
+    let upstream = spawn_upstream(SCRIPT).await;
+    let (proxy, metrics) = spawn_proxy(upstream).await;
+    let out = tempdir("proxy");
+    let metrics_url = format!("http://{metrics}/metrics");
+    let cfg = config(
+        &format!("http://{proxy}"),
+        &[
+            "--concurrency",
+            "1,8",
+            "--requests",
+            "16",
+            "--output-tokens",
+            "12",
+            "--proxy-metrics",
+            &metrics_url,
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    for l in &report.levels {
+        let p = l.proxy.as_ref().expect("proxy figures");
+        assert_eq!(p.requests, 16, "the probe is not counted in a level");
+        assert_eq!(p.output_tokens, l.output_tokens, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, 16 * 12);
+        let client = l.ttft.unwrap().p50;
+        let proxy = p.ttft_p50.unwrap();
+        let tolerance = 0.005 + 0.05 * client;
+        assert!(
+            (client - proxy).abs() <= tolerance,
+            "level {}: client TTFT p50 {client} vs proxy {proxy}",
+            l.concurrency
+        );
+        // The client's TTFT includes the hop through the proxy, so it is never the smaller.
+        let (cm, pm) = (l.ttft.unwrap().mean, p.ttft_mean.unwrap());
+        assert!(cm >= pm && cm - pm < tolerance, "TTFT means {cm} vs {pm}");
+    }
+}
+
+// === The files ===
+
+fn summary(v: f64) -> Option<Summary> {
+    Summary::of(&mut vec![v * 0.9, v, v * 1.1])
+}
+
+fn synthetic_report(levels: &[usize]) -> Report {
+    Report {
+        tokenmeter_version: "test",
+        target: "http://127.0.0.1:1 <&>".into(),
+        model: "m \"quoted\" & <odd>".into(),
+        endpoint: tokenmeter::bench::prompt::Endpoint::Chat,
+        prompt_tokens: 128,
+        output_tokens: 64,
+        stop: "requests".into(),
+        stop_value: 100.0,
+        warmup: false,
+        levels: levels
+            .iter()
+            .map(|&c| LevelReport {
+                concurrency: c,
+                requests: 100,
+                errors: usize::from(c > 8),
+                error_kinds: Default::default(),
+                window_seconds: 10.0,
+                elapsed_seconds: 11.0,
+                output_tokens: 6400,
+                window_output_tokens: 6000.0,
+                aggregate_tps: 60.0 * c as f64,
+                request_tps: summary(60.0 - c as f64 / 10.0),
+                ttft: summary(0.02 * c as f64),
+                itl: summary(0.016),
+                tpot: summary(0.016),
+                e2e: summary(1.0),
+                output_tokens_per_request: summary(64.0),
+                input_tokens_per_request: None,
+                proxy: None,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn json_csv_and_charts_are_written_and_parse() {
+    let levels = [1, 4, 16, 64, 256];
+    let report = synthetic_report(&levels);
+    let dir = tempdir("files");
+    let files = bench::write_files(&report, &dir).unwrap();
+    assert_eq!(files.len(), 4);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(bench::JSON_FILE)).unwrap())
+            .unwrap();
+    let got: Vec<u64> = json["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, [1, 4, 16, 64, 256]);
+    assert_eq!(json["levels"][2]["aggregate_tps"], 960.0);
+    assert_eq!(json["levels"][0]["ttft"]["p50"], 0.02);
+    assert!(json["levels"][0]["input_tokens_per_request"].is_null());
+
+    let csv = std::fs::read_to_string(dir.join(bench::CSV_FILE)).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(
+        rows.len(),
+        levels.len() + 1,
+        "header plus one row per level"
+    );
+    assert_eq!(rows[0], report::CSV_COLUMNS);
+    for (row, c) in rows[1..].iter().zip(levels) {
+        assert_eq!(row.len(), report::CSV_COLUMNS.len());
+        assert_eq!(row[0], c.to_string());
+        let agg: f64 = row[5].parse().unwrap();
+        assert_eq!(agg, 60.0 * c as f64);
+    }
+
+    for (file, classes) in [
+        (bench::THROUGHPUT_SVG, ["request-tps", "aggregate-tps"]),
+        (bench::TTFT_SVG, ["ttft-p50", "ttft-p99"]),
+    ] {
+        let svg = std::fs::read_to_string(dir.join(file)).unwrap();
+        let root = check_xml(&svg).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(root, "svg");
+        for class in classes {
+            let points = svg.matches(&format!("class=\"point {class}\"")).count();
+            assert_eq!(points, levels.len(), "{file}: one {class} point per level");
+        }
+    }
+}
+
+#[test]
+fn a_chart_point_is_higher_for_a_higher_value() {
+    let report = synthetic_report(&[1, 2, 4]);
+    let svg = tokenmeter::bench::chart::throughput(&report.levels, "t");
+    // Aggregate tokens/s doubles at each level: its points climb (smaller y).
+    let ys: Vec<f64> = svg
+        .lines()
+        .filter(|l| l.contains("class=\"point aggregate-tps\""))
+        .map(|l| attr(l, "cy").parse().unwrap())
+        .collect();
+    assert_eq!(ys.len(), 3);
+    assert!(ys[0] > ys[1] && ys[1] > ys[2], "{ys:?}");
+}
+
+fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
+    let start = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+    let len = tag[start..].find('"').unwrap();
+    &tag[start..start + len]
+}
+
+/// A small well-formedness check: balanced, properly nested tags, quoted attributes, no raw
+/// `<` or stray `&` in text or attribute values. Returns the root element's name.
+fn check_xml(doc: &str) -> Result<String, String> {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut root = None;
+    let mut rest = doc;
+    if let Some(after) = rest.strip_prefix("<?xml") {
+        rest = &after[after.find("?>").ok_or("unterminated declaration")? + 2..];
+    }
+    while let Some(lt) = rest.find('<') {
+        check_text(&rest[..lt])?;
+        if stack.is_empty() && root.is_some() && !rest[..lt].trim().is_empty() {
+            return Err("text after the root element".into());
+        }
+        let gt = rest[lt..].find('>').ok_or("unterminated tag")? + lt;
+        let tag = &rest[lt + 1..gt];
+        rest = &rest[gt + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
+            if open != name.trim() {
+                return Err(format!("<{open}> closed by </{name}>"));
+            }
+            continue;
+        }
+        let (body, self_closing) = match tag.strip_suffix('/') {
+            Some(b) => (b, true),
+            None => (tag, false),
+        };
+        let name_end = body.find(char::is_whitespace).unwrap_or(body.len());
+        let name = &body[..name_end];
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '-' || c == ':')
+        {
+            return Err(format!("bad element name in <{tag}>"));
+        }
+        check_attributes(&body[name_end..])?;
+        if stack.is_empty() {
+            if root.is_some() {
+                return Err("two root elements".into());
+            }
+            root = Some(name.to_string());
+        }
+        if !self_closing {
+            stack.push(name);
+        }
+    }
+    check_text(rest)?;
+    if let Some(open) = stack.pop() {
+        return Err(format!("<{open}> never closed"));
+    }
+    root.ok_or_else(|| "no root element".into())
+}
+
+fn check_attributes(mut s: &str) -> Result<(), String> {
+    loop {
+        s = s.trim_start();
+        if s.is_empty() {
+            return Ok(());
+        }
+        let eq = s.find('=').ok_or(format!("attribute without value: {s}"))?;
+        let value = s[eq + 1..]
+            .strip_prefix('"')
+            .ok_or(format!("unquoted attribute: {s}"))?;
+        let end = value.find('"').ok_or("unterminated attribute value")?;
+        check_text(&value[..end])?;
+        s = &value[end + 1..];
+    }
+}
+
+fn check_text(text: &str) -> Result<(), String> {
+    if text.contains('<') {
+        return Err(format!("raw < in {text:?}"));
+    }
+    for (i, _) in text.match_indices('&') {
+        let entity = &text[i..text[i..].find(';').map_or(text.len(), |e| i + e + 1)];
+        if !["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"].contains(&entity) {
+            return Err(format!("stray & in {text:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_xml_checker_rejects_broken_documents() {
+    assert_eq!(check_xml("<a><b x=\"1\"/></a>"), Ok("a".into()));
+    assert!(check_xml("<a><b></a>").is_err());
+    assert!(check_xml("<a x=1></a>").is_err());
+    assert!(check_xml("<a>1 & 2</a>").is_err());
+    assert!(check_xml("<a></a><b/>").is_err());
+    assert!(check_xml("<a>").is_err());
+}
+
+#[test]
+fn the_table_shows_every_level_and_the_proxy_line() {
+    let mut report = synthetic_report(&[1, 4]);
+    report.levels[1].proxy = Some(tokenmeter::bench::proxy_view::ProxyLevel {
+        requests: 101,
+        output_tokens: 6400,
+        ttft_mean: Some(0.081),
+        ttft_p50: Some(0.0795),
+        ttft_p50_bucket: Some((0.06, 0.08)),
+    });
+    let row = report::table_row(&report.levels[1]);
+    let first: Vec<&str> = row.lines().next().unwrap().split_whitespace().collect();
+    // conc, reqs, err | req tok/s p50, p10 | agg | TTFT p50, p99 | ITL p50, p99 | TPOT p50
+    assert_eq!(first[..3], ["4", "100", "0"]);
+    assert_eq!(first[4], "59.6");
+    assert_eq!(first[7], "240.0");
+    assert_eq!(first[9], "80.0");
+    let proxy = row.lines().nth(1).unwrap();
+    assert!(
+        proxy.contains("TTFT p50 79.5 ms (bucket 60-80 ms) vs client 80.0 ms"),
+        "{proxy}"
+    );
+    assert!(
+        proxy.contains("output tokens 6400 vs client 6400"),
+        "{proxy}"
+    );
+    assert!(proxy.contains("requests 101 vs client 100"), "{proxy}");
+    let _ = Stop::Requests(1);
+}
