@@ -57,6 +57,7 @@ async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
             .map(Step::Send)
             .collect();
         Reply {
+            head_delay: Duration::ZERO,
             status: 200,
             headers: vec![("content-type".into(), ct)],
             steps,
@@ -141,6 +142,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
             .unwrap_or(0);
         let mut rng = Rng::new(i as u64 + 1);
         Reply {
+            head_delay: Duration::ZERO,
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             steps: rng
@@ -167,6 +169,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
                 .and_then(|x| x.parse().ok())
                 .unwrap_or(0);
             Reply {
+                head_delay: Duration::ZERO,
                 status: 200,
                 headers: vec![("content-type".into(), "text/event-stream".into())],
                 steps: vec![Step::Send(Bytes::from(cases[i].1.clone()))],
