@@ -546,3 +546,50 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
         .map(|d| std::path::Path::new(d).join(name))
         .find(|p| p.is_file())
 }
+
+#[tokio::test]
+async fn aggregate_rate_gauges_and_bucket_overrides() {
+    let up = upstream::spawn(|_| Reply::sse(upstream::openai_chat(MS, 40, MS, true))).await;
+    let proxy = spawn_proxy(
+        &up.url(),
+        &[
+            "--gpus",
+            "2",
+            "--rate-window",
+            "30s",
+            "--buckets-ttft",
+            "0.1,0.2",
+        ],
+    )
+    .await;
+    for _ in 0..3 {
+        client::post(
+            &format!("{}/v1/chat/completions", proxy.url()),
+            &chat_request(true, true),
+        )
+        .await;
+    }
+    let s = eventually(&proxy, |s| {
+        metric("tokenmeter_requests_total").sum(s) == 3.0
+    })
+    .await;
+    // 120 tokens inside a 30 s window.
+    assert_eq!(metric("tokenmeter_output_tokens_per_second").value(&s), 4.0);
+    assert_eq!(
+        metric("tokenmeter_output_tokens_per_second_per_gpu").value(&s),
+        2.0
+    );
+    assert_eq!(metric("tokenmeter_gpus").value(&s), 2.0);
+    let les: Vec<&str> = s
+        .lines()
+        .filter(|l| l.starts_with("tokenmeter_time_to_first_token_seconds_bucket"))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(les, ["0.1", "0.2", "+Inf"]);
+    assert_eq!(
+        metric("tokenmeter_build_info")
+            .label("version", env!("CARGO_PKG_VERSION"))
+            .value(&s),
+        1.0
+    );
+}
