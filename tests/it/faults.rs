@@ -18,19 +18,6 @@ use crate::support::{spawn_proxy, Proxy, Rng};
 
 const MS: Duration = Duration::from_millis(1);
 
-async fn settled(proxy: &Proxy, requests: f64) -> String {
-    for _ in 0..100 {
-        let s = proxy.scrape().await;
-        if metric("tokenmeter_requests_total").sum(&s) >= requests
-            && metric("tokenmeter_requests_in_flight").sum(&s) == 0.0
-        {
-            return s;
-        }
-        tokio::time::sleep(50 * MS).await;
-    }
-    proxy.scrape().await
-}
-
 fn chat_url(proxy: &Proxy) -> String {
     format!("{}/v1/chat/completions", proxy.url())
 }
@@ -51,7 +38,7 @@ async fn upstream_reset_mid_stream_ends_the_client_stream_the_same_way() {
         "the client must see the stream break, not a clean end"
     );
     assert!(!seen.body.ends_with(b"[DONE]\n\n"));
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "upstream_error")
@@ -77,7 +64,7 @@ async fn upstream_that_never_sends_headers_times_out_with_504() {
     assert!(start.elapsed() < Duration::from_secs(3));
     let json: serde_json::Value = serde_json::from_slice(&seen.body).expect("JSON body");
     assert_eq!(json["error"]["type"], "upstream_timeout");
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "timeout")
@@ -103,7 +90,7 @@ async fn upstream_that_stalls_mid_stream_is_cut_after_the_idle_timeout() {
         "a stalled stream ends with an error, not as if complete"
     );
     assert!(start.elapsed() < Duration::from_secs(3));
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "timeout")
@@ -148,7 +135,7 @@ async fn upstream_errors_pass_through_unchanged_and_are_counted_by_code() {
     let seen = client::post(&chat_url(&proxy), &chat_request(true, false)).await;
     assert_eq!(seen.status, 503);
     assert_eq!(seen.headers["retry-after"], "7");
-    let s = settled(&proxy, 2.0).await;
+    let s = proxy.settled(2.0).await;
     for code in ["400", "503"] {
         assert_eq!(
             metric("tokenmeter_requests_total")
@@ -179,7 +166,7 @@ async fn client_hanging_up_during_prefill_cancels_the_upstream_request() {
     })
     .await
     .expect("client");
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "client_disconnect")
@@ -324,7 +311,7 @@ async fn http2_clients_and_h2c_upstreams_work_and_are_metered() {
         assert_eq!(resp.version(), http::Version::HTTP_2);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert!(body.ends_with(b"data: [DONE]\n\n"), "{extra:?}");
-        let s = settled(&proxy, 1.0).await;
+        let s = proxy.settled(1.0).await;
         assert_eq!(
             metric("tokenmeter_output_tokens_total").value(&s),
             10.0,
@@ -353,7 +340,7 @@ async fn a_50_mb_line_is_forwarded_whole_and_counted_not_parsed() {
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let seen = client::post(&chat_url(&proxy), &chat_request(true, false)).await;
     assert!(seen.body == expected, "50 MB line changed in transit");
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_parse_errors_total")
             .label("reason", "line_too_long")
@@ -377,7 +364,7 @@ async fn a_gzip_encoded_event_stream_is_forwarded_untouched_and_counted() {
     let seen = client::post(&chat_url(&proxy), &chat_request(true, false)).await;
     assert_eq!(seen.headers["content-encoding"], "gzip");
     assert_eq!(seen.body, payload);
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_parse_errors_total")
             .label("reason", "content_encoding")
@@ -412,7 +399,7 @@ async fn a_stream_that_never_ends_flows_until_the_client_leaves() {
     }
     drop(body);
     assert!(frames >= 10, "only {frames} frames in 500 ms");
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "client_disconnect")
@@ -445,7 +432,7 @@ async fn model_labels_from_clients_are_bounded() {
         let body = format!("{{\"model\":\"client-model-{i}\\n\\u0000\",\"messages\":[]}}");
         client::post(&chat_url(&proxy), &body).await;
     }
-    let s = settled(&proxy, 20.0).await;
+    let s = proxy.settled(20.0).await;
     let models: std::collections::BTreeSet<String> = s
         .lines()
         .filter(|l| l.starts_with("tokenmeter_requests_total{"))
@@ -486,7 +473,7 @@ async fn request_bodies_over_the_limit_stream_through_unchanged() {
         format!("{{\"len\":{}}}", big.len())
     );
     assert_eq!(up.received.lock().expect("lock")[0].body, big.as_bytes());
-    let s = settled(&proxy, 1.0).await;
+    let s = proxy.settled(1.0).await;
     // The body was not read, so the model is not known from it.
     assert_eq!(
         metric("tokenmeter_requests_total")
