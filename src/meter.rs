@@ -241,6 +241,15 @@ impl Meter {
         let model = s.model.clone().unwrap_or_else(|| s.model_label(rec));
         let code = if s.status == 0 { 502 } else { s.status };
         m.count_request(&model, code, outcome, api);
+        // Never the body, the path or headers: only bounded, non-secret facts.
+        tracing::debug!(
+            code,
+            outcome = outcome.as_str(),
+            api = api.as_str(),
+            model = %model,
+            duration_ms = (now - s.start).as_millis() as u64,
+            "request finished"
+        );
         m.parse_error(ParseError::InvalidJson, summary.malformed);
         m.parse_error(ParseError::LineTooLong, self.decoder.errors());
         m.duration

@@ -1,125 +1,47 @@
 //! `tokenmeter bench` end to end: against a scripted upstream with known timing, through the
 //! proxy (client and proxy figures must agree), and the files it writes.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
+// A test that unwraps fails loudly, which is its job.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::Parser;
-use http::{Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokenmeter::bench::load::Stop;
 use tokenmeter::bench::progress::Progress;
 use tokenmeter::bench::report::{self, LevelReport, Report};
 use tokenmeter::bench::stats::Summary;
 use tokenmeter::bench::{self, BenchArgs, BenchConfig, BenchError};
-use tokio::sync::mpsc;
+
+use crate::support::upstream::{self, Reply, Upstream};
+use crate::support::{self as s};
 
 // === A scripted upstream ===
 
-/// How the scripted upstream streams: `ttft`, then `max_tokens` tokens `gap` apart, then a
-/// usage chunk and `[DONE]`. Timing does not depend on load, so per-request figures are known.
+/// The scripted upstream's timing: `ttft`, then `max_tokens` tokens `gap` apart, then a usage
+/// chunk and `[DONE]`. It does not slow down with load, so per-request figures are known.
 #[derive(Clone, Copy)]
 struct Script {
     ttft: Duration,
     gap: Duration,
 }
 
-/// A response body fed from a channel, so the handler can pace its frames.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-type MockBody = http_body_util::Either<Full<Bytes>, ChannelBody>;
-
-async fn handle(script: Script, req: Request<Incoming>) -> Result<Response<MockBody>, Infallible> {
-    let path = req.uri().path().to_string();
-    let full = |status: StatusCode, body: &str| {
-        let mut r = Response::new(MockBody::Left(Full::new(Bytes::from(body.to_string()))));
-        *r.status_mut() = status;
-        r
-    };
-    if path == "/v1/models" {
-        return Ok(full(
-            StatusCode::OK,
-            r#"{"object":"list","data":[{"id":"mock"}]}"#,
-        ));
-    }
-    let body = req.into_body().collect().await.map(|b| b.to_bytes());
-    let Ok(Ok(json)) = body.map(|b| serde_json::from_slice::<serde_json::Value>(&b)) else {
-        return Ok(full(StatusCode::BAD_REQUEST, "{}"));
-    };
-    if json["model"] != "mock" {
-        return Ok(full(StatusCode::NOT_FOUND, r#"{"error":"no such model"}"#));
-    }
-    let n = json["max_tokens"].as_u64().unwrap_or(16);
-    let prompt = json["messages"][0]["content"]
-        .as_str()
-        .or(json["prompt"].as_str())
-        .unwrap_or("");
-    let prompt_tokens = prompt.split(' ').count();
-    let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
-        let start = tokio::time::Instant::now();
-        tokio::time::sleep(script.ttft).await;
-        for i in 0..n {
-            // Paced from the start, not from the last send, so timer lateness does not add up.
-            tokio::time::sleep_until(start + script.ttft + script.gap * i as u32).await;
-            let chunk = format!(
-                "data: {{\"model\":\"mock\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"
-            );
-            if tx.send(Bytes::from(chunk)).await.is_err() {
-                return;
-            }
+/// An OpenAI server for `test-model` that honours `max_tokens` exactly.
+async fn spawn_upstream(script: Script) -> Upstream {
+    upstream::spawn(move |r| {
+        if r.path == "/v1/models" {
+            return Reply::json(200, r#"{"object":"list","data":[{"id":"test-model"}]}"#);
         }
-        let usage = format!(
-            "data: {{\"model\":\"mock\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n"
-        );
-        let _ = tx.send(Bytes::from(usage)).await;
-    });
-    let mut r = Response::new(MockBody::Right(ChannelBody(rx)));
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/event-stream"),
-    );
-    Ok(r)
-}
-
-async fn spawn_upstream(script: Script) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let svc = service_fn(move |req| handle(script, req));
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&r.body) else {
+            return Reply::json(400, "{}");
+        };
+        if json["model"] != "test-model" {
+            return Reply::json(404, r#"{"error":{"message":"no such model"}}"#);
         }
-    });
-    addr
+        let n = json["max_tokens"].as_u64().unwrap_or(16) as usize;
+        Reply::sse(upstream::openai_chat(script.ttft, n, script.gap, true))
+    })
+    .await
 }
 
 // === Helpers ===
@@ -154,10 +76,10 @@ const SCRIPT: Script = Script {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measures_the_known_timing_of_a_scripted_upstream() {
-    let addr = spawn_upstream(SCRIPT).await;
+    let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("scripted");
     let cfg = config(
-        &format!("http://{addr}"),
+        &up.url(),
         &[
             "--concurrency",
             "1,4",
@@ -171,7 +93,7 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
         &out,
     );
     let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
-    assert_eq!(report.model, "mock", "model from /v1/models");
+    assert_eq!(report.model, "test-model", "model from /v1/models");
     assert_eq!(report.levels.len(), 2);
     for l in &report.levels {
         assert_eq!((l.requests, l.errors), (8, 0), "level {}", l.concurrency);
@@ -179,7 +101,8 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
         assert_eq!(l.output_tokens, 8 * 20);
         let per_req = l.output_tokens_per_request.unwrap();
         assert_eq!((per_req.min, per_req.max), (20.0, 20.0));
-        assert_eq!(l.input_tokens_per_request.unwrap().mean, 50.0);
+        // The scripted usage chunk always says 12 prompt tokens.
+        assert_eq!(l.input_tokens_per_request.unwrap().mean, 12.0);
         // Timing: the script's 40 ms TTFT and 10 ms per token, plus loopback and scheduling.
         let ttft = l.ttft.unwrap();
         assert!(
@@ -226,10 +149,10 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duration_mode_keeps_n_in_flight_for_the_window() {
-    let addr = spawn_upstream(SCRIPT).await;
+    let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("duration");
     let cfg = config(
-        &format!("http://{addr}"),
+        &up.url(),
         &[
             "--concurrency",
             "3",
@@ -257,9 +180,9 @@ async fn duration_mode_keeps_n_in_flight_for_the_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_model_fails_at_once_with_the_status() {
-    let addr = spawn_upstream(SCRIPT).await;
+    let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("wrong-model");
-    let cfg = config(&format!("http://{addr}"), &["--model", "nope"], &out);
+    let cfg = config(&up.url(), &["--model", "nope"], &out);
     match bench::run(&cfg, Progress::disabled()).await {
         Err(BenchError::Probe { source, .. }) => {
             assert_eq!(source, tokenmeter::bench::client::RequestError::Status(404))
@@ -289,48 +212,23 @@ async fn a_server_that_is_down_is_one_clear_error() {
 
 // === Through the proxy ===
 
-#[derive(Parser)]
-struct ProxyCli {
-    #[command(flatten)]
-    proxy: tokenmeter::config::ProxyArgs,
-}
-
 /// TTFT buckets 1 ms apart up to 200 ms: the proxy's interpolated median is then within a
 /// millisecond of the true one, so the comparison tests measurement, not bucket resolution.
-fn fine_ttft_buckets() -> Vec<f64> {
-    (1..=200).map(|ms| ms as f64 / 1000.0).collect()
-}
-
-/// Starts tokenmeter in front of `upstream`; returns its proxy and metrics addresses.
-async fn spawn_proxy(upstream: SocketAddr) -> (SocketAddr, SocketAddr) {
-    let args = ProxyCli::try_parse_from([
-        "tokenmeter",
-        "--upstream",
-        &format!("http://{upstream}"),
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ])
-    .unwrap();
-    let mut cfg = args.proxy.validate().unwrap();
-    // Set on the config, not with --buckets-ttft: that flag's clap definition panics on access
-    // (Option<Vec<f64>> with a Vec-returning parser), reported to the lead.
-    cfg.metrics.buckets.ttft = fine_ttft_buckets();
-    let server = tokenmeter::server::Server::bind(&cfg).await.unwrap();
-    let addrs = (server.proxy_addr(), server.metrics_addr());
-    tokio::spawn(server.serve(std::future::pending()));
-    addrs
+fn fine_ttft_buckets() -> String {
+    (1..=200)
+        .map(|ms| format!("{}", ms as f64 / 1000.0))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_proxy_agree_on_ttft_and_tokens() {
-    let upstream = spawn_upstream(SCRIPT).await;
-    let (proxy, metrics) = spawn_proxy(upstream).await;
+    let up = spawn_upstream(SCRIPT).await;
+    let proxy = s::spawn_proxy(&up.url(), &["--buckets-ttft", &fine_ttft_buckets()]).await;
     let out = tempdir("proxy");
-    let metrics_url = format!("http://{metrics}/metrics");
+    let metrics_url = format!("http://{}/metrics", proxy.metrics_addr);
     let cfg = config(
-        &format!("http://{proxy}"),
+        &proxy.url(),
         &[
             "--concurrency",
             "1,8",
@@ -597,5 +495,4 @@ fn the_table_shows_every_level_and_the_proxy_line() {
         "{proxy}"
     );
     assert!(proxy.contains("requests 101 vs client 100"), "{proxy}");
-    let _ = Stop::Requests(1);
 }

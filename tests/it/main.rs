@@ -1,6 +1,8 @@
-//! The one integration-test binary: every module here runs against real sockets on 127.0.0.1.
+//! The one integration-test binary: each module tests one area through real sockets.
 
-// A test that unwraps fails loudly, which is its job.
-#![allow(clippy::unwrap_used)]
+mod support;
 
 mod bench;
+mod cli;
+mod faults;
+mod proxy;
