@@ -13,7 +13,7 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //!
-//! Beside the proxy: [`bench`], a load generator that measures any OpenAI-compatible server.
+//! Beside the proxy: [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
 
 pub mod admin;
 pub mod bench;

@@ -93,8 +93,13 @@ fn run_bench(args: &tokenmeter::bench::BenchArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bench::run(&cfg, bench::progress::Progress::new())) {
-        Ok(_) => {
+    let result = runtime.block_on(async {
+        let interrupted = bench::interrupt_on_ctrl_c();
+        let r = bench::run(&cfg, bench::progress::Progress::new(), interrupted.clone()).await;
+        (r, interrupted.load(std::sync::atomic::Ordering::Relaxed))
+    });
+    match result {
+        (Ok(_), interrupted) => {
             for f in [
                 bench::JSON_FILE,
                 bench::CSV_FILE,
@@ -103,9 +108,10 @@ fn run_bench(args: &tokenmeter::bench::BenchArgs) -> ExitCode {
             ] {
                 println!("wrote {}", cfg.out.join(f).display());
             }
-            ExitCode::SUCCESS
+            // 128 + SIGINT, as a shell reports a run stopped with Ctrl-C.
+            ExitCode::from(if interrupted { 130 } else { 0 })
         }
-        Err(e) => {
+        (Err(e), _) => {
             eprintln!("tokenmeter bench: error: {e}");
             ExitCode::from(if e.is_usage() { EXIT_USAGE } else { 1 })
         }

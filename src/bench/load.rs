@@ -9,7 +9,7 @@
 //! inside the window, divided by the window: the server's throughput at N, not a blend of N and
 //! the drain.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,12 +64,20 @@ impl LevelRun {
     }
 }
 
+/// What every level of a run shares.
+#[derive(Clone)]
+pub struct Driver {
+    pub client: Arc<Client>,
+    pub requests: Arc<RequestBuilder>,
+    /// Numbers requests across the whole run, so every prompt differs.
+    pub next_id: Arc<AtomicU64>,
+    /// Set on Ctrl-C: no new request is sent; the ones in flight finish.
+    pub interrupted: Arc<AtomicBool>,
+}
+
 /// What the workers of one level share.
 struct Level {
-    client: Arc<Client>,
-    requests: Arc<RequestBuilder>,
-    /// Numbers requests across the whole run, so every prompt differs.
-    next_id: Arc<AtomicU64>,
+    driver: Driver,
     handed_out: AtomicU64,
     stop: Stop,
     deadline: Instant,
@@ -81,10 +89,11 @@ struct Level {
 impl Level {
     /// May a worker send another request? The first `false` ends the window.
     fn take(&self) -> bool {
-        let more = match self.stop {
-            Stop::After(_) => Instant::now() < self.deadline,
-            Stop::Requests(n) => self.handed_out.fetch_add(1, Ordering::Relaxed) < n,
-        };
+        let more = !self.driver.interrupted.load(Ordering::Relaxed)
+            && match self.stop {
+                Stop::After(_) => Instant::now() < self.deadline,
+                Stop::Requests(n) => self.handed_out.fetch_add(1, Ordering::Relaxed) < n,
+            };
         if !more {
             let now = Instant::now();
             let mut end = self.window_end.lock().unwrap_or_else(|e| e.into_inner());
@@ -98,11 +107,12 @@ impl Level {
     }
 
     async fn work(self: Arc<Self>) {
+        let d = &self.driver;
         while self.take() {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let body = self.requests.body(id, self.requests.output_tokens);
+            let id = d.next_id.fetch_add(1, Ordering::Relaxed);
+            let body = d.requests.body(id, d.requests.output_tokens);
             self.live.sent.fetch_add(1, Ordering::Relaxed);
-            let sample = self.client.send(self.requests.endpoint.path(), body).await;
+            let sample = d.client.send(d.requests.endpoint.path(), body).await;
             self.live.record(&sample);
             self.samples
                 .lock()
@@ -112,52 +122,46 @@ impl Level {
     }
 }
 
-/// Runs one level: `concurrency` workers until `stop`, then waits for the stragglers.
-pub async fn run_level(
-    client: Arc<Client>,
-    requests: Arc<RequestBuilder>,
-    next_id: Arc<AtomicU64>,
-    concurrency: usize,
-    stop: Stop,
-    live: Arc<Live>,
-) -> LevelRun {
-    let started = Instant::now();
-    let deadline = match stop {
-        Stop::After(d) => started + d,
-        Stop::Requests(_) => started,
-    };
-    let level = Arc::new(Level {
-        client,
-        requests,
-        next_id,
-        handed_out: AtomicU64::new(0),
-        stop,
-        deadline,
-        window_end: Mutex::new(None),
-        samples: Mutex::new(Vec::new()),
-        live,
-    });
-    let mut workers = JoinSet::new();
-    for _ in 0..concurrency {
-        workers.spawn(level.clone().work());
-    }
-    while let Some(joined) = workers.join_next().await {
-        if let Err(e) = joined {
-            tracing::error!(error = %e, "bench worker failed");
+impl Driver {
+    /// Runs one level: `concurrency` workers until `stop` (or an interrupt), then waits for the
+    /// requests still in flight.
+    pub async fn run_level(&self, concurrency: usize, stop: Stop, live: Arc<Live>) -> LevelRun {
+        let started = Instant::now();
+        let deadline = match stop {
+            Stop::After(d) => started + d,
+            Stop::Requests(_) => started,
+        };
+        let level = Arc::new(Level {
+            driver: self.clone(),
+            handed_out: AtomicU64::new(0),
+            stop,
+            deadline,
+            window_end: Mutex::new(None),
+            samples: Mutex::new(Vec::new()),
+            live,
+        });
+        let mut workers = JoinSet::new();
+        for _ in 0..concurrency {
+            workers.spawn(level.clone().work());
         }
-    }
-    let finished = Instant::now();
-    let window_end = level
-        .window_end
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or(finished);
-    let samples = std::mem::take(&mut *level.samples.lock().unwrap_or_else(|e| e.into_inner()));
-    LevelRun {
-        concurrency,
-        started,
-        window_end,
-        finished,
-        samples,
+        while let Some(joined) = workers.join_next().await {
+            if let Err(e) = joined {
+                tracing::error!(error = %e, "bench worker failed");
+            }
+        }
+        let finished = Instant::now();
+        let window_end = level
+            .window_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(finished);
+        let samples = std::mem::take(&mut *level.samples.lock().unwrap_or_else(|e| e.into_inner()));
+        LevelRun {
+            concurrency,
+            started,
+            window_end,
+            finished,
+            samples,
+        }
     }
 }

@@ -20,7 +20,7 @@ pub mod report;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ use clap::Args;
 use http::Uri;
 
 use self::client::{Client, RequestError};
-use self::load::{LevelRun, Stop};
+use self::load::{Driver, LevelRun, Stop};
 use self::progress::{Live, Progress};
 use self::prompt::{Endpoint, RequestBuilder};
 use self::proxy_view::{ProxyViewError, Scraper, Snapshot};
@@ -229,7 +229,15 @@ pub const TTFT_SVG: &str = "bench-ttft.svg";
 
 /// Runs the whole bench: every level in turn, printing a table row as each ends, then writes
 /// the files. Returns the report (also when some requests failed: their count is in it).
-pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchError> {
+///
+/// Setting `interrupted` (the binary does on Ctrl-C) stops sending: the requests in flight
+/// finish, the level under way ends its window there, and the files are written with the levels
+/// run so far.
+pub async fn run(
+    cfg: &BenchConfig,
+    progress: Progress,
+    interrupted: Arc<AtomicBool>,
+) -> Result<Report, BenchError> {
     std::fs::create_dir_all(&cfg.out).map_err(|source| BenchError::Write {
         path: cfg.out.clone(),
         source,
@@ -278,7 +286,12 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
         proxy_last = Some(settled_snapshot(s, last, 1.0).await?);
     }
 
-    let next_id = Arc::new(AtomicU64::new(0));
+    let driver = Driver {
+        client,
+        requests,
+        next_id: Arc::new(AtomicU64::new(0)),
+        interrupted: interrupted.clone(),
+    };
     let (stop_name, stop_value) = match cfg.stop {
         Stop::After(d) => ("duration", d.as_secs_f64()),
         Stop::Requests(n) => ("requests", n as f64),
@@ -296,6 +309,9 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
     println!("{}", report::table_header());
     let mut levels = Vec::new();
     for (i, &n) in cfg.concurrency.iter().enumerate() {
+        if interrupted.load(Ordering::Relaxed) {
+            break;
+        }
         let label = format!("level {}/{} c={n}", i + 1, cfg.concurrency.len());
         if cfg.warmup {
             let live = Arc::new(Live::default());
@@ -304,15 +320,7 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
                 Stop::Requests(n as u64),
                 live.clone(),
             );
-            let warm = load::run_level(
-                client.clone(),
-                requests.clone(),
-                next_id.clone(),
-                n,
-                Stop::Requests(n as u64),
-                live,
-            )
-            .await;
+            let warm = driver.run_level(n, Stop::Requests(n as u64), live).await;
             if let (Some(s), Some(last)) = (&scraper, &proxy_last) {
                 proxy_last = Some(settled_snapshot(s, last, warm.samples.len() as f64).await?);
             }
@@ -321,15 +329,7 @@ pub async fn run(cfg: &BenchConfig, progress: Progress) -> Result<Report, BenchE
         let live = Arc::new(Live::default());
         let run: LevelRun = {
             let _bar = progress.level(label, cfg.stop, live.clone());
-            load::run_level(
-                client.clone(),
-                requests.clone(),
-                next_id.clone(),
-                n,
-                cfg.stop,
-                live,
-            )
-            .await
+            driver.run_level(n, cfg.stop, live).await
         };
         let mut level = LevelReport::from_run(&run);
         if let (Some(s), Some(before)) = (&scraper, before) {
@@ -381,6 +381,27 @@ pub fn write_files(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, BenchErr
             std::fs::write(p, chart::ttft(&report.levels, &subtitle))
         })?,
     ])
+}
+
+/// A flag set by the first Ctrl-C (stop sending, finish, write the files); a second Ctrl-C
+/// exits at once. Must be called inside the runtime.
+pub fn interrupt_on_ctrl_c() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        set.store(true, Ordering::Relaxed);
+        eprintln!(
+            "\ntokenmeter bench: stopping: waiting for the requests in flight, then writing \
+             the results (Ctrl-C again to quit now)"
+        );
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+    flag
 }
 
 /// How long the after-level scrape waits for the proxy to have recorded every request.

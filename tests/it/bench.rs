@@ -92,7 +92,9 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
         ],
         &out,
     );
-    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
     assert_eq!(report.model, "test-model", "model from /v1/models");
     assert_eq!(report.levels.len(), 2);
     for l in &report.levels {
@@ -163,7 +165,9 @@ async fn duration_mode_keeps_n_in_flight_for_the_window() {
         ],
         &out,
     );
-    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
     let l = &report.levels[0];
     // The window is the deadline; the drain after it waits for requests already sent.
     assert!(
@@ -179,11 +183,49 @@ async fn duration_mode_keeps_n_in_flight_for_the_window() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_ends_the_level_and_still_writes_the_files() {
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("interrupt");
+    let cfg = config(
+        &up.url(),
+        &[
+            "--concurrency",
+            "2,4",
+            "--duration",
+            "20s",
+            "--output-tokens",
+            "10",
+        ],
+        &out,
+    );
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = interrupted.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let started = std::time::Instant::now();
+    let report = bench::run(&cfg, Progress::disabled(), interrupted)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.levels.len(), 1, "the second level never starts");
+    let l = &report.levels[0];
+    assert!(l.window_seconds < 1.0 && l.requests >= 2, "{l:?}");
+    assert_eq!(l.errors, 0, "requests in flight finish, none is cut");
+    assert!(out.join(bench::JSON_FILE).is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_model_fails_at_once_with_the_status() {
     let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("wrong-model");
     let cfg = config(&up.url(), &["--model", "nope"], &out);
-    match bench::run(&cfg, Progress::disabled()).await {
+    match bench::run(&cfg, Progress::disabled(), Default::default()).await {
         Err(BenchError::Probe { source, .. }) => {
             assert_eq!(source, tokenmeter::bench::client::RequestError::Status(404))
         }
@@ -201,7 +243,9 @@ async fn a_server_that_is_down_is_one_clear_error() {
         .unwrap();
     let out = tempdir("down");
     let cfg = config(&format!("http://{addr}"), &["--model", "m"], &out);
-    let err = bench::run(&cfg, Progress::disabled()).await.unwrap_err();
+    let err = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("Connection refused") || msg.contains("connection refused"),
@@ -241,7 +285,9 @@ async fn client_and_proxy_agree_on_ttft_and_tokens() {
         ],
         &out,
     );
-    let report = bench::run(&cfg, Progress::disabled()).await.unwrap();
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
     for l in &report.levels {
         let p = l.proxy.as_ref().expect("proxy figures");
         assert_eq!(p.requests, 16, "the probe is not counted in a level");
