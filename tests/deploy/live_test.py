@@ -287,7 +287,7 @@ def main():
             procs.start(f"load-{pod}", [
                 sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
                 "--duration", str(traffic_s + 30), "--concurrency", steps, "--models", models,
-                "--seed", str(len(pod)),
+                "--seed", str(len(procs.items)),
             ])
         wait_for("both targets up", lambda: len([r for r in prom.api("query", query="up == 1")["result"]]) == len(targets))
         print(f"live_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
