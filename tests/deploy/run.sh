@@ -19,6 +19,7 @@
 #
 # Environment: TOKENMETER_BIN (skip the build, use this binary), LIVE_TRAFFIC_SECONDS.
 set -uo pipefail
+export PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
 here=tests/deploy
 
