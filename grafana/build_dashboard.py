@@ -105,7 +105,9 @@ def stat(title, desc, expr, unit, decimals=None, thresholds=None):
 
 
 def heatmap(title, desc, metric, unit):
-    expr = f"sum by (le) (increase({metric}_bucket{{{FM}}}[$__interval]))"
+    # rate over $__rate_interval, not increase over $__interval: when $__interval is as short as
+    # the scrape interval a window holds one sample and the heatmap would be empty.
+    expr = f"sum by (le) (rate({metric}_bucket{{{FM}}}[{RI}]))"
     return {
         "type": "heatmap",
         "title": title,
@@ -243,7 +245,8 @@ def layout():
                     targets((f"sum by (phase) (tokenmeter_requests_in_flight{{{F}}})", "{{phase}}")), "short", stack=True), 8, 8),
         (timeseries("Output tokens/s per GPU", "Per pod: its output tokens/s over its GPUs (--gpus). All: total tokens "
                     "over total GPUs, so idle GPUs count.",
-                    targets((f"sum by (pod) ({rate('tokenmeter_output_tokens_total')}) / sum by (pod) (tokenmeter_gpus{{{F}}})", "{{pod}}"),
+                    targets((f"sum by (namespace, pod) ({rate('tokenmeter_output_tokens_total')})"
+                             f" / sum by (namespace, pod) (tokenmeter_gpus{{{F}}})", "{{namespace}}/{{pod}}"),
                             (f"{OUT_RATE} / sum(tokenmeter_gpus{{{F}}})", "all selected pods")), TOKS), 8, 8),
         (timeseries("Cost per 1M output tokens", "GPU-hour price (variable gpu_hour_price) x GPUs / output tokens per hour "
                     "x 1e6. Falls as throughput rises; idle GPUs raise it.",
@@ -255,7 +258,7 @@ def layout():
                     targets((quantile(0.5, "tokenmeter_time_to_first_token_seconds"), "p50"),
                             (quantile(0.9, "tokenmeter_time_to_first_token_seconds"), "p90"),
                             (quantile(0.99, "tokenmeter_time_to_first_token_seconds"), "p99")), "s"), 8, 8),
-        (heatmap("Time to first token distribution", "Requests per TTFT bucket over time.",
+        (heatmap("Time to first token distribution", "Requests per second in each TTFT bucket.",
                  "tokenmeter_time_to_first_token_seconds", "s"), 8, 8),
         (timeseries("Inter-token latency and time per output token", "Inter-token latency: gap between token-bearing events "
                     "per token carried. Time per output token: per request, decode time / (output tokens - 1); its p99 "
@@ -268,8 +271,9 @@ def layout():
                     targets((quantile(0.5, "tokenmeter_request_duration_seconds"), "p50"),
                             (quantile(0.9, "tokenmeter_request_duration_seconds"), "p90"),
                             (quantile(0.99, "tokenmeter_request_duration_seconds"), "p99")), "s"), 8, 8),
-        (heatmap("Output length distribution", "Output tokens per request.", "tokenmeter_request_output_tokens", "short"), 8, 8),
-        (heatmap("Input length distribution", "Prompt tokens per request (where the stream reports usage).",
+        (heatmap("Output length distribution", "Requests per second in each output-length bucket (tokens).", "tokenmeter_request_output_tokens", "short"), 8, 8),
+        (heatmap("Input length distribution", "Requests per second in each prompt-length bucket (tokens; where the "
+                 "stream reports usage).",
                  "tokenmeter_request_input_tokens", "short"), 8, 8),
 
         (row("Requests and errors"), 24, 1),

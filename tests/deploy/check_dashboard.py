@@ -122,6 +122,12 @@ def check_structure(d, known):
             expr = t.get("expr", "")
             if not expr.strip():
                 problem(f"panel {title!r} target {t.get('refId')}: empty expr")
+            # Range windows: $__rate_interval or $__range. $__interval can be as short as one
+            # scrape, and a one-sample window gives rate()/increase() nothing to work with.
+            for window in re.findall(r"\[([^\]]*)\]", expr):
+                if window not in ("$__rate_interval", "$__range"):
+                    problem(f"panel {title!r} target {t.get('refId')}: range window [{window}] "
+                            "(use $__rate_interval or $__range)")
             used = names_in(expr)
             if not used:
                 problem(f"panel {title!r} target {t.get('refId')}: uses no tokenmeter metric")

@@ -11,10 +11,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "grafana" / "dashboards" / "tokenmeter.json"
 
-# What Grafana puts in place of its built-in variables, for the live test: a 1 s scrape interval
-# and a one-minute range drawn at about 5 s per point. $__rate_interval is Grafana's
-# max(4 x scrape interval, $__interval + scrape interval) with the data source's scrape interval
-# set to the 15 s our PodMonitor uses, which is also a window the live test has data for.
+# What Grafana puts in place of its built-in variables, for the live test: a one-minute range
+# drawn at 5 s per point, and $__rate_interval as Grafana computes it for a data source whose
+# scrape interval is set to 5 s: max(4 x 5 s, $__interval + 5 s) = 20 s. (The test scrapes every
+# second, so each 20 s window holds about 20 samples: enough that a quantile over a quiet model
+# is not NaN by chance.)
 BUILTINS = {
     "__rate_interval": "20s",
     "__interval": "5s",
