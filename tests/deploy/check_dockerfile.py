@@ -15,6 +15,7 @@
 Needs the `dockerfile` package (tests/deploy/run.sh installs it in its virtualenv).
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -73,6 +74,19 @@ def excluded(path, rules):
     return out
 
 
+def tracked_files():
+    """The repository's files: git's list, or a walk of the tree outside a git checkout."""
+    try:
+        r = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+        return r.stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = []
+        for root, dirs, names in os.walk(REPO):
+            dirs[:] = [d for d in dirs if d not in (".git", "target")]
+            out += [os.path.relpath(os.path.join(root, n), REPO) for n in names]
+        return out
+
+
 def main():
     text = (REPO / "Dockerfile").read_text()
     try:
@@ -124,7 +138,7 @@ def main():
         problem(f"runtime EXPOSEs {sorted(exposed)}, expected 8080 and 9090")
 
     rules = ignore_rules((REPO / ".dockerignore").read_text())
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = tracked_files()
     needed = ["Cargo.toml", "Cargo.lock"] + [f for f in files if f.startswith("src/")]
     for f in needed:
         if excluded(f, rules):

@@ -272,9 +272,17 @@ def check_wiring(d, docs):
                     ok = any(tp == q.get("name") for c, init in all_containers(tpl) if not init for q in c.get("ports", []))
                 if not ok:
                     problem(f"{where}: targetPort {tp!r} is not a port of the selected pods' (non-init) containers")
-        if any(tpl["spec"].get("initContainers") for tpl in targets) and not any(
-                p.get("targetPort") == 8080 for p in s["spec"]["ports"]):
-            problem(f"{where}: clients must reach tokenmeter (8080), not the server")
+        for tpl in targets:
+            # Clients must reach tokenmeter, never the server beside it.
+            tm = [c for c, _ in all_containers(tpl) if c["name"] == "tokenmeter"]
+            if not tm:
+                continue
+            http = {q["containerPort"] for q in tm[0].get("ports", []) if q.get("name") == "http"}
+            client_ports = [p for p in s["spec"]["ports"] if p.get("name") != "metrics"]
+            for p in client_ports:
+                tp = p.get("targetPort", p["port"])
+                if tp not in http and tp != "http":
+                    problem(f"{where}: port {p['port']} targets {tp!r}, not tokenmeter's http port {sorted(http)}")
     for m in (x for x in docs if x.get("kind") == "PodMonitor"):
         where = f"{d}: PodMonitor/{m['metadata']['name']}"
         sel = m["spec"]["selector"].get("matchLabels", {})

@@ -3,8 +3,8 @@
 dashboard query and every recording rule must return data.
 
 On loopback only, in a temporary directory, it starts:
-  - the traffic upstream (tests/deploy/traffic.py upstream, or `tokenmeter sim` when
-    TOKENMETER_UPSTREAM_CMD names another command that prints nothing and listens on $PORT),
+  - the traffic upstream (tests/deploy/traffic.py upstream: OpenAI-style SSE with usage, plus
+    error statuses, cut streams, slow headers and malformed events on request),
   - two tokenmeters in front of it (pods "vllm-llama-0" with --gpus 2 and "vllm-qwen-0" with
     --gpus 1, in namespace "inference"; Prometheus adds those labels from static_configs, as a
     PodMonitor does in Kubernetes),
