@@ -17,7 +17,9 @@ After the traffic has run for a while it checks, through Prometheus's HTTP API:
      and as one concrete namespace/pod/model, returns at least one finite value (range queries
      for time series, heatmaps and stats; instant queries for instant targets);
   3. every rule Prometheus loaded evaluates without error, and every recording rule's
-     expression and recorded series return a finite value.
+     expression and recorded series return a finite value;
+  4. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
+     open through tokenmeter have finished (check_drain_hook).
 Everything started is stopped at the end, also on failure. Exits 1 listing each failure.
 
 Environment: TOKENMETER_BIN (default target/release/tokenmeter), PROMETHEUS (default
@@ -228,6 +230,51 @@ def check_rules(prom):
         fail("Prometheus loaded no recording rules or no alerts")
 
 
+def in_flight(metrics_port):
+    _, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("tokenmeter_requests_in_flight{"))
+
+
+def check_drain_hook(procs, listen, metrics):
+    """Runs the vLLM container's preStop hook from deploy/overlays/sidecar-vllm against a
+    tokenmeter with streams open: it must return only after the last stream has finished (and
+    within about a second of it), which is what lets a pod drain before vLLM gets SIGTERM."""
+    import yaml  # the virtualenv of run.sh has it
+
+    dep = yaml.safe_load((REPO / "deploy" / "overlays" / "sidecar-vllm" / "deployment.yaml").read_text())
+    server = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"][0]
+    cmd = server["lifecycle"]["preStop"]["exec"]["command"]
+    if cmd[:2] != ["python3", "-c"] or "127.0.0.1:9090" not in cmd[2]:
+        fail(f"vLLM preStop is not the python3 drain hook polling 127.0.0.1:9090: {cmd[:2]}")
+        return
+    script = cmd[2].replace("127.0.0.1:9090", f"127.0.0.1:{metrics}")
+    wait_for("the pod's load to stop", lambda: in_flight(metrics) == 0)
+    # Three streams of 300 tokens, 30 ms apart: about 9 s, longer than the hook's 5 s grace.
+    streams = procs.start("drain-streams", [
+        sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
+        "--duration", "0.5", "--concurrency", "3", "--mix", "ok", "--min-tokens", "300",
+        "--max-tokens", "300", "--gap-ms", "30", "--ttft-ms", "50", "--models", "drain-test",
+    ])
+    wait_for("three streams in flight", lambda: in_flight(metrics) >= 3)
+    t0 = time.monotonic()
+    hook = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    hook_end = time.monotonic()
+    left = in_flight(metrics)
+    streams.wait(timeout=60)
+    streams_end = time.monotonic()
+    print(f"  hook returned after {hook_end - t0:.1f}s with {left:.0f} in flight; "
+          f"streams done {streams_end - t0:.1f}s after it started")
+    if hook.returncode != 0:
+        fail(f"drain hook exited {hook.returncode}: {hook.stderr.strip()[-300:]}")
+    if left != 0:
+        fail(f"drain hook returned with {left} requests still in flight")
+    if hook_end - t0 < 6:
+        fail(f"drain hook returned after {hook_end - t0:.1f}s, before the streams could finish")
+    if streams_end - hook_end > 2.5:
+        fail("the streams finished long after the drain hook returned")
+
+
 def main():
     tm_bin = os.environ.get("TOKENMETER_BIN", str(REPO / "target" / "release" / "tokenmeter"))
     prom_bin = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
@@ -283,8 +330,9 @@ def main():
         wait_for("prometheus", lambda: http_get(f"{prom.base}/-/ready")[0] == 200, timeout=30)
 
         # Traffic: each load client runs past the checks, so rates and gauges are live.
+        loads = {}
         for pod, listen, _, models, steps in targets:
-            procs.start(f"load-{pod}", [
+            loads[pod] = procs.start(f"load-{pod}", [
                 sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
                 "--duration", str(traffic_s + 30), "--concurrency", steps, "--models", models,
                 "--seed", str(len(procs.items)),
@@ -309,6 +357,11 @@ def main():
         check_panels(prom, dash.load(), concrete)
         print("live_test: rules", flush=True)
         check_rules(prom)
+        print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)
+        pod, listen, metrics, _, _ = targets[0]
+        os.killpg(loads[pod].pid, signal.SIGTERM)
+        loads[pod].wait()
+        check_drain_hook(procs, listen, metrics)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")
     finally:

@@ -8,8 +8,8 @@
 #      schemas, wiring, runbook anchors, the plain scrape config (check_manifests.py); the
 #      Dockerfile and .dockerignore (check_dockerfile.py).
 #   3. live: `cargo build --release`, then a real Prometheus scrapes two tokenmeters carrying
-#      live traffic, and every dashboard query and recording rule must return data
-#      (live_test.py, about a minute).
+#      live traffic, and every dashboard query and recording rule must return data; the
+#      sidecar's drain hook must wait for open streams (live_test.py, about a minute).
 #
 # On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
 # promtool) and python3-venv with apt, and the Python packages in a virtualenv under
@@ -85,7 +85,7 @@ build_release() {
 }
 if check "live: cargo build --release" build_release; then
   check "live: Prometheus scrapes live traffic; every panel and recording rule has data" \
-    python3 $here/live_test.py
+    "$vpy" $here/live_test.py
 else
   failed=$((failed + 1))
   failures+=("live: not run (build failed)")
