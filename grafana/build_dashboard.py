@@ -81,7 +81,7 @@ def timeseries(title, desc, tgts, unit="short", stack=False, overrides=None, min
     }
 
 
-def stat(title, desc, expr, unit, decimals=None, thresholds=None):
+def stat(title, desc, expr, unit, decimals=None, thresholds=None, instant=False):
     defaults = {"unit": unit, "color": {"mode": "thresholds"}}
     if decimals is not None:
         defaults["decimals"] = decimals
@@ -91,12 +91,12 @@ def stat(title, desc, expr, unit, decimals=None, thresholds=None):
         "title": title,
         "description": desc,
         "datasource": DS,
-        "targets": [target(expr, instant=False)],
+        "targets": [target(expr, instant=instant)],
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
             "colorMode": "value",
-            "graphMode": "area",
+            "graphMode": "none" if instant else "area",
             "justifyMode": "auto",
             "textMode": "auto",
             "orientation": "auto",
@@ -214,7 +214,7 @@ def layout():
               f"sum(tokenmeter_requests_in_flight{{{F}}})", "short", 0), 3, 4),
         (stat("Cost per 1M output tokens", "GPU cost of the selected pods over the time range (GPUs x hours x the "
               "gpu_hour_price variable) divided by the output tokens they produced, in millions.",
-              COST_RANGE, "currencyUSD", 2), 3, 4),
+              COST_RANGE, "currencyUSD", 2, instant=True), 3, 4),
 
         (row("Speed: per request vs aggregate"), 24, 1),
         (timeseries("Per-request decode speed (p50 / p90 / p99)", SPEED_NOTE + " p99 is the fastest 1%; the slow tail is "
