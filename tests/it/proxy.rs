@@ -364,6 +364,13 @@ async fn fifty_clients_hanging_up_mid_stream_leave_no_trace() {
     );
     // Tokens seen before the hang-up are still counted (at least 2 per request).
     assert!(metric("tokenmeter_output_tokens_total").value(&s) >= 100.0);
+    // A stream cut mid-line is not malformed input.
+    assert_eq!(
+        metric("tokenmeter_parse_errors_total")
+            .label("reason", "invalid_json")
+            .value(&s),
+        0.0
+    );
     for _ in 0..100 {
         if up.closed() == up.opened() {
             break;
@@ -421,6 +428,14 @@ async fn non_streaming_json_is_measured_from_usage() {
     .await;
     assert_eq!(seen.status, 200);
     let s = proxy.settled(1.0).await;
+    assert_eq!(
+        metric("tokenmeter_requests_total")
+            .label("outcome", "complete")
+            .label("model", "json-model")
+            .value(&s),
+        1.0,
+        "a Content-Length body read to its end is complete"
+    );
     assert_eq!(
         metric("tokenmeter_output_tokens_total")
             .label("model", "json-model")
