@@ -105,40 +105,44 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
         assert_eq!((per_req.min, per_req.max), (20.0, 20.0));
         // The scripted usage chunk always says 12 prompt tokens.
         assert_eq!(l.input_tokens_per_request.unwrap().mean, 12.0);
-        // Timing: the script's 40 ms TTFT and 10 ms per token, plus loopback and scheduling.
+        // Timing: never earlier than the script (40 ms TTFT, 10 ms per token; timers do not
+        // fire early), and later only by scheduling: generous upper bounds, as the suite shares
+        // two cores with builds.
         let ttft = l.ttft.unwrap();
-        assert!(
-            ttft.p50 >= 0.040 && ttft.p50 < 0.070,
-            "TTFT p50 {}",
-            ttft.p50
-        );
+        assert!(ttft.min >= 0.040, "TTFT min {}", ttft.min);
+        assert!(ttft.p50 < 0.040 + 0.100, "TTFT p50 {}", ttft.p50);
         let tpot = l.tpot.unwrap();
         assert!(
-            tpot.p50 >= 0.0095 && tpot.p50 < 0.013,
+            tpot.p50 >= 0.009 && tpot.p50 < 0.030,
             "TPOT p50 {}",
             tpot.p50
         );
         let tps = l.request_tps.unwrap();
         assert!(
-            tps.p50 > 75.0 && tps.p50 <= 105.0,
+            tps.p50 > 33.0 && tps.p50 <= 111.0,
             "per-request tok/s {}",
             tps.p50
         );
+        // One measure seen two ways: the slowest request has the longest TPOT.
+        assert!(
+            (tpot.max - 1.0 / tps.min).abs() < 1e-9,
+            "TPOT is 1 / per-request tok/s"
+        );
         let itl = l.itl.unwrap();
         assert_eq!(itl.count, 8 * 19, "one ITL per token after the first");
-        assert!(itl.p50 >= 0.0095 && itl.p50 < 0.013, "ITL p50 {}", itl.p50);
+        assert!(itl.p50 >= 0.009 && itl.p50 < 0.030, "ITL p50 {}", itl.p50);
+        // Little's law for a closed loop: N in flight, each yielding 20 tokens in a mean e2e,
+        // deliver N x 20 / e2e tokens/s. The aggregate, computed from arrival times inside the
+        // window, must agree (window edges cost a few tokens at N = 4).
+        let little = l.concurrency as f64 * 20.0 / l.e2e.unwrap().mean;
+        let ratio = l.aggregate_tps / little;
+        assert!(
+            ratio > 0.85 && ratio < 1.05,
+            "level {}: aggregate {} vs Little's law {little}",
+            l.concurrency,
+            l.aggregate_tps
+        );
     }
-    // The scripted upstream does not slow down with load: 4 in flight give about 4 times the
-    // aggregate of 1 (each request: 40 ms + 19 x 10 ms = 230 ms for 20 tokens, ~87 tok/s).
-    let (a1, a4) = (
-        report.levels[0].aggregate_tps,
-        report.levels[1].aggregate_tps,
-    );
-    assert!(a1 > 60.0 && a1 < 95.0, "aggregate at 1: {a1}");
-    assert!(
-        a4 / a1 > 3.0 && a4 / a1 < 4.5,
-        "aggregate at 4 / at 1: {a4} / {a1}"
-    );
     for f in [
         bench::JSON_FILE,
         bench::CSV_FILE,
@@ -176,8 +180,16 @@ async fn duration_mode_keeps_n_in_flight_for_the_window() {
         l.window_seconds
     );
     assert!(l.elapsed_seconds > l.window_seconds);
-    // Each request: 40 ms + 9 x 10 ms = 130 ms; 3 workers over 600 ms send 3 x 5 = 15.
-    assert!((12..=15).contains(&l.requests), "requests {}", l.requests);
+    // Closed loop: each of the 3 workers sends back to back until the deadline, so it sends
+    // window / e2e requests, rounded up (the last one is sent before the deadline and ends
+    // after it). Whatever the machine's speed, the count must tile the window.
+    let expected = 3.0 * l.window_seconds / l.e2e.unwrap().mean;
+    assert!(
+        (l.requests as f64) >= expected - 1.0 && (l.requests as f64) <= expected + 3.0 + 1.0,
+        "{} requests, {expected:.1} expected from e2e {}",
+        l.requests,
+        l.e2e.unwrap().mean
+    );
     assert_eq!(l.output_tokens, l.requests as u64 * 10);
     assert!(l.window_output_tokens < l.output_tokens as f64);
 }
