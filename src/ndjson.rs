@@ -8,7 +8,7 @@ use crate::protocol::Message;
 use crate::sse::DecodeErrors;
 
 /// Splits an NDJSON byte stream into lines.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoder {
     max_line: usize,
     line: Vec<u8>,
