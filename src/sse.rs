@@ -106,7 +106,7 @@ impl Decoder {
 
     fn feed_lines(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         while !chunk.is_empty() {
-            let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) else {
                 self.push_partial(chunk);
                 return;
             };

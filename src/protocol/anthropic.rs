@@ -10,7 +10,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Anthropic extractor.
@@ -84,8 +84,7 @@ impl Extractor for Anthropic {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         let kind = ev.kind.as_deref().unwrap_or(msg.event);

@@ -4,11 +4,12 @@
 //! token-bearing event is a non-empty `content-delta` (text or thinking), a `tool-plan-delta`, or
 //! a `tool-call-start` / `tool-call-delta` (the model writing a tool call). `message-end` reports
 //! usage twice: `billed_units` (what is charged) and `tokens` (what the model processed and
-//! generated); output is the latter, falling back to the former.
+//! generated); output is the latter, falling back to the former. The stream ends with
+//! `data: [DONE]`.
 
 use serde::Deserialize;
 
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Cohere extractor.
@@ -94,8 +95,7 @@ impl Extractor for Cohere {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         let kind = ev.kind.as_deref().unwrap_or(msg.event);

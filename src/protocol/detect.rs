@@ -4,17 +4,30 @@
 //! name, a `type` value) no other format shares. The request path is the tie-breaker, because
 //! paths lie in both directions: TGI, llama.cpp, SGLang and Ollama all serve OpenAI's
 //! `/v1/chat/completions` too, llama.cpp serves its native API on `/completions`, and TGI and
-//! SGLang share `/generate`. So [`Auto`] looks at each message until one is decisive (a `ping`,
-//! an `error` or a `[DONE]` is not), and only falls back to the path's format when
-//! [`MAX_UNDECIDED`] messages have told it nothing.
+//! SGLang share `/generate`. So [`Auto`] decides on the first message that shows a format. A
+//! neutral message (a `ping`, an `error`, `[DONE]`: several formats send them) decides nothing;
+//! a message no format explains (broken JSON, an unknown shape) means the path's format, whose
+//! extractor then counts it as malformed. With no path hint, [`MAX_UNDECIDED`] messages that
+//! tell nothing make the stream unknown.
 
 use serde_json::{Map, Value};
 
 use super::{extractor, Api, Extractor, Message, Summary};
 
-/// Messages an undecided [`Auto`] inspects before it settles for the path's format. Real streams
-/// decide on their first message; this only bounds the work spent on a stream we cannot read.
+/// Messages an undecided [`Auto`] inspects before it settles for the path's format (or none).
+/// Real streams decide on their first message; this bounds the work spent on one we cannot read.
 pub const MAX_UNDECIDED: u32 = 16;
+
+/// What one message says about the format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniff {
+    /// This format, and no other, sends such a message.
+    Format(Api),
+    /// Several formats send such a message (keep-alives, errors, the end sentinel).
+    Neutral,
+    /// No format we know sends it.
+    Unknown,
+}
 
 /// The format a request path suggests, if any.
 pub fn path_hint(path: &str) -> Option<Api> {
@@ -67,29 +80,60 @@ fn by_type(t: &str) -> Option<Api> {
     }
 }
 
-/// The format one message shows, if it is decisive.
-pub fn sniff(msg: &Message<'_>) -> Option<Api> {
-    if msg.event == "output" {
-        // Replicate's data is plain text, not JSON: the event name is all there is.
-        return Some(Api::Replicate);
-    }
-    if let Some(api) = by_type(msg.event) {
-        return Some(api);
-    }
-    let first = match serde_json::from_slice::<Value>(msg.data).ok()? {
-        // Gemini without `alt=sse`, and TGI's non-streaming answer, are JSON arrays.
-        Value::Array(items) => items.into_iter().next()?,
-        v => v,
-    };
-    sniff_object(first.as_object()?)
+/// Event names and `type` values that several formats use.
+fn is_neutral_type(t: &str) -> bool {
+    matches!(t, "ping" | "error" | "keep-alive" | "keepalive" | "done")
 }
 
-fn sniff_object(o: &Map<String, Value>) -> Option<Api> {
+/// What one message shows about the format.
+pub fn sniff(msg: &Message<'_>) -> Sniff {
+    if msg.event == "output" {
+        // Replicate's data is plain text, not JSON: the event name is all there is.
+        return Sniff::Format(Api::Replicate);
+    }
+    if let Some(api) = by_type(msg.event) {
+        return Sniff::Format(api);
+    }
+    if is_neutral_type(msg.event)
+        || msg.data == b"[DONE]"
+        || msg.data.iter().all(u8::is_ascii_whitespace)
+    {
+        return Sniff::Neutral;
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(msg.data) else {
+        return Sniff::Unknown;
+    };
+    let first = match value {
+        // Gemini without `alt=sse`, and TGI's non-streaming answer, are JSON arrays.
+        Value::Array(items) => match items.into_iter().next() {
+            Some(v) => v,
+            None => return Sniff::Neutral,
+        },
+        v => v,
+    };
+    match first.as_object() {
+        Some(o) if o.is_empty() || o.contains_key("error") => Sniff::Neutral,
+        Some(o) => sniff_object(o),
+        None => Sniff::Unknown,
+    }
+}
+
+fn sniff_object(o: &Map<String, Value>) -> Sniff {
+    if let Some(t) = o.get("type").and_then(Value::as_str) {
+        if let Some(api) = by_type(t) {
+            return Sniff::Format(api);
+        }
+        if is_neutral_type(t) {
+            return Sniff::Neutral;
+        }
+    }
+    sniff_shape(o).map_or(Sniff::Unknown, Sniff::Format)
+}
+
+/// The format an object's fields show, if any.
+fn sniff_shape(o: &Map<String, Value>) -> Option<Api> {
     let has = |k: &str| o.contains_key(k);
     let str_of = |k: &str| o.get(k).and_then(Value::as_str);
-    if let Some(api) = str_of("type").and_then(by_type) {
-        return Some(api);
-    }
     if str_of("type") == Some("message") && has("role") {
         return Some(Api::Anthropic); // a non-streaming Messages response
     }
@@ -157,14 +201,17 @@ impl Extractor for Auto {
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
         if self.inner.is_none() {
-            let found = sniff(msg);
-            if found.is_none() {
-                self.undecided += 1;
-                if self.undecided < MAX_UNDECIDED {
-                    return 0;
+            let api = match (sniff(msg), self.hint) {
+                (Sniff::Format(api), _) | (Sniff::Unknown, Some(api)) => Some(api),
+                (Sniff::Neutral | Sniff::Unknown, hint) => {
+                    self.undecided += 1;
+                    if self.undecided < MAX_UNDECIDED {
+                        return 0;
+                    }
+                    hint
                 }
-            }
-            self.inner = Some(extractor(found.or(self.hint).unwrap_or(Api::Unknown)));
+            };
+            self.inner = Some(extractor(api.unwrap_or(Api::Unknown)));
         }
         match &mut self.inner {
             Some(x) => x.on_message(msg),
@@ -224,64 +271,72 @@ mod tests {
 
     #[test]
     fn first_messages() {
+        use Sniff::{Format as F, Neutral, Unknown};
         let cases = [
             (
                 "",
                 r#"{"object":"chat.completion.chunk","choices":[]}"#,
-                Some(Api::OpenAi),
+                F(Api::OpenAi),
             ),
-            ("", r#"{"choices":[{"text":"a"}]}"#, Some(Api::OpenAi)),
-            ("message_start", "{}", Some(Api::Anthropic)),
+            ("", r#"{"choices":[{"text":"a"}]}"#, F(Api::OpenAi)),
+            ("message_start", "{}", F(Api::Anthropic)),
             (
                 "",
                 r#"{"type":"message_start","message":{}}"#,
-                Some(Api::Anthropic),
+                F(Api::Anthropic),
             ),
             (
                 "",
-                r#"{"type":"message","role":"assistant","content":[]}"#,
-                Some(Api::Anthropic),
+                r#"{"type":"message","role":"assistant"}"#,
+                F(Api::Anthropic),
             ),
             (
                 "",
                 r#"{"type":"response.created","response":{}}"#,
-                Some(Api::Responses),
+                F(Api::Responses),
             ),
             (
                 "",
                 r#"{"object":"response","output":[]}"#,
-                Some(Api::Responses),
+                F(Api::Responses),
             ),
-            ("", r#"{"candidates":[]}"#, Some(Api::Gemini)),
-            ("", r#"[{"candidates":[]}]"#, Some(Api::Gemini)),
+            ("", r#"{"candidates":[]}"#, F(Api::Gemini)),
+            ("", r#"[{"candidates":[]}]"#, F(Api::Gemini)),
             (
                 "",
                 r#"{"token":{"id":1},"generated_text":null}"#,
-                Some(Api::Tgi),
+                F(Api::Tgi),
             ),
-            ("", r#"[{"generated_text":"x"}]"#, Some(Api::Tgi)),
-            ("", r#"{"content":"a","stop":false}"#, Some(Api::LlamaCpp)),
+            ("", r#"[{"generated_text":"x"}]"#, F(Api::Tgi)),
+            ("", r#"{"content":"a","stop":false}"#, F(Api::LlamaCpp)),
             (
                 "",
-                r#"{"model":"m","created_at":"t","response":"a","done":false}"#,
-                Some(Api::Ollama),
+                r#"{"created_at":"t","response":"a","done":false}"#,
+                F(Api::Ollama),
             ),
-            ("", r#"{"text":"a","meta_info":{}}"#, Some(Api::Sglang)),
+            ("", r#"{"text":"a","meta_info":{}}"#, F(Api::Sglang)),
             (
                 "",
-                r#"{"model_name":"e","model_version":"1","text_output":"a"}"#,
-                Some(Api::Triton),
+                r#"{"model_name":"e","text_output":"a"}"#,
+                F(Api::Triton),
             ),
-            ("message-start", "{}", Some(Api::Cohere)),
-            ("", r#"{"model_id":"m","results":[]}"#, Some(Api::Watsonx)),
-            ("output", "Hello", Some(Api::Replicate)),
-            // Not decisive: these appear in several formats.
-            ("ping", r#"{"type":"ping"}"#, None),
-            ("error", r#"{"type":"error","error":{}}"#, None),
-            ("", r#"{"error":{"message":"x"}}"#, None),
-            ("", "[DONE]", None),
-            ("", "", None),
-            ("", "[]", None),
+            ("message-start", "{}", F(Api::Cohere)),
+            ("", r#"{"model_id":"m","results":[]}"#, F(Api::Watsonx)),
+            ("output", "Hello", F(Api::Replicate)),
+            // Several formats send these.
+            ("ping", r#"{"type":"ping"}"#, Neutral),
+            ("", r#"{"type": "ping"}"#, Neutral),
+            ("error", r#"{"type":"error","error":{}}"#, Neutral),
+            ("", r#"{"error":{"message":"x"}}"#, Neutral),
+            ("done", "{}", Neutral),
+            ("", "[DONE]", Neutral),
+            ("", "", Neutral),
+            ("", "[]", Neutral),
+            // No format explains these.
+            ("", r#"{"choices":[{"delta":{"content"#, Unknown),
+            ("", r#"{"id":"x"}"#, Unknown),
+            ("", "garbage", Unknown),
+            ("", "42", Unknown),
         ];
         for (event, data, want) in cases {
             assert_eq!(sniff(&msg(event, data)), want, "{event} {data}");
@@ -309,6 +364,11 @@ mod tests {
             1
         );
         assert_eq!(a.api(), Api::OpenAi);
+
+        // Broken JSON on an OpenAI path is OpenAI's malformed message, not a mystery.
+        let mut a = Auto::new(path_hint("/v1/chat/completions"));
+        assert_eq!(a.on_message(&msg("", r#"{"choices":[{"delta""#)), 0);
+        assert_eq!((a.api(), a.summary().malformed), (Api::OpenAi, 1));
     }
 
     #[test]
@@ -325,6 +385,11 @@ mod tests {
             assert_eq!(a.on_message(&msg("", "not json")), 0);
         }
         assert_eq!(a.api(), Api::Unknown);
+        assert_eq!(
+            a.summary().malformed,
+            0,
+            "an unknown format has no malformed messages"
+        );
         assert!(a.inner.is_some(), "gave up sniffing");
     }
 }

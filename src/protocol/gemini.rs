@@ -10,7 +10,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Gemini extractor.
@@ -108,20 +108,17 @@ impl Extractor for Gemini {
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
         let array = msg.data.trim_ascii_start().starts_with(b"[");
         if array {
-            let Ok(chunks) = serde_json::from_slice::<Vec<Chunk<'_>>>(msg.data) else {
-                self.summary.malformed += 1;
+            let Some(chunks) = parse::<Vec<Chunk<'_>>>(msg.data, &mut self.summary.malformed)
+            else {
                 return 0;
             };
             return chunks
                 .into_iter()
                 .fold(0u32, |n, c| n.saturating_add(self.on_chunk(c)));
         }
-        match serde_json::from_slice::<Chunk<'_>>(msg.data) {
-            Ok(chunk) => self.on_chunk(chunk),
-            Err(_) => {
-                self.summary.malformed += 1;
-                0
-            }
+        match parse::<Chunk<'_>>(msg.data, &mut self.summary.malformed) {
+            Some(chunk) => self.on_chunk(chunk),
+            None => 0,
         }
     }
 

@@ -11,6 +11,21 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+/// Parses a message's JSON payload. `None` for the `[DONE]` sentinel and an empty payload (a
+/// keep-alive), which are not malformed, and for malformed input, which is counted.
+pub fn parse<'a, T: Deserialize<'a>>(data: &'a [u8], malformed: &mut u64) -> Option<T> {
+    if data == b"[DONE]" || data.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    match serde_json::from_slice(data) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            *malformed += 1;
+            None
+        }
+    }
+}
+
 /// Whether a field carries generated output: a non-empty string, array or object.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Text(pub bool);
@@ -262,6 +277,30 @@ mod tests {
         assert_eq!(
             parse(r#"{"t":null,"c":"12","l":true,"s":3}"#),
             (false, None, 0, None)
+        );
+    }
+
+    #[test]
+    fn parse_counts_only_what_is_malformed() {
+        let mut bad = 0;
+        assert_eq!(
+            super::parse::<T<'_>>(b"[DONE]", &mut bad).map(|t| t.c.0),
+            None
+        );
+        assert_eq!(super::parse::<T<'_>>(b" \n", &mut bad).map(|t| t.c.0), None);
+        assert_eq!(bad, 0);
+        assert_eq!(
+            super::parse::<T<'_>>(b"{\"c\":1", &mut bad).map(|t| t.c.0),
+            None
+        );
+        assert_eq!(
+            super::parse::<T<'_>>(b"nope", &mut bad).map(|t| t.c.0),
+            None
+        );
+        assert_eq!(bad, 2);
+        assert_eq!(
+            super::parse::<T<'_>>(b"{\"c\":1}", &mut bad).map(|t| t.c.0),
+            Some(Some(1))
         );
     }
 

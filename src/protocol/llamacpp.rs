@@ -10,7 +10,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The llama.cpp extractor.
@@ -48,8 +48,7 @@ impl Extractor for LlamaCpp {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         // The model is a file path unless the server was given an alias: keep the file name,

@@ -8,7 +8,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Ollama extractor.
@@ -49,8 +49,7 @@ impl Extractor for Ollama {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(line) = serde_json::from_slice::<Line<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(line) = parse::<Line<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         self.summary.name_model(line.model.0);

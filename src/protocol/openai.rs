@@ -18,7 +18,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{Count, Len, Str, Text};
+use super::json::{parse, Count, Len, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The OpenAI extractor.
@@ -116,11 +116,7 @@ impl Extractor for OpenAi {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        if msg.data == b"[DONE]" {
-            return 0;
-        }
-        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(chunk) = parse::<Chunk<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         self.summary.name_model(chunk.model.0);

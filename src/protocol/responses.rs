@@ -10,7 +10,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Responses extractor.
@@ -74,11 +74,7 @@ impl Extractor for Responses {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        if msg.data == b"[DONE]" {
-            return 0;
-        }
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         if ev.object.as_deref() == Some("response") {

@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Count, Text};
+use super::json::{parse, Count, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// Sequences of one request tracked separately; more are folded into the last one. A bound,
@@ -66,11 +66,7 @@ impl Extractor for Sglang {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        if msg.data == b"[DONE]" {
-            return 0;
-        }
-        let Ok(ev) = serde_json::from_slice::<Event>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         let Some(meta) = ev.meta_info else {

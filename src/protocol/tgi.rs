@@ -8,7 +8,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Count, Text};
+use super::json::{parse, Count, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The TGI extractor.
@@ -70,20 +70,16 @@ impl Extractor for Tgi {
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
         if msg.data.trim_ascii_start().starts_with(b"[") {
-            let Ok(events) = serde_json::from_slice::<Vec<Event>>(msg.data) else {
-                self.summary.malformed += 1;
+            let Some(events) = parse::<Vec<Event>>(msg.data, &mut self.summary.malformed) else {
                 return 0;
             };
             return events
                 .into_iter()
                 .fold(0u32, |n, e| n.saturating_add(self.on_event(e)));
         }
-        match serde_json::from_slice::<Event>(msg.data) {
-            Ok(ev) => self.on_event(ev),
-            Err(_) => {
-                self.summary.malformed += 1;
-                0
-            }
+        match parse::<Event>(msg.data, &mut self.summary.malformed) {
+            Some(ev) => self.on_event(ev),
+            None => 0,
         }
     }
 

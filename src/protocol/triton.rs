@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use super::json::{Str, Text};
+use super::json::{parse, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Triton extractor.
@@ -30,8 +30,7 @@ impl Extractor for Triton {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         self.summary.name_model(ev.model_name.0);

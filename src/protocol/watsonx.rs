@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{Count, Str, Text};
+use super::json::{parse, Count, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The watsonx extractor.
@@ -42,8 +42,7 @@ impl Extractor for Watsonx {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        let Ok(ev) = serde_json::from_slice::<Event<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         self.summary.name_model(ev.model_id.0);

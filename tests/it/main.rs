@@ -3,5 +3,6 @@
 mod support;
 
 mod cli;
+mod corpus;
 mod faults;
 mod proxy;
