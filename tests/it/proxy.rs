@@ -429,6 +429,14 @@ async fn non_streaming_json_is_measured_from_usage() {
     assert_eq!(seen.status, 200);
     let s = proxy.settled(1.0).await;
     assert_eq!(
+        metric("tokenmeter_requests_total")
+            .label("outcome", "complete")
+            .label("model", "json-model")
+            .value(&s),
+        1.0,
+        "a Content-Length body read to its end is complete"
+    );
+    assert_eq!(
         metric("tokenmeter_output_tokens_total")
             .label("model", "json-model")
             .value(&s),
