@@ -75,6 +75,12 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
     pub pool_idle_timeout: Duration,
 
+    /// For streaming OpenAI-compatible requests that did not ask for usage, add
+    /// stream_options.include_usage and remove the extra usage chunk from the response: exact
+    /// token counts, same bytes for the client. Only bodies up to --max-request-body are rewritten.
+    #[arg(long, env = "TOKENMETER_INJECT_USAGE")]
+    pub inject_usage: bool,
+
     /// The upstream's wire format; "auto" recognises it per response from the first event (the
     /// request path breaks ties). Pin it when auto-detection guesses wrong.
     #[arg(long, env = "TOKENMETER_API", default_value = "auto", value_parser = api_names())]
@@ -131,6 +137,8 @@ pub struct Config {
     pub upstream_http2: bool,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
+    /// `--inject-usage`.
+    pub inject_usage: bool,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -280,6 +288,7 @@ impl ProxyArgs {
             upstream_http2: self.upstream_http2,
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
+            inject_usage: self.inject_usage,
         })
     }
 }

@@ -5,4 +5,5 @@ mod support;
 mod cli;
 mod corpus;
 mod faults;
+mod inject;
 mod proxy;
