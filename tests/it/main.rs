@@ -4,5 +4,7 @@ mod support;
 
 mod bench;
 mod cli;
+mod corpus;
 mod faults;
+mod inject;
 mod proxy;
