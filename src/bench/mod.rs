@@ -334,7 +334,8 @@ pub async fn run(
         let mut level = LevelReport::from_run(&run);
         if let (Some(s), Some(before)) = (&scraper, before) {
             let after = settled_snapshot(s, &before, run.samples.len() as f64).await?;
-            level.proxy = Some(proxy_view::delta(&before, &after));
+            let ttft: Vec<f64> = run.samples.iter().filter_map(|s| s.ttft_secs()).collect();
+            level.proxy = Some(proxy_view::delta(&before, &after, &ttft));
             proxy_last = Some(after);
         }
         println!("{}", report::table_row(&level));

@@ -7,7 +7,12 @@
 //! a family is summed over its labels: the bench assumes it is the proxy's only client while it
 //! runs. The proxy's TTFT median comes from its histogram buckets by linear interpolation, as
 //! PromQL's `histogram_quantile` does, so it is only as fine as the buckets; the bucket holding it
-//! is reported as its resolution. The mean (`_sum / _count`) is exact and is reported too.
+//! is reported as its resolution. To compare like with like, the client's own TTFT samples are
+//! put into the same buckets and read the same way: the two medians then differ only by what was
+//! measured, not by how a median is estimated (a histogram's median is the ⌈n/2⌉-th value's
+//! bucket, while the client's exact p50 of an even count averages the two middle values, which
+//! can be far apart when some requests queued and others did not). The mean (`_sum / _count`)
+//! is exact and is reported too.
 
 use std::time::Duration;
 
@@ -91,10 +96,13 @@ pub struct ProxyLevel {
     pub ttft_p50: Option<f64>,
     /// The bounds of the bucket that holds the median: the estimate's resolution.
     pub ttft_p50_bucket: Option<(f64, f64)>,
+    /// The client's TTFT samples of the level put into the proxy's buckets, and their median
+    /// read exactly as the proxy's is: the figure to compare `ttft_p50` with.
+    pub client_ttft_p50_binned: Option<f64>,
 }
 
-/// What happened between two scrapes.
-pub fn delta(before: &Snapshot, after: &Snapshot) -> ProxyLevel {
+/// What happened between two scrapes, next to the client's TTFT samples (seconds) of the level.
+pub fn delta(before: &Snapshot, after: &Snapshot, client_ttft: &[f64]) -> ProxyLevel {
     let buckets: Vec<(f64, f64)> = after
         .ttft_buckets
         .iter()
@@ -117,7 +125,15 @@ pub fn delta(before: &Snapshot, after: &Snapshot) -> ProxyLevel {
         ttft_mean: (count > 0.0).then(|| (after.ttft_sum - before.ttft_sum) / count),
         ttft_p50: p50.map(|p| p.0),
         ttft_p50_bucket: p50.map(|p| p.1),
+        client_ttft_p50_binned: histogram_quantile(0.5, &bin(client_ttft, &buckets)).map(|p| p.0),
     }
+}
+
+/// A cumulative histogram of `samples` over the upper bounds of `like`.
+pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    like.iter()
+        .map(|&(le, _)| (le, samples.iter().filter(|&&x| x <= le).count() as f64))
+        .collect()
 }
 
 /// The `q`-quantile of a cumulative histogram, interpolated linearly inside its bucket (as
@@ -294,8 +310,11 @@ tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
             b.ttft_buckets,
             [(0.1, 1.0), (0.2, 6.0), (f64::INFINITY, 6.0)]
         );
-        let d = delta(&a, &b);
+        let d = delta(&a, &b, &[0.15, 0.19, 0.3, 0.12]);
         assert_eq!((d.requests, d.output_tokens), (4, 50));
+        // Client: 3 of 4 in (0.1, 0.2], none below: rank 2 is two thirds into that bucket.
+        let binned = d.client_ttft_p50_binned.unwrap();
+        assert!((binned - (0.1 + 0.1 * 2.0 / 3.0)).abs() < 1e-12, "{binned}");
         assert!((d.ttft_mean.unwrap() - 0.15).abs() < 1e-12);
         // All four new observations lie in (0.1, 0.2]: rank 2 of 4 is half way.
         assert!((d.ttft_p50.unwrap() - 0.15).abs() < 1e-12);
@@ -305,6 +324,20 @@ tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
     #[test]
     fn not_tokenmeter_is_refused() {
         assert_eq!(Snapshot::parse("up 1\n"), None);
+    }
+
+    #[test]
+    fn binning_matches_the_proxy_reading() {
+        let like = [(0.1, 0.0), (0.2, 0.0), (f64::INFINITY, 0.0)];
+        let h = bin(&[0.05, 0.1, 0.15, 0.5], &like);
+        assert_eq!(h, [(0.1, 2.0), (0.2, 3.0), (f64::INFINITY, 4.0)]);
+        // A bimodal level: a histogram median is the 2nd value's bucket, not the mean of the
+        // middle two (which would be ~0.3).
+        let h = bin(
+            &[0.01, 0.02, 0.6, 0.6],
+            &[(0.05, 0.0), (1.0, 0.0), (f64::INFINITY, 0.0)],
+        );
+        assert_eq!(histogram_quantile(0.5, &h).map(|p| p.0), Some(0.05));
     }
 
     #[test]

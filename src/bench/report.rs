@@ -153,10 +153,11 @@ pub fn table_row(l: &LevelReport) -> String {
         });
         let _ = write!(
             row,
-            "\n{:>6} proxy: TTFT p50 {} ms{bucket} vs client {} ms; TTFT mean {} ms vs client {} ms; \
-             output tokens {} vs client {}; requests {} vs client {}",
+            "\n{:>6} proxy: TTFT p50 {} ms{bucket} vs client {} ms (binned alike; exact {} ms); \
+             TTFT mean {} ms vs client {} ms; output tokens {} vs client {}; requests {} vs client {}",
             "",
             ms(p.ttft_p50),
+            ms(p.client_ttft_p50_binned),
             ms(l.ttft.map(|s| s.p50)),
             ms(p.ttft_mean),
             ms(l.ttft.map(|s| s.mean)),
@@ -201,6 +202,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "e2e_p99_s",
     "input_tokens_mean",
     "proxy_ttft_p50_s",
+    "client_ttft_p50_binned_s",
     "proxy_ttft_mean_s",
     "proxy_output_tokens",
 ];
@@ -237,6 +239,7 @@ pub fn write_csv(report: &Report, path: &Path) -> io::Result<()> {
             f(l.e2e.map(|s| s.p99)),
             f(l.input_tokens_per_request.map(|s| s.mean)),
             f(l.proxy.as_ref().and_then(|p| p.ttft_p50)),
+            f(l.proxy.as_ref().and_then(|p| p.client_ttft_p50_binned)),
             f(l.proxy.as_ref().and_then(|p| p.ttft_mean)),
             f(l.proxy.as_ref().map(|p| p.output_tokens as f64)),
         ];
