@@ -6,6 +6,10 @@
 //! through. Hop-by-hop headers are dropped both ways; everything else is passed as it is. An
 //! upstream that cannot be reached gives a 502 and one that does not answer in time a 504, each
 //! with a JSON error body, and each is counted.
+//!
+//! The one opt-in rewrite, `--inject-usage`, happens here too: the request body gets
+//! `stream_options.include_usage` and the response is wrapped in [`crate::inject::StripUsage`]
+//! outside the tap, so the meter sees the usage chunk and the client does not.
 
 use std::pin::Pin;
 use std::sync::Arc;
