@@ -12,6 +12,8 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//!
+//! Beside the proxy: [`sim`], a simulated inference server (a test instrument).
 
 pub mod admin;
 pub mod config;
@@ -22,5 +24,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod server;
 pub mod signal;
+pub mod sim;
 pub mod sse;
 pub mod tap;
