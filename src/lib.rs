@@ -13,10 +13,12 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //!
-//! Beside the proxy: [`sim`], a simulated inference server (a test instrument).
+//! Beside the proxy: [`sim`], a simulated inference server (a test instrument), and [`demo`], which
+//! runs the simulator, the proxy and a ramping load in one process.
 
 pub mod admin;
 pub mod config;
+pub mod demo;
 pub mod meter;
 pub mod metrics;
 pub mod ndjson;

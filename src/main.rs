@@ -25,6 +25,8 @@ enum Command {
     Proxy(ProxyArgs),
     /// Run a simulated inference server (continuous batching, OpenAI/Anthropic/Ollama/TGI APIs).
     Sim(tokenmeter::sim::SimArgs),
+    /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
+    Demo(tokenmeter::demo::DemoArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
         Some(Command::Sim(args)) => return exit(tokenmeter::sim::run(&args), |e| e.is_usage()),
+        Some(Command::Demo(args)) => return exit(tokenmeter::demo::run(&args), |e| e.is_usage()),
         None => cli.proxy,
     };
     let cfg = match args.validate() {
