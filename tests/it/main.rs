@@ -1,3 +1,8 @@
-//! The one integration-test binary: each module tests one part end to end.
+//! The one integration-test binary: each module tests one area through real sockets.
 
+mod support;
+
+mod cli;
+mod faults;
+mod proxy;
 mod sim;

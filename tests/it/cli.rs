@@ -1,0 +1,352 @@
+//! The binary as a user runs it: errors on bad flags, and the SIGTERM drain.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::client::{self, chat_request};
+use crate::support::upstream::{self, Reply};
+
+fn tokenmeter() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tokenmeter"));
+    c.env_remove("TOKENMETER_UPSTREAM");
+    c
+}
+
+fn run_err(args: &[&str]) -> (i32, String) {
+    let out = tokenmeter().args(args).output().expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+#[test]
+fn bad_configuration_is_one_line_and_a_nonzero_exit() {
+    let (code, err) = run_err(&["--upstream", "not a url"]);
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--upstream"), "{err}");
+
+    let (code, err) = run_err(&[]);
+    assert_eq!(code, 64);
+    assert!(err.contains("--upstream is required"), "{err}");
+
+    let (code, err) = run_err(&["--upstream", "http://127.0.0.1:1", "--gpus=-2"]);
+    assert_eq!(code, 64, "{err}");
+
+    let (code, err) = run_err(&["--no-such-flag"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = busy.local_addr().expect("addr").to_string();
+    let (code, err) = run_err(&["--upstream", "http://127.0.0.1:1", "--listen", &addr]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("cannot listen on") && err.contains("--listen"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_flag_reads_an_environment_variable_and_is_explained() {
+    let out = tokenmeter().arg("--help").output().expect("help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--upstream",
+        "--listen",
+        "--metrics-listen",
+        "--gpus",
+        "--max-models",
+        "--rate-window",
+        "--drain-timeout",
+        "--max-line-bytes",
+    ] {
+        let env = format!(
+            "TOKENMETER_{}",
+            flag.trim_start_matches("--")
+                .replace('-', "_")
+                .to_uppercase()
+        );
+        assert!(help.contains(flag), "--help does not mention {flag}");
+        assert!(help.contains(&env), "--help does not mention {env}");
+    }
+    let port = free_port();
+    let mut child = tokenmeter()
+        .env("TOKENMETER_UPSTREAM", "http://127.0.0.1:1")
+        .env("TOKENMETER_LISTEN", "127.0.0.1:0")
+        .env("TOKENMETER_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let up = wait_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        up,
+        "configured through the environment alone, it did not listen on {port}"
+    );
+}
+
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[tokio::test]
+async fn sigterm_turns_readyz_503_at_once_finishes_open_streams_then_exits_0() {
+    let ms = Duration::from_millis(1);
+    let up =
+        upstream::spawn(move |_| Reply::sse(upstream::openai_chat(ms, 40, 50 * ms, true))).await;
+    let (port, mport) = (free_port(), free_port());
+    let mut child = tokenmeter()
+        .args([
+            "--upstream",
+            &up.url(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{mport}"),
+            "--drain-timeout",
+            "20s",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let ready_url = format!("http://127.0.0.1:{mport}/readyz");
+    let mut ready = false;
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok() {
+            ready = client::send(http::Method::GET, &ready_url, "").await.status == 200;
+            if ready {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ready, "/readyz never answered 200");
+
+    // A 2-second stream is open when SIGTERM arrives.
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let stream = tokio::spawn(async move { client::post(&url, &chat_request(true, true)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().to_string();
+    let sent = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let mut readyz = 0;
+    while sent.elapsed() < Duration::from_secs(1) {
+        readyz = client::send(http::Method::GET, &ready_url, "").await.status;
+        if readyz == 503 {
+            break;
+        }
+    }
+    assert_eq!(
+        readyz, 503,
+        "/readyz did not turn 503 within 1 s of SIGTERM"
+    );
+    let seen = stream.await.expect("stream");
+    assert!(!seen.error, "the open stream was cut");
+    assert!(
+        seen.body.ends_with(b"data: [DONE]\n\n"),
+        "the open stream did not finish"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&seen.body)
+            .matches("\"content\":\"t")
+            .count(),
+        40
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "it waited for the drain timeout"
+    );
+}
+
+/// Starts the binary in front of `upstream` and waits until `/readyz` answers.
+async fn start_binary(
+    upstream: &str,
+    extra: &[&str],
+    log: &str,
+) -> (std::process::Child, u16, u16) {
+    let (port, mport) = (free_port(), free_port());
+    let child = tokenmeter()
+        .args([
+            "--upstream",
+            upstream,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .args(extra)
+        .env("TOKENMETER_LOG", log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let url = format!("http://127.0.0.1:{mport}/readyz");
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok()
+            && client::send(http::Method::GET, &url, "").await.status == 200
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (child, port, mport)
+}
+
+fn sigterm(child: &std::process::Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+}
+
+#[tokio::test]
+async fn under_load_sigterm_lets_every_open_stream_finish() {
+    let ms = Duration::from_millis(1);
+    let up =
+        upstream::spawn(move |_| Reply::sse(upstream::openai_chat(ms, 30, 40 * ms, true))).await;
+    let (mut child, port, _) = start_binary(&up.url(), &["--drain-timeout", "20s"], "info").await;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let streams: Vec<_> = (0..20)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { client::post(&url, &chat_request(true, true)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sigterm(&child);
+    for s in streams {
+        let seen = s.await.expect("stream");
+        assert!(
+            !seen.error && seen.body.ends_with(b"data: [DONE]\n\n"),
+            "a stream was cut short by the drain"
+        );
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn after_the_drain_timeout_what_is_left_is_cut_and_new_connections_are_refused() {
+    let up = upstream::spawn(|_| {
+        Reply::sse(vec![
+            upstream::Step::Send(bytes::Bytes::from_static(b": hi\n\n")),
+            upstream::Step::Hang,
+        ])
+    })
+    .await;
+    let (mut child, port, _) = start_binary(&up.url(), &["--drain-timeout", "1s"], "info").await;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let stream = tokio::spawn(async move { client::post(&url, &chat_request(true, false)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    sigterm(&child);
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    let took = sent.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "exited after {took:?}"
+    );
+    assert!(
+        stream.await.expect("stream").error,
+        "the hanging stream was cut at the drain timeout"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "still accepting after exit"
+    );
+}
+
+#[tokio::test]
+async fn prompts_completions_and_credentials_never_reach_the_logs() {
+    let up = upstream::spawn(|_| {
+        let mut r = Reply::sse(vec![upstream::Step::Send(bytes::Bytes::from_static(
+            b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"SECRET-COMPLETION\"}}]}\n\ndata: [DONE]\n\n",
+        ))]);
+        r.headers.push(("set-cookie".into(), "SECRET-COOKIE=1".into()));
+        r
+    })
+    .await;
+    for level in ["info", "debug", "tokenmeter=trace"] {
+        let (mut child, port, _) = start_binary(&up.url(), &[], level).await;
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer SECRET-KEY")
+            .header("x-api-key", "SECRET-API-KEY")
+            .header("cookie", "session=SECRET-SESSION")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"SECRET-PROMPT"}]}"#,
+            )))
+            .expect("request");
+        let resp = client::client().request(req).await.expect("response");
+        let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+        // And one failure, which is logged.
+        let _ = client::post(
+            &format!("http://127.0.0.1:{port}/x"),
+            "{\"prompt\":\"SECRET-PROMPT\"}",
+        )
+        .await;
+        sigterm(&child);
+        let out = tokio::task::spawn_blocking(move || {
+            let _ = child.wait();
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut s);
+            s
+        })
+        .await
+        .expect("join");
+        assert!(
+            out.contains("tokenmeter started"),
+            "no logs captured at {level}: {out}"
+        );
+        for secret in [
+            "SECRET-COMPLETION",
+            "SECRET-PROMPT",
+            "SECRET-KEY",
+            "SECRET-API-KEY",
+            "SECRET-SESSION",
+            "SECRET-COOKIE",
+        ] {
+            assert!(
+                !out.contains(secret),
+                "{secret} logged at level {level}:\n{out}"
+            );
+        }
+    }
+}

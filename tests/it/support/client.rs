@@ -1,0 +1,84 @@
+//! A test client that records when each body frame arrived.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// A response as the client saw it.
+#[derive(Debug)]
+pub struct Seen {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+    /// (time since the request was sent, bytes) for each frame.
+    pub frames: Vec<(Duration, Bytes)>,
+    /// The body ended with an error (the connection was cut).
+    pub error: bool,
+}
+
+pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// POSTs a JSON body and reads the whole response, timestamping frames.
+pub async fn post(url: &str, json: &str) -> Seen {
+    send(http::Method::POST, url, json).await
+}
+
+pub async fn send(method: http::Method, url: &str, body: &str) -> Seen {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let start = Instant::now();
+    let resp = client().request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let mut body = resp.into_body();
+    let mut seen = Seen {
+        status,
+        headers,
+        body: Vec::new(),
+        frames: Vec::new(),
+        error: false,
+    };
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => {
+                if let Ok(data) = f.into_data() {
+                    seen.body.extend_from_slice(&data);
+                    seen.frames.push((start.elapsed(), data));
+                }
+            }
+            Err(_) => {
+                seen.error = true;
+                break;
+            }
+        }
+    }
+    seen
+}
+
+/// GETs a URL and returns its body as text.
+pub async fn get_text(url: &str) -> String {
+    let seen = send(http::Method::GET, url, "").await;
+    String::from_utf8(seen.body).expect("utf-8 body")
+}
+
+/// A chat completion request body.
+pub fn chat_request(stream: bool, usage: bool) -> String {
+    serde_json::json!({
+        "model": "req-model",
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": stream,
+        "stream_options": {"include_usage": usage},
+    })
+    .to_string()
+}

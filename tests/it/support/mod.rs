@@ -1,0 +1,148 @@
+//! Shared test machinery: a proxy on port 0, scripted upstreams, a client that timestamps
+//! frames, metric matchers and the corpus loader.
+
+#![allow(dead_code)]
+
+pub mod client;
+pub mod corpus;
+pub mod metrics;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokenmeter::config::ProxyArgs;
+use tokenmeter::metrics::Metrics;
+use tokenmeter::server::Server;
+use tokio::sync::oneshot;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+/// A proxy running inside the test process.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// `http://127.0.0.1:PORT` of the proxy listener.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The `/metrics` text, as Prometheus would scrape it.
+    pub async fn scrape(&self) -> String {
+        client::get_text(&format!("http://{}/metrics", self.metrics_addr)).await
+    }
+
+    /// Polls the scrape until `f` holds (the meter records when the body ends, which can be a
+    /// moment after the client read the last byte); returns the last scrape either way.
+    pub async fn eventually(&self, f: impl Fn(&str) -> bool) -> String {
+        for _ in 0..100 {
+            let s = self.scrape().await;
+            if f(&s) {
+                return s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.scrape().await
+    }
+
+    /// The scrape once `requests` requests are recorded and none is in flight.
+    pub async fn settled(&self, requests: f64) -> String {
+        use metrics::metric;
+        self.eventually(|s| {
+            metric("tokenmeter_requests_total").sum(s) >= requests
+                && metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+        })
+        .await
+    }
+
+    /// Starts the drain (as SIGTERM does in the binary).
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a proxy in front of `upstream` on loopback port 0, with extra flags.
+pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
+    let mut argv = vec![
+        "tokenmeter",
+        "--upstream",
+        upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    argv.extend_from_slice(extra);
+    let cfg = Args::try_parse_from(argv)
+        .expect("flags parse")
+        .proxy
+        .validate()
+        .expect("valid config");
+    let server = Server::bind(&cfg).await.expect("bind");
+    let (tx, rx) = oneshot::channel();
+    let (addr, metrics_addr, metrics) =
+        (server.proxy_addr(), server.metrics_addr(), server.metrics());
+    let task = tokio::spawn(server.serve(async {
+        let _ = rx.await;
+    }));
+    Proxy {
+        addr,
+        metrics_addr,
+        metrics,
+        shutdown: Some(tx),
+        task,
+    }
+}
+
+/// True when the suite runs in CI, where missing prerequisites are failures, not skips.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A small deterministic PRNG (xorshift64*), so failures replay.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// Cuts `data` into pieces of random sizes in `lo..=hi`.
+    pub fn pieces(&mut self, data: &[u8], lo: usize, hi: usize) -> Vec<bytes::Bytes> {
+        let mut out = Vec::new();
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = self.range(lo, hi).min(rest.len());
+            out.push(bytes::Bytes::copy_from_slice(&rest[..n]));
+            rest = &rest[n..];
+        }
+        out
+    }
+}
