@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,9 @@ use tokenmeter::protocol::{self, Api as ParserApi, Extractor, Framing, Message, 
 use tokenmeter::sim::{Api, Model, Sim, SimConfig};
 use tokenmeter::{ndjson, sse};
 
+use crate::support::metrics::metric;
+use crate::support::{client, client::Seen, corpus};
+
 // === helpers ===
 
 async fn start_sim(cfg: SimConfig) -> SocketAddr {
@@ -29,22 +31,8 @@ async fn start_sim(cfg: SimConfig) -> SocketAddr {
     addr
 }
 
-/// A response with the arrival time of every body frame.
-struct Reply {
-    status: u16,
-    headers: http::HeaderMap,
-    sent: Instant,
-    frames: Vec<(Instant, Bytes)>,
-}
-
-impl Reply {
-    fn body(&self) -> Vec<u8> {
-        self.frames.iter().flat_map(|(_, b)| b.to_vec()).collect()
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body()).expect("a JSON body")
-    }
+fn json(seen: &Seen) -> Value {
+    serde_json::from_slice(&seen.body).expect("a JSON body")
 }
 
 async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
@@ -67,35 +55,16 @@ fn request(method: &str, addr: SocketAddr, path: &str, body: &str) -> http::Requ
         .expect("request")
 }
 
-async fn call(method: &str, addr: SocketAddr, path: &str, body: &str) -> Reply {
-    let mut sender = connect(addr).await;
-    let sent = Instant::now();
-    let resp = sender
-        .send_request(request(method, addr, path, body))
-        .await
-        .expect("response");
-    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-    let mut body = resp.into_body();
-    let mut frames = Vec::new();
-    while let Some(f) = body.frame().await {
-        if let Ok(d) = f.expect("body frame").into_data() {
-            frames.push((Instant::now(), d));
-        }
-    }
-    Reply {
-        status,
-        headers,
-        sent,
-        frames,
-    }
+async fn post(addr: SocketAddr, path: &str, body: &str) -> Seen {
+    client::post(&format!("http://{addr}{path}"), body).await
 }
 
-async fn post(addr: SocketAddr, path: &str, body: &str) -> Reply {
-    call("POST", addr, path, body).await
+async fn get(addr: SocketAddr, path: &str) -> Seen {
+    client::send(http::Method::GET, &format!("http://{addr}{path}"), "").await
 }
 
 async fn stats(addr: SocketAddr) -> Value {
-    call("GET", addr, "/sim/stats", "").await.json()
+    json(&get(addr, "/sim/stats").await)
 }
 
 fn chat(max_tokens: Option<u32>, stream: bool) -> String {
@@ -113,7 +82,7 @@ fn chat(max_tokens: Option<u32>, stream: bool) -> String {
 
 /// Token-bearing events (arrival time, tokens) and the summary, as tokenmeter reads an OpenAI
 /// stream.
-fn openai_tokens(reply: &Reply) -> (Vec<(Instant, u32)>, Summary) {
+fn openai_tokens(reply: &Seen) -> (Vec<(Duration, u32)>, Summary) {
     let mut decoder = sse::Decoder::new(1 << 20);
     let mut x = OpenAi::default();
     let mut out = Vec::new();
@@ -131,37 +100,31 @@ fn openai_tokens(reply: &Reply) -> (Vec<(Instant, u32)>, Summary) {
     (out, x.summary().clone())
 }
 
-fn total(tokens: &[(Instant, u32)]) -> u64 {
+fn total(tokens: &[(Duration, u32)]) -> u64 {
     tokens.iter().map(|(_, n)| u64::from(*n)).sum()
 }
 
 /// Per-request decode speed, tokenmeter's definition: (tokens - 1) / (last - first).
-fn decode_tps(tokens: &[(Instant, u32)]) -> f64 {
+fn decode_tps(tokens: &[(Duration, u32)]) -> f64 {
     let (first, last) = (tokens[0].0, tokens[tokens.len() - 1].0);
-    (total(tokens) - 1) as f64 / last.duration_since(first).as_secs_f64()
+    (total(tokens) - 1) as f64 / (last - first).as_secs_f64()
+}
+
+/// A simulator with 1 ms steps, for tests of content rather than timing.
+fn fast(seed: u64) -> SimConfig {
+    SimConfig {
+        seed,
+        model: Model {
+            step_base: Duration::from_millis(1),
+            step_per_seq: Duration::ZERO,
+            ..SimConfig::default().model
+        },
+        ..SimConfig::default()
+    }
 }
 
 fn within(measured: f64, model: f64, tolerance: f64) -> bool {
     (measured / model - 1.0).abs() <= tolerance
-}
-
-fn corpus() -> Option<PathBuf> {
-    let dir = std::env::var_os("TOKENMETER_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus"));
-    if dir.join("MANIFEST.tsv").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "corpus not found at {} (set TOKENMETER_CORPUS)",
-        dir.display()
-    );
-    eprintln!(
-        "SKIPPED: corpus not found at {} (set TOKENMETER_CORPUS)",
-        dir.display()
-    );
-    None
 }
 
 /// The messages of a body: SSE events (event name, data) or NDJSON lines ("", line).
@@ -223,7 +186,10 @@ async fn sim_aggregate_tps_at_128_matches_the_model() {
     let clients: Vec<_> = (0..USERS)
         .map(|_| {
             tokio::spawn(async move {
-                post(addr, "/v1/chat/completions", &chat(Some(TOKENS), true)).await
+                // Frame times are relative to each request's start: note when that was.
+                let sent = Instant::now();
+                let seen = post(addr, "/v1/chat/completions", &chat(Some(TOKENS), true)).await;
+                (sent, seen)
             })
         })
         .collect();
@@ -231,11 +197,11 @@ async fn sim_aggregate_tps_at_128_matches_the_model() {
     let mut last = None::<Instant>;
     let mut all = 0u64;
     for c in clients {
-        let r = c.await.expect("client");
+        let (sent, r) = c.await.expect("client");
         let (tokens, _) = openai_tokens(&r);
         assert_eq!(total(&tokens), u64::from(TOKENS));
         all += total(&tokens);
-        let (f, l) = (tokens[0].0, tokens[tokens.len() - 1].0);
+        let (f, l) = (sent + tokens[0].0, sent + tokens[tokens.len() - 1].0);
         first = Some(first.map_or(f, |x| x.min(f)));
         last = Some(last.map_or(l, |x| x.max(l)));
     }
@@ -275,7 +241,7 @@ async fn sim_queue_beyond_max_batch_shows_in_ttft() {
     for c in clients {
         let r = c.await.expect("client");
         let (tokens, _) = openai_tokens(&r);
-        ttfts.push(tokens[0].0.duration_since(r.sent));
+        ttfts.push(tokens[0].0);
     }
     ttfts.sort();
     // Two had to wait for a whole 50-step decode (250 ms) before their prefill.
@@ -302,7 +268,7 @@ async fn sim_queue_beyond_max_batch_shows_in_ttft() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_token_counts_equal_max_tokens_exactly() {
-    let addr = start_sim(SimConfig::default()).await;
+    let addr = start_sim(fast(0)).await;
     for path in ["/v1/chat/completions", "/v1/completions"] {
         for n in [1u32, 2, 17, 100] {
             let body = chat(Some(n), true).replace("\"messages\"", "\"prompt\":\"x\",\"m\"");
@@ -324,10 +290,10 @@ async fn sim_token_counts_equal_max_tokens_exactly() {
             )
             .await;
             assert_eq!(r.headers["content-type"], "application/json");
-            let v = r.json();
+            let v = json(&r);
             assert_eq!(v["usage"]["completion_tokens"], n);
             let mut x = OpenAi::default();
-            let body = r.body();
+            let body = r.body;
             assert_eq!(
                 x.on_message(&Message {
                     event: "",
@@ -365,23 +331,13 @@ async fn sim_prompt_tokens_are_estimated_from_the_text() {
     let body =
         serde_json::json!({"messages": [{"role": "user", "content": content}], "max_tokens": 3})
             .to_string();
-    let v = post(addr, "/v1/chat/completions", &body).await.json();
+    let v = json(&post(addr, "/v1/chat/completions", &body).await);
     assert_eq!(v["usage"]["prompt_tokens"], 100);
     assert_eq!(v["usage"]["total_tokens"], 103);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_is_deterministic_under_seed() {
-    // Fast steps: this checks content, not timing.
-    let fast = |seed| SimConfig {
-        seed,
-        model: Model {
-            step_base: Duration::from_millis(1),
-            step_per_seq: Duration::ZERO,
-            ..SimConfig::default().model
-        },
-        ..SimConfig::default()
-    };
     let a = start_sim(fast(7)).await;
     let b = start_sim(fast(7)).await;
     let c = start_sim(fast(8)).await;
@@ -395,9 +351,9 @@ async fn sim_is_deterministic_under_seed() {
     let mut lengths = BTreeSet::new();
     for prompt in ["one", "two", "three"] {
         let body = chat(None, false).replace("Tell me about continuous batching.", prompt);
-        let va = post(a, "/v1/chat/completions", &body).await.json();
-        let vb = post(b, "/v1/chat/completions", &body).await.json();
-        let vc = post(c, "/v1/chat/completions", &body).await.json();
+        let va = json(&post(a, "/v1/chat/completions", &body).await);
+        let vb = json(&post(b, "/v1/chat/completions", &body).await);
+        let vc = json(&post(c, "/v1/chat/completions", &body).await);
         assert_eq!(text(&va), text(&vb), "same seed, same request: same output");
         assert_eq!(used(&va), used(&vb));
         assert_ne!(text(&va), text(&vc), "another seed: another output");
@@ -410,7 +366,7 @@ async fn sim_is_deterministic_under_seed() {
         )
         .await;
         let mut s = String::new();
-        for (_, data) in messages(&streamed.body(), Framing::Sse) {
+        for (_, data) in messages(&streamed.body, Framing::Sse) {
             if let Ok(v) = serde_json::from_slice::<Value>(&data) {
                 if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
                     s.push_str(t);
@@ -420,7 +376,7 @@ async fn sim_is_deterministic_under_seed() {
         assert_eq!(s, ta);
         // A limit cuts the same text short.
         let limited = chat(Some(5), false).replace("Tell me about continuous batching.", prompt);
-        let limited = text(&post(a, "/v1/chat/completions", &limited).await.json());
+        let limited = text(&json(&post(a, "/v1/chat/completions", &limited).await));
         assert!(
             ta.starts_with(&limited),
             "{limited:?} is not a prefix of {ta:?}"
@@ -484,14 +440,14 @@ async fn sim_refuses_bad_requests_in_the_api_s_own_shape() {
     .await;
     let r = post(addr, "/v1/chat/completions", "{not json").await;
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"]["message"].is_string());
+    assert!(json(&r)["error"]["message"].is_string());
     let r = post(addr, "/v1/messages", r#"{"max_tokens":0,"messages":[]}"#).await;
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["type"], "error");
+    assert_eq!(json(&r)["type"], "error");
     assert_eq!(post(addr, "/api/chat", "{}").await.status, 404);
-    assert_eq!(call("GET", addr, "/health", "").await.status, 200);
+    assert_eq!(get(addr, "/health").await.status, 200);
     assert_eq!(
-        call("GET", addr, "/v1/models", "").await.json()["data"][0]["id"],
+        json(&get(addr, "/v1/models").await)["data"][0]["id"],
         "tokenmeter-sim"
     );
 }
@@ -606,8 +562,9 @@ fn kind(event: &str, v: &Value) -> String {
 /// carry every key a meter reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_formats_match_the_corpus() {
-    let Some(dir) = corpus() else { return };
-    let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv")).expect("manifest");
+    let Some(entries) = corpus::load("sim_formats_match_the_corpus") else {
+        return;
+    };
     for Format {
         api,
         path,
@@ -619,17 +576,12 @@ async fn sim_formats_match_the_corpus() {
     {
         let mut real: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut files = 0;
-        for file in manifest
-            .lines()
-            .skip(1)
-            .filter_map(|l| l.split('\t').next())
-        {
-            if !prefixes.iter().any(|p| file.starts_with(p)) {
+        for e in &entries {
+            if !prefixes.iter().any(|p| e.path.starts_with(p)) {
                 continue;
             }
             files += 1;
-            let bytes = std::fs::read(dir.join(file)).expect("corpus file");
-            for (event, data) in messages(&bytes, framing) {
+            for (event, data) in messages(&e.body, framing) {
                 if let Ok(v) = serde_json::from_slice::<Value>(&data) {
                     key_paths(&v, "", real.entry(kind(&event, &v)).or_default());
                 }
@@ -643,7 +595,7 @@ async fn sim_formats_match_the_corpus() {
         .await;
         let r = post(addr, path, &body).await;
         assert_eq!(r.status, 200, "{path}");
-        let ours = messages(&r.body(), framing);
+        let ours = messages(&r.body, framing);
         assert!(ours.len() >= 7, "{path}: {} messages", ours.len());
         let mut seen = BTreeSet::new();
         for (event, data) in ours {
@@ -693,7 +645,7 @@ async fn sim_formats_are_read_by_tokenmeter_extractors() {
         let (framing, mut x) = protocol::select(path, ct);
         assert_ne!(x.api(), ParserApi::Unknown, "{path}: no extractor");
         let mut tokens = 0u64;
-        for (event, data) in messages(&r.body(), framing) {
+        for (event, data) in messages(&r.body, framing) {
             tokens += u64::from(x.on_message(&Message {
                 event: &event,
                 data: &data,
@@ -717,17 +669,6 @@ fn scrape(addr: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     out
-}
-
-/// The value of a sample line `name{labels} value` (summed over label sets matching `with`).
-fn sample_sum(scrape: &str, name: &str, with: &str) -> f64 {
-    scrape
-        .lines()
-        .filter(|l| {
-            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(with)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]
@@ -782,8 +723,12 @@ fn demo_runs_headless_and_exits_zero() {
     let out = lines.join("\n");
     assert!(status.success(), "exit {status:?}\n{out}");
     let m = mid_run.unwrap_or_else(|| panic!("no row at 8s:\n{out}"));
-    let tokens = sample_sum(&m, "tokenmeter_output_tokens_total", "sim-llama-8b");
-    let complete = sample_sum(&m, "tokenmeter_requests_total", "outcome=\"complete\"");
+    let tokens = metric("tokenmeter_output_tokens_total")
+        .label("model", "sim-llama-8b")
+        .value(&m);
+    let complete = metric("tokenmeter_requests_total")
+        .label("outcome", "complete")
+        .sum(&m);
     assert!(
         tokens > 0.0 && complete > 0.0,
         "tokens {tokens}, complete {complete}\n{m}"
