@@ -823,48 +823,86 @@ fn sim_one_core_capacity() {
     let addr: SocketAddr = listen.parse().expect("addr");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async move {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        use std::sync::Arc;
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(addr).await.is_ok() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Tokens the clients received (one `{"content":"` per token event), and frames.
+        let received = Arc::new(AtomicU64::new(0));
+        let frames = Arc::new(AtomicU64::new(0));
+        let endless = chat(Some(1_000_000), true);
         for _ in 0..streams {
-            let stop = stop.clone();
+            let (stop, received, frames, body) = (
+                stop.clone(),
+                received.clone(),
+                frames.clone(),
+                endless.clone(),
+            );
             tokio::spawn(async move {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let mut sender = connect(addr).await;
-                    let resp = sender.send_request(request("POST", addr, "/v1/chat/completions", &chat(Some(100_000), true))).await.expect("response");
-                    let mut body = resp.into_body();
-                    while let Some(f) = body.frame().await {
-                        if f.is_err() || stop.load(std::sync::atomic::Ordering::Relaxed) {
-                            break;
-                        }
+                let mut sender = connect(addr).await;
+                let req = request("POST", addr, "/v1/chat/completions", &body);
+                let mut body = sender
+                    .send_request(req)
+                    .await
+                    .expect("response")
+                    .into_body();
+                while let Some(Ok(f)) = body.frame().await {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    if let Ok(d) = f.into_data() {
+                        let n = d.windows(12).filter(|w| w == b"{\"content\":\"").count();
+                        received.fetch_add(n as u64, Relaxed);
+                        frames.fetch_add(1, Relaxed);
                     }
                 }
             });
         }
         // Let every stream join the batch, then measure a steady window.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let window = Duration::from_secs(10);
-        let (s0, c0, t0) = (stats(addr).await, cpu_seconds(sim.id()), Instant::now());
-        tokio::time::sleep(window).await;
-        let (s1, c1, t1) = (stats(addr).await, cpu_seconds(sim.id()), Instant::now());
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..200 {
+            if stats(addr).await["running"].as_u64() == Some(streams as u64) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let snap = || (received.load(Relaxed), frames.load(Relaxed));
+        let (s0, c0, r0, t0) = (
+            stats(addr).await,
+            cpu_seconds(sim.id()),
+            snap(),
+            Instant::now(),
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let (s1, c1, r1, t1) = (
+            stats(addr).await,
+            cpu_seconds(sim.id()),
+            snap(),
+            Instant::now(),
+        );
+        stop.store(true, Relaxed);
         let secs = t1.duration_since(t0).as_secs_f64();
-        let tokens = s1["output_tokens"].as_u64().expect("tokens") - s0["output_tokens"].as_u64().expect("tokens");
+        let num = |v: &Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+        let emitted = num(&s1, "output_tokens") - num(&s0, "output_tokens");
+        let running = num(&s1, "running");
+        let model = running / (num(&s1, "step_base_s") + num(&s1, "step_per_seq_s") * running);
         let cpu = c1 - c0;
-        let step = s1["step_base_s"].as_f64().expect("base") + s1["step_per_seq_s"].as_f64().expect("per seq") * s1["running"].as_f64().expect("running");
-        let model = s1["running"].as_f64().expect("running") / step;
+        let got = (r1.0 - r0.0) as f64;
         println!(
-            "streams {streams} (running {}), step_per_seq {per_seq}: {:.0} tok/s measured, {:.0} modelled ({:+.1}%), sim CPU {:.0}% of one core, {:.2} us CPU per token",
-            s1["running"],
-            tokens as f64 / secs,
-            model,
-            (tokens as f64 / secs / model - 1.0) * 100.0,
+            "streams {streams} (running {running}), step_per_seq {per_seq}: emitted {:.0} tok/s, \
+             modelled {model:.0} ({:+.1}%), clients received {:.0} tok/s in {:.0} frames/s; \
+             sim CPU {:.0}% of one core, {:.2} us per token",
+            emitted / secs,
+            (emitted / secs / model - 1.0) * 100.0,
+            got / secs,
+            (r1.1 - r0.1) as f64 / secs,
             cpu / secs * 100.0,
-            cpu / tokens as f64 * 1e6
+            cpu / emitted * 1e6
         );
         let _ = sim.kill();
         let _ = sim.wait();
