@@ -384,11 +384,12 @@ async fn drive(
 }
 
 fn summary(client: &Sample, metrics: &Metrics) {
+    let cut = client
+        .started
+        .saturating_sub(client.completed + client.errors);
     println!(
-        "The clients sent {} requests ({} failed) and received {} output tokens.",
-        client.completed + client.errors,
-        client.errors,
-        client.tokens
+        "The clients sent {} requests ({} complete, {} failed, {cut} cut off) and received {} output tokens.",
+        client.started, client.completed, client.errors, client.tokens
     );
     let tokens = counter_sum(&metrics.output_tokens_total, |_| true);
     let complete = counter_sum(&metrics.requests, |m| {

@@ -52,6 +52,7 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(200);
 #[derive(Debug, Default)]
 struct Shared {
     in_flight: AtomicUsize,
+    started: AtomicU64,
     tokens: AtomicU64,
     completed: AtomicU64,
     errors: AtomicU64,
@@ -86,6 +87,8 @@ impl Shared {
 #[derive(Debug, Clone, Default)]
 pub struct Sample {
     pub in_flight: usize,
+    /// Requests sent since the start (complete, failed, or cut off by an abort).
+    pub started: u64,
     /// Output tokens received since the start.
     pub tokens: u64,
     pub completed: u64,
@@ -148,6 +151,7 @@ impl Load {
         let s = self.shared.lock();
         Sample {
             in_flight: self.shared.in_flight.load(Ordering::Relaxed),
+            started: self.shared.started.load(Ordering::Relaxed),
             tokens: self.shared.tokens.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
             errors: self.shared.errors.load(Ordering::Relaxed),
@@ -207,6 +211,7 @@ async fn worker(
         }
         let result = {
             let _guard = InFlight::new(&shared.in_flight);
+            shared.started.fetch_add(1, Ordering::Relaxed);
             one_request(&cfg, &client, &mut rng, &shared).await
         };
         match result {

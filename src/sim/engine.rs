@@ -488,7 +488,10 @@ mod tests {
         let model_time = Duration::from_micros(20 * 16_200);
         let grid = Duration::from_millis(2);
         let short = with_stall(Duration::from_millis(200)).await;
-        assert!(short >= model_time && short < model_time + grid, "{short:?}");
+        assert!(
+            short >= model_time && short < model_time + grid,
+            "{short:?}"
+        );
         let long = with_stall(Duration::from_millis(400)).await;
         assert!(long > model_time + Duration::from_millis(300), "{long:?}");
     }

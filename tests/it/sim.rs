@@ -765,7 +765,8 @@ fn demo_runs_headless_and_exits_zero() {
         number_before(proxy, "output"),
         "{client}\n{proxy}"
     );
-    assert_eq!(number_before(client, "failed)"), 0, "{client}");
+    assert_eq!(number_before(client, "failed,"), 0, "{client}");
+    assert_eq!(number_before(client, "cut"), 0, "{client}");
 }
 
 // === capacity (a measurement, run by hand) ===
