@@ -238,16 +238,20 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             }
             s.last_token = Some(t);
             s.progress.emitted.store(s.emitted, Ordering::Release);
-            if let Err(mpsc::error::TrySendError::Closed(())) = s.wake.try_send(()) {
+            if s.wake.is_closed() {
                 stats.finish(s, Outcome::Cancelled);
                 return false;
             }
-            if s.emitted >= s.job.output_tokens {
-                // Dropping the sequence (and its sender) tells the body it is complete.
+            // Recorded before the body is woken, so a client that has its last token can already
+            // find the request in /sim/stats.
+            let done = s.emitted >= s.job.output_tokens;
+            if done {
                 stats.finish(s, Outcome::Complete);
-                return false;
             }
-            true
+            // Full: a wake-up is already pending. Closed: seen at the next step.
+            let _ = s.wake.try_send(());
+            // Dropping a finished sequence (and its sender) tells the body it is complete.
+            !done
         });
         stats.step(emitted);
     }

@@ -148,32 +148,66 @@ fn messages(body: &[u8], framing: Framing) -> Vec<(String, Vec<u8>)> {
 
 // === speed: the model, measured from the client side ===
 
+/// The speed checks and the demo take turns: on a 2-core machine, two of them at once starve each
+/// other's timers and measure the machine rather than the simulator.
+static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A benchmark on a shared machine can come out slow (a neighbour took the CPU) but not fast (the
+/// simulator never emits a token early), so a speed check gets three attempts and passes on the
+/// first one within `tolerance` of the model. A real error of the model fails all three.
+async fn attempts<F, Fut>(what: &str, model: f64, tolerance: f64, mut measure: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let _turn = TIMING.lock().await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let measured = measure().await;
+        eprintln!("{what}: {measured:.1} tok/s measured, {model:.1} modelled");
+        seen.push(measured);
+        if within(measured, model, tolerance) {
+            return;
+        }
+    }
+    panic!("{what}: measured {seen:.1?} tok/s, model {model:.1}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_single_user_tps_matches_the_model() {
     let cfg = SimConfig::default();
     let model = cfg.model;
     let addr = start_sim(cfg).await;
-    let r = post(addr, "/v1/chat/completions", &chat(Some(300), true)).await;
-    let (tokens, summary) = openai_tokens(&r);
-    assert_eq!(total(&tokens), 300);
-    assert_eq!(summary.output_tokens, Some(300));
-    let measured = decode_tps(&tokens);
-    let expect = model.request_tps(1);
-    eprintln!("concurrency 1: {measured:.1} tok/s measured, {expect:.1} modelled");
-    assert!(
-        within(measured, expect, 0.10),
-        "measured {measured:.1} tok/s, model {expect:.1}"
-    );
-    // The simulator's own record agrees with what the client saw.
-    let s = stats(addr).await;
-    let rec = &s["requests"][0];
-    let own = 299.0
-        / (rec["last_token_s"].as_f64().expect("last")
-            - rec["first_token_s"].as_f64().expect("first"));
-    assert!(
-        within(own, measured, 0.10),
-        "sim says {own:.1}, client {measured:.1}"
-    );
+    attempts("concurrency 1", model.request_tps(1), 0.10, || async {
+        let r = post(addr, "/v1/chat/completions", &chat(Some(300), true)).await;
+        let id = r.headers["x-sim-request-id"]
+            .to_str()
+            .expect("id")
+            .parse::<u64>()
+            .expect("a number");
+        let (tokens, summary) = openai_tokens(&r);
+        assert_eq!(total(&tokens), 300);
+        assert_eq!(summary.output_tokens, Some(300));
+        let measured = decode_tps(&tokens);
+        // The simulator's own record of the request agrees with what the client saw.
+        let s = stats(addr).await;
+        let rec = s["requests"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .find(|r| r["id"] == id)
+            .expect("the request's record")
+            .clone();
+        let own = 299.0
+            / (rec["last_token_s"].as_f64().expect("last")
+                - rec["first_token_s"].as_f64().expect("first"));
+        assert!(
+            within(own, measured, 0.10),
+            "sim says {own:.1}, client {measured:.1}"
+        );
+        measured
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,39 +217,45 @@ async fn sim_aggregate_tps_at_128_matches_the_model() {
     let cfg = SimConfig::default();
     let model = cfg.model;
     let addr = start_sim(cfg).await;
-    let clients: Vec<_> = (0..USERS)
-        .map(|_| {
-            tokio::spawn(async move {
-                // Frame times are relative to each request's start: note when that was.
-                let sent = Instant::now();
-                let seen = post(addr, "/v1/chat/completions", &chat(Some(TOKENS), true)).await;
-                (sent, seen)
-            })
-        })
-        .collect();
-    let mut first = None::<Instant>;
-    let mut last = None::<Instant>;
-    let mut all = 0u64;
-    for c in clients {
-        let (sent, r) = c.await.expect("client");
-        let (tokens, _) = openai_tokens(&r);
-        assert_eq!(total(&tokens), u64::from(TOKENS));
-        all += total(&tokens);
-        let (f, l) = (sent + tokens[0].0, sent + tokens[tokens.len() - 1].0);
-        first = Some(first.map_or(f, |x| x.min(f)));
-        last = Some(last.map_or(l, |x| x.max(l)));
-    }
-    let span = last.expect("last").duration_since(first.expect("first"));
-    let measured = all as f64 / span.as_secs_f64();
-    let expect = model.aggregate_tps(USERS);
-    eprintln!("concurrency {USERS}: {measured:.0} tok/s aggregate measured, {expect:.0} modelled");
-    assert!(
-        within(measured, expect, 0.10),
-        "measured {measured:.0} tok/s, model {expect:.0}"
-    );
+    attempts(
+        "concurrency 128, aggregate",
+        model.aggregate_tps(USERS),
+        0.10,
+        || async {
+            let clients: Vec<_> = (0..USERS)
+                .map(|_| {
+                    tokio::spawn(async move {
+                        // Frame times are relative to each request's start: note when that was.
+                        let sent = Instant::now();
+                        let body = chat(Some(TOKENS), true);
+                        (sent, post(addr, "/v1/chat/completions", &body).await)
+                    })
+                })
+                .collect();
+            let mut first = None::<Instant>;
+            let mut last = None::<Instant>;
+            let mut all = 0u64;
+            for c in clients {
+                let (sent, r) = c.await.expect("client");
+                let (tokens, _) = openai_tokens(&r);
+                assert_eq!(total(&tokens), u64::from(TOKENS));
+                all += total(&tokens);
+                let (f, l) = (sent + tokens[0].0, sent + tokens[tokens.len() - 1].0);
+                first = Some(first.map_or(f, |x| x.min(f)));
+                last = Some(last.map_or(l, |x| x.max(l)));
+            }
+            let span = last.expect("last").duration_since(first.expect("first"));
+            all as f64 / span.as_secs_f64()
+        },
+    )
+    .await;
+    // Every attempt ran its 128 requests as one batch.
     let s = stats(addr).await;
     assert_eq!(s["max_running"], USERS);
-    assert_eq!(s["output_tokens"], USERS as u64 * u64::from(TOKENS));
+    assert_eq!(
+        s["output_tokens"].as_u64().expect("tokens") % (USERS as u64 * u64::from(TOKENS)),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -622,12 +662,7 @@ async fn sim_formats_match_the_corpus() {
 /// Each API's stream is read by tokenmeter's own extractor for it: the token count equals the
 /// limit and the stream's usage report says the same.
 ///
-/// ENABLE AFTER MERGE: the Anthropic, Ollama and TGI extractors are being added on the
-/// `protocols` branch; until then `protocol::select` reads these paths as opaque and this fails.
-/// Once that branch is merged: remove the `ignore`, and pass `None` as `select`'s new third
-/// argument (`pin`). Checked on a scratch merge of `protocols` (16da800): it then passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the anthropic/ollama/tgi extractors from the protocols branch"]
 async fn sim_formats_are_read_by_tokenmeter_extractors() {
     for Format {
         api, path, body, ..
@@ -640,7 +675,7 @@ async fn sim_formats_are_read_by_tokenmeter_extractors() {
         .await;
         let r = post(addr, path, &body).await;
         let ct = r.headers["content-type"].to_str().expect("content-type");
-        let (framing, mut x) = protocol::select(path, ct);
+        let (framing, mut x) = protocol::select(path, ct, None);
         assert_ne!(x.api(), ParserApi::Unknown, "{path}: no extractor");
         let mut tokens = 0u64;
         for (event, data) in messages(&r.body, framing) {
@@ -671,6 +706,7 @@ fn scrape(addr: &str) -> String {
 
 #[test]
 fn demo_runs_headless_and_exits_zero() {
+    let _turn = TIMING.blocking_lock();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .args([
             "demo",
