@@ -254,6 +254,7 @@ async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimB
         words: Words::new(rng),
         ticket,
         rendered: 0,
+        keep_text: !p.stream || endpoint == Endpoint::TgiGenerateStream,
         text: String::new(),
         buf: String::new(),
         head_sent: false,
@@ -296,7 +297,9 @@ struct TokenBody {
     ticket: Ticket,
     /// Tokens written so far.
     rendered: u32,
-    /// The whole output so far (TGI repeats it at the end; non-streaming responses are it).
+    /// The whole output so far, kept only where the format needs it (TGI repeats it at the end;
+    /// a non-streaming response is it), so a long stream holds no more memory than a short one.
+    keep_text: bool,
     text: String,
     buf: String,
     head_sent: bool,
@@ -328,7 +331,9 @@ impl TokenBody {
         }
         while self.rendered < emitted {
             let tok = self.words.next_token();
-            self.text.push_str(tok.text);
+            if self.keep_text {
+                self.text.push_str(tok.text);
+            }
             if self.response.stream {
                 self.response
                     .token(self.rendered, tok, &self.text, &mut self.buf);

@@ -327,7 +327,7 @@ impl Response {
     }
 
     /// The event for token number `index` (0-based). `text` is the whole output so far, this
-    /// token included (TGI repeats it on the last token).
+    /// token included; only TGI reads it (it repeats the text on the last token).
     pub fn token(&self, index: u32, tok: Token, text: &str, out: &mut String) {
         let last = index + 1 >= self.output_tokens;
         match self.endpoint {
