@@ -148,10 +148,6 @@ fn messages(body: &[u8], framing: Framing) -> Vec<(String, Vec<u8>)> {
 
 // === speed: the model, measured from the client side ===
 
-/// The speed checks and the demo take turns: on a 2-core machine, two of them at once starve each
-/// other's timers and measure the machine rather than the simulator.
-static TIMING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// A benchmark on a shared machine can come out slow (a neighbour took the CPU) but not fast (the
 /// simulator never emits a token early), so a speed check gets three attempts and passes on the
 /// first one within `tolerance` of the model. A real error of the model fails all three.
@@ -160,7 +156,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = f64>,
 {
-    let _turn = TIMING.lock().await;
+    // Speed checks take turns with the suite's other timing and CPU-heavy tests.
+    let _turn = crate::support::serial().await;
     let mut seen = Vec::new();
     for _ in 0..3 {
         let measured = measure().await;
@@ -706,7 +703,7 @@ fn scrape(addr: &str) -> String {
 
 #[test]
 fn demo_runs_headless_and_exits_zero() {
-    let _turn = TIMING.blocking_lock();
+    let _turn = crate::support::serial_blocking();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .args([
             "demo",
