@@ -25,10 +25,25 @@ enum Command {
     Proxy(ProxyArgs),
     /// Load-test an OpenAI-compatible server: per-request vs aggregate tokens/s by concurrency.
     Bench(tokenmeter::bench::BenchArgs),
+    /// Run a simulated inference server (continuous batching, OpenAI/Anthropic/Ollama/TGI APIs).
+    Sim(tokenmeter::sim::SimArgs),
+    /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
+    Demo(tokenmeter::demo::DemoArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
 const EXIT_USAGE: u8 = 64;
+
+/// The exit code of a subcommand: a one-line error, 64 for bad flags.
+fn exit<E: std::fmt::Display>(r: Result<(), E>, is_usage: impl Fn(&E) -> bool) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tokenmeter: error: {e}");
+            ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
+        }
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -40,7 +55,9 @@ fn main() -> ExitCode {
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
-        Some(Command::Bench(args)) => return run_bench(&args),
+        Some(Command::Bench(args)) => return tokenmeter::bench::main(&args),
+        Some(Command::Sim(args)) => return exit(tokenmeter::sim::run(&args), |e| e.is_usage()),
+        Some(Command::Demo(args)) => return exit(tokenmeter::demo::run(&args), |e| e.is_usage()),
         None => cli.proxy,
     };
     let cfg = match args.validate() {
@@ -75,45 +92,4 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
-}
-
-fn run_bench(args: &tokenmeter::bench::BenchArgs) -> ExitCode {
-    use tokenmeter::bench;
-    let cfg = match args.validate() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("tokenmeter bench: error: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tokenmeter bench: error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
-        let interrupted = bench::interrupt_on_ctrl_c();
-        let r = bench::run(&cfg, bench::progress::Progress::new(), interrupted.clone()).await;
-        (r, interrupted.load(std::sync::atomic::Ordering::Relaxed))
-    });
-    match result {
-        (Ok(_), interrupted) => {
-            for f in [
-                bench::JSON_FILE,
-                bench::CSV_FILE,
-                bench::THROUGHPUT_SVG,
-                bench::TTFT_SVG,
-            ] {
-                println!("wrote {}", cfg.out.join(f).display());
-            }
-            // 128 + SIGINT, as a shell reports a run stopped with Ctrl-C.
-            ExitCode::from(if interrupted { 130 } else { 0 })
-        }
-        (Err(e), _) => {
-            eprintln!("tokenmeter bench: error: {e}");
-            ExitCode::from(if e.is_usage() { EXIT_USAGE } else { 1 })
-        }
-    }
 }

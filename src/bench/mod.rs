@@ -20,6 +20,7 @@ pub mod report;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -219,6 +220,45 @@ pub fn base_url(target: &str) -> Result<String, String> {
     let path = uri.path().trim_end_matches('/');
     let path = path.strip_suffix("/v1").unwrap_or(path);
     Ok(format!("http://{authority}{path}/v1"))
+}
+
+/// Exit code for flags the user must fix (BSD's EX_USAGE), as the proxy uses.
+const EXIT_USAGE: u8 = 64;
+
+/// Exit code of a run stopped with Ctrl-C (128 + SIGINT, as a shell reports it); its files are
+/// still written.
+const EXIT_INTERRUPTED: u8 = 130;
+
+/// `tokenmeter bench` as a command: validates the flags, runs on its own runtime, and says where
+/// the files went. Exits 0, 64 for bad flags, 1 when the bench could not run, 130 on Ctrl-C.
+pub fn main(args: &BenchArgs) -> ExitCode {
+    let fail = |e: &dyn std::fmt::Display, code: u8| {
+        eprintln!("tokenmeter bench: error: {e}");
+        ExitCode::from(code)
+    };
+    let cfg = match args.validate() {
+        Ok(c) => c,
+        Err(e) => return fail(&e, EXIT_USAGE),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}"), 1),
+    };
+    let (result, interrupted) = runtime.block_on(async {
+        let interrupted = interrupt_on_ctrl_c();
+        let r = run(&cfg, Progress::new(), interrupted.clone()).await;
+        (r, interrupted.load(Ordering::Relaxed))
+    });
+    match result {
+        Ok(_) => {
+            for f in [JSON_FILE, CSV_FILE, THROUGHPUT_SVG, TTFT_SVG] {
+                println!("wrote {}", cfg.out.join(f).display());
+            }
+            ExitCode::from(if interrupted { EXIT_INTERRUPTED } else { 0 })
+        }
+        Err(e) if e.is_usage() => fail(&e, EXIT_USAGE),
+        Err(e) => fail(&e, 1),
+    }
 }
 
 /// The files a run writes, under `--out`.

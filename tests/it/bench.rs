@@ -12,6 +12,7 @@ use tokenmeter::bench::progress::Progress;
 use tokenmeter::bench::report::{self, LevelReport, Report};
 use tokenmeter::bench::stats::Summary;
 use tokenmeter::bench::{self, BenchArgs, BenchConfig, BenchError};
+use tokenmeter::sim::{Model, Sim, SimConfig};
 
 use crate::support::upstream::{self, Reply, Upstream};
 use crate::support::{self as s};
@@ -76,6 +77,7 @@ const SCRIPT: Script = Script {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measures_the_known_timing_of_a_scripted_upstream() {
+    let _turn = s::serial().await;
     let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("scripted");
     let cfg = config(
@@ -155,6 +157,7 @@ async fn measures_the_known_timing_of_a_scripted_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duration_mode_keeps_n_in_flight_for_the_window() {
+    let _turn = s::serial().await;
     let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("duration");
     let cfg = config(
@@ -279,6 +282,7 @@ fn fine_ttft_buckets() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_proxy_agree_on_ttft_and_tokens() {
+    let _turn = s::serial().await;
     let up = spawn_upstream(SCRIPT).await;
     let proxy = s::spawn_proxy(&up.url(), &["--buckets-ttft", &fine_ttft_buckets()]).await;
     let out = tempdir("proxy");
@@ -561,4 +565,152 @@ fn the_table_shows_every_level_and_the_proxy_line() {
         "{proxy}"
     );
     assert!(proxy.contains("requests 101 vs client 100"), "{proxy}");
+}
+
+// === Against the simulator ===
+
+/// A fast simulated GPU: 10 ms per step plus 2 ms per sequence, batches of at most 8. One user
+/// decodes at 1 / 12 ms = 83 tok/s; 8 at 1 / 26 ms = 38 tok/s each, 308 tok/s together.
+fn sim_model() -> Model {
+    Model {
+        step_base: Duration::from_millis(10),
+        step_per_seq: Duration::from_millis(2),
+        prefill_per_token: Duration::from_micros(10),
+        max_batch: 8,
+    }
+}
+
+async fn spawn_sim(model: Model) -> String {
+    let cfg = SimConfig {
+        model,
+        ..SimConfig::default()
+    };
+    let sim = Sim::bind(&cfg).await.unwrap();
+    let url = format!("http://{}", sim.local_addr());
+    tokio::spawn(sim.serve(std::future::pending()));
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_the_simulator_per_request_speed_falls_while_aggregate_climbs() {
+    let _turn = s::serial().await;
+    let model = sim_model();
+    let url = spawn_sim(model).await;
+    let out = tempdir("sim");
+    let cfg = config(
+        &url,
+        &[
+            "--concurrency",
+            "1,4,8,16",
+            "--duration",
+            "800ms",
+            "--prompt-tokens",
+            "32",
+            "--output-tokens",
+            "16",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    let levels = &report.levels;
+    assert_eq!(levels.len(), 4);
+    for l in levels {
+        assert_eq!(l.errors, 0, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, l.requests as u64 * 16, "exact lengths");
+        // The bench reads the simulator's speed right: its decode step at this batch size
+        // (generous: the suite shares two cores).
+        let batch = l.concurrency.min(model.max_batch) as u32;
+        let step = model.step_base + model.step_per_seq * batch;
+        let want = 1.0 / step.as_secs_f64();
+        let got = l.request_tps.unwrap().p50;
+        assert!(
+            (got / want - 1.0).abs() < 0.25,
+            "level {}: per-request {got:.1} tok/s, the model says {want:.1}",
+            l.concurrency
+        );
+    }
+    // Up to --max-batch: every user slower, all users together faster.
+    for pair in levels[..3].windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        let (ta, tb) = (a.request_tps.unwrap().p50, b.request_tps.unwrap().p50);
+        assert!(
+            tb <= ta,
+            "per-request tok/s rose from {ta} at {} to {tb} at {}",
+            a.concurrency,
+            b.concurrency
+        );
+        assert!(
+            b.aggregate_tps >= a.aggregate_tps,
+            "aggregate tok/s fell from {} at {} to {} at {}",
+            a.aggregate_tps,
+            a.concurrency,
+            b.aggregate_tps,
+            b.concurrency
+        );
+    }
+    // Past it, the extra requests queue: the decode speed stays, TTFT grows by about a whole
+    // request (16 steps of 26 ms), and the aggregate cannot climb further.
+    let (full, over) = (&levels[2], &levels[3]);
+    let ttft_gap = over.ttft.unwrap().p50 - full.ttft.unwrap().p50;
+    assert!(
+        ttft_gap > 0.2,
+        "TTFT p50 {} at 8, {} at 16",
+        full.ttft.unwrap().p50,
+        over.ttft.unwrap().p50
+    );
+    assert!(
+        over.aggregate_tps < full.aggregate_tps * 1.15,
+        "{} vs {}",
+        over.aggregate_tps,
+        full.aggregate_tps
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_tokenmeter_client_and_proxy_agree_on_the_simulator() {
+    let _turn = s::serial().await;
+    let url = spawn_sim(sim_model()).await;
+    let proxy = s::spawn_proxy(&url, &["--buckets-ttft", &fine_ttft_buckets()]).await;
+    let out = tempdir("sim-proxy");
+    let metrics_url = format!("http://{}/metrics", proxy.metrics_addr);
+    let cfg = config(
+        &proxy.url(),
+        &[
+            "--concurrency",
+            "1,8",
+            "--duration",
+            "600ms",
+            "--prompt-tokens",
+            "32",
+            "--output-tokens",
+            "16",
+            "--proxy-metrics",
+            &metrics_url,
+            "--warmup",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    for l in &report.levels {
+        let p = l.proxy.as_ref().expect("proxy figures");
+        assert_eq!(
+            p.requests as usize,
+            l.requests + l.errors,
+            "level {}",
+            l.concurrency
+        );
+        assert_eq!(p.output_tokens, l.output_tokens, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, l.requests as u64 * 16);
+        let (client, proxy) = (p.client_ttft_p50_binned.unwrap(), p.ttft_p50.unwrap());
+        assert!(
+            (client - proxy).abs() <= 0.005 + 0.05 * client,
+            "level {}: client TTFT p50 {client} vs proxy {proxy}",
+            l.concurrency
+        );
+        assert!(l.ttft.unwrap().mean >= p.ttft_mean.unwrap());
+    }
 }

@@ -8,3 +8,4 @@ mod corpus;
 mod faults;
 mod inject;
 mod proxy;
+mod sim;
