@@ -714,3 +714,90 @@ async fn through_tokenmeter_client_and_proxy_agree_on_the_simulator() {
         assert!(l.ttft.unwrap().mean >= p.ttft_mean.unwrap());
     }
 }
+
+// === The command ===
+
+#[test]
+fn bad_flags_are_one_line_and_exit_64() {
+    for (args, needle) in [
+        (
+            &["--target", "https://h"][..],
+            "scheme https is not supported",
+        ),
+        (
+            &["--target", "http://h", "--concurrency", "1,0"][..],
+            "--concurrency",
+        ),
+        (
+            &[
+                "--target",
+                "http://h",
+                "--concurrency",
+                "1,16",
+                "--requests",
+                "8",
+            ][..],
+            "--requests 8 is below the highest --concurrency 16",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_runs_against_the_simulator_and_names_its_files() {
+    let url = spawn_sim(sim_model()).await;
+    let out = tempdir("command");
+    let dir = out.clone();
+    let cmd = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args([
+                "bench",
+                "--target",
+                &url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "2",
+            ])
+            .args(["--output-tokens", "4", "--out"])
+            .arg(&dir)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&cmd.stdout);
+    assert!(
+        cmd.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&cmd.stderr)
+    );
+    // Not a terminal: no progress bar, nothing on stderr.
+    assert_eq!(String::from_utf8_lossy(&cmd.stderr), "");
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[..3], ["2", "2", "0"], "{stdout}");
+    for f in [
+        bench::JSON_FILE,
+        bench::CSV_FILE,
+        bench::THROUGHPUT_SVG,
+        bench::TTFT_SVG,
+    ] {
+        assert!(
+            stdout.contains(&format!("wrote {}", out.join(f).display())),
+            "{stdout}"
+        );
+    }
+}
