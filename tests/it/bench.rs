@@ -199,6 +199,7 @@ async fn duration_mode_keeps_n_in_flight_for_the_window() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_ends_the_level_and_still_writes_the_files() {
+    let _turn = s::serial().await;
     let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("interrupt");
     let cfg = config(
@@ -754,6 +755,7 @@ fn bad_flags_are_one_line_and_exit_64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_runs_against_the_simulator_and_names_its_files() {
+    let _turn = s::serial().await;
     let url = spawn_sim(sim_model()).await;
     let out = tempdir("command");
     let dir = out.clone();
