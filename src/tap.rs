@@ -6,8 +6,9 @@
 //! frame is returned in the same poll. `is_end_stream` and `size_hint` are delegated, so hyper
 //! frames the response exactly as it would without the tap.
 //!
-//! The meter is finished from exactly three places: the end of the stream, an error (including
-//! the idle timeout), and `Drop` when the client went away first.
+//! The meter is finished from exactly three places: the end of the stream (the `None` frame, or
+//! the last frame of a body that says it has ended), an error (including the idle timeout), and
+//! `Drop` when the client went away first.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -71,14 +72,21 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
+        let mut this = self.project();
         if *this.done {
             return Poll::Ready(None);
         }
-        match this.inner.poll_frame(cx) {
+        match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.meter.on_data(data, Instant::now());
+                }
+                if this.inner.is_end_stream() {
+                    // A body of known length (a non-streaming JSON response) ends with its last
+                    // frame: hyper sees `is_end_stream` and never polls for the `None`, so this
+                    // is the end, not the client going away when the body is dropped.
+                    *this.done = true;
+                    this.meter.finish(Outcome::Complete);
                 }
                 if let Some(idle) = this.idle {
                     if let Some(d) = this.idle_timeout {
@@ -128,5 +136,47 @@ impl<B> PinnedDrop for TapBody<B> {
     fn drop(self: Pin<&mut Self>) {
         // Finishing is idempotent: this only counts a body dropped before its end.
         self.project().meter.finish(Outcome::ClientDisconnect);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+    use crate::meter::Recorder;
+    use crate::metrics::{Metrics, MetricsConfig};
+    use crate::protocol::request::RequestInfo;
+
+    // Regression: behind a real vLLM, every non-streaming response (sent with Content-Length)
+    // was counted as `client_disconnect` with 0 tokens, because hyper stops polling a body of
+    // known length after its last byte and the tap only finished on `None` or on drop.
+    #[tokio::test]
+    async fn a_body_of_known_length_is_complete_after_its_last_frame() {
+        let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
+        let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), 1 << 20));
+        let mut meter = recorder.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "application/json", false);
+        let json = r#"{"model":"m","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
+        let mut body = TapBody::new(Full::new(Bytes::from(json)), meter, None);
+
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        assert_eq!(frame.into_data().expect("data"), json.as_bytes());
+        assert!(body.is_end_stream());
+        // What hyper does next: drop the body without polling it again.
+        drop(body);
+
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        for line in [
+            r#"tokenmeter_requests_total{api="openai",code="200",model="m",outcome="complete"} 1"#,
+            r#"tokenmeter_output_tokens_total{model="m"} 3"#,
+            r#"tokenmeter_input_tokens_total{model="m"} 9"#,
+            r#"tokenmeter_token_count_source_total{source="usage"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert!(!text.contains("client_disconnect"), "{text}");
     }
 }
