@@ -143,7 +143,7 @@ def render(meta, results, checks):
         w(
             f"| concurrency band of each request | | {_labels(row['bands'])} | "
             f"{_labels(row.get('client_bands', {}))} (from the client's timeline) | "
-            f"{_verdict(checks, phase, 'every request' + chr(39) + 's speed')} |"
+            f"{_verdict(checks, phase, 'every request' + chr(39) + 's band')} |"
         )
         w("")
 
@@ -176,6 +176,39 @@ def render(meta, results, checks):
         )
         _token_table(w, results["bytes"], error=True)
 
+    w("## How the checks are stated\n")
+    w(
+        "- **Requests cut at the time limit.** GuideLLM ends a timed run by cancelling what is in "
+        "flight. Each view sees a request end later than the one before it (vLLM at its last "
+        "token, tokenmeter when `[DONE]` passes, the client when it parses `[DONE]`), so at the "
+        "instant of the cut a request can be complete for vLLM and not yet for tokenmeter, or "
+        "complete for tokenmeter and not yet for the client, and tokens are on their way. The "
+        "number of requests is exact; completions and tokens are ordered vLLM >= tokenmeter >= "
+        "client, and must be exactly equal in a phase where nothing was cut mid-stream. Every "
+        "completed request must carry exactly the tokens asked, in vLLM's and in the client's "
+        "view. vLLM does not record an aborted request in `request_success_total` nor in its "
+        "per-request histograms (only in TTFT and the token counters).\n"
+        "- **Per-request speed.** tokenmeter also records the speed of a request cut mid-stream "
+        "(over the tokens it got); GuideLLM's summary and vLLM keep completed requests only. The "
+        "medians are compared over the same requests, the client's computed from GuideLLM's own "
+        "per-request timestamps; GuideLLM's summary figure is shown beside it.\n"
+        "- **Concurrency bands.** A band is the time-weighted mean number of requests in flight "
+        "during a request's decode: what that request actually ran at. tokenmeter's bands are "
+        "checked against the bands computed the same way from the client's own request "
+        "timeline, and the phase must have run mostly at its level. GuideLLM does not always "
+        "hold its concurrency: when a wave of equal-length requests ends together on a busy "
+        "machine it refills late (it warns of late dispatch), and the requests that ran during "
+        "the dip are in a lower band in both views.\n"
+        "- **Timing against the client.** The client's clock stops when its event loop has "
+        "parsed the first token; on 2 shared cores, with vLLM's engine holding one, that delay "
+        "grows with the number of streams the client parses and with whatever else the "
+        "machine runs (see the load average above).\n"
+    )
+    if failed:
+        w("## Disagreements in this run\n")
+        for phase, what, _, detail in failed:
+            w(f"- **{phase}: {what}**: {detail}")
+        w("")
     w("\n## Every check\n")
     w("| phase | check | result | figures |")
     w("|---|---|---|---|")
