@@ -236,15 +236,9 @@ def guidellm_phase(cfg, checks, urls, c):
         t.value("tokenmeter_time_to_first_token_seconds_count") - tm_complete,
         len([r for r in cut if r["ttft_s"] is not None]),
     )
+    # Shown, not ordered: vLLM sees a request's first token before tokenmeter does, and its
+    # completion before tokenmeter does too, so "cut after the first token" can go either way.
     row["cut_streaming"] = cut_streaming
-    checks.add(
-        name,
-        "requests cut mid-stream are client_disconnect: vLLM <= tokenmeter <= client",
-        cut_streaming[0] <= cut_streaming[1] <= cut_streaming[2] and cut_streaming[1] <= tm_cut,
-        "cut after their first token: {} <= {} <= {}; tokenmeter client_disconnect={}".format(
-            *(_num(x) for x in cut_streaming), _num(tm_cut)
-        ),
-    )
 
     g_out_done = sum(r["output_tokens"] or 0 for r in ok)
     g_out_cut = sum(r["output_tokens"] or 0 for r in cut)
@@ -271,9 +265,19 @@ def guidellm_phase(cfg, checks, urls, c):
         )
     # Prompt tokens are counted by vLLM at prefill and reported in every chunk (GuideLLM asks
     # for continuous usage), so they are exact for every request that reached the server.
+    # They are known to tokenmeter and the client only from a usage report, so a request cut
+    # before its first chunk reached them is prefilled by vLLM and unknown to the other two.
     g_in = sum(r["prompt_tokens"] or 0 for r in ok + cut_answered)
     row["in"] = (v.value("vllm:prompt_tokens_total"), t.value("tokenmeter_input_tokens_total"), g_in)
-    checks.equal(name, "input tokens", vllm=row["in"][0], tokenmeter=row["in"][1], guidellm=row["in"][2])
+    if nothing_cut:
+        checks.equal(name, "input tokens", vllm=row["in"][0], tokenmeter=row["in"][1], guidellm=row["in"][2])
+    else:
+        checks.add(
+            name,
+            "input tokens: vLLM >= tokenmeter >= client (exact but for requests cut before their first chunk)",
+            row["in"][0] >= row["in"][1] >= row["in"][2],
+            "{} >= {} >= {}".format(*(_num(x) for x in row["in"])),
+        )
 
     # TTFT, three views on identical bins.
     hv = v.histogram("vllm:time_to_first_token_seconds")
