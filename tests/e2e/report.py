@@ -147,6 +147,29 @@ def render(meta, results, checks):
         )
         w("")
 
+    if results.get("control"):
+        w("### Control: GuideLLM straight to vLLM, no proxy\n")
+        w(
+            "The same load sent to vLLM directly, to tell what the client adds to TTFT on its "
+            "own from what the proxy adds. Medians on the same bins; the gap is client minus "
+            "vLLM; the proxy's cost is the gap through tokenmeter minus the gap without it.\n"
+        )
+        w("| concurrency | vLLM median | client median | gap without proxy | gap through tokenmeter | proxy adds |")
+        w("|---:|---:|---:|---:|---:|---:|")
+        proxied = {r["c"]: r for r in results["guidellm"]}
+        for ctl in results["control"]:
+            p = proxied.get(ctl["c"])
+            direct_gap = None if None in (ctl["client"], ctl["vllm"]) else ctl["client"] - ctl["vllm"]
+            via = None
+            if p and p["ttft"].get(0.5) and None not in p["ttft"][0.5]:
+                via = p["ttft"][0.5][2] - p["ttft"][0.5][0]
+            adds = None if None in (direct_gap, via) else via - direct_gap
+            w(
+                f"| {ctl['c']} | {_ms(ctl['vllm'])} | {_ms(ctl['client'])} | {_ms(direct_gap)} | "
+                f"{_ms(via)} | {_ms(adds)} |"
+            )
+        w("")
+
     if results["sdk"]:
         w("## The `openai` SDK and `curl -N` (default model)\n")
         w(

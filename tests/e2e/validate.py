@@ -30,6 +30,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -132,9 +133,24 @@ class Phase:
         self.v0, self.t0 = self._snapshot("before")
         self.sampler = clients.InFlightSampler(self.tm_url).__enter__()
         self.started = time.monotonic()
+        # Who had the CPU mid-phase (the machine is shared): evidence for the timing figures.
+        self.top = threading.Timer(10.0, self._top)
+        self.top.daemon = True
+        self.top.start()
         return self
 
+    def _top(self):
+        try:
+            out = subprocess.run(["top", "-b", "-n", "2", "-d", "1", "-w", "160"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return
+        last = out.rfind("top - ")
+        with open(f"{self.prefix}-top.txt", "w") as f:
+            f.write("\n".join(out[last:].splitlines()[:25]) + "\n")
+
     def __exit__(self, *exc):
+        self.top.cancel()
         self.sampler.__exit__(*exc)
         self.seconds = time.monotonic() - self.started
         if exc[0] is None:
@@ -362,17 +378,20 @@ def guidellm_phase(cfg, checks, urls, c):
     # phase must still have run mostly at its level (else it did not test that band).
     client_bands = run.bands(band_of)
     row["client_bands"] = client_bands
-    checks.add(
-        name,
-        "every request's band is the one the load ran it at (client's timeline)",
-        bands == {k: float(n) for k, n in client_bands.items()},
-        "tokenmeter "
-        + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(bands.items())) or "none")
-        + "; client "
-        + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(client_bands.items())) or "none"),
-    )
     want = {1: "1", 16: "9-16"}.get(c)
     if want:
+        # (At other levels the bands are shown only: a request whose whole response arrives
+        # in one burst has a decode window of a millisecond or two, and its band is then the
+        # count of requests in flight at one instant, which two observers can see differently.)
+        checks.add(
+            name,
+            "every request's band is the one the load ran it at (client's timeline)",
+            bands == {k: float(n) for k, n in client_bands.items()},
+            "tokenmeter "
+            + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(bands.items())) or "none")
+            + "; client "
+            + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(client_bands.items())) or "none"),
+        )
         total = sum(bands.values())
         checks.add(
             name,
@@ -381,6 +400,27 @@ def guidellm_phase(cfg, checks, urls, c):
             f"{_num(bands.get(want, 0))} of {_num(total)} in band {want}",
         )
     return row
+
+
+def control_phase(cfg, urls, c):
+    """GuideLLM straight to vLLM, no proxy: how far the client's TTFT is from vLLM's on its
+    own. Set beside the proxied phase, the difference is what the proxy adds."""
+    name = f"control c={c}"
+    with Phase(name, urls["vllm_metrics"], urls["tm_metrics"], cfg.out_dir) as ph:
+        run = clients.guidellm(
+            cfg.clients_bin, urls["vllm"], MODEL_NAME, cfg.model, c, cfg.seconds,
+            cfg.prompt_tokens, cfg.output_tokens, cfg.out_dir, f"direct-c{c}",
+        )  # fmt: skip
+    hv = ph.vllm.histogram("vllm:time_to_first_token_seconds")
+    client = [r["ttft_s"] for r in run.requests if r["ttft_s"] is not None]
+    hc = prom.Histogram.from_values(client, hv.bounds())
+    return {
+        "c": c,
+        "vllm": hv.quantile(0.5),
+        "client": hc.quantile(0.5),
+        "n": len(client),
+        "proxy_requests": ph.tm.value("tokenmeter_requests_total"),
+    }
 
 
 def _ms(s):
@@ -565,6 +605,7 @@ def main():
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--control", default="1,16", help="levels also run straight to vLLM")
     cfg = p.parse_args()
     os.makedirs(cfg.out_dir, exist_ok=True)
 
@@ -573,7 +614,7 @@ def main():
     tps = tps_bounds()
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
-    results = {"guidellm": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
+    results = {"guidellm": [], "control": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
     error = None
     stack = []
     try:
@@ -581,6 +622,8 @@ def main():
         results["startup"]["main"] = vllm.ready_after
         for c in [int(x) for x in cfg.concurrency.split(",")]:
             results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
+        for c in [int(x) for x in cfg.control.split(",") if x]:
+            results["control"].append(control_phase(cfg, urls, c))
         results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
         results["curl"] = curl_phase(cfg, checks, urls, 64)
         for s in reversed(stack):
