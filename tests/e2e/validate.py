@@ -134,7 +134,7 @@ class Phase:
         self.sampler = clients.InFlightSampler(self.tm_url).__enter__()
         self.started = time.monotonic()
         # Who had the CPU mid-phase (the machine is shared): evidence for the timing figures.
-        self.top = threading.Timer(10.0, self._top)
+        self.top = threading.Timer(22.0, self._top)
         self.top.daemon = True
         self.top.start()
         return self
