@@ -514,8 +514,9 @@ def curl_phase(cfg, checks, urls, max_tokens):
         vllm=ph.vllm.value("vllm:generation_tokens_total"),
         tokenmeter=ph.tm.value("tokenmeter_output_tokens_total"),
         client_usage=usage,
-        client_events=r["events"],
     )
+    # Events are shown, not compared: when vLLM's HTTP side falls behind its engine it merges
+    # several tokens into one chunk, so even this model can send fewer events than tokens.
     checks.equal(
         name,
         "input tokens exact",
