@@ -124,6 +124,12 @@ def render(meta, results, checks):
                 f"| TTFT p{int(q * 100)} | {_ms(qv)} | {_ms(qt)} | {_ms(qc)} ({_ms(g)}) | "
                 f"{_verdict(checks, phase, f'TTFT p{int(q * 100)}')} |"
             )
+        tb = row.get("ttfb") or {}
+        w(
+            "| tokenmeter time to first byte p50 / p90 | | "
+            + " / ".join(_ms(tb.get(q)) for q in (0.5, 0.9))
+            + " | | |"
+        )
         w(
             f"| TTFT median vs GuideLLM's (5 ms) | | {_ms(row['ttft'][0.5][1] if 0.5 in row['ttft'] else None)} | "
             f"{_ms(row['ttft_guidellm_median'])} | {_verdict(checks, phase, 'tokenmeter median TTFT')} |"
@@ -152,9 +158,11 @@ def render(meta, results, checks):
         w(
             "The same load sent to vLLM directly, to tell what the client adds to TTFT on its "
             "own from what the proxy adds. Medians on the same bins; the gap is client minus "
-            "vLLM; the proxy's cost is the gap through tokenmeter minus the gap without it.\n"
+            "vLLM. The last column is the gap through tokenmeter minus the gap without it: the "
+            "proxy's cost plus whatever changed between the two runs, chiefly how often vLLM's "
+            "HTTP side held a whole response back (see below).\n"
         )
-        w("| concurrency | vLLM median | client median | gap without proxy | gap through tokenmeter | proxy adds |")
+        w("| concurrency | vLLM median | client median | gap without proxy | gap through tokenmeter | difference |")
         w("|---:|---:|---:|---:|---:|---:|")
         proxied = {r["c"]: r for r in results["guidellm"]}
         for ctl in results["control"]:
@@ -228,7 +236,12 @@ def render(meta, results, checks):
         "- **Timing against the client.** The client's clock stops when its event loop has "
         "parsed the first token; on 2 shared cores, with vLLM's engine holding one, that delay "
         "grows with the number of streams the client parses and with whatever else the "
-        "machine runs (see the load average above).\n"
+        "machine runs (see the load average above). vLLM's own TTFT stops when the first "
+        "token leaves its engine, not when its HTTP server writes it: on this machine the "
+        "server sometimes holds a whole response back until the last token (the client then "
+        "gets every token at once, after roughly the whole generation time). tokenmeter's time "
+        "to first byte shows where such a delay happened: when it equals tokenmeter's TTFT, "
+        "no byte of the response had reached the proxy yet.\n"
     )
     if failed:
         w("## Disagreements in this run\n")

@@ -306,6 +306,10 @@ def guidellm_phase(cfg, checks, urls, c):
         hv.bounds() == ht.bounds(),
         f"{len(hv.bounds())} and {len(ht.bounds())} bounds",
     )
+    # tokenmeter's time to the first response byte: a delay before it happened upstream of the
+    # proxy (it cannot hold back bytes it has not received).
+    hb = t.histogram("tokenmeter_time_to_first_byte_seconds")
+    row["ttfb"] = {q: hb.quantile(q) for q in PERCENTILES}
     row["ttft_counts"] = (hv.count, ht.count, hc.count)
     row["ttft"] = {}
     for q in PERCENTILES:
