@@ -5,6 +5,7 @@
 //! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown.
 //! - [`proxy`]: forwards one request upstream with a pooled client and wraps the response body.
+//! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
 //! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
@@ -12,9 +13,16 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//!
+//! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
+//! runs the simulator, the proxy and a ramping load in one process; and
+//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
 
 pub mod admin;
+pub mod bench;
 pub mod config;
+pub mod demo;
+pub mod inject;
 pub mod meter;
 pub mod metrics;
 pub mod ndjson;
@@ -22,5 +30,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod server;
 pub mod signal;
+pub mod sim;
 pub mod sse;
 pub mod tap;

@@ -6,9 +6,9 @@
 //! frame is returned in the same poll. `is_end_stream` and `size_hint` are delegated, so hyper
 //! frames the response exactly as it would without the tap.
 //!
-//! The meter is finished from exactly three places: the end of the stream (the `None` frame, or
-//! the last frame of a body that says it has ended), an error (including the idle timeout), and
-//! `Drop` when the client went away first.
+//! The meter is finished from exactly three places: the end of the stream (the inner body
+//! returned `None`, or yielded its last frame and reports `is_end_stream`), an error (including
+//! the idle timeout), and `Drop` when the client went away first.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -82,11 +82,11 @@ where
                     this.meter.on_data(data, Instant::now());
                 }
                 if this.inner.is_end_stream() {
-                    // A body of known length (a non-streaming JSON response) ends with its last
-                    // frame: hyper sees `is_end_stream` and never polls for the `None`, so this
-                    // is the end, not the client going away when the body is dropped.
+                    // hyper stops polling a body once it says it has ended (a Content-Length
+                    // body read in full), so this frame is the end: the response is complete.
                     *this.done = true;
                     this.meter.finish(Outcome::Complete);
+                    return Poll::Ready(Some(Ok(frame)));
                 }
                 if let Some(idle) = this.idle {
                     if let Some(d) = this.idle_timeout {

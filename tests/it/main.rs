@@ -2,6 +2,10 @@
 
 mod support;
 
+mod bench;
 mod cli;
+mod corpus;
 mod faults;
+mod inject;
 mod proxy;
+mod sim;

@@ -15,6 +15,7 @@ const MS: Duration = Duration::from_millis(1);
 
 #[tokio::test]
 async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
+    let _turn = crate::support::serial().await;
     let Some(entries) = corpus::load("corpus passthrough") else {
         return;
     };
@@ -199,6 +200,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
 
 #[tokio::test]
 async fn an_event_reaches_the_client_before_the_upstream_pauses() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| {
         Reply::sse(vec![
             Step::Send(Bytes::from_static(
@@ -231,6 +233,7 @@ fn timed_upstream_steps() -> Vec<Step> {
 
 #[tokio::test]
 async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| Reply::sse(timed_upstream_steps())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let seen = client::post(
@@ -258,8 +261,24 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
             .value(&s),
         1.0
     );
+    // The upstream's sleeps set lower bounds (250 ms, 25 ms gaps); a loaded machine can only
+    // stretch them. So the proxy's figures are checked against those bounds and against what
+    // the client itself saw, which the proxy must match.
+    let content: Vec<f64> = seen
+        .frames
+        .iter()
+        .filter(|(_, b)| {
+            let needle = b"\"content\":\"t";
+            b.windows(needle.len()).any(|w| w == needle)
+        })
+        .map(|(t, _)| t.as_secs_f64())
+        .collect();
+    let (client_ttft, client_last) = (content[0], content[content.len() - 1]);
     let ttft = m("tokenmeter_time_to_first_token_seconds_sum").value(&s);
-    assert!((0.25..0.32).contains(&ttft), "TTFT {ttft}");
+    assert!(
+        ttft >= 0.25 && ttft <= client_ttft,
+        "TTFT {ttft}: at least the upstream's 250 ms, at most the client's {client_ttft}"
+    );
     // One ITL observation per token after the first.
     assert_eq!(
         m("tokenmeter_inter_token_latency_seconds_count").value(&s),
@@ -270,16 +289,32 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
         .label("concurrency", "1")
         .value(&s);
     assert!(
-        (34.0..=41.0).contains(&tps),
-        "per-request speed {tps} tok/s, expected ~40"
+        tps <= 40.0 * 1.01,
+        "{tps} tok/s is faster than the upstream sent"
+    );
+    if content.len() == 40 {
+        // Frames arrived one per event: the client's own speed is comparable.
+        let client_tps = 39.0 / (client_last - client_ttft);
+        assert!(
+            (tps / client_tps - 1.0).abs() < 0.05,
+            "proxy {tps} tok/s vs client {client_tps} tok/s"
+        );
+    }
+    assert!(
+        tps > 20.0,
+        "{tps} tok/s: not even half the upstream's speed"
     );
     let tpot = m("tokenmeter_time_per_output_token_seconds_sum").value(&s);
-    assert!((0.0244..0.03).contains(&tpot), "TPOT {tpot}");
+    assert!(
+        (1.0 / tpot - tps).abs() < 1e-6 * tps,
+        "TPOT {tpot} is not 1 / {tps}"
+    );
     assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
 }
 
 #[tokio::test]
 async fn eight_concurrent_streams_land_in_band_5_to_8() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| Reply::sse(timed_upstream_steps())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let url = format!("{}/v1/chat/completions", proxy.url());
@@ -428,6 +463,14 @@ async fn non_streaming_json_is_measured_from_usage() {
     .await;
     assert_eq!(seen.status, 200);
     let s = proxy.settled(1.0).await;
+    assert_eq!(
+        metric("tokenmeter_requests_total")
+            .label("outcome", "complete")
+            .label("model", "json-model")
+            .value(&s),
+        1.0,
+        "a Content-Length body read to its end is complete"
+    );
     assert_eq!(
         metric("tokenmeter_output_tokens_total")
             .label("model", "json-model")

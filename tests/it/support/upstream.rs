@@ -51,12 +51,15 @@ impl Reply {
         }
     }
 
-    /// A JSON response sent in one piece.
+    /// A JSON response sent in one piece, with a Content-Length (as servers send them).
     pub fn json(status: u16, body: &str) -> Self {
         Reply {
             head_delay: Duration::ZERO,
             status,
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("content-length".into(), body.len().to_string()),
+            ],
             steps: vec![Step::Send(Bytes::from(body.to_string()))],
         }
     }
