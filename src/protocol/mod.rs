@@ -144,6 +144,8 @@ pub struct Summary {
     pub token_id_tokens: Option<u64>,
     /// Messages that were not valid JSON of the expected shape.
     pub malformed: u64,
+    /// The stream sent its own end marker (OpenAI's `data: [DONE]`): the client has everything.
+    pub ended: bool,
 }
 
 impl Summary {

@@ -116,6 +116,10 @@ impl Extractor for OpenAi {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        if msg.data == b"[DONE]" {
+            self.summary.ended = true;
+            return 0;
+        }
         let Some(chunk) = parse::<Chunk<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
@@ -188,6 +192,7 @@ mod tests {
             "[DONE]",
         ]);
         assert_eq!(counts, [0, 1, 1, 0, 0, 0]);
+        assert!(s.ended);
         assert_eq!(s.model.as_deref(), Some("m"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(5), Some(2)));
         assert_eq!(s.malformed, 0);
