@@ -3,4 +3,5 @@
 mod support;
 
 mod cli;
+mod props;
 mod proxy;
