@@ -80,23 +80,23 @@ pub struct ProxyArgs {
 
     /// TTFT histogram buckets in seconds, comma-separated (default: vLLM's).
     #[arg(long, env = "TOKENMETER_BUCKETS_TTFT", value_parser = parse_buckets)]
-    pub buckets_ttft: Option<Vec<f64>>,
+    pub buckets_ttft: Option<BucketList>,
 
     /// Inter-token latency / time-per-output-token buckets in seconds (default: vLLM's).
     #[arg(long, env = "TOKENMETER_BUCKETS_ITL", value_parser = parse_buckets)]
-    pub buckets_itl: Option<Vec<f64>>,
+    pub buckets_itl: Option<BucketList>,
 
     /// Per-request tokens/s buckets (default: 1 to 10,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TPS", value_parser = parse_buckets)]
-    pub buckets_tps: Option<Vec<f64>>,
+    pub buckets_tps: Option<BucketList>,
 
     /// Request duration buckets in seconds (default: vLLM's e2e latency).
     #[arg(long, env = "TOKENMETER_BUCKETS_DURATION", value_parser = parse_buckets)]
-    pub buckets_duration: Option<Vec<f64>>,
+    pub buckets_duration: Option<BucketList>,
 
     /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
-    pub buckets_tokens: Option<Vec<f64>>,
+    pub buckets_tokens: Option<BucketList>,
 }
 
 /// Where requests go.
@@ -160,8 +160,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
+/// Histogram boundaries from one flag (a newtype, so clap sees one value, not many).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketList(pub Vec<f64>);
+
 /// Parses a comma-separated list of increasing, finite bucket boundaries.
-pub fn parse_buckets(s: &str) -> Result<Vec<f64>, String> {
+pub fn parse_buckets(s: &str) -> Result<BucketList, String> {
     let v: Vec<f64> = s
         .split(',')
         .map(|x| {
@@ -175,7 +179,7 @@ pub fn parse_buckets(s: &str) -> Result<Vec<f64>, String> {
             "{s:?}: buckets must be finite and strictly increasing"
         ));
     }
-    Ok(v)
+    Ok(BucketList(v))
 }
 
 fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
@@ -242,11 +246,11 @@ impl ProxyArgs {
             metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
             metrics: MetricsConfig {
                 buckets: Buckets {
-                    ttft: self.buckets_ttft.clone().unwrap_or(d.ttft),
-                    itl: self.buckets_itl.clone().unwrap_or(d.itl),
-                    tps: self.buckets_tps.clone().unwrap_or(d.tps),
-                    duration: self.buckets_duration.clone().unwrap_or(d.duration),
-                    tokens: self.buckets_tokens.clone().unwrap_or(d.tokens),
+                    ttft: self.buckets_ttft.clone().map_or(d.ttft, |b| b.0),
+                    itl: self.buckets_itl.clone().map_or(d.itl, |b| b.0),
+                    tps: self.buckets_tps.clone().map_or(d.tps, |b| b.0),
+                    duration: self.buckets_duration.clone().map_or(d.duration, |b| b.0),
+                    tokens: self.buckets_tokens.clone().map_or(d.tokens, |b| b.0),
                 },
                 max_models: self.max_models,
                 rate_window: self.rate_window,
@@ -326,7 +330,9 @@ mod tests {
         );
         let e = args(&[&up[..], &["--gpus", "0"]].concat()).validate();
         assert_eq!(e.err(), Some(ConfigError::BadGpus(0.0)));
-        assert!(parse_buckets("1,2,3").is_ok());
+        assert_eq!(parse_buckets("1,2,3"), Ok(BucketList(vec![1.0, 2.0, 3.0])));
+        let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
+        assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
         assert!(parse_buckets("1,1").is_err());
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();

@@ -241,6 +241,15 @@ impl Meter {
         let model = s.model.clone().unwrap_or_else(|| s.model_label(rec));
         let code = if s.status == 0 { 502 } else { s.status };
         m.count_request(&model, code, outcome, api);
+        // Never the body, the path or headers: only bounded, non-secret facts.
+        tracing::debug!(
+            code,
+            outcome = outcome.as_str(),
+            api = api.as_str(),
+            model = %model,
+            duration_ms = (now - s.start).as_millis() as u64,
+            "request finished"
+        );
         m.parse_error(ParseError::InvalidJson, summary.malformed);
         m.parse_error(ParseError::LineTooLong, self.decoder.errors());
         m.duration
@@ -300,8 +309,10 @@ impl Meter {
         let (stream, rec) = (&mut self.stream, &*self.recorder);
         let mut on = |msg: Message<'_>| stream.on_message(rec, &msg, now);
         match &mut self.decoder {
-            Decoder::Sse(d) => d.finish(&mut on),
-            Decoder::Ndjson(d) => d.finish(&mut on),
+            // A body cut short ends in a fragment of a line: not an event, and not malformed.
+            Decoder::Sse(d) if complete => d.finish(&mut on),
+            Decoder::Ndjson(d) if complete => d.finish(&mut on),
+            Decoder::Sse(_) | Decoder::Ndjson(_) => {}
             Decoder::Json { body, overflow } => {
                 if *overflow {
                     rec.metrics.parse_error(ParseError::LineTooLong, 1);
@@ -379,5 +390,123 @@ impl Drop for Meter {
         // Dropped before finishing: the client went away (hyper drops the body, or the whole
         // service future before the response head).
         self.finish(Outcome::ClientDisconnect);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::metrics::MetricsConfig;
+
+    fn recorder() -> Arc<Recorder> {
+        let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+        Arc::new(Recorder::new(Arc::new(m), 1 << 20))
+    }
+
+    fn sample(rec: &Recorder, line_start: &str) -> f64 {
+        let text = String::from_utf8(rec.metrics.render()).expect("utf-8");
+        text.lines()
+            .filter(|l| l.starts_with(line_start))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+
+    const CHUNK: &str = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
+
+    #[test]
+    fn tokens_ttft_and_itl_follow_the_event_times() {
+        let rec = recorder();
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        let t0 = meter.stream.start;
+        // Three events, the middle one split across two frames.
+        let (a, b) = CHUNK.split_at(20);
+        meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
+        meter.on_data(a.as_bytes(), t0 + Duration::from_millis(110));
+        meter.on_data(b.as_bytes(), t0 + Duration::from_millis(120));
+        meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(140));
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
+            1.0
+        );
+        meter.finish(Outcome::Complete);
+        let ttft = sample(&rec, "tokenmeter_time_to_first_token_seconds_sum");
+        assert!((ttft - 0.1).abs() < 1e-9, "{ttft}");
+        let itl = sample(&rec, "tokenmeter_inter_token_latency_seconds_sum");
+        assert!((itl - 0.04).abs() < 1e-9, "{itl}");
+        assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 3.0);
+        // (3 - 1) tokens over 40 ms of decode.
+        let tps = sample(&rec, "tokenmeter_request_tokens_per_second_sum");
+        assert!((tps - 50.0).abs() < 1e-6, "{tps}");
+        assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+    }
+
+    #[test]
+    fn a_stream_cut_mid_line_is_a_disconnect_not_malformed_input() {
+        let rec = recorder();
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        let now = Instant::now();
+        meter.on_data(CHUNK.as_bytes(), now);
+        meter.on_data(&CHUNK.as_bytes()[..30], now);
+        drop(meter);
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"client_disconnect\"}"),
+            1.0
+        );
+        assert_eq!(
+            sample(
+                &rec,
+                "tokenmeter_parse_errors_total{reason=\"invalid_json\"}"
+            ),
+            0.0
+        );
+        assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 1.0);
+        assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+    }
+
+    #[test]
+    fn usage_wins_over_counted_events_and_feeds_the_rate() {
+        let rec = recorder();
+        let mut meter = rec.start(RequestInfo {
+            model: Some("asked".into()),
+            ..RequestInfo::default()
+        });
+        meter.on_response(200, "/v1/completions", "text/event-stream", false);
+        let now = Instant::now();
+        meter.on_data(b"data: {\"choices\":[{\"text\":\"ab\"}]}\n\n", now);
+        meter.on_data(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n",
+            now,
+        );
+        meter.finish(Outcome::Complete);
+        assert_eq!(
+            sample(&rec, "tokenmeter_output_tokens_total{model=\"asked\"}"),
+            7.0
+        );
+        assert_eq!(
+            sample(
+                &rec,
+                "tokenmeter_token_count_source_total{source=\"usage\"}"
+            ),
+            1.0
+        );
+        // All 7 tokens reach the windowed rate, not just the one event.
+        assert!((rec.metrics.rate.rate(Instant::now()) - 0.7).abs() < 1e-9);
+    }
+
+    #[test]
+    fn concurrency_integral_is_exact() {
+        let c = Concurrency::default();
+        let t0 = Instant::now();
+        c.update(t0, 1);
+        c.update(t0 + Duration::from_secs(1), 1);
+        c.update(t0 + Duration::from_secs(3), -2);
+        // 1 request for 1 s, then 2 for 2 s, then none.
+        let i = c.integral(t0 + Duration::from_secs(10));
+        assert!((i - 5.0).abs() < 1e-9, "{i}");
+        assert_eq!(c.current(), 0);
     }
 }

@@ -6,7 +6,8 @@
 //! frame is returned in the same poll. `is_end_stream` and `size_hint` are delegated, so hyper
 //! frames the response exactly as it would without the tap.
 //!
-//! The meter is finished from exactly three places: the end of the stream, an error (including
+//! The meter is finished from exactly three places: the end of the stream (the inner body
+//! returned `None`, or yielded its last frame and reports `is_end_stream`), an error (including
 //! the idle timeout), and `Drop` when the client went away first.
 
 use std::future::Future;
@@ -71,14 +72,21 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
+        let mut this = self.project();
         if *this.done {
             return Poll::Ready(None);
         }
-        match this.inner.poll_frame(cx) {
+        match this.inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     this.meter.on_data(data, Instant::now());
+                }
+                if this.inner.is_end_stream() {
+                    // hyper stops polling a body once it says it has ended (a Content-Length
+                    // body read in full), so this frame is the end: the response is complete.
+                    *this.done = true;
+                    this.meter.finish(Outcome::Complete);
+                    return Poll::Ready(Some(Ok(frame)));
                 }
                 if let Some(idle) = this.idle {
                     if let Some(d) = this.idle_timeout {

@@ -186,3 +186,167 @@ async fn sigterm_turns_readyz_503_at_once_finishes_open_streams_then_exits_0() {
         "it waited for the drain timeout"
     );
 }
+
+/// Starts the binary in front of `upstream` and waits until `/readyz` answers.
+async fn start_binary(
+    upstream: &str,
+    extra: &[&str],
+    log: &str,
+) -> (std::process::Child, u16, u16) {
+    let (port, mport) = (free_port(), free_port());
+    let child = tokenmeter()
+        .args([
+            "--upstream",
+            upstream,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .args(extra)
+        .env("TOKENMETER_LOG", log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let url = format!("http://127.0.0.1:{mport}/readyz");
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok()
+            && client::send(http::Method::GET, &url, "").await.status == 200
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (child, port, mport)
+}
+
+fn sigterm(child: &std::process::Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+}
+
+#[tokio::test]
+async fn under_load_sigterm_lets_every_open_stream_finish() {
+    let ms = Duration::from_millis(1);
+    let up =
+        upstream::spawn(move |_| Reply::sse(upstream::openai_chat(ms, 30, 40 * ms, true))).await;
+    let (mut child, port, _) = start_binary(&up.url(), &["--drain-timeout", "20s"], "info").await;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let streams: Vec<_> = (0..20)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { client::post(&url, &chat_request(true, true)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sigterm(&child);
+    for s in streams {
+        let seen = s.await.expect("stream");
+        assert!(
+            !seen.error && seen.body.ends_with(b"data: [DONE]\n\n"),
+            "a stream was cut short by the drain"
+        );
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test]
+async fn after_the_drain_timeout_what_is_left_is_cut_and_new_connections_are_refused() {
+    let up = upstream::spawn(|_| {
+        Reply::sse(vec![
+            upstream::Step::Send(bytes::Bytes::from_static(b": hi\n\n")),
+            upstream::Step::Hang,
+        ])
+    })
+    .await;
+    let (mut child, port, _) = start_binary(&up.url(), &["--drain-timeout", "1s"], "info").await;
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let stream = tokio::spawn(async move { client::post(&url, &chat_request(true, false)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    sigterm(&child);
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    let took = sent.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "exited after {took:?}"
+    );
+    assert!(
+        stream.await.expect("stream").error,
+        "the hanging stream was cut at the drain timeout"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "still accepting after exit"
+    );
+}
+
+#[tokio::test]
+async fn prompts_completions_and_credentials_never_reach_the_logs() {
+    let up = upstream::spawn(|_| {
+        let mut r = Reply::sse(vec![upstream::Step::Send(bytes::Bytes::from_static(
+            b"data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"SECRET-COMPLETION\"}}]}\n\ndata: [DONE]\n\n",
+        ))]);
+        r.headers.push(("set-cookie".into(), "SECRET-COOKIE=1".into()));
+        r
+    })
+    .await;
+    for level in ["info", "debug", "tokenmeter=trace"] {
+        let (mut child, port, _) = start_binary(&up.url(), &[], level).await;
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer SECRET-KEY")
+            .header("x-api-key", "SECRET-API-KEY")
+            .header("cookie", "session=SECRET-SESSION")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"SECRET-PROMPT"}]}"#,
+            )))
+            .expect("request");
+        let resp = client::client().request(req).await.expect("response");
+        let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+        // And one failure, which is logged.
+        let _ = client::post(
+            &format!("http://127.0.0.1:{port}/x"),
+            "{\"prompt\":\"SECRET-PROMPT\"}",
+        )
+        .await;
+        sigterm(&child);
+        let out = tokio::task::spawn_blocking(move || {
+            let _ = child.wait();
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut s);
+            s
+        })
+        .await
+        .expect("join");
+        assert!(
+            out.contains("tokenmeter started"),
+            "no logs captured at {level}: {out}"
+        );
+        for secret in [
+            "SECRET-COMPLETION",
+            "SECRET-PROMPT",
+            "SECRET-KEY",
+            "SECRET-API-KEY",
+            "SECRET-SESSION",
+            "SECRET-COOKIE",
+        ] {
+            assert!(
+                !out.contains(secret),
+                "{secret} logged at level {level}:\n{out}"
+            );
+        }
+    }
+}

@@ -3,5 +3,6 @@
 mod support;
 
 mod cli;
+mod faults;
 mod props;
 mod proxy;

@@ -13,19 +13,6 @@ use crate::support::{corpus, spawn_proxy, Rng};
 
 const MS: Duration = Duration::from_millis(1);
 
-/// Polls the scrape until `f` holds (the meter records when the body ends, which can be a
-/// moment after the client has read the last byte).
-async fn eventually(proxy: &crate::support::Proxy, f: impl Fn(&str) -> bool) -> String {
-    for _ in 0..100 {
-        let s = proxy.scrape().await;
-        if f(&s) {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    proxy.scrape().await
-}
-
 #[tokio::test]
 async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
     let Some(entries) = corpus::load("corpus passthrough") else {
@@ -57,6 +44,7 @@ async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
             .map(Step::Send)
             .collect();
         Reply {
+            head_delay: Duration::ZERO,
             status: 200,
             headers: vec![("content-type".into(), ct)],
             steps,
@@ -96,13 +84,14 @@ async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
         );
     }
     let n = entries.len() as f64;
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total")
-            .label("outcome", "complete")
-            .sum(s)
-            == n
-    })
-    .await;
+    let s = proxy
+        .eventually(|s| {
+            metric("tokenmeter_requests_total")
+                .label("outcome", "complete")
+                .sum(s)
+                == n
+        })
+        .await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "complete")
@@ -141,6 +130,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
             .unwrap_or(0);
         let mut rng = Rng::new(i as u64 + 1);
         Reply {
+            head_delay: Duration::ZERO,
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             steps: rng
@@ -167,6 +157,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
                 .and_then(|x| x.parse().ok())
                 .unwrap_or(0);
             Reply {
+                head_delay: Duration::ZERO,
                 status: 200,
                 headers: vec![("content-type".into(), "text/event-stream".into())],
                 steps: vec![Step::Send(Bytes::from(cases[i].1.clone()))],
@@ -186,10 +177,9 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
             "{name} changed in transit (parsed path)"
         );
     }
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total").sum(s) == cases.len() as f64
-    })
-    .await;
+    let s = proxy
+        .eventually(|s| metric("tokenmeter_requests_total").sum(s) == cases.len() as f64)
+        .await;
     assert_eq!(
         metric("tokenmeter_parse_errors_total")
             .label("reason", "line_too_long")
@@ -249,10 +239,7 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
     )
     .await;
     assert_eq!(seen.status, 200);
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total").sum(s) == 1.0
-    })
-    .await;
+    let s = proxy.settled(1.0).await;
     let m = |n: &str| metric(n).label("model", "test-model");
     assert_eq!(
         metric("tokenmeter_requests_total")
@@ -306,10 +293,7 @@ async fn eight_concurrent_streams_land_in_band_5_to_8() {
     for t in tasks {
         assert!(t.await.expect("join").body.ends_with(b"data: [DONE]\n\n"));
     }
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total").sum(s) == 8.0
-    })
-    .await;
+    let s = proxy.settled(8.0).await;
     assert_eq!(
         metric("tokenmeter_request_tokens_per_second_count")
             .label("concurrency", "5-8")
@@ -351,14 +335,15 @@ async fn fifty_clients_hanging_up_mid_stream_leave_no_trace() {
     for t in tasks {
         t.await.expect("client");
     }
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total")
-            .label("outcome", "client_disconnect")
-            .sum(s)
-            == 50.0
-            && metric("tokenmeter_requests_in_flight").sum(s) == 0.0
-    })
-    .await;
+    let s = proxy
+        .eventually(|s| {
+            metric("tokenmeter_requests_total")
+                .label("outcome", "client_disconnect")
+                .sum(s)
+                == 50.0
+                && metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+        })
+        .await;
     assert_eq!(
         metric("tokenmeter_requests_total")
             .label("outcome", "client_disconnect")
@@ -379,6 +364,13 @@ async fn fifty_clients_hanging_up_mid_stream_leave_no_trace() {
     );
     // Tokens seen before the hang-up are still counted (at least 2 per request).
     assert!(metric("tokenmeter_output_tokens_total").value(&s) >= 100.0);
+    // A stream cut mid-line is not malformed input.
+    assert_eq!(
+        metric("tokenmeter_parse_errors_total")
+            .label("reason", "invalid_json")
+            .value(&s),
+        0.0
+    );
     for _ in 0..100 {
         if up.closed() == up.opened() {
             break;
@@ -435,10 +427,15 @@ async fn non_streaming_json_is_measured_from_usage() {
     )
     .await;
     assert_eq!(seen.status, 200);
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total").sum(s) == 1.0
-    })
-    .await;
+    let s = proxy.settled(1.0).await;
+    assert_eq!(
+        metric("tokenmeter_requests_total")
+            .label("outcome", "complete")
+            .label("model", "json-model")
+            .value(&s),
+        1.0,
+        "a Content-Length body read to its end is complete"
+    );
     assert_eq!(
         metric("tokenmeter_output_tokens_total")
             .label("model", "json-model")
@@ -510,10 +507,7 @@ async fn promtool_accepts_the_exposition() {
         &chat_request(true, true),
     )
     .await;
-    let s = eventually(&proxy, |s| {
-        metric("tokenmeter_requests_total").sum(s) == 1.0
-    })
-    .await;
+    let s = proxy.settled(1.0).await;
     let mut child = std::process::Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -542,4 +536,48 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
         .split(':')
         .map(|d| std::path::Path::new(d).join(name))
         .find(|p| p.is_file())
+}
+
+#[tokio::test]
+async fn aggregate_rate_gauges_and_bucket_overrides() {
+    let up = upstream::spawn(|_| Reply::sse(upstream::openai_chat(MS, 40, MS, true))).await;
+    let proxy = spawn_proxy(
+        &up.url(),
+        &[
+            "--gpus",
+            "2",
+            "--rate-window",
+            "30s",
+            "--buckets-ttft",
+            "0.1,0.2",
+        ],
+    )
+    .await;
+    for _ in 0..3 {
+        client::post(
+            &format!("{}/v1/chat/completions", proxy.url()),
+            &chat_request(true, true),
+        )
+        .await;
+    }
+    let s = proxy.settled(3.0).await;
+    // 120 tokens inside a 30 s window.
+    assert_eq!(metric("tokenmeter_output_tokens_per_second").value(&s), 4.0);
+    assert_eq!(
+        metric("tokenmeter_output_tokens_per_second_per_gpu").value(&s),
+        2.0
+    );
+    assert_eq!(metric("tokenmeter_gpus").value(&s), 2.0);
+    let les: Vec<&str> = s
+        .lines()
+        .filter(|l| l.starts_with("tokenmeter_time_to_first_token_seconds_bucket"))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(les, ["0.1", "0.2", "+Inf"]);
+    assert_eq!(
+        metric("tokenmeter_build_info")
+            .label("version", env!("CARGO_PKG_VERSION"))
+            .value(&s),
+        1.0
+    );
 }

@@ -43,6 +43,29 @@ impl Proxy {
         client::get_text(&format!("http://{}/metrics", self.metrics_addr)).await
     }
 
+    /// Polls the scrape until `f` holds (the meter records when the body ends, which can be a
+    /// moment after the client read the last byte); returns the last scrape either way.
+    pub async fn eventually(&self, f: impl Fn(&str) -> bool) -> String {
+        for _ in 0..100 {
+            let s = self.scrape().await;
+            if f(&s) {
+                return s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.scrape().await
+    }
+
+    /// The scrape once `requests` requests are recorded and none is in flight.
+    pub async fn settled(&self, requests: f64) -> String {
+        use metrics::metric;
+        self.eventually(|s| {
+            metric("tokenmeter_requests_total").sum(s) >= requests
+                && metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+        })
+        .await
+    }
+
     /// Starts the drain (as SIGTERM does in the binary).
     pub fn shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {

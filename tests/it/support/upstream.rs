@@ -33,6 +33,8 @@ pub enum Step {
 /// A scripted response.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// How long the upstream waits before sending the response head.
+    pub head_delay: Duration,
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub steps: Vec<Step>,
@@ -42,17 +44,22 @@ impl Reply {
     /// A `text/event-stream` response.
     pub fn sse(steps: Vec<Step>) -> Self {
         Reply {
+            head_delay: Duration::ZERO,
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             steps,
         }
     }
 
-    /// A JSON response sent in one piece.
+    /// A JSON response sent in one piece, with a Content-Length (as servers send them).
     pub fn json(status: u16, body: &str) -> Self {
         Reply {
+            head_delay: Duration::ZERO,
             status,
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                ("content-length".into(), body.len().to_string()),
+            ],
             steps: vec![Step::Send(Bytes::from(body.to_string()))],
         }
     }
@@ -74,6 +81,8 @@ pub struct Upstream {
     pub closed: Arc<AtomicUsize>,
     /// Response bodies whose reader went away before the script ended.
     pub abandoned: Arc<AtomicUsize>,
+    /// Body bytes handed to hyper so far (over all responses).
+    pub sent_bytes: Arc<AtomicUsize>,
     pub received: Arc<Mutex<Vec<Received>>>,
 }
 
@@ -118,13 +127,15 @@ where
         opened: Arc::default(),
         closed: Arc::default(),
         abandoned: Arc::default(),
+        sent_bytes: Arc::default(),
         received: Arc::default(),
     };
-    let (opened, closed, abandoned, received) = (
+    let (opened, closed, abandoned, received, sent) = (
         up.opened.clone(),
         up.closed.clone(),
         up.abandoned.clone(),
         up.received.clone(),
+        up.sent_bytes.clone(),
     );
     let script = Arc::new(script);
     tokio::spawn(async move {
@@ -134,16 +145,21 @@ where
             };
             let _ = stream.set_nodelay(true);
             opened.fetch_add(1, Ordering::SeqCst);
-            let (closed, abandoned, received, script) = (
+            let (closed, abandoned, received, script, sent) = (
                 closed.clone(),
                 abandoned.clone(),
                 received.clone(),
                 script.clone(),
+                sent.clone(),
             );
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let (abandoned, received, script) =
-                        (abandoned.clone(), received.clone(), script.clone());
+                    let (abandoned, received, script, sent) = (
+                        abandoned.clone(),
+                        received.clone(),
+                        script.clone(),
+                        sent.clone(),
+                    );
                     async move {
                         let (parts, body) = req.into_parts();
                         let body = body
@@ -168,8 +184,9 @@ where
                         };
                         let reply = script(&rec);
                         received.lock().expect("lock").push(rec);
+                        tokio::time::sleep(reply.head_delay).await;
                         let (tx, rx) = mpsc::channel(16);
-                        tokio::spawn(play(reply.steps, tx, abandoned));
+                        tokio::spawn(play(reply.steps, tx, abandoned, sent));
                         let mut resp = Response::new(ChannelBody(rx));
                         *resp.status_mut() =
                             hyper::StatusCode::from_u16(reply.status).expect("status");
@@ -196,10 +213,12 @@ async fn play(
     steps: Vec<Step>,
     tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
     abandoned: Arc<AtomicUsize>,
+    sent: Arc<AtomicUsize>,
 ) {
     for step in steps {
         match step {
             Step::Send(b) => {
+                sent.fetch_add(b.len(), Ordering::SeqCst);
                 if tx.send(Ok(Frame::data(b))).await.is_err() {
                     abandoned.fetch_add(1, Ordering::SeqCst);
                     return;

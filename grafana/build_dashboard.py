@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Writes grafana/dashboards/tokenmeter.json, the main tokenmeter dashboard.
+
+The dashboard is generated so that every panel follows the same conventions (datasource variable,
+label filters, ids, layout) and a change is one line here rather than a hunt through 2,000 lines
+of JSON. The JSON is committed; tests/deploy/check_dashboard.py fails when it differs from what
+this script writes. Usage:
+
+    python3 grafana/build_dashboard.py          # rewrite the JSON
+    python3 grafana/build_dashboard.py --check  # exit 1 if the committed JSON is stale
+
+Standard library only. Metric names come from src/metrics.rs (the contract); the checks verify
+that every name used here exists there.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "dashboards" / "tokenmeter.json"
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+# Label filters: metrics without a `model` label (gauges of the whole process) get only F.
+F = 'namespace=~"$namespace", pod=~"$pod"'
+FM = F + ', model=~"$model"'
+RI = "$__rate_interval"
+FAILED = 'outcome=~"upstream_error|timeout"'
+NOT_FAILED_BUT_5XX = 'outcome!~"upstream_error|timeout", code=~"5..|429"'
+
+
+def rate(metric, sel=FM, window=RI):
+    return f"rate({metric}{{{sel}}}[{window}])"
+
+
+def quantile(q, metric, by="", sel=FM, window=RI):
+    group = ", ".join([x for x in [by, "le"] if x])
+    return f"histogram_quantile({q}, sum by ({group}) ({rate(metric + '_bucket', sel, window)}))"
+
+
+def target(expr, legend="", ref="A", fmt=None, instant=False):
+    t = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto", "range": not instant}
+    if instant:
+        t["instant"] = True
+    if fmt:
+        t["format"] = fmt
+    return t
+
+
+def targets(*items):
+    """(expr, legend) pairs -> targets with refIds A, B, C..."""
+    return [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(items)]
+
+
+def timeseries(title, desc, tgts, unit="short", stack=False, overrides=None, min0=True, thresholds=None):
+    custom = {
+        "drawStyle": "line",
+        "lineWidth": 1,
+        "fillOpacity": 15 if stack else 0,
+        "showPoints": "never",
+        "spanNulls": False,
+        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        "axisPlacement": "auto",
+    }
+    defaults = {"unit": unit, "custom": custom}
+    if min0:
+        defaults["min"] = 0
+    if thresholds:
+        defaults["thresholds"] = thresholds
+        custom["thresholdsStyle"] = {"mode": "line+area"}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def stat(title, desc, expr, unit, decimals=None, thresholds=None, instant=False):
+    defaults = {"unit": unit, "color": {"mode": "thresholds"}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    defaults["thresholds"] = thresholds or {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}
+    return {
+        "type": "stat",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
+        "targets": [target(expr, instant=instant)],
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none" if instant else "area",
+            "justifyMode": "auto",
+            "textMode": "auto",
+            "orientation": "auto",
+        },
+    }
+
+
+def heatmap(title, desc, metric, unit):
+    # rate over $__rate_interval, not increase over $__interval: when $__interval is as short as
+    # the scrape interval a window holds one sample and the heatmap would be empty.
+    expr = f"sum by (le) (rate({metric}_bucket{{{FM}}}[{RI}]))"
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
+        "targets": [dict(target(expr, "{{le}}"), format="heatmap")],
+        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5, "steps": 64},
+            "yAxis": {"axisPlacement": "left", "unit": unit},
+            "rowsFrame": {"layout": "auto"},
+            "tooltip": {"mode": "single", "yHistogram": True},
+            "legend": {"show": True},
+            "filterValues": {"le": 1e-9},
+        },
+    }
+
+
+def bargauge(title, desc, expr, legend, unit, decimals=None):
+    defaults = {"unit": unit, "min": 0, "color": {"mode": "continuous-GrYlRd"}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
+        "targets": [target(expr, legend, instant=True)],
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        },
+    }
+
+
+def row(title):
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+def right_axis(regex):
+    return {
+        "matcher": {"id": "byRegexp", "options": regex},
+        "properties": [
+            {"id": "custom.axisPlacement", "value": "right"},
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+            {"id": "custom.lineWidth", "value": 2},
+            {"id": "unit", "value": "suffix: tok/s"},
+        ],
+    }
+
+
+TOKS = "suffix: tok/s"
+
+# Expressions shared by several panels.
+OUT_RATE = f"sum({rate('tokenmeter_output_tokens_total')})"
+FAILED_RATIO = (
+    f"(sum by (model) ({rate('tokenmeter_requests_total', FM + ', ' + FAILED)}"
+    f" or {rate('tokenmeter_requests_total', FM + ', ' + NOT_FAILED_BUT_5XX)})"
+    f" or 0 * sum by (model) ({rate('tokenmeter_requests_total')}))"
+    f" / sum by (model) ({rate('tokenmeter_requests_total')})"
+)
+FAILED_RATIO_ALL = (
+    f"(sum({rate('tokenmeter_requests_total', FM + ', ' + FAILED)}"
+    f" or {rate('tokenmeter_requests_total', FM + ', ' + NOT_FAILED_BUT_5XX)})"
+    f" or vector(0))"
+    f" / sum({rate('tokenmeter_requests_total')})"
+)
+# Unit economics: what the selected GPUs cost per million output tokens. GPUs are paid for
+# whether they are busy or not, so idle capacity raises the figure, as it should.
+COST_RANGE = (
+    f"$gpu_hour_price * sum(avg_over_time(tokenmeter_gpus{{{F}}}[$__range])) * $__range_s / 3600"
+    f" / (sum(increase(tokenmeter_output_tokens_total{{{FM}}}[$__range])) / 1e6 > 0)"
+)
+COST_RATE = f"$gpu_hour_price * sum(tokenmeter_gpus{{{F}}}) / ({OUT_RATE} * 3600 / 1e6 > 0)"
+
+SPEED_NOTE = (
+    "Per-request decode speed: (output tokens - 1) / (last token time - first token time), what "
+    "one user saw while their answer streamed. Speeds fall as concurrency rises while aggregate "
+    "throughput grows: read them next to the concurrency band."
+)
+
+
+def layout():
+    """(panel, width, height) in reading order; rows start a new line."""
+    return [
+        (row("At a glance"), 24, 1),
+        (stat("Output tokens/s", "Aggregate output tokens per second, all selected pods and models.", OUT_RATE, TOKS, 0), 3, 4),
+        (stat("Tokens/s per GPU", "Output tokens/s divided by the GPUs behind the selected pods (tokenmeter_gpus, from --gpus).",
+              f"{OUT_RATE} / sum(tokenmeter_gpus{{{F}}})", TOKS, 1), 3, 4),
+        (stat("Requests/s", "Requests per second, every outcome.", f"sum({rate('tokenmeter_requests_total')})", "reqps", 2), 3, 4),
+        (stat("Failed requests", "Share of requests that failed upstream: unreachable, cut mid-stream, timed out, 5xx or 429. "
+              "Client errors (other 4xx) are not counted.", FAILED_RATIO_ALL, "percentunit", 1,
+              {"mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "orange", "value": 0.01},
+                                             {"color": "red", "value": 0.05}]}), 3, 4),
+        (stat("TTFT p90", "90th percentile time to first token (queueing + prefill).",
+              quantile(0.9, "tokenmeter_time_to_first_token_seconds"), "s", 2), 3, 4),
+        (stat("Per-request tok/s p50", SPEED_NOTE, quantile(0.5, "tokenmeter_request_tokens_per_second"), TOKS, 1), 3, 4),
+        (stat("In flight", "Requests in flight now: prefill (waiting for the first token) plus decode (streaming).",
+              f"sum(tokenmeter_requests_in_flight{{{F}}})", "short", 0), 3, 4),
+        (stat("Cost per 1M output tokens", "GPU cost of the selected pods over the time range (GPUs x hours x the "
+              "gpu_hour_price variable) divided by the output tokens they produced, in millions.",
+              COST_RANGE, "currencyUSD", 2, instant=True), 3, 4),
+
+        (row("Speed: per request vs aggregate"), 24, 1),
+        (timeseries("Per-request decode speed (p50 / p90 / p99)", SPEED_NOTE + " p99 is the fastest 1%; the slow tail is "
+                    "the time per output token p99 in Latency.",
+                    targets((quantile(0.5, "tokenmeter_request_tokens_per_second"), "p50"),
+                            (quantile(0.9, "tokenmeter_request_tokens_per_second"), "p90"),
+                            (quantile(0.99, "tokenmeter_request_tokens_per_second"), "p99")), TOKS), 12, 8),
+        (timeseries("Aggregate output tokens/s", "Output tokens per second by model (from the counter), and tokenmeter's own "
+                    "sliding-window gauge (tokenmeter_output_tokens_per_second, all models).",
+                    targets((f"sum by (model) ({rate('tokenmeter_output_tokens_total')})", "{{model}}"),
+                            (f"sum(tokenmeter_output_tokens_per_second{{{F}}})", "window gauge (all models)")), TOKS), 12, 8),
+        (timeseries("Trade-off: per-request speed by concurrency band vs aggregate throughput",
+                    "Lines: median per-request decode speed at each concurrency band (left axis). Dashed: aggregate "
+                    "output tokens/s (right axis). Batching raises the aggregate while each request slows: this is "
+                    "the curve capacity planning reads.",
+                    targets((quantile(0.5, "tokenmeter_request_tokens_per_second", by="concurrency"), "p50 @ concurrency {{concurrency}}"),
+                            (OUT_RATE, "aggregate tok/s")), TOKS,
+                    overrides=[right_axis("aggregate.*")]), 12, 9),
+        (bargauge("Median per-request speed by concurrency band", "Over the selected time range. " + SPEED_NOTE,
+                  quantile(0.5, "tokenmeter_request_tokens_per_second", by="concurrency", window="$__range"),
+                  "{{concurrency}}", TOKS, 1), 6, 9),
+        (bargauge("Requests by concurrency band", "Requests that decoded at each concurrency band (time-weighted mean "
+                  "requests in flight during their decode), over the selected time range.",
+                  f"sum by (concurrency) (increase(tokenmeter_request_tokens_per_second_count{{{FM}}}[$__range]))",
+                  "{{concurrency}}", "short", 0), 6, 9),
+        (timeseries("Requests in flight by phase", "prefill: sent upstream, no token yet (queued or prefilling). "
+                    "decode: tokens streaming.",
+                    targets((f"sum by (phase) (tokenmeter_requests_in_flight{{{F}}})", "{{phase}}")), "short", stack=True), 8, 8),
+        (timeseries("Output tokens/s per GPU", "Per pod: its output tokens/s over its GPUs (--gpus). All: total tokens "
+                    "over total GPUs, so idle GPUs count.",
+                    targets((f"sum by (namespace, pod) ({rate('tokenmeter_output_tokens_total')})"
+                             f" / sum by (namespace, pod) (tokenmeter_gpus{{{F}}})", "{{namespace}}/{{pod}}"),
+                            (f"{OUT_RATE} / sum(tokenmeter_gpus{{{F}}})", "all selected pods")), TOKS), 8, 8),
+        (timeseries("Cost per 1M output tokens", "GPU-hour price (variable gpu_hour_price) x GPUs / output tokens per hour "
+                    "x 1e6. Falls as throughput rises; idle GPUs raise it.",
+                    targets((COST_RATE, "USD per 1M output tokens")), "currencyUSD"), 8, 8),
+
+        (row("Latency"), 24, 1),
+        (timeseries("Time to first token (p50 / p90 / p99)", "From the request sent upstream to the first token-bearing event: "
+                    "queueing plus prefill. Buckets are vLLM's, so these line up with vllm:time_to_first_token_seconds.",
+                    targets((quantile(0.5, "tokenmeter_time_to_first_token_seconds"), "p50"),
+                            (quantile(0.9, "tokenmeter_time_to_first_token_seconds"), "p90"),
+                            (quantile(0.99, "tokenmeter_time_to_first_token_seconds"), "p99")), "s"), 8, 8),
+        (heatmap("Time to first token distribution", "Requests per second in each TTFT bucket.",
+                 "tokenmeter_time_to_first_token_seconds", "s"), 8, 8),
+        (timeseries("Inter-token latency and time per output token", "Inter-token latency: gap between token-bearing events "
+                    "per token carried. Time per output token: per request, decode time / (output tokens - 1); its p99 "
+                    "is the slow tail of decode speed.",
+                    targets((quantile(0.5, "tokenmeter_inter_token_latency_seconds"), "ITL p50"),
+                            (quantile(0.99, "tokenmeter_inter_token_latency_seconds"), "ITL p99"),
+                            (quantile(0.5, "tokenmeter_time_per_output_token_seconds"), "TPOT p50"),
+                            (quantile(0.99, "tokenmeter_time_per_output_token_seconds"), "TPOT p99")), "s"), 8, 8),
+        (timeseries("Request duration (p50 / p90 / p99)", "End to end: request sent upstream to the last byte of the response.",
+                    targets((quantile(0.5, "tokenmeter_request_duration_seconds"), "p50"),
+                            (quantile(0.9, "tokenmeter_request_duration_seconds"), "p90"),
+                            (quantile(0.99, "tokenmeter_request_duration_seconds"), "p99")), "s"), 8, 8),
+        (heatmap("Output length distribution", "Requests per second in each output-length bucket (tokens).", "tokenmeter_request_output_tokens", "short"), 8, 8),
+        (heatmap("Input length distribution", "Requests per second in each prompt-length bucket (tokens; where the "
+                 "stream reports usage).",
+                 "tokenmeter_request_input_tokens", "short"), 8, 8),
+
+        (row("Requests and errors"), 24, 1),
+        (timeseries("Requests/s by outcome", "complete, client_disconnect (the client went away), upstream_error "
+                    "(unreachable or cut mid-stream), timeout.",
+                    targets((f"sum by (outcome) ({rate('tokenmeter_requests_total')})", "{{outcome}}")), "reqps", stack=True), 8, 8),
+        (timeseries("Requests/s by status code", "HTTP status returned to clients (502/504 when tokenmeter could not get an "
+                    "answer from the upstream).",
+                    targets((f"sum by (code) ({rate('tokenmeter_requests_total')})", "{{code}}")), "reqps", stack=True), 8, 8),
+        (timeseries("Failed request ratio by model", "Failed: unreachable, cut mid-stream, timed out, 5xx or 429. "
+                    "The TokenmeterHighErrorRatio alert fires above 5% for 5 minutes.",
+                    targets((FAILED_RATIO, "{{model}}")), "percentunit",
+                    thresholds={"mode": "absolute", "steps": [{"color": "transparent", "value": None},
+                                                              {"color": "red", "value": 0.05}]}), 8, 8),
+        (timeseries("Token counts by source", "Where each request's token counts came from: usage (the server's own "
+                    "report, exact), token_ids (per-event ids, exact), counted (token-bearing events, approximate: "
+                    "ask for stream_options.include_usage).",
+                    targets((f"sum by (source) ({rate('tokenmeter_token_count_source_total', F)})", "{{source}}")), "reqps", stack=True), 8, 8),
+        (timeseries("Parse errors/s by reason", "Input forwarded untouched but not (fully) read: line_too_long "
+                    "(over --max-line-bytes), invalid_json, content_encoding (compressed bodies).",
+                    targets((f"sum by (reason) ({rate('tokenmeter_parse_errors_total', F)})", "{{reason}}")), "short"), 8, 8),
+        (timeseries("Input and output tokens/s", "Prompt tokens (where reported) and output tokens per second, by model.",
+                    targets((f"sum by (model) ({rate('tokenmeter_input_tokens_total')})", "input {{model}}"),
+                            (f"sum by (model) ({rate('tokenmeter_output_tokens_total')})", "output {{model}}")), TOKS), 8, 8),
+        (table_instances(), 24, 6),
+    ]
+
+
+def table_instances():
+    tgts = [
+        dict(target(f"max by (namespace, pod, version) (tokenmeter_build_info{{{F}}})", ref="A", fmt="table", instant=True)),
+        dict(target(f"max by (namespace, pod) (tokenmeter_gpus{{{F}}})", ref="B", fmt="table", instant=True)),
+        dict(target(f"time() - max by (namespace, pod) (tokenmeter_start_time_seconds{{{F}}})", ref="C", fmt="table", instant=True)),
+    ]
+    return {
+        "type": "table",
+        "title": "tokenmeter instances",
+        "description": "One row per tokenmeter process: version, GPUs (--gpus) and uptime.",
+        "datasource": DS,
+        "targets": tgts,
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Value #A": True},
+                "renameByName": {"Value #B": "GPUs", "Value #C": "uptime"},
+            }},
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": [
+            {"matcher": {"id": "byName", "options": "uptime"}, "properties": [{"id": "unit", "value": "s"}]},
+        ]},
+        "options": {"showHeader": True},
+    }
+
+
+def variables():
+    def query_var(name, label, query):
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "definition": query,
+            "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2,
+            "includeAll": True,
+            "allValue": ".*",
+            "multi": True,
+            "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [],
+            "hide": 0,
+            "regex": "",
+        }
+
+    return [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [], "refresh": 1, "regex": ""},
+        query_var("namespace", "Namespace", "label_values(tokenmeter_build_info, namespace)"),
+        query_var("pod", "Pod", 'label_values(tokenmeter_build_info{namespace=~"$namespace"}, pod)'),
+        query_var("model", "Model", 'label_values(tokenmeter_requests_total{namespace=~"$namespace", pod=~"$pod"}, model)'),
+        {"name": "gpu_hour_price", "label": "GPU-hour price (USD)", "type": "textbox", "query": "2.50",
+         "current": {"text": "2.50", "value": "2.50"}, "options": [{"selected": True, "text": "2.50", "value": "2.50"}],
+         "hide": 0,
+         "description": "What one GPU costs per hour, for the cost per million output tokens."},
+    ]
+
+
+def build():
+    panels, x, y, line_h, next_id = [], 0, 0, 0, 1
+    for panel, w, h in layout():
+        if panel["type"] == "row" or x + w > 24:
+            x, y = 0, y + line_h
+            line_h = 0
+        panel = dict(panel, id=next_id, gridPos={"h": h, "w": w, "x": x, "y": y})
+        next_id += 1
+        panels.append(panel)
+        if panel["type"] == "row":
+            y += h
+            continue
+        x += w
+        line_h = max(line_h, h)
+    return {
+        "uid": "tokenmeter-main",
+        "title": "tokenmeter: LLM inference",
+        "description": "TTFT, per-request and aggregate tokens/s at stated concurrency, errors and cost, from tokenmeter.",
+        "tags": ["tokenmeter", "llm", "inference"],
+        "editable": True,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "schemaVersion": 39,
+        "version": 1,
+        "links": [],
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
+        }]},
+        "templating": {"list": variables()},
+        "panels": panels,
+    }
+
+
+def render():
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main():
+    text = render()
+    if "--check" in sys.argv[1:]:
+        if not OUT.exists() or OUT.read_text() != text:
+            print(f"{OUT} is stale: run python3 grafana/build_dashboard.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""The live test: a real Prometheus scrapes real tokenmeters carrying live traffic, and every
+dashboard query and every recording rule must return data.
+
+On loopback only, in a temporary directory, it starts:
+  - the traffic upstream (tests/deploy/traffic.py upstream: OpenAI-style SSE with usage, plus
+    error statuses, cut streams, slow headers and malformed events on request),
+  - two tokenmeters in front of it (pods "vllm-llama-0" with --gpus 2 and "vllm-qwen-0" with
+    --gpus 1, in namespace "inference"; Prometheus adds those labels from static_configs, as a
+    PodMonitor does in Kubernetes),
+  - Prometheus (the Debian package) with a 1 s scrape and evaluation interval and
+    deploy/prometheus/rules.yml loaded,
+  - two load clients sending concurrent streaming requests with every outcome mixed in.
+After the traffic has run for a while it checks, through Prometheus's HTTP API:
+  1. the template variable queries (label_values) list the namespace, pods and models;
+  2. every target of every panel, with the template variables substituted both as "All" (.*)
+     and as one concrete namespace/pod/model, returns at least one finite value (range queries
+     for time series, heatmaps and stats; instant queries for instant targets);
+  3. every rule Prometheus loaded evaluates without error, and every recording rule's
+     expression and recorded series return a finite value;
+  4. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
+     open through tokenmeter have finished (check_drain_hook).
+Everything started is stopped at the end, also on failure. Exits 1 listing each failure.
+
+Environment: TOKENMETER_BIN (default target/release/tokenmeter), PROMETHEUS (default
+`prometheus` on PATH), LIVE_TRAFFIC_SECONDS (default 40: traffic before the checks).
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import dashboard as dash
+
+REPO = dash.REPO
+HERE = Path(__file__).resolve().parent
+NAMESPACE = "inference"
+PODS = [("vllm-llama-0", 2, "llama-3.1-8b-instruct", "1,4,10"), ("vllm-qwen-0", 1, "qwen2.5-7b-instruct,mistral-7b", "2,6")]
+PRICE = "2.50"
+
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+    print(f"FAIL: {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def wait_for(what, check, timeout=20):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            last = e
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what} ({last})")
+
+
+class Procs:
+    """Processes this test started; all are stopped, in reverse order, by stop()."""
+
+    def __init__(self, logdir):
+        self.logdir = logdir
+        self.items = []
+
+    def start(self, name, argv, **kw):
+        log = open(os.path.join(self.logdir, name + ".log"), "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+        self.items.append((name, p, log))
+        return p
+
+    def check_alive(self):
+        for name, p, _ in self.items:
+            if p.poll() is not None and not name.startswith("load"):
+                raise RuntimeError(f"{name} exited early with {p.returncode}; see {self.logdir}/{name}.log")
+
+    def stop(self):
+        for name, p, log in reversed(self.items):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            log.close()
+
+
+class Prom:
+    def __init__(self, port):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def api(self, path, **params):
+        url = f"{self.base}/api/v1/{path}?" + urllib.parse.urlencode(params, doseq=True)
+        try:
+            _, body = http_get(url, timeout=15)
+        except urllib.error.HTTPError as e:
+            body = e.read()
+        doc = json.loads(body)
+        if doc.get("status") != "success":
+            raise ValueError(f"{doc.get('errorType')}: {doc.get('error')}")
+        return doc["data"]
+
+    def label_values(self, selector, label):
+        data = self.api("series", **{"match[]": selector, "start": time.time() - 300, "end": time.time()})
+        return sorted({s[label] for s in data if label in s})
+
+
+def finite_values(data):
+    """All finite sample values of a query result (vector, matrix or scalar)."""
+    out = []
+    rtype, result = data["resultType"], data["result"]
+    if rtype == "scalar":
+        result = [{"value": result}]
+    for series in result if isinstance(result, list) else []:
+        samples = series.get("values") or ([series["value"]] if "value" in series else [])
+        for _, v in samples:
+            f = float(v)
+            if math.isfinite(f):
+                out.append(f)
+    return out
+
+
+def query(prom, expr, range_query, step):
+    now = time.time()
+    if range_query:
+        data = prom.api("query_range", query=expr, start=now - 30, end=now, step=step)
+    else:
+        data = prom.api("query", query=expr, time=now)
+    return len(data["result"]) if isinstance(data["result"], list) else 1, finite_values(data)
+
+
+def check_variables(prom, d):
+    vs = dash.variables(d)
+    got = {}
+    for name in ("namespace", "pod", "model"):
+        sel, label = dash.parse_label_values(dash.variable_query(vs[name]))
+        values = dict(namespace=".*", pod=".*")
+        values.update({k: dash.regex_escape(v[0]) for k, v in got.items() if v})
+        sel = dash.substitute(sel, values)
+        vals = prom.label_values(sel, label)
+        got[name] = vals
+        print(f"  ${name}: label_values({sel}, {label}) = {vals}")
+        if not vals:
+            fail(f"variable ${name} lists no values")
+    expect_pods = {p for p, *_ in PODS}
+    if got.get("namespace") != [NAMESPACE]:
+        fail(f"$namespace lists {got.get('namespace')}, expected [{NAMESPACE!r}]")
+    if set(got.get("pod", [])) != expect_pods:
+        fail(f"$pod lists {got.get('pod')}, expected {sorted(expect_pods)}")
+    return got
+
+
+def check_panels(prom, d, concrete):
+    builtins = dict(dash.BUILTINS, gpu_hour_price=PRICE, datasource="prometheus")
+    passes = [
+        ("All", dict(builtins, namespace=".*", pod=".*", model=".*")),
+        (f"{concrete['namespace']}/{concrete['pod']}/{concrete['model']}",
+         dict(builtins, **{k: dash.regex_escape(v) for k, v in concrete.items()})),
+    ]
+    checked = 0
+    for pass_name, values in passes:
+        for p in dash.panels(d):
+            if p.get("type") == "row":
+                continue
+            for t in p.get("targets", []):
+                where = f"[{pass_name}] panel {p['id']} {p['title']!r} target {t['refId']}"
+                try:
+                    expr = dash.substitute(t["expr"], values)
+                except KeyError as e:
+                    fail(f"{where}: no value for variable ${e.args[0]}")
+                    continue
+                range_query = not t.get("instant", False)
+                try:
+                    n, vals = query(prom, expr, range_query, step=values["__interval"])
+                except ValueError as e:
+                    fail(f"{where}: query error {e}\n    {expr}")
+                    continue
+                checked += 1
+                if not vals:
+                    fail(f"{where}: No data ({n} series, no finite value)\n    {expr}")
+    print(f"  {checked} panel queries checked")
+
+
+def check_rules(prom):
+    groups = prom.api("rules")["groups"]
+    n_record = n_alert = 0
+    for g in groups:
+        for r in g["rules"]:
+            if r.get("health") != "ok":
+                fail(f"rule {r['name']} in {g['name']}: health {r.get('health')} {r.get('lastError', '')}")
+            if r["type"] == "alerting":
+                n_alert += 1
+                continue
+            n_record += 1
+            _, vals = query(prom, r["query"], False, "1s")
+            if not vals:
+                fail(f"recording rule {r['name']} {r.get('labels', {})}: expression returns no data\n    {r['query']}")
+            sel = r["name"] + "{" + ",".join(f'{k}="{v}"' for k, v in (r.get("labels") or {}).items()) + "}"
+            _, vals = query(prom, sel, False, "1s")
+            if not vals:
+                fail(f"recorded series {sel} has no data")
+    print(f"  {n_record} recording rules and {n_alert} alerts loaded and evaluated")
+    if n_record == 0 or n_alert == 0:
+        fail("Prometheus loaded no recording rules or no alerts")
+
+
+def in_flight(metrics_port):
+    _, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith("tokenmeter_requests_in_flight{"))
+
+
+def check_drain_hook(procs, listen, metrics):
+    """Runs the vLLM container's preStop hook from deploy/overlays/sidecar-vllm against a
+    tokenmeter with streams open: it must return only after the last stream has finished (and
+    within about a second of it), which is what lets a pod drain before vLLM gets SIGTERM."""
+    import yaml  # the virtualenv of run.sh has it
+
+    dep = yaml.safe_load((REPO / "deploy" / "overlays" / "sidecar-vllm" / "deployment.yaml").read_text())
+    server = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm"][0]
+    cmd = server["lifecycle"]["preStop"]["exec"]["command"]
+    if cmd[:2] != ["python3", "-c"] or "127.0.0.1:9090" not in cmd[2]:
+        fail(f"vLLM preStop is not the python3 drain hook polling 127.0.0.1:9090: {cmd[:2]}")
+        return
+    script = cmd[2].replace("127.0.0.1:9090", f"127.0.0.1:{metrics}")
+    wait_for("the pod's load to stop", lambda: in_flight(metrics) == 0)
+    # Three streams of 300 tokens, 30 ms apart: about 9 s, longer than the hook's 5 s grace.
+    streams = procs.start("drain-streams", [
+        sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
+        "--duration", "0.5", "--concurrency", "3", "--mix", "ok", "--min-tokens", "300",
+        "--max-tokens", "300", "--gap-ms", "30", "--ttft-ms", "50", "--models", "drain-test",
+    ])
+    wait_for("three streams in flight", lambda: in_flight(metrics) >= 3)
+    t0 = time.monotonic()
+    hook = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    hook_end = time.monotonic()
+    left = in_flight(metrics)
+    streams.wait(timeout=60)
+    streams_end = time.monotonic()
+    print(f"  hook returned after {hook_end - t0:.1f}s with {left:.0f} in flight; "
+          f"streams done {streams_end - t0:.1f}s after it started")
+    if hook.returncode != 0:
+        fail(f"drain hook exited {hook.returncode}: {hook.stderr.strip()[-300:]}")
+    if left != 0:
+        fail(f"drain hook returned with {left} requests still in flight")
+    if hook_end - t0 < 6:
+        fail(f"drain hook returned after {hook_end - t0:.1f}s, before the streams could finish")
+    if streams_end - hook_end > 2.5:
+        fail("the streams finished long after the drain hook returned")
+
+
+def main():
+    tm_bin = os.environ.get("TOKENMETER_BIN", str(REPO / "target" / "release" / "tokenmeter"))
+    prom_bin = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
+    traffic_s = float(os.environ.get("LIVE_TRAFFIC_SECONDS", "40"))
+    if not os.access(tm_bin, os.X_OK):
+        print(f"live_test: {tm_bin} not found: run cargo build --release first", file=sys.stderr)
+        return 1
+    if not prom_bin:
+        print("live_test: prometheus not found (apt-get install -y prometheus)", file=sys.stderr)
+        return 1
+    tmp = tempfile.mkdtemp(prefix="tokenmeter-live-")
+    procs = Procs(tmp)
+    started = time.monotonic()
+    try:
+        # Upstream.
+        port_file = os.path.join(tmp, "upstream.port")
+        procs.start("upstream", [sys.executable, str(HERE / "traffic.py"), "upstream", "--port-file", port_file])
+        wait_for("the upstream", lambda: os.path.exists(port_file))
+        upstream = f"http://127.0.0.1:{open(port_file).read().strip()}"
+
+        # Two tokenmeters, one per "pod".
+        targets = []
+        for pod, gpus, models, steps in PODS:
+            listen, metrics = free_port(), free_port()
+            procs.start(f"tokenmeter-{pod}", [
+                tm_bin, "--upstream", upstream, "--listen", f"127.0.0.1:{listen}",
+                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus),
+                "--upstream-timeout", "2s", "--rate-window", "5s",
+            ])
+            targets.append((pod, listen, metrics, models, steps))
+        for pod, _, metrics, _, _ in targets:
+            wait_for(f"tokenmeter {pod}", lambda m=metrics: http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
+
+        # Prometheus, scraping both with the labels a PodMonitor would add.
+        prom_port = free_port()
+        scrape = [
+            {"targets": [f"127.0.0.1:{metrics}"], "labels": {"namespace": NAMESPACE, "pod": pod, "container": "tokenmeter"}}
+            for pod, _, metrics, _, _ in targets
+        ]
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "rule_files": [str(REPO / "deploy" / "prometheus" / "rules.yml")],
+            "scrape_configs": [{"job_name": "tokenmeter", "static_configs": scrape}],
+        }
+        cfg_path = os.path.join(tmp, "prometheus.yml")
+        with open(cfg_path, "w") as f:
+            json.dump(config, f)  # JSON is YAML
+        procs.start("prometheus", [
+            prom_bin, f"--config.file={cfg_path}", f"--storage.tsdb.path={tmp}/data",
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
+        ])
+        prom = Prom(prom_port)
+        wait_for("prometheus", lambda: http_get(f"{prom.base}/-/ready")[0] == 200, timeout=30)
+
+        # Traffic: each load client runs past the checks, so rates and gauges are live.
+        loads = {}
+        for pod, listen, _, models, steps in targets:
+            loads[pod] = procs.start(f"load-{pod}", [
+                sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
+                "--duration", str(traffic_s + 30), "--concurrency", steps, "--models", models,
+                "--seed", str(len(procs.items)),
+            ])
+        wait_for("both targets up", lambda: len([r for r in prom.api("query", query="up == 1")["result"]]) == len(targets))
+        print(f"live_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
+        deadline = time.monotonic() + traffic_s
+        while time.monotonic() < deadline:
+            procs.check_alive()
+            time.sleep(1)
+
+        print("live_test: template variables", flush=True)
+        got = check_variables(prom, dash.load())
+        concrete = {
+            "namespace": NAMESPACE,
+            "pod": PODS[0][0],
+            "model": PODS[0][2].split(",")[0],
+        }
+        if concrete["model"] not in got.get("model", []):
+            fail(f"model {concrete['model']} missing from $model values {got.get('model')}")
+        print("live_test: dashboard panels", flush=True)
+        check_panels(prom, dash.load(), concrete)
+        print("live_test: rules", flush=True)
+        check_rules(prom)
+        print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)
+        pod, listen, metrics, _, _ = targets[0]
+        os.killpg(loads[pod].pid, signal.SIGTERM)
+        loads[pod].wait()
+        check_drain_hook(procs, listen, metrics)
+    except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
+        fail(f"{type(e).__name__}: {e}")
+    finally:
+        procs.stop()
+    elapsed = time.monotonic() - started
+    for name in sorted(os.listdir(tmp)):
+        if name.startswith("load-") and name.endswith(".log"):
+            with open(os.path.join(tmp, name)) as f:
+                print(f"  {name[:-4]}: {f.read().strip()[-400:]}")
+    if failures:
+        print(f"live_test: {len(failures)} failure(s) in {elapsed:.0f}s; logs kept in {tmp}")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"live_test: ok in {elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

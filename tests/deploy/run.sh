@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# tests/deploy/run.sh: the checks for grafana/, deploy/, the Dockerfile and docs/runbook.md.
+#
+#   1. rules: the PrometheusRule matches rules.yml; `promtool check rules`; `promtool test rules`
+#      (tests/deploy/rules_test.yml: each alert firing and not firing on crafted series).
+#   2. static: dashboard structure and metric names (check_dashboard.py); every overlay built
+#      and every object validated offline against the Kubernetes and Prometheus Operator
+#      schemas, wiring, runbook anchors, the plain scrape config (check_manifests.py); the
+#      Dockerfile and .dockerignore (check_dockerfile.py).
+#   3. live: `cargo build --release`, then a real Prometheus scrapes two tokenmeters carrying
+#      live traffic, and every dashboard query and recording rule must return data; the
+#      sidecar's drain hook must wait for open streams (live_test.py, about a minute).
+#
+# On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
+# promtool) and python3-venv with apt, and the Python packages in a virtualenv under
+# ${TOKENMETER_DEPLOY_VENV:-~/.cache/tokenmeter/deploy-venv}. kustomize is `kubectl kustomize`
+# where kubectl exists; elsewhere tests/deploy/kustomize_lite.py (no Debian/PyPI/npm package of
+# kustomize exists). Runs every check, then exits non-zero if any failed.
+#
+# Environment: TOKENMETER_BIN (skip the build, use this binary), LIVE_TRAFFIC_SECONDS.
+set -uo pipefail
+export PYTHONDONTWRITEBYTECODE=1
+cd "$(dirname "$0")/../.."
+here=tests/deploy
+
+apt_install() {
+  echo "tests/deploy: installing $*"
+  if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
+  $sudo apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v git >/dev/null 2>&1 || missing+=(git)
+if ((${#missing[@]})); then
+  apt_install $(printf '%s\n' "${missing[@]}" | sort -u) || { echo "tests/deploy: apt-get install failed"; exit 1; }
+fi
+
+venv="${TOKENMETER_DEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tokenmeter/deploy-venv}"
+py_packages=(PyYAML==6.0.3 kubernetes-validate==1.37.0 cloudcoil-models-prometheus-operator==0.80.1.0 dockerfile==3.4.0)
+stamp="$venv/.tokenmeter-packages"
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${py_packages[*]}" ]; then
+  echo "tests/deploy: preparing $venv"
+  if ! python3 -m venv --clear "$venv" 2>/dev/null; then
+    apt_install python3-venv python3-pip && python3 -m venv --clear "$venv" ||
+      { echo "tests/deploy: cannot create a virtualenv"; exit 1; }
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check "${py_packages[@]}" ||
+    { echo "tests/deploy: pip install ${py_packages[*]} failed"; exit 1; }
+  echo "${py_packages[*]}" >"$stamp"
+fi
+vpy="$venv/bin/python"
+
+passed=0
+failed=0
+failures=()
+check() {
+  local name=$1
+  shift
+  printf '\n--- %s\n' "$name"
+  if "$@"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+  fi
+}
+
+check "rules: PrometheusRule is a copy of rules.yml" python3 $here/sync_rules.py
+check "rules: promtool check rules" promtool check rules deploy/prometheus/rules.yml
+check "rules: promtool test rules (each alert firing and not firing)" promtool test rules $here/rules_test.yml
+check "dashboard: structure, variables, metric names" python3 $here/check_dashboard.py
+check "manifests: overlays build, schemas, wiring, runbooks, scrape config" "$vpy" $here/check_manifests.py
+check "image: Dockerfile and .dockerignore" "$vpy" $here/check_dockerfile.py
+
+build_release() {
+  if [ -n "${TOKENMETER_BIN:-}" ]; then
+    echo "using TOKENMETER_BIN=$TOKENMETER_BIN"
+    return 0
+  fi
+  cargo build --release --locked --bin tokenmeter
+}
+if check "live: cargo build --release" build_release; then
+  check "live: Prometheus scrapes live traffic; every panel and recording rule has data" \
+    "$vpy" $here/live_test.py
+else
+  failed=$((failed + 1))
+  failures+=("live: not run (build failed)")
+fi
+
+echo
+for f in "${failures[@]+"${failures[@]}"}"; do echo "FAILED: $f"; done
+echo "deploy checks: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

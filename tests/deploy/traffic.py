@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Live traffic for the deployment checks: a fake OpenAI-compatible upstream and a load client.
+
+Python standard library only (asyncio), so it runs on a fresh machine with nothing installed.
+
+    traffic.py upstream --port 0 --port-file F     # serves /v1/chat/completions until killed
+    traffic.py load --target http://127.0.0.1:8080 --duration 40 --concurrency 1,4,12
+
+The upstream streams OpenAI chat.completion chunks (SSE, chunked transfer encoding, one chunk per
+token) and the final `usage` chunk when the request asks for it. What it does with a request is
+chosen by the request body's `x_test` field, so the client can produce every outcome tokenmeter
+counts: `ok` (default), `status:NNN` (an error response), `abort` (the connection is cut
+mid-stream: upstream_error), `slow_headers` (headers after 3 s: a 504 timeout behind
+`--upstream-timeout 2s`), `bad_json` (one malformed event: parse_errors{reason="invalid_json"}).
+The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
+requests and streaming requests without `include_usage` (token_count_source="counted").
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sys
+import time
+from urllib.parse import urlsplit
+
+# === upstream ===
+
+
+async def read_request(reader):
+    """Reads one HTTP/1.1 request; returns (method, path, headers, body) or None at EOF."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    body = b""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            body += data[:-2]
+    elif "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    return method, path, headers, body
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def sse(obj) -> bytes:
+    payload = obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode()
+    return b"data: " + payload + b"\n\n"
+
+
+async def respond(writer, req, counters):
+    method, path, headers, body = req
+    try:
+        spec = json.loads(body or b"{}")
+    except ValueError:
+        spec = {}
+    behaviour = spec.get("x_test", "ok")
+    model = spec.get("model", "test-model")
+    n = int(spec.get("max_tokens", 32))
+    ttft = float(spec.get("x_ttft_ms", 100)) / 1000
+    gap = float(spec.get("x_gap_ms", 20)) / 1000
+    prompt = int(spec.get("x_prompt_tokens", 100))
+    counters["requests"] += 1
+
+    if behaviour.startswith("status:"):
+        code = int(behaviour.split(":")[1])
+        err = json.dumps({"error": {"message": "test error", "code": code}}).encode()
+        writer.write(
+            b"HTTP/1.1 %d Test\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (code, len(err), err)
+        )
+        await writer.drain()
+        return True
+    if behaviour == "slow_headers":
+        await asyncio.sleep(3)
+    await asyncio.sleep(ttft)
+    base = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": model}
+
+    if not spec.get("stream"):
+        doc = dict(base, object="chat.completion")
+        doc["choices"] = [
+            {"index": 0, "message": {"role": "assistant", "content": "tok " * n}, "finish_reason": "length"}
+        ]
+        doc["usage"] = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        data = json.dumps(doc).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(data), data)
+        )
+        await writer.drain()
+        return True
+
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    role = dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+    writer.write(chunk(sse(role)))
+    # Pre-encode the token event once: the upstream must not be the bottleneck when measuring.
+    token_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}])))
+    for i in range(n):
+        if i:
+            await asyncio.sleep(gap)
+        writer.write(token_event)
+        if behaviour == "bad_json" and i == n // 2:
+            writer.write(chunk(b"data: {this is not json\n\n"))
+        if behaviour == "abort" and i == n // 2:
+            await writer.drain()
+            # Cut the connection without the terminating chunk: the body is incomplete.
+            writer.transport.abort()
+            return False
+        await writer.drain()
+    done = dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}])
+    writer.write(chunk(sse(done)))
+    if (spec.get("stream_options") or {}).get("include_usage"):
+        usage = dict(base, choices=[], usage={"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
+        writer.write(chunk(sse(usage)))
+    writer.write(chunk(sse(b"[DONE]")) + b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+async def serve_upstream(args):
+    counters = {"requests": 0}
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                try:
+                    req = await read_request(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                if not await respond(writer, req, counters):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", args.port, backlog=1024)
+    port = server.sockets[0].getsockname()[1]
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.replace(tmp, args.port_file)
+    print(f"upstream listening on 127.0.0.1:{port}", file=sys.stderr, flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# === load client ===
+
+# (weight, behaviour). "hangup" is the client's own doing; the rest are passed to the upstream.
+MIX = [
+    (70, "ok"),
+    (8, "ok_counted"),
+    (5, "ok_nonstream"),
+    (3, "status:500"),
+    (2, "status:503"),
+    (2, "status:429"),
+    (2, "status:400"),
+    (3, "abort"),
+    (2, "hangup"),
+    (1, "slow_headers"),
+    (2, "bad_json"),
+]
+
+
+def pick(rng, mix):
+    total = sum(w for w, _ in mix)
+    x = rng.uniform(0, total)
+    for w, b in mix:
+        x -= w
+        if x <= 0:
+            return b
+    return mix[-1][1]
+
+
+async def one_request(host, port, body, hangup, stats):
+    """Sends one request on a new connection and reads the response to its end."""
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (host.encode(), len(data), data)
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        stats["status"][status] = stats["status"].get(status, 0) + 1
+        events = 0
+        while True:
+            buf = await reader.read(65536)
+            if not buf:
+                break
+            events += buf.count(b"data: ")
+            stats["bytes"] += len(buf)
+            if hangup and events >= 3:
+                stats["hangups"] += 1
+                return
+        stats["events"] += events
+    except (ConnectionError, asyncio.IncompleteReadError):
+        stats["errors"] += 1
+    finally:
+        writer.close()
+
+
+async def worker(wid, args, deadline, stats, rng):
+    u = urlsplit(args.target)
+    host, port = u.hostname, u.port or 80
+    models = args.models.split(",")
+    while time.monotonic() < deadline:
+        behaviour = pick(rng, MIX) if args.mix == "mixed" else "ok"
+        body = {
+            "model": models[rng.randrange(len(models))],
+            "messages": [{"role": "user", "content": "measure me"}],
+            "stream": behaviour != "ok_nonstream",
+            "max_tokens": rng.randint(args.min_tokens, args.max_tokens),
+            "x_ttft_ms": rng.uniform(args.ttft_ms * 0.5, args.ttft_ms * 1.5),
+            "x_gap_ms": args.gap_ms,
+            "x_prompt_tokens": rng.randint(50, 2000),
+        }
+        if behaviour not in ("ok_counted", "ok_nonstream"):
+            body["stream_options"] = {"include_usage": True}
+        if behaviour not in ("ok", "ok_counted", "ok_nonstream", "hangup"):
+            body["x_test"] = behaviour
+        t0 = time.monotonic()
+        try:
+            await one_request(host, port, body, behaviour == "hangup", stats)
+        except OSError:
+            stats["errors"] += 1
+            await asyncio.sleep(0.1)
+        stats["requests"] += 1
+        stats["seconds"] += time.monotonic() - t0
+
+
+async def run_load(args):
+    stats = {"requests": 0, "status": {}, "events": 0, "bytes": 0, "hangups": 0, "errors": 0, "seconds": 0.0}
+    steps = [int(c) for c in args.concurrency.split(",")]
+    step_len = args.duration / len(steps)
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+
+    def report(final):
+        elapsed = time.monotonic() - started
+        out = dict(stats, elapsed=round(elapsed, 2), seconds=round(stats["seconds"], 2), stopped_early=not final)
+        out["status"] = {str(k): v for k, v in sorted(stats["status"].items())}
+        out["events_per_second"] = round(stats["events"] / elapsed, 1)
+        print(json.dumps(out), flush=True)
+
+    def on_term():
+        # Stopped before --duration ran out (the live test does this): report what was sent.
+        report(final=False)
+        os._exit(0)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
+    tasks = []
+    # Ramp: each step adds workers up to its concurrency; all stop at the end.
+    deadline = started + args.duration
+    running = 0
+    for i, c in enumerate(steps):
+        while running < c:
+            tasks.append(asyncio.create_task(worker(running, args, deadline, stats, random.Random(rng.random()))))
+            running += 1
+        if i + 1 < len(steps):
+            await asyncio.sleep(step_len)
+    await asyncio.gather(*tasks)
+    report(final=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("upstream", help="serve a fake OpenAI-compatible streaming upstream")
+    up.add_argument("--port", type=int, default=0)
+    up.add_argument("--port-file", help="write the bound port here (atomically)")
+    ld = sub.add_parser("load", help="send concurrent streaming requests")
+    ld.add_argument("--target", required=True, help="e.g. http://127.0.0.1:8080")
+    ld.add_argument("--duration", type=float, default=30)
+    ld.add_argument("--concurrency", default="4", help="comma-separated steps, e.g. 1,4,12")
+    ld.add_argument("--mix", choices=["mixed", "ok"], default="mixed")
+    ld.add_argument("--models", default="llama-3.1-8b-instruct,qwen2.5-7b-instruct")
+    ld.add_argument("--min-tokens", type=int, default=20)
+    ld.add_argument("--max-tokens", type=int, default=80)
+    ld.add_argument("--ttft-ms", type=float, default=150)
+    ld.add_argument("--gap-ms", type=float, default=20)
+    ld.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    try:
+        asyncio.run(serve_upstream(args) if args.cmd == "upstream" else run_load(args))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
