@@ -339,9 +339,8 @@ fn proxy_forwards_arbitrary_bodies_in_arbitrary_pieces_byte_exact() {
                 .map(|p| Step::Send(Bytes::copy_from_slice(p)))
                 .collect();
             let reply = Reply {
-                status: 200,
                 headers: vec![("content-type".into(), ct.into())],
-                steps,
+                ..Reply::sse(steps)
             };
             scripts.lock().expect("lock").insert(n.to_string(), reply);
             let url = format!("{}/v1/chat/completions?case={n}", proxy.url());
