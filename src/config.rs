@@ -10,6 +10,7 @@ use clap::Args;
 use http::Uri;
 
 use crate::metrics::{Buckets, MetricsConfig};
+use crate::protocol::Api;
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -74,6 +75,17 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
     pub pool_idle_timeout: Duration,
 
+    /// For streaming OpenAI-compatible requests that did not ask for usage, add
+    /// stream_options.include_usage and remove the extra usage chunk from the response: exact
+    /// token counts, same bytes for the client. Only bodies up to --max-request-body are rewritten.
+    #[arg(long, env = "TOKENMETER_INJECT_USAGE")]
+    pub inject_usage: bool,
+
+    /// The upstream's wire format; "auto" recognises it per response from the first event (the
+    /// request path breaks ties). Pin it when auto-detection guesses wrong.
+    #[arg(long, env = "TOKENMETER_API", default_value = "auto", value_parser = api_names())]
+    pub api: String,
+
     /// Speak HTTP/2 without TLS (h2c, prior knowledge) to the upstream.
     #[arg(long, env = "TOKENMETER_UPSTREAM_HTTP2")]
     pub upstream_http2: bool,
@@ -123,6 +135,10 @@ pub struct Config {
     pub header_read_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub upstream_http2: bool,
+    /// `--api`: `None` detects the format per response.
+    pub api: Option<Api>,
+    /// `--inject-usage`.
+    pub inject_usage: bool,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -138,6 +154,12 @@ pub enum ConfigError {
     BadGpus(f64),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+}
+
+/// The values `--api` accepts: `auto` and every format's label value.
+fn api_names() -> clap::builder::PossibleValuesParser {
+    let names = std::iter::once("auto").chain(Api::KNOWN.iter().map(|a| a.as_str()));
+    clap::builder::PossibleValuesParser::new(names)
 }
 
 /// Parses durations such as `250ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
@@ -264,6 +286,9 @@ impl ProxyArgs {
             header_read_timeout: self.header_read_timeout,
             pool_idle_timeout: self.pool_idle_timeout,
             upstream_http2: self.upstream_http2,
+            // clap admits only `auto` and the known names.
+            api: Api::from_name(&self.api),
+            inject_usage: self.inject_usage,
         })
     }
 }
@@ -337,5 +362,18 @@ mod tests {
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
         assert_eq!(c.expect("valid").idle_timeout, None);
+    }
+
+    #[test]
+    fn api_pins_a_format_or_detects() {
+        let up = ["--upstream", "http://u:1"];
+        assert_eq!(args(&up).validate().expect("valid").api, None);
+        let c = args(&[&up[..], &["--api", "anthropic"]].concat()).validate();
+        assert_eq!(c.expect("valid").api, Some(Api::Anthropic));
+        let c = args(&[&up[..], &["--api", "auto"]].concat()).validate();
+        assert_eq!(c.expect("valid").api, None);
+        let mut v = vec!["t"];
+        v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
+        assert!(T::try_parse_from(v).is_err());
     }
 }

@@ -5,6 +5,7 @@
 //! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown.
 //! - [`proxy`]: forwards one request upstream with a pooled client and wraps the response body.
+//! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
 //! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
@@ -15,6 +16,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod inject;
 pub mod meter;
 pub mod metrics;
 pub mod ndjson;

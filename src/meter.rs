@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use prometheus::Histogram;
 
-use crate::metrics::{concurrency_band, Metrics, Outcome, ParseError, Phase, TokenSource};
+use crate::metrics::{concurrency_band, Metrics, Outcome, ParseError, Phase};
 use crate::protocol::request::RequestInfo;
 use crate::protocol::{self, Api, Extractor, Framing, Message};
 use crate::{ndjson, sse};
@@ -84,6 +84,8 @@ pub struct Recorder {
     pub concurrency: Concurrency,
     /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
     pub max_line: usize,
+    /// `--api`: the wire format every response is read as (`None`: detected per response).
+    pub api: Option<Api>,
 }
 
 impl Recorder {
@@ -92,7 +94,14 @@ impl Recorder {
             metrics,
             concurrency: Concurrency::default(),
             max_line,
+            api: None,
         }
+    }
+
+    /// Reads every response as `api` instead of detecting its format (`--api`).
+    pub fn with_api(mut self, api: Option<Api>) -> Self {
+        self.api = api;
+        self
     }
 
     /// A request is being sent upstream now.
@@ -173,7 +182,7 @@ impl Meter {
                 .parse_error(ParseError::ContentEncoding, 1);
             return;
         }
-        let (framing, extractor) = protocol::select(path, content_type);
+        let (framing, extractor) = protocol::select(path, content_type, self.recorder.api);
         let max = self.recorder.max_line;
         self.decoder = match framing {
             Framing::Sse => Decoder::Sse(sse::Decoder::new(max)),
@@ -264,11 +273,7 @@ impl Meter {
             return;
         }
 
-        let (output, source) = match (summary.output_tokens, summary.token_id_tokens) {
-            (Some(n), _) => (n, TokenSource::Usage),
-            (None, Some(n)) => (n, TokenSource::TokenIds),
-            (None, None) => (s.counted, TokenSource::Counted),
-        };
+        let (output, source) = summary.output(s.counted);
         if output > s.counted {
             // The usage report corrects the windowed rate for tokens no event showed.
             m.rate.add(output - s.counted, now);

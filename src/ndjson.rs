@@ -8,7 +8,7 @@ use crate::protocol::Message;
 use crate::sse::DecodeErrors;
 
 /// Splits an NDJSON byte stream into lines.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoder {
     max_line: usize,
     line: Vec<u8>,
@@ -39,7 +39,7 @@ impl Decoder {
 
     /// Feeds the next piece of the stream; calls `on` for every line it completes.
     pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n') {
+        while let Some(end) = memchr::memchr(b'\n', chunk) {
             let head = &chunk[..end];
             if self.skipping {
                 self.skipping = false;

@@ -6,6 +6,10 @@
 //! through. Hop-by-hop headers are dropped both ways; everything else is passed as it is. An
 //! upstream that cannot be reached gives a 502 and one that does not answer in time a 504, each
 //! with a JSON error body, and each is counted.
+//!
+//! The one opt-in rewrite, `--inject-usage`, happens here too: the request body gets
+//! `stream_options.include_usage` and the response is wrapped in [`crate::inject::StripUsage`]
+//! outside the tap, so the meter sees the usage chunk and the client does not.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use pin_project::pin_project;
 
 use crate::config::{Config, Upstream};
+use crate::inject::{self, StripUsage};
 use crate::meter::Recorder;
 use crate::metrics::Outcome;
 use crate::protocol::request::{self, RequestInfo};
@@ -42,6 +47,7 @@ pub struct Proxy {
     upstream_timeout: Option<Duration>,
     idle_timeout: Option<Duration>,
     upstream_http2: bool,
+    inject_usage: bool,
 }
 
 impl Proxy {
@@ -64,20 +70,22 @@ impl Proxy {
             upstream_timeout: cfg.upstream_timeout,
             idle_timeout: cfg.idle_timeout,
             upstream_http2: cfg.upstream_http2,
+            inject_usage: cfg.inject_usage,
         }
     }
 
     /// Handles one request. Never fails: upstream problems become 502/504 responses.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
         let (mut parts, body) = req.into_parts();
-        let (body, info) = match self.read_body(&parts.headers, body).await {
+        let path = parts.uri.path().to_string();
+        let (body, info) = match self.read_body(&mut parts.headers, &path, body).await {
             Ok(b) => b,
             Err(e) => {
                 tracing::debug!(error = %e, "client request body failed");
                 return error_response(StatusCode::BAD_REQUEST, "request_body", &e.to_string());
             }
         };
-        let path = parts.uri.path().to_string();
+        let strip_usage = info.usage_injected;
         parts.uri = match self.upstream_uri(&parts.uri) {
             Ok(u) => u,
             Err(e) => return error_response(StatusCode::BAD_REQUEST, "bad_uri", &e.to_string()),
@@ -124,8 +132,14 @@ impl Proxy {
             .get(header::CONTENT_ENCODING)
             .is_some_and(|v| v.as_bytes() != b"identity");
         meter.on_response(parts.status.as_u16(), &path, content_type, encoded);
+        let strip_usage = strip_usage && content_type.starts_with("text/event-stream");
         strip_hop_by_hop(&mut parts.headers);
         let body = TapBody::new(body, meter, self.idle_timeout);
+        if strip_usage {
+            // The body loses the usage chunk: its length is no longer the upstream's.
+            parts.headers.remove(header::CONTENT_LENGTH);
+            return Response::from_parts(parts, BodyExt::boxed(StripUsage::new(body)));
+        }
         Response::from_parts(parts, BodyExt::boxed(body))
     }
 
@@ -146,7 +160,8 @@ impl Proxy {
     /// Reads a JSON body up to the limit; anything else, or anything larger, streams through.
     async fn read_body(
         &self,
-        headers: &HeaderMap,
+        headers: &mut HeaderMap,
+        path: &str,
         mut body: Incoming,
     ) -> Result<(ProxyBody, RequestInfo), hyper::Error> {
         let is_json = header_str(headers, header::CONTENT_TYPE).contains("json");
@@ -172,8 +187,15 @@ impl Proxy {
                 return Ok((BodyExt::boxed(prefixed), RequestInfo::default()));
             }
         }
-        let bytes = buf.freeze();
-        let info = request::inspect(&bytes);
+        let mut bytes = buf.freeze();
+        let mut info = request::inspect(&bytes);
+        if self.inject_usage && info.stream && !info.include_usage {
+            if let Some(rewritten) = inject::add_usage(path, &bytes) {
+                headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                bytes = Bytes::from(rewritten);
+                info.usage_injected = true;
+            }
+        }
         Ok((
             BodyExt::boxed(Full::new(bytes).map_err(|e| match e {})),
             info,

@@ -6,9 +6,9 @@
 //! ignored. Memory is bounded: only an incomplete line and the current event's data are kept, and a
 //! line or event longer than the limit is dropped (and counted) instead of grown without bound.
 //!
-//! One deliberate departure from the standard: [`Decoder::finish`] dispatches an event that the
-//! stream left unterminated (no final blank line), as the OpenAI and Anthropic SDKs do, because for
-//! metering a last event carrying usage is worth more than strictness.
+//! At the end of the stream, an event the stream left unterminated (no blank line after it) is
+//! discarded, as the standard says and browsers do: a body cut off mid-event would otherwise be
+//! read as a truncated, unparsable message. Real servers end every event with a blank line.
 
 use crate::protocol::Message;
 
@@ -20,13 +20,15 @@ pub struct DecodeErrors {
 }
 
 /// Splits an SSE byte stream into events.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoder {
     max_line: usize,
     /// The incomplete line carried over from the previous piece.
     line: Vec<u8>,
     /// The current line is over the limit: skip bytes until its end.
     skipping: bool,
+    /// The line being skipped is a comment, which is no error and belongs to no event.
+    skipping_comment: bool,
     /// The previous piece ended in CR: a leading LF in the next piece belongs to it.
     after_cr: bool,
     /// Nothing has been seen yet: a BOM may still come (possibly split across pieces).
@@ -49,6 +51,7 @@ impl Decoder {
             max_line: max_line.max(1),
             line: Vec::new(),
             skipping: false,
+            skipping_comment: false,
             after_cr: false,
             at_start: true,
             event: String::new(),
@@ -74,16 +77,22 @@ impl Decoder {
     /// Feeds the next piece of the stream; calls `on` for every event it completes.
     pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         if self.at_start {
-            // Hold back a possible partial BOM until we can tell.
-            self.line.extend_from_slice(chunk);
-            if self.line.len() < BOM.len() && BOM.starts_with(&self.line) {
-                return;
+            // `self.line` holds the first bytes of a possible BOM (at most two), nothing else.
+            let held = self.line.len();
+            let take = (BOM.len() - held).min(chunk.len());
+            if BOM[held..held + take] == chunk[..take] {
+                if held + take < BOM.len() {
+                    self.line.extend_from_slice(chunk);
+                    return;
+                }
+                self.line.clear();
+                chunk = &chunk[take..];
+            } else {
+                // Not a BOM after all: what was held back is ordinary input.
+                let held = std::mem::take(&mut self.line);
+                self.feed_lines(&held, on);
             }
             self.at_start = false;
-            let held = std::mem::take(&mut self.line);
-            let rest = held.strip_prefix(BOM).unwrap_or(&held);
-            self.feed_lines(rest, on);
-            return;
         }
         if self.after_cr && !chunk.is_empty() {
             self.after_cr = false;
@@ -94,25 +103,17 @@ impl Decoder {
         self.feed_lines(chunk, on);
     }
 
-    /// The stream ended: completes a final unterminated line and event.
-    pub fn finish(&mut self, on: &mut dyn FnMut(Message<'_>)) {
-        if self.at_start {
-            self.at_start = false;
-            let held = std::mem::take(&mut self.line);
-            self.feed_lines(&held, on);
-        }
-        if !self.line.is_empty() && !self.skipping {
-            let line = std::mem::take(&mut self.line);
-            self.process_line(&line, on);
-        }
-        self.line.clear();
-        self.skipping = false;
-        self.dispatch(on);
+    /// The stream ended. An unterminated last event is discarded (see the module doc); the
+    /// decoder is ready for a new stream.
+    pub fn finish(&mut self, _on: &mut dyn FnMut(Message<'_>)) {
+        let errors = self.errors;
+        *self = Decoder::new(self.max_line);
+        self.errors = errors;
     }
 
     fn feed_lines(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         while !chunk.is_empty() {
-            let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') else {
+            let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) else {
                 self.push_partial(chunk);
                 return;
             };
@@ -129,7 +130,6 @@ impl Decoder {
                 [] => &[][..],
             };
             if self.skipping {
-                self.skipping = false;
                 self.line.clear();
             } else if self.line.is_empty() {
                 self.process_line(head, on);
@@ -141,8 +141,9 @@ impl Decoder {
                     self.line = line;
                     self.line.clear();
                 }
-                self.skipping = false;
             }
+            self.skipping = false;
+            self.skipping_comment = false;
             chunk = rest;
         }
     }
@@ -152,11 +153,11 @@ impl Decoder {
             return;
         }
         if self.line.len() + bytes.len() > self.max_line {
-            self.errors.line_too_long += 1;
-            self.line.clear();
+            let first = self.line.first().or(bytes.first());
             self.skipping = true;
-            // A line too long to read poisons the event it belongs to.
-            self.data_overflow = true;
+            self.skipping_comment = first == Some(&b':');
+            self.line.clear();
+            self.too_long();
         } else {
             self.line.extend_from_slice(bytes);
         }
@@ -167,13 +168,14 @@ impl Decoder {
             self.dispatch(on);
             return;
         }
+        if line.first() == Some(&b':') {
+            return; // a comment
+        }
         if line.len() > self.max_line {
-            self.errors.line_too_long += 1;
-            self.data_overflow = true;
+            self.too_long();
             return;
         }
         let (field, value) = match line.iter().position(|&b| b == b':') {
-            Some(0) => return, // a comment
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
@@ -201,6 +203,16 @@ impl Decoder {
             // `id` and `retry` matter to a reconnecting client, not to a meter.
             _ => {}
         }
+    }
+
+    /// A line over the limit: counted, and it poisons the event it belongs to (whose data would be
+    /// incomplete). A comment is neither an error nor part of an event.
+    fn too_long(&mut self) {
+        if self.skipping_comment {
+            return;
+        }
+        self.errors.line_too_long += 1;
+        self.data_overflow = true;
     }
 
     fn dispatch(&mut self, on: &mut dyn FnMut(Message<'_>)) {
@@ -276,8 +288,38 @@ mod tests {
     }
 
     #[test]
-    fn unterminated_final_event_is_dispatched_at_finish() {
-        check(b"data: a\n\ndata: [DONE]", &[("", "a"), ("", "[DONE]")]);
+    fn unterminated_final_event_is_discarded() {
+        check(b"data: a\n\ndata: [DONE]", &[("", "a")]);
+        check(b"data: a\n\ndata: b\n", &[("", "a")]);
+        check(b"data: a\n\ndata: b\r", &[("", "a")]);
+    }
+
+    #[test]
+    fn a_bom_anywhere_but_the_start_is_part_of_the_line() {
+        // The second line's field name is "\u{FEFF}data", which is no field: ignored.
+        check(
+            b"\xEF\xBB\xBFdata: 1\n\n\xEF\xBB\xBFdata: 2\n\ndata: 3\n\n",
+            &[("", "1"), ("", "3")],
+        );
+        // The start of a BOM that is not one is ordinary input.
+        check(b"\xEF\xBBdata: 1\n\ndata: 2\n\n", &[("", "2")]);
+    }
+
+    #[test]
+    fn a_long_comment_is_no_error_and_spoils_no_event() {
+        let mut input = b"data: a\n:".to_vec();
+        input.extend(std::iter::repeat(b'x').take(100));
+        input.extend_from_slice(b"\ndata: b\n\n");
+        for split in 0..input.len() {
+            let (a, b) = input.split_at(split);
+            let (events, errors) = decode_pieces(&[a, b], 32);
+            assert_eq!(
+                events,
+                [("".to_string(), "a\nb".to_string())],
+                "split at {split}"
+            );
+            assert_eq!(errors.line_too_long, 0, "split at {split}");
+        }
     }
 
     #[test]

@@ -5,10 +5,28 @@
 //! it carries, and keeps what the stream reports about itself (model, usage) in a [`Summary`].
 //! Extractors never fail: a message they cannot read is counted in [`Summary::malformed`].
 //!
-//! Adding a format is one file here plus corpus tests.
+//! [`select`] picks the framing from the response content type and, unless `--api` pins one, an
+//! [`detect::Auto`] extractor that recognises the format from the first message (the request path
+//! is the tie-breaker). Adding a format is one file here, one [`Api`] variant, plus corpus tests.
 
+pub mod anthropic;
+pub mod cohere;
+pub mod cumulative;
+pub mod detect;
+pub mod gemini;
+pub mod json;
+pub mod llamacpp;
+pub mod ollama;
 pub mod openai;
+pub mod replicate;
 pub mod request;
+pub mod responses;
+pub mod sglang;
+pub mod tgi;
+pub mod triton;
+pub mod watsonx;
+
+use crate::metrics::TokenSource;
 
 /// One unit of a streamed body: an SSE event, one NDJSON line, or a whole JSON document.
 #[derive(Debug, Clone, Copy)]
@@ -22,15 +40,80 @@ pub struct Message<'a> {
 /// The API whose parser ran: the value of the `api` label. A closed set keeps the label bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Api {
+    /// OpenAI chat.completions and completions (and every server compatible with them).
     OpenAi,
+    /// The OpenAI Responses API.
+    Responses,
+    /// Anthropic Messages.
+    Anthropic,
+    /// HuggingFace text-generation-inference native `/generate_stream`.
+    Tgi,
+    /// llama.cpp server native `/completion`.
+    LlamaCpp,
+    /// Ollama native `/api/generate` and `/api/chat`.
+    Ollama,
+    /// SGLang native `/generate`.
+    Sglang,
+    /// NVIDIA Triton `generate_stream`.
+    Triton,
+    /// Google Gemini `streamGenerateContent`.
+    Gemini,
+    /// Cohere v2 chat.
+    Cohere,
+    /// IBM watsonx.ai `generation/text_stream`.
+    Watsonx,
+    /// Replicate prediction streams (`event: output` with plain-text data).
+    Replicate,
+    /// Not a format we read: proxied and timed only.
     Unknown,
 }
 
 impl Api {
+    /// Every variant that `--api` can pin, in `--help` order.
+    pub const KNOWN: [Api; 12] = [
+        Api::OpenAi,
+        Api::Responses,
+        Api::Anthropic,
+        Api::Tgi,
+        Api::LlamaCpp,
+        Api::Ollama,
+        Api::Sglang,
+        Api::Triton,
+        Api::Gemini,
+        Api::Cohere,
+        Api::Watsonx,
+        Api::Replicate,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Api::OpenAi => "openai",
+            Api::Responses => "responses",
+            Api::Anthropic => "anthropic",
+            Api::Tgi => "tgi",
+            Api::LlamaCpp => "llamacpp",
+            Api::Ollama => "ollama",
+            Api::Sglang => "sglang",
+            Api::Triton => "triton",
+            Api::Gemini => "gemini",
+            Api::Cohere => "cohere",
+            Api::Watsonx => "watsonx",
+            Api::Replicate => "replicate",
             Api::Unknown => "unknown",
+        }
+    }
+
+    /// The variant `--api` names, if any (`auto` is not a variant: it is the absence of a pin).
+    pub fn from_name(name: &str) -> Option<Api> {
+        Api::KNOWN.into_iter().find(|a| a.as_str() == name)
+    }
+
+    /// How this API frames a stream when the content type does not say.
+    fn stream_framing(self) -> Framing {
+        match self {
+            Api::Ollama => Framing::Ndjson,
+            Api::Unknown => Framing::Opaque,
+            _ => Framing::Sse,
         }
     }
 }
@@ -63,6 +146,27 @@ pub struct Summary {
     pub malformed: u64,
 }
 
+impl Summary {
+    /// The request's output tokens by the order of truth: the stream's usage report, else the
+    /// token ids its events carried, else `counted` (the tokens of token-bearing events).
+    pub fn output(&self, counted: u64) -> (u64, TokenSource) {
+        match (self.output_tokens, self.token_id_tokens) {
+            (Some(n), _) => (n, TokenSource::Usage),
+            (None, Some(n)) => (n, TokenSource::TokenIds),
+            (None, None) => (counted, TokenSource::Counted),
+        }
+    }
+
+    /// Keeps the first non-empty model name a stream gives.
+    fn name_model(&mut self, model: Option<std::borrow::Cow<'_, str>>) {
+        if self.model.is_none() {
+            if let Some(m) = model.filter(|m| !m.is_empty()) {
+                self.model = Some(m.into_owned());
+            }
+        }
+    }
+}
+
 /// Reads the messages of one response.
 pub trait Extractor: Send + Sync {
     /// Which parser this is (after detection, for an auto-detecting extractor).
@@ -91,21 +195,143 @@ impl Extractor for Opaque {
     }
 }
 
+/// A fresh extractor for one API.
+pub fn extractor(api: Api) -> Box<dyn Extractor> {
+    match api {
+        Api::OpenAi => Box::<openai::OpenAi>::default(),
+        Api::Responses => Box::<responses::Responses>::default(),
+        Api::Anthropic => Box::<anthropic::Anthropic>::default(),
+        Api::Tgi => Box::<tgi::Tgi>::default(),
+        Api::LlamaCpp => Box::<llamacpp::LlamaCpp>::default(),
+        Api::Ollama => Box::<ollama::Ollama>::default(),
+        Api::Sglang => Box::<sglang::Sglang>::default(),
+        Api::Triton => Box::<triton::Triton>::default(),
+        Api::Gemini => Box::<gemini::Gemini>::default(),
+        Api::Cohere => Box::<cohere::Cohere>::default(),
+        Api::Watsonx => Box::<watsonx::Watsonx>::default(),
+        Api::Replicate => Box::<replicate::Replicate>::default(),
+        Api::Unknown => Box::<Opaque>::default(),
+    }
+}
+
+/// The framing a content type names, if it names one we read.
+fn content_framing(content_type: &str) -> Option<Framing> {
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match mime.as_str() {
+        "text/event-stream" => Some(Framing::Sse),
+        "application/x-ndjson"
+        | "application/ndjson"
+        | "application/jsonl"
+        | "application/x-jsonlines" => Some(Framing::Ndjson),
+        "application/json" => Some(Framing::Json),
+        m if m.ends_with("+json") => Some(Framing::Json),
+        _ => None,
+    }
+}
+
 /// Chooses the framing and extractor for a response.
-pub fn select(path: &str, content_type: &str) -> (Framing, Box<dyn Extractor>) {
-    let ct = content_type.to_ascii_lowercase();
-    let framing = if ct.starts_with("text/event-stream") {
-        Framing::Sse
-    } else if ct.starts_with("application/x-ndjson") {
-        Framing::Ndjson
-    } else if ct.starts_with("application/json") {
-        Framing::Json
-    } else {
-        Framing::Opaque
+///
+/// `pin` is `--api` (`None`: auto). A stream (SSE or NDJSON) is read whatever its path, since
+/// the first message tells its format; a plain JSON body only when the path or the pin says it
+/// is an inference API, so that large JSON bodies of other endpoints are not buffered. A content
+/// type we do not know is read only when the format is pinned or the path names one.
+pub fn select(path: &str, content_type: &str, pin: Option<Api>) -> (Framing, Box<dyn Extractor>) {
+    let hint = pin.or_else(|| detect::path_hint(path));
+    let framing = match (content_framing(content_type), hint) {
+        (Some(Framing::Json), None) => Framing::Opaque,
+        (Some(f), _) => f,
+        (None, Some(api)) => api.stream_framing(),
+        (None, None) => Framing::Opaque,
     };
-    if framing != Framing::Opaque && openai::handles_path(path) {
-        (framing, Box::new(openai::OpenAi::default()))
-    } else {
-        (Framing::Opaque, Box::new(Opaque::default()))
+    if framing == Framing::Opaque {
+        return (framing, Box::<Opaque>::default());
+    }
+    let extractor = match pin {
+        Some(api) => extractor(api),
+        None => Box::new(detect::Auto::new(hint)),
+    };
+    (framing, extractor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_names_round_trip_and_are_unique() {
+        for api in Api::KNOWN {
+            assert_eq!(Api::from_name(api.as_str()), Some(api));
+        }
+        assert_eq!(Api::from_name("auto"), None);
+        assert_eq!(Api::from_name("unknown"), None);
+        let mut names: Vec<&str> = Api::KNOWN.iter().map(|a| a.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Api::KNOWN.len());
+    }
+
+    #[test]
+    fn framing_follows_content_type_then_path() {
+        let f = |path, ct, pin| select(path, ct, pin).0;
+        assert_eq!(
+            f("/x", "text/event-stream; charset=utf-8", None),
+            Framing::Sse
+        );
+        assert_eq!(f("/x", "Text/Event-Stream", None), Framing::Sse);
+        assert_eq!(
+            f("/api/chat", "application/x-ndjson", None),
+            Framing::Ndjson
+        );
+        assert_eq!(
+            f("/v1/chat/completions", "application/json", None),
+            Framing::Json
+        );
+        // Plain JSON of an endpoint that is not inference is not buffered.
+        assert_eq!(
+            f("/v1/embeddings", "application/json", None),
+            Framing::Opaque
+        );
+        assert_eq!(
+            f("/v1/embeddings", "application/json", Some(Api::OpenAi)),
+            Framing::Json
+        );
+        // No usable content type: the path's format decides how to read it, else nothing.
+        assert_eq!(f("/api/generate", "", None), Framing::Ndjson);
+        assert_eq!(f("/v1/messages", "text/plain", None), Framing::Sse);
+        assert_eq!(f("/x", "text/plain", None), Framing::Opaque);
+        assert_eq!(f("/x", "", Some(Api::Triton)), Framing::Sse);
+    }
+
+    #[test]
+    fn pin_skips_detection() {
+        let (_, x) = select(
+            "/v1/chat/completions",
+            "text/event-stream",
+            Some(Api::Anthropic),
+        );
+        assert_eq!(x.api(), Api::Anthropic);
+        let (_, x) = select("/v1/chat/completions", "text/event-stream", None);
+        assert_eq!(
+            x.api(),
+            Api::OpenAi,
+            "auto reports the path's format before any message"
+        );
+        let (_, x) = select("/x", "text/event-stream", None);
+        assert_eq!(x.api(), Api::Unknown);
+    }
+
+    #[test]
+    fn output_follows_the_order_of_truth() {
+        let mut s = Summary::default();
+        assert_eq!(s.output(7), (7, TokenSource::Counted));
+        s.token_id_tokens = Some(9);
+        assert_eq!(s.output(7), (9, TokenSource::TokenIds));
+        s.output_tokens = Some(11);
+        assert_eq!(s.output(7), (11, TokenSource::Usage));
     }
 }

@@ -1,31 +1,48 @@
-//! OpenAI chat.completions and completions, as OpenAI, vLLM, SGLang, TGI and llama.cpp serve them.
+//! OpenAI chat.completions and completions, as OpenAI, vLLM, SGLang, TGI, llama.cpp and most
+//! hosted APIs (Groq, Mistral, DeepSeek, Together, OpenRouter, ...) serve them.
 //!
-//! A chunk is token-bearing when one of its choices carries generated text (`delta.content`,
-//! `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, or legacy `text`). vLLM's `token_ids`
-//! extra gives the exact number of tokens a chunk carries. `usage` is cumulative wherever it
-//! appears (vLLM's `continuous_usage_stats` repeats it in every chunk): the latest one wins.
+//! A chunk is token-bearing when one of its choices carries generated output: `delta.content`,
+//! `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `function_call`, or legacy `text`
+//! (`message` instead of `delta` in a non-streaming response). With `n > 1` each choice's output
+//! counts once. How many tokens a chunk carries, best first:
+//! - vLLM's `token_ids` (`return_token_ids`): their number, exactly;
+//! - `usage` repeated in every chunk (vLLM's `continuous_usage_stats`): its growth
+//!   ([`Cumulative`]);
+//! - otherwise one per choice with output.
+//!
+//! `usage` is cumulative wherever it appears: the latest one wins (Groq puts it in `x_groq`).
+//! Output tokens are `completion_tokens`, unless `total_tokens - prompt_tokens` is larger: xAI
+//! leaves reasoning tokens out of `completion_tokens` but not out of the total, and output
+//! counts every token the model generated.
 
 use serde::Deserialize;
 
+use super::cumulative::Cumulative;
+use super::json::{parse, Count, Len, Str, Text};
 use super::{Api, Extractor, Message, Summary};
-
-/// True for the request paths this format serves.
-pub fn handles_path(path: &str) -> bool {
-    path.ends_with("/chat/completions") || path.ends_with("/completions")
-}
 
 /// The OpenAI extractor.
 #[derive(Debug, Default)]
 pub struct OpenAi {
     summary: Summary,
+    running: Cumulative,
 }
 
 #[derive(Deserialize)]
 struct Chunk<'a> {
-    #[serde(borrow, default)]
-    model: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    model: Str<'a>,
     #[serde(default)]
-    choices: Vec<Choice>,
+    choices: Option<Vec<Choice>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    /// Groq reports usage here instead.
+    #[serde(default)]
+    x_groq: Option<XGroq>,
+}
+
+#[derive(Deserialize)]
+struct XGroq {
     #[serde(default)]
     usage: Option<Usage>,
 }
@@ -38,44 +55,58 @@ struct Choice {
     #[serde(default)]
     message: Option<Delta>,
     #[serde(default)]
-    text: Option<String>,
+    text: Text,
+    /// vLLM's `return_token_ids`: the ids of the tokens this chunk carries.
     #[serde(default)]
-    token_ids: Option<Vec<serde::de::IgnoredAny>>,
+    token_ids: Option<Len>,
 }
 
 #[derive(Deserialize, Default)]
 struct Delta {
     #[serde(default)]
-    content: Option<String>,
+    content: Text,
     #[serde(default)]
-    reasoning_content: Option<String>,
+    reasoning_content: Text,
     #[serde(default)]
-    reasoning: Option<String>,
+    reasoning: Text,
     #[serde(default)]
-    refusal: Option<String>,
+    refusal: Text,
     #[serde(default)]
-    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+    tool_calls: Text,
+    #[serde(default)]
+    function_call: Text,
 }
 
 #[derive(Deserialize)]
 struct Usage {
     #[serde(default)]
-    prompt_tokens: Option<u64>,
+    prompt_tokens: Count,
     #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-fn non_empty(s: &Option<String>) -> bool {
-    s.as_deref().is_some_and(|s| !s.is_empty())
+    completion_tokens: Count,
+    #[serde(default)]
+    total_tokens: Count,
 }
 
 impl Delta {
     fn has_output(&self) -> bool {
-        non_empty(&self.content)
-            || non_empty(&self.reasoning_content)
-            || non_empty(&self.reasoning)
-            || non_empty(&self.refusal)
-            || self.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+        self.content.0
+            || self.reasoning_content.0
+            || self.reasoning.0
+            || self.refusal.0
+            || self.tool_calls.0
+            || self.function_call.0
+    }
+}
+
+impl Usage {
+    /// Every generated token, reasoning included (see the module doc).
+    fn output(&self) -> Option<u64> {
+        let completion = self.completion_tokens.0?;
+        let beyond_prompt = match (self.total_tokens.0, self.prompt_tokens.0) {
+            (Some(t), Some(p)) => t.saturating_sub(p),
+            _ => 0,
+        };
+        Some(completion.max(beyond_prompt))
     }
 }
 
@@ -85,48 +116,42 @@ impl Extractor for OpenAi {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        if msg.data == b"[DONE]" {
-            return 0;
-        }
-        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(msg.data) else {
-            self.summary.malformed += 1;
+        let Some(chunk) = parse::<Chunk<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
-        if self.summary.model.is_none() {
-            if let Some(m) = chunk.model.filter(|m| !m.is_empty()) {
-                self.summary.model = Some(m.into_owned());
+        self.summary.name_model(chunk.model.0);
+        let usage = chunk.usage.or(chunk.x_groq.and_then(|x| x.usage));
+        let mut reported = None;
+        if let Some(u) = usage {
+            if u.prompt_tokens.0.is_some() {
+                self.summary.input_tokens = u.prompt_tokens.0;
+            }
+            reported = u.output();
+            if reported.is_some() {
+                self.summary.output_tokens = reported;
             }
         }
-        if let Some(u) = chunk.usage {
-            if u.prompt_tokens.is_some() {
-                self.summary.input_tokens = u.prompt_tokens;
-            }
-            if u.completion_tokens.is_some() {
-                self.summary.output_tokens = u.completion_tokens;
-            }
-        }
-        let mut tokens = 0u32;
+        let choices = chunk.choices.unwrap_or_default();
+        let mut bearing = 0u32;
         let mut ids = 0u64;
-        let mut all_have_ids = true;
-        for c in &chunk.choices {
-            let bearing = non_empty(&c.text)
+        let mut all_have_ids = !choices.is_empty();
+        for c in &choices {
+            let output = c.text.0
                 || c.delta.as_ref().is_some_and(Delta::has_output)
                 || c.message.as_ref().is_some_and(Delta::has_output);
-            match &c.token_ids {
-                Some(t) => {
-                    ids += t.len() as u64;
-                    tokens += t.len() as u32;
-                }
-                None => {
-                    all_have_ids = false;
-                    tokens += u32::from(bearing);
-                }
+            bearing += u32::from(output);
+            match c.token_ids {
+                Some(Len(n)) => ids += n,
+                None => all_have_ids = false,
             }
         }
-        if all_have_ids && !chunk.choices.is_empty() {
+        if all_have_ids {
             *self.summary.token_id_tokens.get_or_insert(0) += ids;
+            // The ids are exact; keep the running total in step for the chunks that follow.
+            self.running.tokens(reported, u32::from(ids > 0));
+            return u32::try_from(ids).unwrap_or(u32::MAX);
         }
-        tokens
+        self.running.tokens(reported, bearing)
     }
 
     fn summary(&self) -> &Summary {
@@ -180,8 +205,56 @@ mod tests {
         let (counts, s) = run(&[
             r#"{"choices":[{"delta":{"content":"ab"},"token_ids":[1,2]}]}"#,
             r#"{"choices":[{"delta":{"content":""},"token_ids":[3]}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"token_ids":null}]}"#,
         ]);
-        assert_eq!(counts, [2, 1]);
+        assert_eq!(counts, [2, 1, 1]);
         assert_eq!(s.token_id_tokens, Some(3));
+    }
+
+    #[test]
+    fn continuous_usage_gives_tokens_per_chunk() {
+        let (counts, s) = run(&[
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":4,"completion_tokens":0}}"#,
+            r#"{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":4,"completion_tokens":1}}"#,
+            r#"{"choices":[{"delta":{"content":"bcd"}}],"usage":{"prompt_tokens":4,"completion_tokens":4}}"#,
+            r#"{"choices":[{"delta":{"content":""},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":5}}"#,
+        ]);
+        assert_eq!(counts, [0, 1, 3, 0, 0]);
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(4), Some(5)));
+    }
+
+    #[test]
+    fn n_choices_tool_calls_and_odd_shapes() {
+        let (counts, s) = run(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            // Mistral's thinking arrives as an array of parts.
+            r#"{"choices":[{"delta":{"content":[{"type":"thinking","thinking":[{"text":"x"}]}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":null,"tool_calls":null}}],"usage":null}"#,
+            r#"{"choices":null,"x_groq":{"usage":{"prompt_tokens":3,"completion_tokens":4.0}}}"#,
+        ]);
+        assert_eq!(counts, [2, 1, 1, 0, 0]);
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(3), Some(4)));
+        assert_eq!(s.malformed, 0);
+    }
+
+    #[test]
+    fn reasoning_left_out_of_completion_tokens_is_counted() {
+        // xAI: completion_tokens excludes the 290 reasoning tokens; the total does not.
+        let (_, s) = run(&[
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":303,"completion_tokens_details":{"reasoning_tokens":290}}}"#,
+        ]);
+        assert_eq!(s.output_tokens, Some(291));
+    }
+
+    #[test]
+    fn non_streaming_message() {
+        let (counts, s) = run(&[
+            r#"{"model":"m","choices":[{"message":{"role":"assistant","content":"Hi there"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#,
+        ]);
+        // The only token-bearing message, with the whole usage: it carries every token.
+        assert_eq!(counts, [2]);
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(3), Some(2)));
     }
 }

@@ -14,6 +14,9 @@ pub struct RequestInfo {
     pub stream: bool,
     /// `"stream_options": {"include_usage": true}`.
     pub include_usage: bool,
+    /// `--inject-usage` asked for usage on the client's behalf: the usage-only chunk of the
+    /// response is ours to remove.
+    pub usage_injected: bool,
 }
 
 #[derive(Deserialize)]
@@ -42,6 +45,7 @@ pub fn inspect(body: &[u8]) -> RequestInfo {
                 .stream_options
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+            usage_injected: false,
         },
         Err(_) => RequestInfo::default(),
     }
@@ -61,7 +65,8 @@ mod tests {
             RequestInfo {
                 model: Some("llama".into()),
                 stream: true,
-                include_usage: true
+                include_usage: true,
+                usage_injected: false,
             }
         );
         assert_eq!(inspect(b"\xff\x00"), RequestInfo::default());

@@ -3,6 +3,8 @@
 mod support;
 
 mod cli;
+mod corpus;
 mod faults;
+mod inject;
 mod props;
 mod proxy;

@@ -258,8 +258,24 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
             .value(&s),
         1.0
     );
+    // The upstream's sleeps set lower bounds (250 ms, 25 ms gaps); a loaded machine can only
+    // stretch them. So the proxy's figures are checked against those bounds and against what
+    // the client itself saw, which the proxy must match.
+    let content: Vec<f64> = seen
+        .frames
+        .iter()
+        .filter(|(_, b)| {
+            let needle = b"\"content\":\"t";
+            b.windows(needle.len()).any(|w| w == needle)
+        })
+        .map(|(t, _)| t.as_secs_f64())
+        .collect();
+    let (client_ttft, client_last) = (content[0], content[content.len() - 1]);
     let ttft = m("tokenmeter_time_to_first_token_seconds_sum").value(&s);
-    assert!((0.25..0.32).contains(&ttft), "TTFT {ttft}");
+    assert!(
+        ttft >= 0.25 && ttft <= client_ttft,
+        "TTFT {ttft}: at least the upstream's 250 ms, at most the client's {client_ttft}"
+    );
     // One ITL observation per token after the first.
     assert_eq!(
         m("tokenmeter_inter_token_latency_seconds_count").value(&s),
@@ -270,11 +286,26 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
         .label("concurrency", "1")
         .value(&s);
     assert!(
-        (34.0..=41.0).contains(&tps),
-        "per-request speed {tps} tok/s, expected ~40"
+        tps <= 40.0 * 1.01,
+        "{tps} tok/s is faster than the upstream sent"
+    );
+    if content.len() == 40 {
+        // Frames arrived one per event: the client's own speed is comparable.
+        let client_tps = 39.0 / (client_last - client_ttft);
+        assert!(
+            (tps / client_tps - 1.0).abs() < 0.05,
+            "proxy {tps} tok/s vs client {client_tps} tok/s"
+        );
+    }
+    assert!(
+        tps > 20.0,
+        "{tps} tok/s: not even half the upstream's speed"
     );
     let tpot = m("tokenmeter_time_per_output_token_seconds_sum").value(&s);
-    assert!((0.0244..0.03).contains(&tpot), "TPOT {tpot}");
+    assert!(
+        (1.0 / tpot - tps).abs() < 1e-6 * tps,
+        "TPOT {tpot} is not 1 / {tps}"
+    );
     assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
 }
 

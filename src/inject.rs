@@ -1,0 +1,489 @@
+//! `--inject-usage`: exact token counts from OpenAI-compatible streams whose clients did not ask.
+//!
+//! Without `stream_options.include_usage`, an OpenAI-compatible server sends no usage report and
+//! tokenmeter can only count token-bearing chunks, which undercounts wherever a chunk carries
+//! several tokens (speculative decoding, stream intervals, detokenizer batching). With the flag,
+//! [`add_usage`] asks for the report in the request body, and [`StripUsage`] removes the one event
+//! it adds from what the client sees: the usage-only chunk
+//! `data: {..., "choices": [], "usage": {...}}`. The meter reads the upstream's bytes before the
+//! filter, so it still sees the report.
+//!
+//! What the client sees is then byte for byte what it would have seen without the flag, for a
+//! server that adds nothing but that chunk (vLLM, SGLang, TGI, llama.cpp). Limits, all forwarded
+//! unchanged: a body over `--max-request-body` (not read), a request that already has
+//! `stream_options` with other settings (`continuous_usage_stats` would change every chunk), and
+//! anything that is not a streaming JSON request to `/chat/completions` or `/completions`.
+//!
+//! **Invariant:** the filter holds back at most the bytes of one incomplete event that might be
+//! the usage chunk, and only until that event ends or shows it is not (a `"delta":`, `"text":` or
+//! `"index":` key, which only choices have): content chunks are never delayed past their own last
+//! byte. Everything but a usage-only event is forwarded unchanged, in order.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use pin_project::pin_project;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::protocol::{detect, Api};
+
+/// The longest event the filter holds back. A usage chunk is well under 1 KiB; an event longer
+/// than this is not one, and is forwarded as it comes.
+pub const MAX_HELD: usize = 64 * 1024;
+
+/// What `--inject-usage` puts into a request.
+const STREAM_OPTIONS: &str = r#"{"include_usage":true}"#;
+
+/// Keys only a choice has: an event holding one is not the usage-only chunk.
+const CHOICE_KEYS: [&[u8]; 3] = [b"\"delta\":", b"\"text\":", b"\"index\":"];
+
+/// Adds `"stream_options": {"include_usage": true}` to a streaming OpenAI-compatible request that
+/// did not ask for usage. Returns the new body, or `None` to forward the body unchanged. Only
+/// `stream_options` is written: every other byte of the body stays as the client sent it.
+pub fn add_usage(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+    if detect::path_hint(path) != Some(Api::OpenAi) {
+        return None;
+    }
+    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).ok()?;
+    if top.get("stream").map(|v| v.get()) != Some("true") {
+        return None;
+    }
+    let out = match top.get("stream_options") {
+        None => {
+            // After the opening brace: `stream` is there, so the object is not empty.
+            let open = body.iter().position(|&b| b == b'{')?;
+            let mut out = Vec::with_capacity(body.len() + 40);
+            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(b"\"stream_options\":");
+            out.extend_from_slice(STREAM_OPTIONS.as_bytes());
+            out.push(b',');
+            out.extend_from_slice(&body[open + 1..]);
+            out
+        }
+        Some(raw) => {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Options {
+                #[serde(default)]
+                include_usage: Option<bool>,
+            }
+            let asked = match serde_json::from_str::<Option<Options>>(raw.get()).ok()? {
+                Some(o) => o.include_usage,
+                None => None,
+            };
+            if asked == Some(true) {
+                return None;
+            }
+            // The raw value is a slice of `body`: replace exactly those bytes.
+            let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+            let end = start + raw.get().len();
+            let mut out = Vec::with_capacity(body.len() + 24);
+            out.extend_from_slice(body.get(..start)?);
+            out.extend_from_slice(STREAM_OPTIONS.as_bytes());
+            out.extend_from_slice(body.get(end..)?);
+            out
+        }
+    };
+    // Never forward something we broke.
+    serde_json::from_slice::<IgnoredAny>(&out).ok()?;
+    Some(out)
+}
+
+/// True when an event's data is the usage-only chunk: `choices` present and empty, `usage` set.
+fn is_usage_only(event: &[u8]) -> bool {
+    let mut data = Vec::new();
+    for line in event.split(|&b| b == b'\n' || b == b'\r') {
+        if let Some(v) = line.strip_prefix(b"data:") {
+            data.extend_from_slice(v.strip_prefix(b" ").unwrap_or(v));
+            data.push(b'\n');
+        }
+    }
+    #[derive(Deserialize)]
+    struct Chunk {
+        choices: Option<Vec<IgnoredAny>>,
+        usage: Option<IgnoredAny>,
+    }
+    serde_json::from_slice::<Chunk>(&data)
+        .is_ok_and(|c| c.choices.is_some_and(|c| c.is_empty()) && c.usage.is_some())
+}
+
+/// Where the current event's bytes go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Held back: it may be the usage chunk.
+    Holding,
+    /// Forwarded as they come: it is not.
+    Passing,
+}
+
+/// Who owns an LF that follows a CR (a CRLF split across frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LfOwner {
+    /// The CR ended a line inside the current event.
+    Current,
+    /// The CR ended an event that was forwarded.
+    Forwarded,
+    /// The CR ended the usage chunk, which was removed.
+    Removed,
+}
+
+/// A sans-IO filter over an SSE byte stream that removes usage-only events.
+#[derive(Debug)]
+pub struct UsageFilter {
+    mode: Mode,
+    held: Vec<u8>,
+    /// `held[..scanned]` has been searched for choice keys.
+    scanned: usize,
+    /// Nothing but the terminator has been seen on the current line.
+    line_empty: bool,
+    /// The previous byte was a CR, whose LF may follow.
+    after_cr: Option<LfOwner>,
+    removed: u64,
+}
+
+impl Default for UsageFilter {
+    fn default() -> Self {
+        UsageFilter {
+            mode: Mode::Holding,
+            held: Vec::new(),
+            scanned: 0,
+            line_empty: true,
+            after_cr: None,
+            removed: 0,
+        }
+    }
+}
+
+impl UsageFilter {
+    /// Usage-only events removed so far.
+    pub fn removed(&self) -> u64 {
+        self.removed
+    }
+
+    /// True when bytes are held back, waiting for the rest of their event.
+    pub fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Takes the next piece of the upstream's body; returns what the client gets now.
+    pub fn feed(&mut self, data: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len());
+        for &b in data {
+            if let Some(owner) = self.after_cr.take() {
+                if b == b'\n' {
+                    match owner {
+                        LfOwner::Current => self.push(b, &mut out),
+                        LfOwner::Forwarded => out.extend_from_slice(b"\n"),
+                        LfOwner::Removed => {}
+                    }
+                    continue;
+                }
+            }
+            let terminator = b == b'\n' || b == b'\r';
+            self.push(b, &mut out);
+            if !terminator {
+                self.line_empty = false;
+                continue;
+            }
+            let owner = if self.line_empty {
+                self.end_event(&mut out)
+            } else {
+                self.line_empty = true;
+                LfOwner::Current
+            };
+            if b == b'\r' {
+                self.after_cr = Some(owner);
+            }
+        }
+        self.release_if_content(&mut out);
+        out.freeze()
+    }
+
+    /// The body ended: whatever is held (an unterminated event) goes to the client.
+    pub fn finish(&mut self) -> Bytes {
+        self.mode = Mode::Holding;
+        self.scanned = 0;
+        Bytes::from(std::mem::take(&mut self.held))
+    }
+
+    fn push(&mut self, b: u8, out: &mut BytesMut) {
+        match self.mode {
+            Mode::Passing => out.extend_from_slice(&[b]),
+            Mode::Holding if self.held.len() >= MAX_HELD => {
+                // Too long to be the usage chunk.
+                out.extend_from_slice(&self.held);
+                out.extend_from_slice(&[b]);
+                self.held.clear();
+                self.scanned = 0;
+                self.mode = Mode::Passing;
+            }
+            Mode::Holding => self.held.push(b),
+        }
+    }
+
+    /// A blank line ended the current event (its bytes are pushed already).
+    fn end_event(&mut self, out: &mut BytesMut) -> LfOwner {
+        let owner = match self.mode {
+            Mode::Holding if is_usage_only(&self.held) => {
+                self.removed += 1;
+                LfOwner::Removed
+            }
+            Mode::Holding => {
+                out.extend_from_slice(&self.held);
+                LfOwner::Forwarded
+            }
+            Mode::Passing => LfOwner::Forwarded,
+        };
+        self.held.clear();
+        self.scanned = 0;
+        self.mode = Mode::Holding;
+        self.line_empty = true;
+        owner
+    }
+
+    /// Forwards a held event as soon as it shows it is not the usage chunk.
+    fn release_if_content(&mut self, out: &mut BytesMut) {
+        if self.mode != Mode::Holding || self.held.is_empty() {
+            return;
+        }
+        // Search only what is new, with an overlap for a key split across pieces.
+        let from = self.scanned.saturating_sub(8);
+        let tail = &self.held[from..];
+        if CHOICE_KEYS
+            .iter()
+            .any(|k| memchr::memmem::find(tail, k).is_some())
+        {
+            out.extend_from_slice(&self.held);
+            self.held.clear();
+            self.scanned = 0;
+            self.mode = Mode::Passing;
+        } else {
+            self.scanned = self.held.len();
+        }
+    }
+}
+
+/// A response body with the usage-only events removed (see the module doc).
+#[pin_project]
+pub struct StripUsage<B> {
+    #[pin]
+    inner: B,
+    filter: UsageFilter,
+    ended: bool,
+}
+
+impl<B> StripUsage<B> {
+    pub fn new(inner: B) -> Self {
+        StripUsage {
+            inner,
+            filter: UsageFilter::default(),
+            ended: false,
+        }
+    }
+}
+
+impl<B> Body for StripUsage<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let out = this.filter.feed(&data);
+                        // An empty data frame would be an empty chunk: poll on instead.
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => {
+                    *this.ended = true;
+                    let rest = this.filter.finish();
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || (self.inner.is_end_stream() && !self.filter.holding())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // Bytes may be removed: the upstream's length no longer holds.
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT: &str = "/v1/chat/completions";
+
+    fn add(body: &str) -> Option<String> {
+        add_usage(CHAT, body.as_bytes()).map(|b| String::from_utf8(b).expect("utf-8"))
+    }
+
+    #[test]
+    fn asks_for_usage_touching_nothing_else() {
+        assert_eq!(
+            add(r#"{"model":"m", "stream": true, "temperature":0.70,"seed":123456789012345678901234}"#)
+                .as_deref(),
+            Some(r#"{"stream_options":{"include_usage":true},"model":"m", "stream": true, "temperature":0.70,"seed":123456789012345678901234}"#)
+        );
+        assert_eq!(
+            add("  {\"stream\":true,\"stream_options\":{\"include_usage\":false}}\n").as_deref(),
+            Some("  {\"stream\":true,\"stream_options\":{\"include_usage\":true}}\n")
+        );
+        assert_eq!(
+            add(r#"{"stream":true,"stream_options":null}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        assert_eq!(
+            add(r#"{"stream":true,"stream_options":{}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        let completions = add_usage("/v1/completions", br#"{"prompt":"a","stream":true}"#);
+        assert!(completions.is_some());
+    }
+
+    #[test]
+    fn leaves_alone_what_it_must_not_change() {
+        for body in [
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#,
+            r#"{"stream":true,"stream_options":"x"}"#,
+            r#"{"stream":false}"#,
+            r#"{"stream":"true"}"#,
+            r#"{"messages":[]}"#,
+            r#"[{"stream":true}]"#,
+            r#"{"stream":true"#,
+            "\u{feff}{\"stream\":true}",
+        ] {
+            assert_eq!(add(body), None, "{body}");
+        }
+        assert_eq!(add_usage("/v1/messages", br#"{"stream":true}"#), None);
+        assert_eq!(add_usage("/api/chat", br#"{"stream":true}"#), None);
+    }
+
+    const CONTENT: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
+    const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn filter_pieces(pieces: &[&[u8]]) -> (Vec<u8>, u64) {
+        let mut f = UsageFilter::default();
+        let mut out = Vec::new();
+        for p in pieces {
+            out.extend_from_slice(&f.feed(p));
+        }
+        out.extend_from_slice(&f.finish());
+        (out, f.removed())
+    }
+
+    /// Filters `input` whole, split at every offset and byte by byte; all must give `want`.
+    fn check(input: &str, want: &str, removed: u64) {
+        let input = input.as_bytes();
+        assert_eq!(
+            filter_pieces(&[input]),
+            (want.as_bytes().to_vec(), removed),
+            "whole"
+        );
+        for i in 0..=input.len() {
+            let (a, b) = input.split_at(i);
+            let got = filter_pieces(&[a, b]);
+            assert_eq!(got, (want.as_bytes().to_vec(), removed), "split at {i}");
+        }
+        let bytes: Vec<&[u8]> = input.chunks(1).collect();
+        assert_eq!(
+            filter_pieces(&bytes),
+            (want.as_bytes().to_vec(), removed),
+            "bytes"
+        );
+    }
+
+    #[test]
+    fn removes_exactly_the_usage_chunk() {
+        let with = format!("{CONTENT}{CONTENT}{USAGE}{DONE}");
+        check(&with, &format!("{CONTENT}{CONTENT}{DONE}"), 1);
+        let crlf = with.replace('\n', "\r\n");
+        check(
+            &crlf,
+            &format!("{CONTENT}{CONTENT}{DONE}").replace('\n', "\r\n"),
+            1,
+        );
+        let cr = with.replace('\n', "\r");
+        check(
+            &cr,
+            &format!("{CONTENT}{CONTENT}{DONE}").replace('\n', "\r"),
+            1,
+        );
+    }
+
+    #[test]
+    fn everything_else_passes_unchanged() {
+        for body in [
+            format!(": ping\n\n{CONTENT}\n\nevent: x\ndata: {{}}\n\n{DONE}"),
+            // Usage inside a content chunk (continuous usage stats) is not the extra chunk.
+            "data: {\"choices\":[{\"index\":0,\"delta\":{}}],\"usage\":{\"completion_tokens\":1}}\n\n"
+                .to_string(),
+            "data: {\"choices\":[],\"usage\":null}\n\n".to_string(),
+            "data: {\"choices\":[]\n\n".to_string(),
+            // Unterminated at the end: forwarded at finish.
+            format!("{CONTENT}data: {{\"choices\":[],\"usage\":{{}}}}"),
+        ] {
+            check(&body, &body, 0);
+        }
+    }
+
+    #[test]
+    fn content_is_not_held_back_past_its_choice_keys() {
+        let mut f = UsageFilter::default();
+        let (head, rest) = CONTENT.split_at(CONTENT.find("\"delta\":").expect("key") + 8);
+        assert_eq!(
+            &f.feed(head.as_bytes())[..],
+            head.as_bytes(),
+            "released at the key"
+        );
+        assert_eq!(&f.feed(rest.as_bytes())[..], rest.as_bytes());
+        // A usage chunk is held until its end, then dropped.
+        let (u1, u2) = USAGE.split_at(40);
+        assert!(f.feed(u1.as_bytes()).is_empty());
+        assert!(f.feed(u2.as_bytes()).is_empty());
+        assert_eq!(f.removed(), 1);
+    }
+
+    #[test]
+    fn a_long_event_is_forwarded_once_over_the_limit() {
+        let long = format!("data: {}\n\n", "x".repeat(MAX_HELD + 10));
+        let mut f = UsageFilter::default();
+        let first = f.feed(&long.as_bytes()[..MAX_HELD + 1]);
+        assert_eq!(first.len(), MAX_HELD + 1);
+        assert!(!f.holding());
+        let rest = f.feed(&long.as_bytes()[MAX_HELD + 1..]);
+        assert_eq!([&first[..], &rest[..]].concat(), long.as_bytes());
+    }
+}

@@ -1,0 +1,395 @@
+//! Recognising the wire format of a response without being told.
+//!
+//! The first message is the best witness: every format we read has a shape (a field, an event
+//! name, a `type` value) no other format shares. The request path is the tie-breaker, because
+//! paths lie in both directions: TGI, llama.cpp, SGLang and Ollama all serve OpenAI's
+//! `/v1/chat/completions` too, llama.cpp serves its native API on `/completions`, and TGI and
+//! SGLang share `/generate`. So [`Auto`] decides on the first message that shows a format. A
+//! neutral message (a `ping`, an `error`, `[DONE]`: several formats send them) decides nothing;
+//! a message no format explains (broken JSON, an unknown shape) means the path's format, whose
+//! extractor then counts it as malformed. With no path hint, [`MAX_UNDECIDED`] messages that
+//! tell nothing make the stream unknown.
+
+use serde_json::{Map, Value};
+
+use super::{extractor, Api, Extractor, Message, Summary};
+
+/// Messages an undecided [`Auto`] inspects before it settles for the path's format (or none).
+/// Real streams decide on their first message; this bounds the work spent on one we cannot read.
+pub const MAX_UNDECIDED: u32 = 16;
+
+/// What one message says about the format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniff {
+    /// This format, and no other, sends such a message.
+    Format(Api),
+    /// Several formats send such a message (keep-alives, errors, the end sentinel).
+    Neutral,
+    /// No format we know sends it.
+    Unknown,
+}
+
+/// The format a request path suggests, if any.
+pub fn path_hint(path: &str) -> Option<Api> {
+    let p = path.trim_end_matches('/');
+    let api = if p.contains(":streamGenerateContent") || p.contains(":generateContent") {
+        Api::Gemini
+    } else if p.ends_with("/completions") {
+        Api::OpenAi
+    } else if p.ends_with("/completion") {
+        Api::LlamaCpp
+    } else if p.ends_with("/responses") || p.contains("/responses/") {
+        Api::Responses
+    } else if p.ends_with("/messages") {
+        Api::Anthropic
+    } else if p.ends_with("/api/generate") || p.ends_with("/api/chat") {
+        Api::Ollama
+    } else if p.contains("/v2/models/")
+        && (p.ends_with("/generate_stream") || p.ends_with("/generate"))
+    {
+        Api::Triton
+    } else if p.ends_with("/generate_stream") || p.ends_with("/generate") {
+        // SGLang's native `/generate` is told apart by its first message.
+        Api::Tgi
+    } else if p.ends_with("/v2/chat") {
+        Api::Cohere
+    } else if p.contains("/generation/text") {
+        Api::Watsonx
+    } else if p.contains("/v1/streams/") {
+        Api::Replicate
+    } else {
+        return None;
+    };
+    Some(api)
+}
+
+/// The format an event name or a JSON `type` value belongs to, when it is decisive.
+fn by_type(t: &str) -> Option<Api> {
+    match t {
+        "message_start"
+        | "message_delta"
+        | "message_stop"
+        | "content_block_start"
+        | "content_block_delta"
+        | "content_block_stop" => Some(Api::Anthropic),
+        "message-start" | "message-end" | "content-start" | "content-delta" | "content-end"
+        | "tool-plan-delta" | "tool-call-start" | "tool-call-delta" | "tool-call-end"
+        | "citation-start" | "citation-end" => Some(Api::Cohere),
+        t if t.starts_with("response.") => Some(Api::Responses),
+        _ => None,
+    }
+}
+
+/// Event names and `type` values that several formats use.
+fn is_neutral_type(t: &str) -> bool {
+    matches!(t, "ping" | "error" | "keep-alive" | "keepalive" | "done")
+}
+
+/// What one message shows about the format.
+pub fn sniff(msg: &Message<'_>) -> Sniff {
+    if msg.event == "output" {
+        // Replicate's data is plain text, not JSON: the event name is all there is.
+        return Sniff::Format(Api::Replicate);
+    }
+    if let Some(api) = by_type(msg.event) {
+        return Sniff::Format(api);
+    }
+    if is_neutral_type(msg.event)
+        || msg.data == b"[DONE]"
+        || msg.data.iter().all(u8::is_ascii_whitespace)
+    {
+        return Sniff::Neutral;
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(msg.data) else {
+        return Sniff::Unknown;
+    };
+    let first = match value {
+        // Gemini without `alt=sse`, and TGI's non-streaming answer, are JSON arrays.
+        Value::Array(items) => match items.into_iter().next() {
+            Some(v) => v,
+            None => return Sniff::Neutral,
+        },
+        v => v,
+    };
+    match first.as_object() {
+        Some(o) if o.is_empty() || o.contains_key("error") => Sniff::Neutral,
+        Some(o) => sniff_object(o),
+        None => Sniff::Unknown,
+    }
+}
+
+fn sniff_object(o: &Map<String, Value>) -> Sniff {
+    if let Some(t) = o.get("type").and_then(Value::as_str) {
+        if let Some(api) = by_type(t) {
+            return Sniff::Format(api);
+        }
+        if is_neutral_type(t) {
+            return Sniff::Neutral;
+        }
+    }
+    sniff_shape(o).map_or(Sniff::Unknown, Sniff::Format)
+}
+
+/// The format an object's fields show, if any.
+fn sniff_shape(o: &Map<String, Value>) -> Option<Api> {
+    let has = |k: &str| o.contains_key(k);
+    let str_of = |k: &str| o.get(k).and_then(Value::as_str);
+    if str_of("type") == Some("message") && has("role") {
+        return Some(Api::Anthropic); // a non-streaming Messages response
+    }
+    match str_of("object") {
+        Some("chat.completion.chunk" | "chat.completion" | "text_completion") => {
+            return Some(Api::OpenAi)
+        }
+        Some("response") => return Some(Api::Responses),
+        _ => {}
+    }
+    let api = if has("choices") {
+        Api::OpenAi
+    } else if has("candidates") || has("usageMetadata") {
+        Api::Gemini
+    } else if has("meta_info") {
+        Api::Sglang
+    } else if has("text_output") || (has("model_name") && has("model_version")) {
+        Api::Triton
+    } else if has("token") || has("generated_text") {
+        Api::Tgi
+    } else if has("results") && has("model_id") {
+        Api::Watsonx
+    } else if has("created_at") && has("done") {
+        Api::Ollama
+    } else if has("content")
+        && (has("stop") || has("id_slot") || has("tokens_predicted") || has("timings"))
+    {
+        Api::LlamaCpp
+    } else if has("message") && has("finish_reason") && has("usage") {
+        Api::Cohere // a non-streaming v2 chat response
+    } else {
+        return None;
+    };
+    Some(api)
+}
+
+/// An extractor that recognises the format, then hands every message to that format's extractor.
+pub struct Auto {
+    hint: Option<Api>,
+    inner: Option<Box<dyn Extractor>>,
+    undecided: u32,
+    /// The summary while nothing is decided: empty.
+    none: Summary,
+}
+
+impl Auto {
+    /// `hint` is the format the request path suggests.
+    pub fn new(hint: Option<Api>) -> Self {
+        Auto {
+            hint,
+            inner: None,
+            undecided: 0,
+            none: Summary::default(),
+        }
+    }
+}
+
+impl Extractor for Auto {
+    fn api(&self) -> Api {
+        match &self.inner {
+            Some(x) => x.api(),
+            None => self.hint.unwrap_or(Api::Unknown),
+        }
+    }
+
+    fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        if self.inner.is_none() {
+            let api = match (sniff(msg), self.hint) {
+                (Sniff::Format(api), _) | (Sniff::Unknown, Some(api)) => Some(api),
+                (Sniff::Neutral | Sniff::Unknown, hint) => {
+                    self.undecided += 1;
+                    if self.undecided < MAX_UNDECIDED {
+                        return 0;
+                    }
+                    hint
+                }
+            };
+            self.inner = Some(extractor(api.unwrap_or(Api::Unknown)));
+        }
+        match &mut self.inner {
+            Some(x) => x.on_message(msg),
+            None => 0,
+        }
+    }
+
+    fn summary(&self) -> &Summary {
+        match &self.inner {
+            Some(x) => x.summary(),
+            None => &self.none,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg<'a>(event: &'a str, data: &'a str) -> Message<'a> {
+        Message {
+            event,
+            data: data.as_bytes(),
+        }
+    }
+
+    #[test]
+    fn paths() {
+        let cases = [
+            ("/v1/chat/completions", Some(Api::OpenAi)),
+            ("/openai/deployments/x/chat/completions", Some(Api::OpenAi)),
+            ("/v1/completions", Some(Api::OpenAi)),
+            ("/completion", Some(Api::LlamaCpp)),
+            ("/v1/responses", Some(Api::Responses)),
+            ("/v1/responses/resp_1", Some(Api::Responses)),
+            ("/v1/messages", Some(Api::Anthropic)),
+            ("/api/generate", Some(Api::Ollama)),
+            ("/api/chat", Some(Api::Ollama)),
+            ("/v2/models/ensemble/generate_stream", Some(Api::Triton)),
+            ("/v2/models/vllm_model/generate", Some(Api::Triton)),
+            ("/generate_stream", Some(Api::Tgi)),
+            ("/generate", Some(Api::Tgi)),
+            (
+                "/v1beta/models/gemini-2.0-flash:streamGenerateContent",
+                Some(Api::Gemini),
+            ),
+            ("/v2/chat", Some(Api::Cohere)),
+            ("/ml/v1/generation/text_stream", Some(Api::Watsonx)),
+            ("/v1/streams/abc", Some(Api::Replicate)),
+            ("/v1/embeddings", None),
+            ("/", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(path_hint(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn first_messages() {
+        use Sniff::{Format as F, Neutral, Unknown};
+        let cases = [
+            (
+                "",
+                r#"{"object":"chat.completion.chunk","choices":[]}"#,
+                F(Api::OpenAi),
+            ),
+            ("", r#"{"choices":[{"text":"a"}]}"#, F(Api::OpenAi)),
+            ("message_start", "{}", F(Api::Anthropic)),
+            (
+                "",
+                r#"{"type":"message_start","message":{}}"#,
+                F(Api::Anthropic),
+            ),
+            (
+                "",
+                r#"{"type":"message","role":"assistant"}"#,
+                F(Api::Anthropic),
+            ),
+            (
+                "",
+                r#"{"type":"response.created","response":{}}"#,
+                F(Api::Responses),
+            ),
+            (
+                "",
+                r#"{"object":"response","output":[]}"#,
+                F(Api::Responses),
+            ),
+            ("", r#"{"candidates":[]}"#, F(Api::Gemini)),
+            ("", r#"[{"candidates":[]}]"#, F(Api::Gemini)),
+            (
+                "",
+                r#"{"token":{"id":1},"generated_text":null}"#,
+                F(Api::Tgi),
+            ),
+            ("", r#"[{"generated_text":"x"}]"#, F(Api::Tgi)),
+            ("", r#"{"content":"a","stop":false}"#, F(Api::LlamaCpp)),
+            (
+                "",
+                r#"{"created_at":"t","response":"a","done":false}"#,
+                F(Api::Ollama),
+            ),
+            ("", r#"{"text":"a","meta_info":{}}"#, F(Api::Sglang)),
+            (
+                "",
+                r#"{"model_name":"e","text_output":"a"}"#,
+                F(Api::Triton),
+            ),
+            ("message-start", "{}", F(Api::Cohere)),
+            ("", r#"{"model_id":"m","results":[]}"#, F(Api::Watsonx)),
+            ("output", "Hello", F(Api::Replicate)),
+            // Several formats send these.
+            ("ping", r#"{"type":"ping"}"#, Neutral),
+            ("", r#"{"type": "ping"}"#, Neutral),
+            ("error", r#"{"type":"error","error":{}}"#, Neutral),
+            ("", r#"{"error":{"message":"x"}}"#, Neutral),
+            ("done", "{}", Neutral),
+            ("", "[DONE]", Neutral),
+            ("", "", Neutral),
+            ("", "[]", Neutral),
+            // No format explains these.
+            ("", r#"{"choices":[{"delta":{"content"#, Unknown),
+            ("", r#"{"id":"x"}"#, Unknown),
+            ("", "garbage", Unknown),
+            ("", "42", Unknown),
+        ];
+        for (event, data, want) in cases {
+            assert_eq!(sniff(&msg(event, data)), want, "{event} {data}");
+        }
+    }
+
+    #[test]
+    fn shape_beats_path_and_path_breaks_ties() {
+        // TGI's OpenAI-compatible route on a path that says nothing.
+        let mut a = Auto::new(None);
+        assert_eq!(a.api(), Api::Unknown);
+        a.on_message(&msg("", r#"{"choices":[{"delta":{"content":"a"}}]}"#));
+        assert_eq!(a.api(), Api::OpenAi);
+
+        // llama.cpp's native API on `/completions`.
+        let mut a = Auto::new(path_hint("/completions"));
+        assert_eq!(a.on_message(&msg("", r#"{"content":"a","stop":false}"#)), 1);
+        assert_eq!(a.api(), Api::LlamaCpp);
+
+        // A ping first does not make an OpenAI stream Anthropic.
+        let mut a = Auto::new(path_hint("/v1/chat/completions"));
+        assert_eq!(a.on_message(&msg("", r#"{"type":"ping"}"#)), 0);
+        assert_eq!(
+            a.on_message(&msg("", r#"{"choices":[{"delta":{"content":"a"}}]}"#)),
+            1
+        );
+        assert_eq!(a.api(), Api::OpenAi);
+
+        // Broken JSON on an OpenAI path is OpenAI's malformed message, not a mystery.
+        let mut a = Auto::new(path_hint("/v1/chat/completions"));
+        assert_eq!(a.on_message(&msg("", r#"{"choices":[{"delta""#)), 0);
+        assert_eq!((a.api(), a.summary().malformed), (Api::OpenAi, 1));
+    }
+
+    #[test]
+    fn undecided_streams_settle_for_the_path_or_unknown() {
+        let mut a = Auto::new(Some(Api::Anthropic));
+        for _ in 0..MAX_UNDECIDED {
+            assert_eq!(a.on_message(&msg("error", "{}")), 0);
+        }
+        assert_eq!(a.api(), Api::Anthropic);
+        assert_eq!(a.summary().malformed, 0);
+
+        let mut a = Auto::new(None);
+        for _ in 0..MAX_UNDECIDED * 2 {
+            assert_eq!(a.on_message(&msg("", "not json")), 0);
+        }
+        assert_eq!(a.api(), Api::Unknown);
+        assert_eq!(
+            a.summary().malformed,
+            0,
+            "an unknown format has no malformed messages"
+        );
+        assert!(a.inner.is_some(), "gave up sniffing");
+    }
+}

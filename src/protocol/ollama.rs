@@ -1,0 +1,115 @@
+//! Ollama native `/api/generate` and `/api/chat`: newline-delimited JSON, not SSE.
+//!
+//! Each line is one token (Ollama streams token by token). A token-bearing line has generated
+//! output: `response` or `thinking` (generate), `message.content`, `message.thinking` or
+//! `message.tool_calls` (chat). The last line (`"done": true`) reports `eval_count` (output
+//! tokens) and `prompt_eval_count` (prompt tokens evaluated). A non-streaming answer is that last
+//! line with the whole text.
+
+use serde::Deserialize;
+
+use super::json::{parse, Count, Str, Text};
+use super::{Api, Extractor, Message, Summary};
+
+/// The Ollama extractor.
+#[derive(Debug, Default)]
+pub struct Ollama {
+    summary: Summary,
+}
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(default, borrow)]
+    model: Str<'a>,
+    #[serde(default)]
+    response: Text,
+    #[serde(default)]
+    thinking: Text,
+    #[serde(default)]
+    message: Option<ChatMessage>,
+    #[serde(default)]
+    eval_count: Count,
+    #[serde(default)]
+    prompt_eval_count: Count,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    #[serde(default)]
+    content: Text,
+    #[serde(default)]
+    thinking: Text,
+    #[serde(default)]
+    tool_calls: Text,
+}
+
+impl Extractor for Ollama {
+    fn api(&self) -> Api {
+        Api::Ollama
+    }
+
+    fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        let Some(line) = parse::<Line<'_>>(msg.data, &mut self.summary.malformed) else {
+            return 0;
+        };
+        self.summary.name_model(line.model.0);
+        if line.eval_count.0.is_some() {
+            self.summary.output_tokens = line.eval_count.0;
+        }
+        if line.prompt_eval_count.0.is_some() {
+            self.summary.input_tokens = line.prompt_eval_count.0;
+        }
+        let chat = line
+            .message
+            .is_some_and(|m| m.content.0 || m.thinking.0 || m.tool_calls.0);
+        u32::from(line.response.0 || line.thinking.0 || chat)
+    }
+
+    fn summary(&self) -> &Summary {
+        &self.summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lines: &[&str]) -> (Vec<u32>, Summary) {
+        let mut x = Ollama::default();
+        let counts = lines
+            .iter()
+            .map(|l| {
+                x.on_message(&Message {
+                    event: "",
+                    data: l.as_bytes(),
+                })
+            })
+            .collect();
+        (counts, x.summary().clone())
+    }
+
+    #[test]
+    fn generate_with_thinking() {
+        let (counts, s) = run(&[
+            r#"{"model":"gpt-oss:120b","created_at":"t","response":"","done":false}"#,
+            r#"{"model":"gpt-oss:120b","created_at":"t","response":"","thinking":"We","done":false}"#,
+            r#"{"model":"gpt-oss:120b","created_at":"t","response":"Hi","done":false}"#,
+            r#"{"model":"gpt-oss:120b","created_at":"t","response":"","done":true,"done_reason":"stop","prompt_eval_count":81,"eval_count":34,"eval_duration":1}"#,
+        ]);
+        assert_eq!(counts, [0, 1, 1, 0]);
+        assert_eq!(s.model.as_deref(), Some("gpt-oss:120b"));
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(81), Some(34)));
+    }
+
+    #[test]
+    fn chat_with_tool_calls_and_errors() {
+        let (counts, s) = run(&[
+            r#"{"model":"m","created_at":"t","message":{"role":"assistant","content":"Ok"},"done":false}"#,
+            r#"{"model":"m","created_at":"t","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},"done":false}"#,
+            r#"{"model":"m","created_at":"t","message":{"role":"assistant","content":""},"done":true,"eval_count":2}"#,
+            r#"{"error":"model runner has unexpectedly stopped"}"#,
+        ]);
+        assert_eq!(counts, [1, 1, 0, 0]);
+        assert_eq!((s.output_tokens, s.malformed), (Some(2), 0));
+    }
+}

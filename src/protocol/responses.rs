@@ -1,0 +1,180 @@
+//! The OpenAI Responses API (`/v1/responses`), as OpenAI, Azure, OpenRouter, DeepSeek, Bedrock
+//! and LM Studio serve it.
+//!
+//! Every event names itself in its JSON `type` (the SSE `event:` line is optional: Bedrock and
+//! Azure send data-only streams). An event is token-bearing when its type ends in `.delta` and it
+//! carries a non-empty `delta`: output text, reasoning text and summaries, function-call and
+//! custom-tool arguments alike. `response.completed` (or `.incomplete`, `.failed`) carries the
+//! whole response, whose `usage` counts every output token, reasoning included. A non-streaming
+//! response is that same object on its own.
+
+use serde::Deserialize;
+
+use super::json::{parse, Count, Str, Text};
+use super::{Api, Extractor, Message, Summary};
+
+/// The Responses extractor.
+#[derive(Debug, Default)]
+pub struct Responses {
+    summary: Summary,
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type", default, borrow)]
+    kind: Str<'a>,
+    #[serde(default)]
+    delta: Text,
+    #[serde(default, borrow)]
+    response: Option<Response<'a>>,
+    /// A non-streaming response is the response object itself.
+    #[serde(default, borrow)]
+    object: Str<'a>,
+    #[serde(default, borrow)]
+    model: Str<'a>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    output: Text,
+}
+
+#[derive(Deserialize)]
+struct Response<'a> {
+    #[serde(default, borrow)]
+    model: Str<'a>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: Count,
+    #[serde(default)]
+    output_tokens: Count,
+}
+
+impl Responses {
+    fn take(&mut self, model: Str<'_>, usage: Option<Usage>) {
+        self.summary.name_model(model.0);
+        if let Some(u) = usage {
+            if u.input_tokens.0.is_some() {
+                self.summary.input_tokens = u.input_tokens.0;
+            }
+            if u.output_tokens.0.is_some() {
+                self.summary.output_tokens = u.output_tokens.0;
+            }
+        }
+    }
+}
+
+impl Extractor for Responses {
+    fn api(&self) -> Api {
+        Api::Responses
+    }
+
+    fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
+            return 0;
+        };
+        if ev.object.as_deref() == Some("response") {
+            self.take(ev.model, ev.usage);
+            return u32::from(ev.output.0);
+        }
+        if let Some(r) = ev.response {
+            self.take(r.model, r.usage);
+        }
+        let kind = ev.kind.as_deref().unwrap_or(msg.event);
+        u32::from(kind.ends_with(".delta") && ev.delta.0)
+    }
+
+    fn summary(&self) -> &Summary {
+        &self.summary
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
+        let mut x = Responses::default();
+        let counts = events
+            .iter()
+            .map(|(event, data)| {
+                x.on_message(&Message {
+                    event,
+                    data: data.as_bytes(),
+                })
+            })
+            .collect();
+        (counts, x.summary().clone())
+    }
+
+    #[test]
+    fn deltas_and_completed_usage() {
+        let (counts, s) = run(&[
+            (
+                "response.created",
+                r#"{"type":"response.created","response":{"model":"gpt-4o","usage":null}}"#,
+            ),
+            (
+                "",
+                r#"{"type":"response.output_item.added","item":{"type":"reasoning"}}"#,
+            ),
+            (
+                "",
+                r#"{"type":"response.reasoning_summary_text.delta","delta":"Think"}"#,
+            ),
+            (
+                "",
+                r#"{"type":"response.output_text.delta","delta":"Hi","logprobs":[]}"#,
+            ),
+            ("", r#"{"type":"response.output_text.delta","delta":""}"#),
+            (
+                "",
+                r#"{"type":"response.function_call_arguments.delta","delta":"{\"a\""}"#,
+            ),
+            ("", r#"{"type":"response.output_text.done","text":"Hi"}"#),
+            (
+                "",
+                r#"{"type":"response.completed","response":{"model":"gpt-4o","usage":{"input_tokens":9,"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}"#,
+            ),
+        ]);
+        assert_eq!(counts, [0, 0, 1, 1, 0, 1, 0, 0]);
+        assert_eq!(s.model.as_deref(), Some("gpt-4o"));
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(9), Some(30)));
+    }
+
+    #[test]
+    fn type_from_the_event_line_when_the_json_has_none() {
+        let (counts, _) = run(&[("response.output_text.delta", r#"{"delta":"x"}"#)]);
+        assert_eq!(counts, [1]);
+    }
+
+    #[test]
+    fn failed_and_errors_carry_no_tokens() {
+        let (counts, s) = run(&[
+            (
+                "error",
+                r#"{"type":"error","error":{"code":"insufficient_quota"}}"#,
+            ),
+            (
+                "",
+                r#"{"type":"response.failed","response":{"status":"failed","usage":null}}"#,
+            ),
+        ]);
+        assert_eq!(counts, [0, 0]);
+        assert_eq!((s.output_tokens, s.malformed), (None, 0));
+    }
+
+    #[test]
+    fn non_streaming_response() {
+        let (counts, s) = run(&[(
+            "",
+            r#"{"object":"response","model":"m","output":[{"type":"message"}],"usage":{"input_tokens":3,"output_tokens":4}}"#,
+        )]);
+        assert_eq!(counts, [1]);
+        assert_eq!((s.input_tokens, s.output_tokens), (Some(3), Some(4)));
+    }
+}
