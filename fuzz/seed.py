@@ -20,7 +20,9 @@ MAX = 16 * 1024  # libFuzzer mutates short inputs faster; the head of a stream h
 # Must match the tables in fuzz_targets/extractors.rs and fuzz_targets/tap.rs.
 EXTRACTOR_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/api/chat",
                    "/api/generate", "/generate", "/generate_stream", "/v1/responses",
-                   "/v1beta/models/m:streamGenerateContent", "/v1/embeddings", "/"]
+                   "/v1beta/models/m:streamGenerateContent", "/v1/embeddings", "/v2/chat",
+                   "/completion", "/v2/models/ensemble/generate_stream",
+                   "/ml/v1/generation/text_stream", "/v1/streams/abc", "/"]
 TAP_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/api/chat",
              "/api/generate", "/generate_stream", "/v1/embeddings", "/"]
 # (limit index, max-piece index): 4096-byte and 16-byte limits; 64-byte and 1-byte pieces.
@@ -60,7 +62,7 @@ def main():
     manifest = corpus / "MANIFEST.tsv"
     if not manifest.exists():
         sys.exit(f"seed.py: no corpus at {corpus}")
-    dirs = {t: FUZZ / "corpus" / t for t in ["sse", "ndjson", "extractors", "tap"]}
+    dirs = {t: FUZZ / "corpus" / t for t in ["sse", "ndjson", "extractors", "tap", "inject"]}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -75,6 +77,8 @@ def main():
                 ct = 3 if ndjson else 0
                 tap = head + bytes([ct, path_index(TAP_PATHS, row["endpoint"]), 0, 0])
                 (dirs["tap"] / f"{name}.{k}").write_bytes(tap + body)
+                if not ndjson:
+                    (dirs["inject"] / f"{name}.{k}").write_bytes(head + b"\0" + body)
             if ndjson:
                 msgs = [(b"", line) for line in body.split(b"\n") if line.strip()]
                 kind = 1

@@ -1,15 +1,16 @@
 //! Every extractor on arbitrary messages: none may panic, each must be deterministic, and a
 //! message can be counted malformed at most once. The request inspector gets the raw body too.
 //!
-//! Input: the shared header (its first byte picks the path and content type that choose the
-//! extractor through `protocol::select`, so a new format is covered as soon as `select` knows it),
-//! then messages separated by NUL bytes; a message with a 0x1F byte has the part before it as its
-//! SSE event name.
+//! Input: one byte that picks the path and content type for the auto-detecting extractor
+//! (`protocol::select` without `--api`), then messages separated by NUL bytes; a message with a
+//! 0x1F byte has the part before it as its SSE event name. Every pinned extractor
+//! (`protocol::extractor` for each of `Api::KNOWN`, so a new format is covered as soon as it is
+//! listed there) reads the same messages.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tokenmeter::protocol::{self, openai, request, Extractor, Message, Summary};
+use tokenmeter::protocol::{self, request, Api, Extractor, Message, Summary};
 
 /// Paths the formats serve (and some they do not), each tried with every framing.
 const PATHS: &[&str] = &[
@@ -23,6 +24,11 @@ const PATHS: &[&str] = &[
     "/v1/responses",
     "/v1beta/models/m:streamGenerateContent",
     "/v1/embeddings",
+    "/v2/chat",
+    "/completion",
+    "/v2/models/ensemble/generate_stream",
+    "/ml/v1/generation/text_stream",
+    "/v1/streams/abc",
     "/",
 ];
 const TYPES: &[&str] = &[
@@ -61,18 +67,25 @@ fuzz_target!(|data: &[u8]| {
 
     let path = PATHS[usize::from(pick) % PATHS.len()];
     let ct = TYPES[usize::from(pick / 16) % TYPES.len()];
-    let (_, mut a) = protocol::select(path, ct);
-    let (_, mut b) = protocol::select(path, ct);
+    let (_, mut a) = protocol::select(path, ct, None);
+    let (_, mut b) = protocol::select(path, ct, None);
     let first = run(a.as_mut(), &msgs);
     assert_eq!(
         first,
         run(b.as_mut(), &msgs),
-        "extractor is not deterministic"
+        "auto extractor is not deterministic"
     );
-    assert!(first.1.malformed <= msgs.len() as u64);
+    assert!(first.1.malformed <= msgs.len() as u64, "auto: {first:?}");
 
-    // The OpenAI extractor directly, whatever `select` picked.
-    let mut o = openai::OpenAi::default();
-    let (_, s, _) = run(&mut o, &msgs);
-    assert!(s.malformed <= msgs.len() as u64);
+    for api in Api::KNOWN.into_iter().chain([Api::Unknown]) {
+        let mut x = protocol::extractor(api);
+        let (counts, s, name) = run(x.as_mut(), &msgs);
+        assert!(s.malformed <= msgs.len() as u64, "{name}: {s:?}");
+        let mut y = protocol::extractor(api);
+        assert_eq!(
+            (counts, s, name),
+            run(y.as_mut(), &msgs),
+            "{name} is not deterministic"
+        );
+    }
 });

@@ -77,6 +77,7 @@ fuzz_target!(|data: &[u8]| {
         model: (flags & 2 == 2).then(|| "req-model".to_owned()),
         stream: true,
         include_usage: flags & 4 == 4,
+        usage_injected: flags & 128 == 128,
     };
     let mut meter = recorder.start(request);
     if flags & 64 == 0 {
