@@ -21,7 +21,7 @@ import urllib.request
 
 FIELDS = ["t_s", "phase", "rss_kb", "cpu_s", "fds", "threads", "prefill", "decode",
           "requests", "complete", "client_disconnect", "upstream_error", "timeout",
-          "non_200", "output_tokens", "parse_errors"]
+          "non_200", "output_tokens", "parse_errors", "loadavg"]
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -68,6 +68,8 @@ def row(pid, metrics, t0, phase):
         "non_200": total(s, req) - total(s, req, code="200"),
         "output_tokens": total(s, "tokenmeter_output_tokens_total"),
         "parse_errors": total(s, "tokenmeter_parse_errors_total"),
+        # The machine is shared: the 1-minute load average says how contended the run was.
+        "loadavg": float(open("/proc/loadavg").read().split()[0]),
     }
 
 
@@ -130,6 +132,9 @@ def check(a):
         float(load[-1]["t_s"]) - float(load[0]["t_s"]), 1e-9)
     print(f"tokenmeter cpu: {cpu * 100:.0f}% of one core on average;  fds max"
           f" {max(int(r['fds']) for r in load)};  threads max {max(int(r['threads']) for r in load)}")
+    loads = [float(r["loadavg"]) for r in load]
+    print(f"machine load average (1 min, {os.cpu_count()} cores): min {min(loads):.1f}"
+          f"  mean {mean(loads):.1f}  max {max(loads):.1f}")
     secs = int(wrk["duration_us"]) / 1e6
     print(f"wrk: {wrk['requests']} responses in {secs:.0f} s ({int(wrk['requests']) / secs:.1f}/s),"
           f" {int(wrk['bytes']) / 2**20:.0f} MiB, latency p50 {wrk['p50_ms']} ms p99 {wrk['p99_ms']} ms")
