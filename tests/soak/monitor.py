@@ -124,6 +124,13 @@ def check(a):
     rss = [float(r["rss_kb"]) / 1024 for r in load]
     print(f"rss MiB: min {min(rss):.1f}  max {max(rss):.1f}  2nd-quarter mean {mean(q2) / 1024:.1f}"
           f"  last-quarter mean {mean(q4) / 1024:.1f}  ratio {ratio:.3f}")
+    # A leak grows with the work done; an allocator's high-water mark does not. Bytes of RSS per
+    # request over the second half of the run tell them apart.
+    half = load[len(load) // 2:]
+    served = float(half[-1]["requests"]) - float(half[0]["requests"])
+    grown = (float(half[-1]["rss_kb"]) - float(half[0]["rss_kb"])) * 1024
+    print(f"rss growth over the second half: {grown / 2**20:+.1f} MiB for {served:.0f} requests"
+          f" ({grown / max(served, 1):+.0f} bytes per request)")
     steady = load[q:]
     flight = [float(r["prefill"]) + float(r["decode"]) for r in steady]
     print(f"in flight (after the first quarter): min {min(flight):.0f}  mean {mean(flight):.0f}"
