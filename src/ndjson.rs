@@ -32,6 +32,11 @@ impl Decoder {
         self.errors
     }
 
+    /// Bytes held between calls: the incomplete line, never more than the limit.
+    pub fn buffered(&self) -> usize {
+        self.line.len()
+    }
+
     /// Feeds the next piece of the stream; calls `on` for every line it completes.
     pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         while let Some(end) = memchr::memchr(b'\n', chunk) {

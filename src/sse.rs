@@ -67,6 +67,13 @@ impl Decoder {
         self.errors
     }
 
+    /// Bytes held between calls: the incomplete line, the current event's data and its name.
+    /// Each is bounded by the limit (the name can be up to 3x its input after lossy UTF-8
+    /// replacement, and a partial BOM of up to 2 bytes is held at the start whatever the limit).
+    pub fn buffered(&self) -> usize {
+        self.line.len() + self.data.len() + self.event.len()
+    }
+
     /// Feeds the next piece of the stream; calls `on` for every event it completes.
     pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         if self.at_start {

@@ -7,5 +7,6 @@ mod cli;
 mod corpus;
 mod faults;
 mod inject;
+mod props;
 mod proxy;
 mod sim;

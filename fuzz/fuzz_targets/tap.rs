@@ -1,0 +1,120 @@
+//! The whole meter path a tapped response takes: `Recorder::start`, `Meter::on_response` with an
+//! arbitrary content type and path, `on_data` for every piece, then the end (a `finish` with any
+//! outcome, or a drop as when the client goes away). It must not panic, must count the request
+//! exactly once, and must leave every in-flight gauge at 0.
+//!
+//! Input: the shared header, then four bytes (content type, path, flags, status), then the body. A content
+//! type or path index past its table takes the string from the body's first line instead.
+
+#![no_main]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{pieces, Header};
+use libfuzzer_sys::fuzz_target;
+use prometheus::core::Collector;
+use prometheus::IntCounterVec;
+use tokenmeter::meter::Recorder;
+use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::protocol::request::RequestInfo;
+
+const TYPES: &[&str] = &[
+    "text/event-stream",
+    "text/event-stream; charset=utf-8",
+    "TEXT/EVENT-STREAM",
+    "application/x-ndjson",
+    "application/json",
+    "application/json; charset=utf-8",
+    "text/plain",
+    "",
+];
+const PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/api/chat",
+    "/api/generate",
+    "/generate_stream",
+    "/v1/embeddings",
+    "/",
+];
+const STATUSES: &[u16] = &[
+    200, 200, 200, 200, 201, 204, 400, 404, 429, 500, 502, 503, 504,
+];
+
+fn total(c: &IntCounterVec) -> f64 {
+    c.collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric())
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+fn pick<'a>(table: &[&'a str], i: u8, fallback: &'a str) -> &'a str {
+    table.get(usize::from(i)).copied().unwrap_or(fallback)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((h, rest)) = Header::parse(data) else {
+        return;
+    };
+    let Some((&[ct, path, flags, status], body)) = rest.split_first_chunk::<4>() else {
+        return;
+    };
+    let first_line = body.split(|&b| b == b'\n').next().unwrap_or_default();
+    let first_line = std::str::from_utf8(first_line).unwrap_or("");
+    let ct = pick(TYPES, ct % 16, first_line);
+    let path = pick(PATHS, path % 16, first_line);
+    let encoded = flags & 1 == 1;
+    let status = STATUSES[usize::from(status) % STATUSES.len()];
+
+    let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
+    let recorder = Arc::new(Recorder::new(metrics.clone(), h.limit));
+    let request = RequestInfo {
+        model: (flags & 2 == 2).then(|| "req-model".to_owned()),
+        stream: true,
+        include_usage: flags & 4 == 4,
+        usage_injected: flags & 128 == 128,
+    };
+    let mut meter = recorder.start(request);
+    if flags & 64 == 0 {
+        meter.on_response(status, path, ct, encoded);
+    } else {
+        // The upstream never answered: the proxy made the response itself.
+        meter.set_status(status);
+    }
+    let start = Instant::now();
+    for (i, piece) in pieces(body, h.max_piece, h.seed).into_iter().enumerate() {
+        // Times move forward a millisecond a piece, so the timing arithmetic sees real gaps.
+        meter.on_data(piece, start + Duration::from_millis(i as u64));
+    }
+    match (flags >> 3) & 3 {
+        0 => meter.finish(Outcome::Complete),
+        1 => meter.finish(Outcome::UpstreamError),
+        2 => meter.finish(Outcome::Timeout),
+        _ => {} // dropped unfinished: the client went away
+    }
+    // Finishing again (as the tap's Drop does after an end) must change nothing.
+    if flags & 32 == 0 {
+        meter.finish(Outcome::ClientDisconnect);
+    }
+    drop(meter);
+
+    assert_eq!(
+        total(&metrics.requests),
+        1.0,
+        "request not counted exactly once"
+    );
+    for phase in ["prefill", "decode"] {
+        assert_eq!(
+            metrics.in_flight.with_label_values(&[phase]).get(),
+            0,
+            "{phase} gauge leaked"
+        );
+    }
+    assert_eq!(recorder.concurrency.current(), 0, "concurrency leaked");
+    let _ = metrics.render();
+});

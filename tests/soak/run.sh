@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Soak test (issue 6; not part of CI): STREAMS concurrent streaming requests through a release
+# tokenmeter for DURATION, against a streaming upstream. Samples tokenmeter's RSS, CPU, fds and
+# in-flight gauges every INTERVAL into a CSV, then checks: memory flat (last-quarter mean RSS
+# within 10% of the second quarter's), the concurrency was held, gauges back to 0, no non-2xx and
+# no errors at the load generator or in tokenmeter's counters. Exits non-zero if a check fails.
+#
+#   tests/soak/run.sh                 # 1,000 streams for 10 minutes
+#   SOAK_DURATION=60 SOAK_STREAMS=200 tests/soak/run.sh
+#
+# Settings (environment): SOAK_DURATION seconds (600), SOAK_STREAMS (1000), SOAK_TOKENS per
+# response (50), SOAK_GAP_MS between tokens (200), SOAK_TTFT_MS (200), SOAK_INTERVAL seconds
+# between samples (5), SOAK_NICE (10: it shares the machine), SOAK_OUT (target/soak).
+# The load generator is wrk (Debian package, installed when missing) with soak.lua; the upstream
+# is upstream.py, a stdlib-only OpenAI-compatible streamer.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../.."
+
+duration=${SOAK_DURATION:-600}
+streams=${SOAK_STREAMS:-1000}
+tokens=${SOAK_TOKENS:-50}
+gap_ms=${SOAK_GAP_MS:-200}
+ttft_ms=${SOAK_TTFT_MS:-200}
+interval=${SOAK_INTERVAL:-5}
+niceness=${SOAK_NICE:-10}
+out=${SOAK_OUT:-target/soak}
+mkdir -p "$out"
+
+# tokenmeter holds two sockets a stream (client side and upstream side): raise the soft limit.
+hard=$(ulimit -Hn)
+if [ "$hard" = unlimited ] || [ "$hard" -gt 65536 ]; then hard=65536; fi
+ulimit -n "$hard"
+if [ "$hard" -lt $((2 * streams + 256)) ]; then
+  echo "soak: open-file limit $hard is too low for $streams streams" >&2
+  exit 1
+fi
+if ! command -v wrk >/dev/null; then
+  echo "soak: installing wrk"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+fi
+
+echo "soak: building release"
+nice -n "$niceness" cargo build --release --locked --quiet
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+up_port=$(free_port)
+proxy_port=$(free_port)
+metrics_port=$(free_port)
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+nice -n "$niceness" python3 "$here/upstream.py" "$up_port" --tokens "$tokens" \
+  --gap-ms "$gap_ms" --ttft-ms "$ttft_ms" >"$out/upstream.log" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+TOKENMETER_LOG=warn nice -n "$niceness" target/release/tokenmeter \
+  --upstream "http://127.0.0.1:$up_port" --listen "127.0.0.1:$proxy_port" \
+  --metrics-listen "127.0.0.1:$metrics_port" >"$out/tokenmeter.log" 2>&1 &
+tm_pid=$!
+pids+=("$tm_pid")
+
+# Both must be up before the load starts (tokenmeter is ready without its upstream, by design).
+for _ in $(seq 300); do
+  curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null 2>&1 &&
+    grep -q listening "$out/upstream.log" && break
+  sleep 0.1
+done
+curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null
+grep -q listening "$out/upstream.log" || { echo "soak: upstream did not start" >&2; exit 1; }
+
+echo "soak: $streams streams for ${duration}s ($tokens tokens ${gap_ms} ms apart each); output in $out/"
+nice -n "$niceness" wrk -t1 -c"$streams" -d"${duration}s" --timeout 120s -s "$here/soak.lua" \
+  "http://127.0.0.1:$proxy_port/v1/chat/completions" >"$out/wrk.txt" 2>&1 &
+wrk_pid=$!
+pids+=("$wrk_pid")
+
+python3 "$here/monitor.py" sample --pid "$tm_pid" --metrics "http://127.0.0.1:$metrics_port/metrics" \
+  --csv "$out/samples.csv" --while-pid "$wrk_pid" --interval "$interval"
+wait "$wrk_pid" || true
+curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$out/metrics.txt"
+
+# A clean stop: SIGTERM with nothing in flight must exit 0.
+kill -TERM "$tm_pid"
+tm_rc=0
+wait "$tm_pid" || tm_rc=$?
+kill -TERM "$up_pid"
+wait "$up_pid" || true
+
+echo
+cat "$out/wrk.txt"
+grep '^upstream ' "$out/upstream.log" || true
+echo
+rc=0
+python3 "$here/monitor.py" check --csv "$out/samples.csv" --wrk "$out/wrk.txt" \
+  --scrape "$out/metrics.txt" --streams "$streams" || rc=1
+if [ "$tm_rc" = 0 ]; then
+  echo "PASS  clean exit: tokenmeter exited 0 on SIGTERM"
+else
+  echo "FAIL  clean exit: tokenmeter exited $tm_rc on SIGTERM"
+  rc=1
+fi
+exit "$rc"
