@@ -95,6 +95,13 @@ pub fn add_usage(path: &str, body: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// True when `bytes` hold a key only a choice has: the event is content, not the usage chunk.
+fn has_choice_key(bytes: &[u8]) -> bool {
+    CHOICE_KEYS
+        .iter()
+        .any(|k| memchr::memmem::find(bytes, k).is_some())
+}
+
 /// True when an event's data is the usage-only chunk: `choices` present and empty, `usage` set.
 fn is_usage_only(event: &[u8]) -> bool {
     let mut data = Vec::new();
@@ -230,7 +237,9 @@ impl UsageFilter {
     /// A blank line ended the current event (its bytes are pushed already).
     fn end_event(&mut self, out: &mut BytesMut) -> LfOwner {
         let owner = match self.mode {
-            Mode::Holding if is_usage_only(&self.held) => {
+            // An event with a choice key is never removed: pieces may already have released it
+            // for that key, and whether it is removed must not depend on how it was split.
+            Mode::Holding if !has_choice_key(&self.held) && is_usage_only(&self.held) => {
                 self.removed += 1;
                 LfOwner::Removed
             }
@@ -255,10 +264,7 @@ impl UsageFilter {
         // Search only what is new, with an overlap for a key split across pieces.
         let from = self.scanned.saturating_sub(8);
         let tail = &self.held[from..];
-        if CHOICE_KEYS
-            .iter()
-            .any(|k| memchr::memmem::find(tail, k).is_some())
-        {
+        if has_choice_key(tail) {
             out.extend_from_slice(&self.held);
             self.held.clear();
             self.scanned = 0;

@@ -515,7 +515,6 @@ fn usage_filter(parts: &[&[u8]]) -> (Vec<u8>, u64) {
 /// because the filter releases a held event as soon as it sees one. Whether the client sees the
 /// chunk must not depend on how the upstream's bytes were framed.
 #[test]
-#[ignore = "open bug in src/inject.rs, reported to the lead: un-ignore with the fix"]
 fn regression_usage_only_event_holding_a_choice_key_is_filtered_the_same_however_split() {
     let body: &[u8] = b"data: {\"choices\":[],\"usage\":{\"index\":1}}\n\n";
     let whole = usage_filter(&[body]);
