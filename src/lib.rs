@@ -13,9 +13,15 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//!
+//! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
+//! runs the simulator, the proxy and a ramping load in one process; and
+//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
 
 pub mod admin;
+pub mod bench;
 pub mod config;
+pub mod demo;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
@@ -24,5 +30,6 @@ pub mod protocol;
 pub mod proxy;
 pub mod server;
 pub mod signal;
+pub mod sim;
 pub mod sse;
 pub mod tap;

@@ -23,10 +23,27 @@ struct Cli {
 enum Command {
     /// Run the proxy (the default when no subcommand is given).
     Proxy(ProxyArgs),
+    /// Load-test an OpenAI-compatible server: per-request vs aggregate tokens/s by concurrency.
+    Bench(tokenmeter::bench::BenchArgs),
+    /// Run a simulated inference server (continuous batching, OpenAI/Anthropic/Ollama/TGI APIs).
+    Sim(tokenmeter::sim::SimArgs),
+    /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
+    Demo(tokenmeter::demo::DemoArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
 const EXIT_USAGE: u8 = 64;
+
+/// The exit code of a subcommand: a one-line error, 64 for bad flags.
+fn exit<E: std::fmt::Display>(r: Result<(), E>, is_usage: impl Fn(&E) -> bool) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tokenmeter: error: {e}");
+            ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
+        }
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -38,6 +55,9 @@ fn main() -> ExitCode {
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
+        Some(Command::Bench(args)) => return tokenmeter::bench::main(&args),
+        Some(Command::Sim(args)) => return exit(tokenmeter::sim::run(&args), |e| e.is_usage()),
+        Some(Command::Demo(args)) => return exit(tokenmeter::demo::run(&args), |e| e.is_usage()),
         None => cli.proxy,
     };
     let cfg = match args.validate() {

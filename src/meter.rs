@@ -232,6 +232,14 @@ impl Meter {
         }
         let now = Instant::now();
         self.flush(outcome == Outcome::Complete, now);
+        // A client may hang up once the stream's own end marker has passed, before the HTTP
+        // body's end (GuideLLM stops reading at `[DONE]`): it received the whole response.
+        let outcome =
+            if outcome == Outcome::ClientDisconnect && self.stream.extractor.summary().ended {
+                Outcome::Complete
+            } else {
+                outcome
+            };
         let rec = &*self.recorder;
         let m = &rec.metrics;
         let s = &self.stream;
@@ -446,6 +454,30 @@ mod tests {
         let tps = sample(&rec, "tokenmeter_request_tokens_per_second_sum");
         assert!((tps - 50.0).abs() < 1e-6, "{tps}");
         assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+    }
+
+    // Regression: behind a real vLLM, GuideLLM closed 3 of 99 completed streams right after
+    // `data: [DONE]`, before the chunked terminator, and they were counted as client_disconnect.
+    #[test]
+    fn a_client_that_leaves_after_done_got_a_complete_response() {
+        let rec = recorder();
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        meter.on_data(CHUNK.as_bytes(), Instant::now());
+        meter.on_data(b"data: [DONE]\n\n", Instant::now());
+        drop(meter);
+        let complete = "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"}";
+        assert_eq!(sample(&rec, complete), 1.0);
+        assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 1.0);
+
+        // Before the end marker, leaving is still a disconnect.
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        meter.on_data(CHUNK.as_bytes(), Instant::now());
+        drop(meter);
+        let cut = "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"client_disconnect\"}";
+        assert_eq!(sample(&rec, cut), 1.0);
+        assert_eq!(sample(&rec, complete), 1.0);
     }
 
     #[test]

@@ -137,17 +137,7 @@ mod tests {
     use super::*;
 
     fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
-        let mut x = Anthropic::default();
-        let counts = events
-            .iter()
-            .map(|(event, data)| {
-                x.on_message(&Message {
-                    event,
-                    data: data.as_bytes(),
-                })
-            })
-            .collect();
-        (counts, x.summary().clone())
+        crate::protocol::testing::run(&mut Anthropic::default(), events.iter().copied())
     }
 
     #[test]

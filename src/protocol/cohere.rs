@@ -138,17 +138,7 @@ mod tests {
     use super::*;
 
     fn run(events: &[&str]) -> (Vec<u32>, Summary) {
-        let mut x = Cohere::default();
-        let counts = events
-            .iter()
-            .map(|e| {
-                x.on_message(&Message {
-                    event: "",
-                    data: e.as_bytes(),
-                })
-            })
-            .collect();
-        (counts, x.summary().clone())
+        crate::protocol::testing::run(&mut Cohere::default(), events.iter().map(|e| ("", *e)))
     }
 
     #[test]

@@ -144,6 +144,8 @@ pub struct Summary {
     pub token_id_tokens: Option<u64>,
     /// Messages that were not valid JSON of the expected shape.
     pub malformed: u64,
+    /// The stream sent its own end marker (OpenAI's `data: [DONE]`): the client has everything.
+    pub ended: bool,
 }
 
 impl Summary {
@@ -333,5 +335,28 @@ mod tests {
         assert_eq!(s.output(7), (9, TokenSource::TokenIds));
         s.output_tokens = Some(11);
         assert_eq!(s.output(7), (11, TokenSource::Usage));
+    }
+}
+
+/// What every extractor's unit tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{Extractor, Message, Summary};
+
+    /// Feeds `(event, data)` messages to `x`; returns the tokens each carried and the summary.
+    pub fn run<'a>(
+        x: &mut dyn Extractor,
+        events: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (Vec<u32>, Summary) {
+        let counts = events
+            .into_iter()
+            .map(|(event, data)| {
+                x.on_message(&Message {
+                    event,
+                    data: data.as_bytes(),
+                })
+            })
+            .collect();
+        (counts, x.summary().clone())
     }
 }

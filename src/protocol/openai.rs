@@ -116,6 +116,10 @@ impl Extractor for OpenAi {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        if msg.data == b"[DONE]" {
+            self.summary.ended = true;
+            return 0;
+        }
         let Some(chunk) = parse::<Chunk<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
@@ -164,17 +168,7 @@ mod tests {
     use super::*;
 
     fn run(events: &[&str]) -> (Vec<u32>, Summary) {
-        let mut x = OpenAi::default();
-        let counts = events
-            .iter()
-            .map(|e| {
-                x.on_message(&Message {
-                    event: "",
-                    data: e.as_bytes(),
-                })
-            })
-            .collect();
-        (counts, x.summary().clone())
+        crate::protocol::testing::run(&mut OpenAi::default(), events.iter().map(|e| ("", *e)))
     }
 
     #[test]
@@ -188,6 +182,7 @@ mod tests {
             "[DONE]",
         ]);
         assert_eq!(counts, [0, 1, 1, 0, 0, 0]);
+        assert!(s.ended);
         assert_eq!(s.model.as_deref(), Some("m"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(5), Some(2)));
         assert_eq!(s.malformed, 0);

@@ -98,17 +98,7 @@ mod tests {
     use super::*;
 
     fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
-        let mut x = Responses::default();
-        let counts = events
-            .iter()
-            .map(|(event, data)| {
-                x.on_message(&Message {
-                    event,
-                    data: data.as_bytes(),
-                })
-            })
-            .collect();
-        (counts, x.summary().clone())
+        crate::protocol::testing::run(&mut Responses::default(), events.iter().copied())
     }
 
     #[test]

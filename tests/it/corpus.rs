@@ -241,6 +241,7 @@ fn load(test: &str) -> Option<Vec<Entry>> {
 
 #[test]
 fn every_file_decodes_the_same_at_every_split_position() {
+    let _turn = crate::support::serial_blocking();
     let Some(entries) = load("every split position") else {
         return;
     };
@@ -252,6 +253,7 @@ fn every_file_decodes_the_same_at_every_split_position() {
 
 #[test]
 fn every_file_reads_the_same_in_random_pieces() {
+    let _turn = crate::support::serial_blocking();
     let Some(entries) = load("random pieces") else {
         return;
     };

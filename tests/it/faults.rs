@@ -190,6 +190,7 @@ async fn client_hanging_up_during_prefill_cancels_the_upstream_request() {
 
 #[tokio::test]
 async fn a_slow_reader_holds_the_upstream_back_instead_of_growing_a_buffer() {
+    let _turn = crate::support::serial().await;
     const PIECE: usize = 64 * 1024;
     const PIECES: usize = 2048; // 128 MiB
     let up = upstream::spawn(|_| {
@@ -322,6 +323,7 @@ async fn http2_clients_and_h2c_upstreams_work_and_are_metered() {
 
 #[tokio::test]
 async fn a_50_mb_line_is_forwarded_whole_and_counted_not_parsed() {
+    let _turn = crate::support::serial().await;
     let mut body = b"data: ".to_vec();
     body.extend(std::iter::repeat(b'y').take(50 << 20));
     body.extend_from_slice(b"\n\ndata: [DONE]\n\n");

@@ -2,9 +2,11 @@
 
 mod support;
 
+mod bench;
 mod cli;
 mod corpus;
 mod faults;
 mod inject;
 mod props;
 mod proxy;
+mod sim;

@@ -15,6 +15,7 @@ const MS: Duration = Duration::from_millis(1);
 
 #[tokio::test]
 async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
+    let _turn = crate::support::serial().await;
     let Some(entries) = corpus::load("corpus passthrough") else {
         return;
     };
@@ -199,6 +200,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
 
 #[tokio::test]
 async fn an_event_reaches_the_client_before_the_upstream_pauses() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| {
         Reply::sse(vec![
             Step::Send(Bytes::from_static(
@@ -231,6 +233,7 @@ fn timed_upstream_steps() -> Vec<Step> {
 
 #[tokio::test]
 async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| Reply::sse(timed_upstream_steps())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let seen = client::post(
@@ -311,6 +314,7 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
 
 #[tokio::test]
 async fn eight_concurrent_streams_land_in_band_5_to_8() {
+    let _turn = crate::support::serial().await;
     let up = upstream::spawn(|_| Reply::sse(timed_upstream_steps())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let url = format!("{}/v1/chat/completions", proxy.url());

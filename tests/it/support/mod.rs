@@ -107,6 +107,21 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     }
 }
 
+/// One test at a time among those that take it: wall-clock measurements, and tests that keep
+/// the CPU busy. On a 2-core machine a busy test starves a timing test's timers, and the timing
+/// test then measures the machine instead of the code.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Takes the serial turn in an async test.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+/// Takes the serial turn in a plain (non-async) test.
+pub fn serial_blocking() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.blocking_lock()
+}
+
 /// True when the suite runs in CI, where missing prerequisites are failures, not skips.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")

@@ -1,0 +1,141 @@
+//! Synthetic requests: prompts of about N tokens and the JSON bodies that carry them.
+//!
+//! A prompt is N words drawn from a list of common English words, each one token in the usual
+//! tokenizers (Llama, Mistral, Qwen, GPT), so N words come to about N tokens; the server's own
+//! `usage.prompt_tokens` is reported next to it so the real figure is visible. Every request gets
+//! different words (a seeded xorshift generator, so a run is repeatable), because identical
+//! prompts would hit the server's prefix cache and make TTFT look better than it is.
+//!
+//! Each body asks for exactly `max_tokens` tokens (`ignore_eos: true`, which vLLM and SGLang
+//! honour) and for the final usage chunk (`stream_options.include_usage`), whose
+//! `completion_tokens` is the output count the bench trusts.
+
+use serde_json::json;
+
+/// Which OpenAI endpoint the bench drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `/v1/chat/completions` with one user message.
+    Chat,
+    /// `/v1/completions` with a plain prompt.
+    Completions,
+}
+
+impl Endpoint {
+    /// The path under the `/v1` base.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/chat/completions",
+            Endpoint::Completions => "/completions",
+        }
+    }
+}
+
+/// Words that are a single token (with their leading space) in the common tokenizers.
+const WORDS: &[&str] = &[
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "at", "be",
+    "this", "have", "from", "or", "one", "had", "by", "word", "but", "not", "what", "all", "were",
+    "we", "when", "your", "can", "said", "there", "use", "each", "which", "she", "do", "how",
+    "their", "if", "will", "up", "other", "about", "out", "many", "then", "them", "these", "so",
+    "some", "her", "would", "make", "like", "him", "into", "time", "has", "look", "two", "more",
+    "write", "go", "see", "number", "no", "way", "could", "people", "my", "than", "first", "water",
+    "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get",
+    "come", "made", "may", "part",
+];
+
+/// Builds the request bodies of one run.
+#[derive(Debug, Clone)]
+pub struct RequestBuilder {
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub prompt_tokens: usize,
+    pub output_tokens: u64,
+    pub seed: u64,
+}
+
+impl RequestBuilder {
+    /// The prompt of request number `n`: `prompt_tokens` words, different for every `n`.
+    pub fn prompt(&self, n: u64) -> String {
+        // splitmix64 of (seed, n) seeds a xorshift64*; both are tiny and good enough to make
+        // prompts differ, which is all we need of them.
+        let mut z = self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let mut x = (z ^ (z >> 31)) | 1;
+        let mut out = String::with_capacity(self.prompt_tokens * 6);
+        for i in 0..self.prompt_tokens {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(WORDS[(r >> 33) as usize % WORDS.len()]);
+        }
+        out
+    }
+
+    /// The JSON body of request number `n`, asking for `max_tokens` output tokens.
+    pub fn body(&self, n: u64, max_tokens: u64) -> Vec<u8> {
+        let prompt = self.prompt(n);
+        let mut body = json!({
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+            "ignore_eos": true,
+            "temperature": 0,
+        });
+        match self.endpoint {
+            Endpoint::Chat => {
+                body["messages"] = json!([{ "role": "user", "content": prompt }]);
+            }
+            Endpoint::Completions => body["prompt"] = json!(prompt),
+        }
+        body.to_string().into_bytes()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
+mod tests {
+    use super::*;
+
+    fn builder(endpoint: Endpoint) -> RequestBuilder {
+        RequestBuilder {
+            endpoint,
+            model: "m".into(),
+            prompt_tokens: 100,
+            output_tokens: 7,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn prompts_have_n_words_differ_per_request_and_repeat_per_seed() {
+        let b = builder(Endpoint::Chat);
+        assert_eq!(b.prompt(0).split(' ').count(), 100);
+        assert_ne!(b.prompt(0), b.prompt(1));
+        assert_eq!(b.prompt(5), builder(Endpoint::Chat).prompt(5));
+        assert!(b.prompt(3).split(' ').all(|w| WORDS.contains(&w)));
+    }
+
+    #[test]
+    fn bodies_ask_for_exact_length_and_usage() {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            let b = builder(endpoint);
+            let v: serde_json::Value = serde_json::from_slice(&b.body(0, 7)).unwrap();
+            assert_eq!(v["max_tokens"], 7);
+            assert_eq!(v["ignore_eos"], true);
+            assert_eq!(v["stream"], true);
+            assert_eq!(v["stream_options"]["include_usage"], true);
+            let prompt = match endpoint {
+                Endpoint::Chat => &v["messages"][0]["content"],
+                Endpoint::Completions => &v["prompt"],
+            };
+            assert_eq!(prompt.as_str().unwrap().split(' ').count(), 100);
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The proxy's side of the story: with `--proxy-metrics URL`, tokenmeter's `/metrics` is scraped
+//! before and after each level, and the difference is printed next to the client's figures, so
+//! any disagreement between what the client saw and what the proxy measured is visible.
+//!
+//! This module reads metric names; it does not define them (that is `crate::metrics`'s job, and
+//! the integration tests check these names against a live proxy's exposition). Every series of
+//! a family is summed over its labels: the bench assumes it is the proxy's only client while it
+//! runs. The proxy's TTFT median comes from its histogram buckets by linear interpolation, as
+//! PromQL's `histogram_quantile` does, so it is only as fine as the buckets; the bucket holding it
+//! is reported as its resolution. To compare like with like, the client's own TTFT samples are
+//! put into the same buckets and read the same way: the two medians then differ only by what was
+//! measured, not by how a median is estimated (a histogram's median is the ⌈n/2⌉-th value's
+//! bucket, while the client's exact p50 of an even count averages the two middle values, which
+//! can be far apart when some requests queued and others did not). The mean (`_sum / _count`)
+//! is exact and is reported too.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+
+const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
+const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
+const REQUESTS: &str = "tokenmeter_requests_total";
+/// Present in every tokenmeter exposition, even before the first request.
+const BUILD_INFO: &str = "tokenmeter_build_info";
+
+/// Largest exposition read; tokenmeter's is a few tens of KiB.
+const MAX_SCRAPE: usize = 16 << 20;
+
+/// How long a scrape may take.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the proxy's metrics could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyViewError {
+    #[error("cannot scrape {url}: {reason}")]
+    Fetch { url: String, reason: String },
+    #[error("{url} is not tokenmeter's /metrics (no {BUILD_INFO})")]
+    NotTokenmeter { url: String },
+}
+
+/// The families the comparison needs, each summed over its label sets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Cumulative TTFT bucket counts by upper bound (`+Inf` last), ascending.
+    pub ttft_buckets: Vec<(f64, f64)>,
+    pub ttft_sum: f64,
+    pub ttft_count: f64,
+    pub output_tokens: f64,
+    pub requests: f64,
+}
+
+impl Snapshot {
+    /// Reads a Prometheus text exposition; `None` when it is not tokenmeter's.
+    pub fn parse(text: &str) -> Option<Snapshot> {
+        let mut s = Snapshot::default();
+        let mut tokenmeter = false;
+        for line in text.lines() {
+            let Some(sample) = parse_line(line) else {
+                continue;
+            };
+            match sample.name {
+                BUILD_INFO => tokenmeter = true,
+                OUTPUT_TOKENS => s.output_tokens += sample.value,
+                REQUESTS => s.requests += sample.value,
+                n if n.strip_prefix(TTFT) == Some("_sum") => s.ttft_sum += sample.value,
+                n if n.strip_prefix(TTFT) == Some("_count") => s.ttft_count += sample.value,
+                n if n.strip_prefix(TTFT) == Some("_bucket") => {
+                    let Some(le) = sample.le else { continue };
+                    match s.ttft_buckets.iter_mut().find(|(b, _)| *b == le) {
+                        Some((_, c)) => *c += sample.value,
+                        None => s.ttft_buckets.push((le, sample.value)),
+                    }
+                }
+                _ => {}
+            }
+        }
+        s.ttft_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        tokenmeter.then_some(s)
+    }
+}
+
+/// What the proxy measured during one level.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProxyLevel {
+    pub requests: u64,
+    pub output_tokens: u64,
+    pub ttft_mean: Option<f64>,
+    /// Interpolated from the buckets.
+    pub ttft_p50: Option<f64>,
+    /// The bounds of the bucket that holds the median: the estimate's resolution.
+    pub ttft_p50_bucket: Option<(f64, f64)>,
+    /// The client's TTFT samples of the level put into the proxy's buckets, and their median
+    /// read exactly as the proxy's is: the figure to compare `ttft_p50` with.
+    pub client_ttft_p50_binned: Option<f64>,
+}
+
+/// What happened between two scrapes, next to the client's TTFT samples (seconds) of the level.
+pub fn delta(before: &Snapshot, after: &Snapshot, client_ttft: &[f64]) -> ProxyLevel {
+    let buckets: Vec<(f64, f64)> = after
+        .ttft_buckets
+        .iter()
+        .map(|&(le, c)| {
+            let prev = before
+                .ttft_buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |p| p.1);
+            (le, c - prev)
+        })
+        .collect();
+    let count = after.ttft_count - before.ttft_count;
+    let p50 = histogram_quantile(0.5, &buckets);
+    ProxyLevel {
+        requests: (after.requests - before.requests).max(0.0).round() as u64,
+        output_tokens: (after.output_tokens - before.output_tokens)
+            .max(0.0)
+            .round() as u64,
+        ttft_mean: (count > 0.0).then(|| (after.ttft_sum - before.ttft_sum) / count),
+        ttft_p50: p50.map(|p| p.0),
+        ttft_p50_bucket: p50.map(|p| p.1),
+        client_ttft_p50_binned: histogram_quantile(0.5, &bin(client_ttft, &buckets)).map(|p| p.0),
+    }
+}
+
+/// A cumulative histogram of `samples` over the upper bounds of `like`.
+pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    like.iter()
+        .map(|&(le, _)| (le, samples.iter().filter(|&&x| x <= le).count() as f64))
+        .collect()
+}
+
+/// The `q`-quantile of a cumulative histogram, interpolated linearly inside its bucket (as
+/// PromQL's `histogram_quantile`: the first bucket starts at 0, and a quantile in the `+Inf`
+/// bucket is the highest finite bound). Returns the value and its bucket's bounds.
+pub fn histogram_quantile(q: f64, cumulative: &[(f64, f64)]) -> Option<(f64, (f64, f64))> {
+    let total = cumulative.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, cum) in cumulative {
+        if cum >= rank && cum > lower.1 {
+            if le.is_infinite() {
+                return Some((lower.0, (lower.0, le)));
+            }
+            let frac = (rank - lower.1) / (cum - lower.1);
+            return Some((lower.0 + (le - lower.0) * frac, (lower.0, le)));
+        }
+        lower = (le, cum);
+    }
+    None
+}
+
+/// One sample line of the text format.
+struct Line<'a> {
+    name: &'a str,
+    le: Option<f64>,
+    value: f64,
+}
+
+/// Parses `name{labels} value [timestamp]`, keeping only the `le` label; `None` for comments,
+/// blank lines and anything malformed.
+fn parse_line(line: &str) -> Option<Line<'_>> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let mut rest = &line[name_end..];
+    let mut le = None;
+    if let Some(labels) = rest.strip_prefix('{') {
+        let (pairs, after) = split_labels(labels)?;
+        for (k, v) in pairs {
+            if k == "le" {
+                le = Some(parse_value(&v)?);
+            }
+        }
+        rest = after;
+    }
+    let value = parse_value(rest.split_whitespace().next()?)?;
+    Some(Line { name, le, value })
+}
+
+/// Splits `k="v",k2="v2"}` into unescaped pairs and the text after the closing brace.
+fn split_labels(s: &str) -> Option<(Vec<(&str, String)>, &str)> {
+    let mut pairs = Vec::new();
+    let mut rest = s.trim_start();
+    loop {
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some((pairs, after));
+        }
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim();
+        let quoted = rest[eq + 1..].trim_start().strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = quoted.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '"' => break i,
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                c => value.push(c),
+            }
+        };
+        pairs.push((key, value));
+        rest = quoted[end + 1..].trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
+    }
+}
+
+fn parse_value(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => s.parse().ok(),
+    }
+}
+
+/// Scrapes one `/metrics` URL.
+pub struct Scraper {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    url: String,
+    uri: Uri,
+}
+
+impl Scraper {
+    pub fn new(url: &str) -> Result<Scraper, ProxyViewError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| ProxyViewError::Fetch {
+                url: url.to_string(),
+                reason: e.to_string(),
+            })?;
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Ok(Scraper {
+            client,
+            url: url.to_string(),
+            uri,
+        })
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, ProxyViewError> {
+        let fail = |reason: String| ProxyViewError::Fetch {
+            url: self.url.clone(),
+            reason,
+        };
+        let resp = tokio::time::timeout(SCRAPE_TIMEOUT, self.client.get(self.uri.clone()))
+            .await
+            .map_err(|_| fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
+            .map_err(|e| fail(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(fail(format!("HTTP status {}", resp.status())));
+        }
+        let body = Limited::new(resp.into_body(), MAX_SCRAPE)
+            .collect()
+            .await
+            .map_err(|e| fail(e.to_string()))?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        Snapshot::parse(&text).ok_or_else(|| ProxyViewError::NotTokenmeter {
+            url: self.url.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = r#"# HELP tokenmeter_build_info x
+tokenmeter_build_info{version="0.1.0"} 1
+tokenmeter_output_tokens_total{model="a"} 100
+tokenmeter_requests_total{code="200",model="a",outcome="complete"} 2
+tokenmeter_time_to_first_token_seconds_bucket{model="a",le="0.1"} 1
+tokenmeter_time_to_first_token_seconds_bucket{model="a",le="0.2"} 2
+tokenmeter_time_to_first_token_seconds_bucket{model="a",le="+Inf"} 2
+tokenmeter_time_to_first_token_seconds_sum{model="a"} 0.25
+tokenmeter_time_to_first_token_seconds_count{model="a"} 2
+"#;
+
+    #[test]
+    fn labels_with_escapes_and_sums_over_series() {
+        let after = format!(
+            "{BEFORE}{}",
+            r#"tokenmeter_output_tokens_total{model="b \"q\" {x=1}, y"} 50
+tokenmeter_requests_total{code="200",model="b \"q\" {x=1}, y",outcome="complete"} 4
+tokenmeter_time_to_first_token_seconds_bucket{model="b \"q\" {x=1}, y",le="0.1"} 0
+tokenmeter_time_to_first_token_seconds_bucket{model="b \"q\" {x=1}, y",le="0.2"} 4
+tokenmeter_time_to_first_token_seconds_bucket{model="b \"q\" {x=1}, y",le="+Inf"} 4
+tokenmeter_time_to_first_token_seconds_sum{model="b \"q\" {x=1}, y"} 0.6
+tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
+"#
+        );
+        let a = Snapshot::parse(BEFORE).unwrap();
+        let b = Snapshot::parse(&after).unwrap();
+        assert_eq!(
+            b.ttft_buckets,
+            [(0.1, 1.0), (0.2, 6.0), (f64::INFINITY, 6.0)]
+        );
+        let d = delta(&a, &b, &[0.15, 0.19, 0.3, 0.12]);
+        assert_eq!((d.requests, d.output_tokens), (4, 50));
+        // Client: 3 of 4 in (0.1, 0.2], none below: rank 2 is two thirds into that bucket.
+        let binned = d.client_ttft_p50_binned.unwrap();
+        assert!((binned - (0.1 + 0.1 * 2.0 / 3.0)).abs() < 1e-12, "{binned}");
+        assert!((d.ttft_mean.unwrap() - 0.15).abs() < 1e-12);
+        // All four new observations lie in (0.1, 0.2]: rank 2 of 4 is half way.
+        assert!((d.ttft_p50.unwrap() - 0.15).abs() < 1e-12);
+        assert_eq!(d.ttft_p50_bucket, Some((0.1, 0.2)));
+    }
+
+    #[test]
+    fn not_tokenmeter_is_refused() {
+        assert_eq!(Snapshot::parse("up 1\n"), None);
+    }
+
+    #[test]
+    fn binning_matches_the_proxy_reading() {
+        let like = [(0.1, 0.0), (0.2, 0.0), (f64::INFINITY, 0.0)];
+        let h = bin(&[0.05, 0.1, 0.15, 0.5], &like);
+        assert_eq!(h, [(0.1, 2.0), (0.2, 3.0), (f64::INFINITY, 4.0)]);
+        // A bimodal level: a histogram median is the 2nd value's bucket, not the mean of the
+        // middle two (which would be ~0.3).
+        let h = bin(
+            &[0.01, 0.02, 0.6, 0.6],
+            &[(0.05, 0.0), (1.0, 0.0), (f64::INFINITY, 0.0)],
+        );
+        assert_eq!(histogram_quantile(0.5, &h).map(|p| p.0), Some(0.05));
+    }
+
+    #[test]
+    fn quantile_follows_promql() {
+        let h = [(1.0, 10.0), (2.0, 20.0), (f64::INFINITY, 30.0)];
+        assert_eq!(histogram_quantile(0.5, &h), Some((1.5, (1.0, 2.0))));
+        assert_eq!(histogram_quantile(0.1, &h), Some((0.3, (0.0, 1.0))));
+        assert_eq!(histogram_quantile(0.9, &h).map(|x| x.0), Some(2.0));
+        assert_eq!(
+            histogram_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]),
+            None
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! The results: one [`LevelReport`] per concurrency level, shown as a table on stdout and
+//! written as JSON (everything, nested) and CSV (one flat row per level, for spreadsheets).
+//!
+//! Latency and speed statistics are over the level's successful requests; output token totals
+//! count every request, failed ones included (so they match a proxy's counters).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::load::LevelRun;
+use super::proxy_view::ProxyLevel;
+use super::stats::Summary;
+
+/// One concurrency level's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct LevelReport {
+    pub concurrency: usize,
+    /// Requests that completed without error.
+    pub requests: usize,
+    pub errors: usize,
+    /// Failed requests by kind (`status`, `send`, `stream`, `timeout`, `no_tokens`).
+    pub error_kinds: BTreeMap<&'static str, usize>,
+    /// Seconds during which `concurrency` requests were in flight.
+    pub window_seconds: f64,
+    /// Seconds from the level's start to its last request's end (window plus drain).
+    pub elapsed_seconds: f64,
+    /// Output tokens of every request of the level.
+    pub output_tokens: u64,
+    /// Output tokens that arrived inside the window.
+    pub window_output_tokens: f64,
+    /// Output tokens/s of all requests together: window tokens / window.
+    pub aggregate_tps: f64,
+    /// Per request: (output tokens - 1) / (e2e - TTFT).
+    pub request_tps: Option<Summary>,
+    /// Seconds, request sent to first token.
+    pub ttft: Option<Summary>,
+    /// Seconds, per token.
+    pub itl: Option<Summary>,
+    /// Seconds, per request: (e2e - TTFT) / (output tokens - 1).
+    pub tpot: Option<Summary>,
+    /// Seconds, request sent to end of response.
+    pub e2e: Option<Summary>,
+    /// Output tokens per successful request.
+    pub output_tokens_per_request: Option<Summary>,
+    /// Prompt tokens per request, as the server counted them.
+    pub input_tokens_per_request: Option<Summary>,
+    /// The proxy's own figures for the level, with `--proxy-metrics`.
+    pub proxy: Option<ProxyLevel>,
+}
+
+impl LevelReport {
+    pub fn from_run(run: &LevelRun) -> LevelReport {
+        let ok: Vec<_> = run.samples.iter().filter(|s| s.is_ok()).collect();
+        let mut error_kinds = BTreeMap::new();
+        for s in &run.samples {
+            if let Some(e) = &s.error {
+                *error_kinds.entry(e.kind()).or_insert(0) += 1;
+            }
+        }
+        let mut itl = Vec::new();
+        for s in &ok {
+            s.push_itl(&mut itl);
+        }
+        let summarise = |f: &dyn Fn(&super::client::Sample) -> Option<f64>| {
+            Summary::of(&mut ok.iter().filter_map(|s| f(s)).collect())
+        };
+        let window_output_tokens = run.tokens_in_window();
+        LevelReport {
+            concurrency: run.concurrency,
+            requests: ok.len(),
+            errors: run.samples.len() - ok.len(),
+            error_kinds,
+            window_seconds: run.window().as_secs_f64(),
+            elapsed_seconds: run.finished.duration_since(run.started).as_secs_f64(),
+            output_tokens: run.samples.iter().map(|s| s.output_tokens()).sum(),
+            window_output_tokens,
+            aggregate_tps: run.aggregate_tps(),
+            request_tps: summarise(&|s| s.request_tps()),
+            ttft: summarise(&|s| s.ttft_secs()),
+            itl: Summary::of(&mut itl),
+            tpot: summarise(&|s| s.tpot()),
+            e2e: summarise(&|s| Some(s.e2e.as_secs_f64())),
+            output_tokens_per_request: summarise(&|s| Some(s.output_tokens() as f64)),
+            input_tokens_per_request: summarise(&|s| s.input_tokens.map(|n| n as f64)),
+            proxy: None,
+        }
+    }
+}
+
+/// A whole run: what was asked, and every level.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub tokenmeter_version: &'static str,
+    pub target: String,
+    pub model: String,
+    pub endpoint: super::prompt::Endpoint,
+    pub prompt_tokens: usize,
+    pub output_tokens: u64,
+    /// `"duration"` or `"requests"`, and its value (seconds or requests per level).
+    pub stop: String,
+    pub stop_value: f64,
+    pub warmup: bool,
+    pub levels: Vec<LevelReport>,
+}
+
+/// The table's header line.
+pub fn table_header() -> String {
+    format!(
+        "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
+        "conc",
+        "reqs",
+        "err",
+        "req tok/s",
+        "p10",
+        "agg tok/s",
+        "TTFT p50",
+        "p99",
+        "ITL p50",
+        "p99",
+        "TPOT p50",
+    ) + &format!(
+        "\n{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
+        "", "", "", "p50", "", "", "ms", "ms", "ms", "ms", "ms"
+    )
+}
+
+/// One level as a table row; with proxy figures, a second line compares them.
+pub fn table_row(l: &LevelReport) -> String {
+    let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}", v * 1e3));
+    let tps = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
+    let mut row = format!(
+        "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9.1} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
+        l.concurrency,
+        l.requests,
+        l.errors,
+        tps(l.request_tps.map(|s| s.p50)),
+        // The slow end of per-request speed is p10: the users who waited longest.
+        tps(l.request_tps.map(|s| s.p10)),
+        l.aggregate_tps,
+        ms(l.ttft.map(|s| s.p50)),
+        ms(l.ttft.map(|s| s.p99)),
+        ms(l.itl.map(|s| s.p50)),
+        ms(l.itl.map(|s| s.p99)),
+        ms(l.tpot.map(|s| s.p50)),
+    );
+    if let Some(p) = &l.proxy {
+        let bucket = p.ttft_p50_bucket.map_or(String::new(), |(lo, hi)| {
+            format!(" (bucket {:.0}-{:.0} ms)", lo * 1e3, hi * 1e3)
+        });
+        let _ = write!(
+            row,
+            "\n{:>6} proxy: TTFT p50 {} ms{bucket} vs client {} ms (binned alike; exact {} ms); \
+             TTFT mean {} ms vs client {} ms; output tokens {} vs client {}; requests {} vs client {}",
+            "",
+            ms(p.ttft_p50),
+            ms(p.client_ttft_p50_binned),
+            ms(l.ttft.map(|s| s.p50)),
+            ms(p.ttft_mean),
+            ms(l.ttft.map(|s| s.mean)),
+            p.output_tokens,
+            l.output_tokens,
+            p.requests,
+            l.requests + l.errors,
+        );
+    }
+    row
+}
+
+/// Writes the report as pretty JSON.
+pub fn write_json(report: &Report, path: &Path) -> io::Result<()> {
+    let text = serde_json::to_string_pretty(report).map_err(io::Error::other)?;
+    std::fs::write(path, text + "\n")
+}
+
+/// The CSV columns, in order.
+pub const CSV_COLUMNS: &[&str] = &[
+    "concurrency",
+    "requests",
+    "errors",
+    "window_seconds",
+    "output_tokens",
+    "aggregate_tps",
+    "request_tps_mean",
+    "request_tps_p10",
+    "request_tps_p50",
+    "request_tps_p90",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "itl_p50_s",
+    "itl_p90_s",
+    "itl_p99_s",
+    "tpot_mean_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "input_tokens_mean",
+    "proxy_ttft_p50_s",
+    "client_ttft_p50_binned_s",
+    "proxy_ttft_mean_s",
+    "proxy_output_tokens",
+];
+
+/// Writes one row per level under a header of [`CSV_COLUMNS`]. Every cell is a number (or
+/// empty when there is no value), so no quoting is ever needed.
+pub fn write_csv(report: &Report, path: &Path) -> io::Result<()> {
+    let mut out = CSV_COLUMNS.join(",");
+    out.push('\n');
+    for l in &report.levels {
+        let f = |x: Option<f64>| x.map_or(String::new(), |v| format!("{v}"));
+        let cells = [
+            l.concurrency.to_string(),
+            l.requests.to_string(),
+            l.errors.to_string(),
+            format!("{}", l.window_seconds),
+            l.output_tokens.to_string(),
+            format!("{}", l.aggregate_tps),
+            f(l.request_tps.map(|s| s.mean)),
+            f(l.request_tps.map(|s| s.p10)),
+            f(l.request_tps.map(|s| s.p50)),
+            f(l.request_tps.map(|s| s.p90)),
+            f(l.ttft.map(|s| s.mean)),
+            f(l.ttft.map(|s| s.p50)),
+            f(l.ttft.map(|s| s.p90)),
+            f(l.ttft.map(|s| s.p99)),
+            f(l.itl.map(|s| s.p50)),
+            f(l.itl.map(|s| s.p90)),
+            f(l.itl.map(|s| s.p99)),
+            f(l.tpot.map(|s| s.mean)),
+            f(l.tpot.map(|s| s.p50)),
+            f(l.tpot.map(|s| s.p99)),
+            f(l.e2e.map(|s| s.p50)),
+            f(l.e2e.map(|s| s.p99)),
+            f(l.input_tokens_per_request.map(|s| s.mean)),
+            f(l.proxy.as_ref().and_then(|p| p.ttft_p50)),
+            f(l.proxy.as_ref().and_then(|p| p.client_ttft_p50_binned)),
+            f(l.proxy.as_ref().and_then(|p| p.ttft_mean)),
+            f(l.proxy.as_ref().map(|p| p.output_tokens as f64)),
+        ];
+        debug_assert_eq!(cells.len(), CSV_COLUMNS.len());
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    std::fs::write(path, out)
+}

@@ -1,0 +1,438 @@
+//! `tokenmeter demo`: tokenmeter doing its job with one command and no GPU.
+//!
+//! One process runs the simulator ([`crate::sim`]) on a free loopback port, the proxy in front of
+//! it (`--listen`, default 127.0.0.1:8080) with its metrics endpoint (`--metrics-listen`, default
+//! 127.0.0.1:9090; the same flags and `TOKENMETER_*` variables as the proxy), and a load
+//! ([`load`]) that ramps concurrency 1, 2, 4 ... `--max-concurrency` and back down, through the
+//! proxy. Once a second it prints a row: concurrency, per-request TPS (p50/p90), aggregate TPS,
+//! per-GPU TPS, TTFT (p50/p99), and tokenmeter's own aggregate gauge beside them.
+//!
+//! The table's figures are measured by the demo's clients (exact values, not histogram buckets);
+//! the last column is what tokenmeter exports, and the closing summary sets the two token totals
+//! side by side. Ctrl-C stops everything cleanly; `--duration` stops on its own and exits 0.
+
+pub mod load;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser};
+use prometheus::core::Collector;
+use tokio::sync::oneshot;
+
+use crate::config::{parse_duration, ConfigError, ProxyArgs};
+use crate::metrics::Metrics;
+use crate::server::{Server, ServerError};
+use crate::sim::text::Lengths;
+use crate::sim::{Sim, SimConfig, SimError};
+use load::{Load, LoadConfig, Sample};
+
+/// The demo's flags.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Where the proxy listens (the demo's clients connect here too).
+    #[arg(long, env = "TOKENMETER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(
+        long,
+        env = "TOKENMETER_METRICS_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub metrics_listen: String,
+
+    /// GPUs the simulated server stands for, for the per-GPU figures.
+    #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
+    pub gpus: f64,
+
+    /// Stop after this long and exit 0 (e.g. 15s); without it, run until Ctrl-C. When the ramp
+    /// at --step per level would not fit, its levels are shortened so the whole ramp is shown.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// The top of the ramp: concurrency goes 1, 2, 4, ... up to this and back down to 1.
+    #[arg(long, default_value_t = 128)]
+    pub max_concurrency: usize,
+
+    /// How long each concurrency level lasts.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub step: Duration,
+
+    /// max_tokens of each request: N, or MIN-MAX drawn uniformly.
+    #[arg(long, default_value = "64-256")]
+    pub output_tokens: Lengths,
+
+    /// Prompt length of each request in characters (about 4 per token): N or MIN-MAX.
+    #[arg(long, default_value = "200-1000")]
+    pub prompt_chars: Lengths,
+
+    /// Seed of the simulator and of the load.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Where the simulator listens (default: a free loopback port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub sim_listen: String,
+}
+
+/// Why the demo could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("--max-concurrency must be at least 1")]
+    NoConcurrency,
+    #[error("--step must be at least 1s (the table has one row a second)")]
+    StepTooShort,
+    #[error("--sim-listen {0:?} is not a valid address")]
+    BadSimAddress(String),
+    #[error(transparent)]
+    Proxy(#[from] ConfigError),
+    #[error("proxy flags: {0}")]
+    ProxyFlags(String),
+    #[error("simulator: {0}")]
+    Sim(#[from] SimError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl DemoError {
+    /// True for errors the user fixes by changing the flags.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            DemoError::NoConcurrency
+            | DemoError::StepTooShort
+            | DemoError::BadSimAddress(_)
+            | DemoError::Proxy(_)
+            | DemoError::ProxyFlags(_) => true,
+            DemoError::Sim(e) => e.is_usage(),
+            DemoError::Server(_) | DemoError::Runtime(_) => false,
+        }
+    }
+}
+
+/// Parses the proxy's own flags, so every `TOKENMETER_*` variable and default applies as it does
+/// to the proxy; the demo sets only the upstream and the addresses.
+#[derive(Parser)]
+struct ProxyFlags {
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+fn proxy_args(args: &DemoArgs, upstream: SocketAddr) -> Result<ProxyArgs, DemoError> {
+    let gpus = args.gpus.to_string();
+    ProxyFlags::try_parse_from([
+        "tokenmeter",
+        "--upstream",
+        &format!("http://{upstream}"),
+        "--listen",
+        &args.listen,
+        "--metrics-listen",
+        &args.metrics_listen,
+        "--gpus",
+        &gpus,
+    ])
+    .map(|f| f.proxy)
+    .map_err(|e| DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string()))
+}
+
+/// The concurrency levels of one ramp: 1, 2, 4, ... max, ... 4, 2, 1.
+pub fn ramp(max: usize) -> Vec<usize> {
+    let mut up: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))
+        .take_while(|&n| n < max)
+        .collect();
+    let down: Vec<usize> = up.iter().rev().copied().collect();
+    up.push(max.max(1));
+    up.extend(down);
+    up
+}
+
+/// The nearest-rank percentile `p` (0 < p <= 1) of `v`, which it sorts.
+pub fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = (p * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+/// A URL for an address: an unspecified IP (0.0.0.0, ::) is shown as loopback.
+fn url(addr: SocketAddr) -> String {
+    let ip = if addr.ip().is_unspecified() {
+        std::net::IpAddr::from([127, 0, 0, 1])
+    } else {
+        addr.ip()
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
+/// The percentiles and rates of a row are taken over this window of the most recent requests.
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// After --duration, requests in flight get this long to finish before they are cut off.
+const FINISH_GRACE: Duration = Duration::from_secs(10);
+
+/// The model name the demo's clients send.
+const DEMO_MODEL: &str = "sim-llama-8b";
+
+const HEADER: &str = "  time   conc target  tps p50  tps p90  agg tok/s  per GPU  ttft p50  ttft p99  tokenmeter tok/s";
+
+fn fmt_opt(v: Option<f64>, scale: f64, width: usize, prec: usize) -> String {
+    match v {
+        Some(x) => format!("{:>width$.prec$}", x * scale),
+        None => format!("{:>width$}", "-"),
+    }
+}
+
+fn row(
+    elapsed: Duration,
+    target: usize,
+    s: &mut Sample,
+    agg: f64,
+    gpus: f64,
+    proxy: f64,
+) -> String {
+    format!(
+        "{:>5}s {:>6} {:>6} {} {} {:>10.0} {:>8.0} {}ms {}ms {:>17.0}",
+        elapsed.as_secs(),
+        s.in_flight,
+        target,
+        fmt_opt(percentile(&mut s.tps, 0.5), 1.0, 8, 1),
+        fmt_opt(percentile(&mut s.tps, 0.9), 1.0, 8, 1),
+        agg,
+        agg / gpus,
+        fmt_opt(percentile(&mut s.ttft, 0.5), 1000.0, 7, 0),
+        fmt_opt(percentile(&mut s.ttft, 0.99), 1000.0, 7, 0),
+        proxy,
+    )
+}
+
+/// Sums a counter family over the label sets that pass `keep`.
+fn counter_sum(
+    c: &prometheus::IntCounterVec,
+    keep: impl Fn(&prometheus::proto::Metric) -> bool,
+) -> f64 {
+    c.collect()
+        .iter()
+        .flat_map(|f| f.get_metric())
+        .filter(|m| keep(m))
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
+
+/// `tokenmeter demo`.
+pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
+    if args.max_concurrency == 0 {
+        return Err(DemoError::NoConcurrency);
+    }
+    if args.step < Duration::from_secs(1) {
+        return Err(DemoError::StepTooShort);
+    }
+    let sim_listen = args
+        .sim_listen
+        .parse::<SocketAddr>()
+        .map_err(|_| DemoError::BadSimAddress(args.sim_listen.clone()))?;
+    // Validate the proxy flags before anything binds (the upstream port is filled in later).
+    proxy_args(args, sim_listen)?.validate()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(DemoError::Runtime)?;
+    runtime.block_on(demo(args, sim_listen))
+}
+
+async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> {
+    let sim_cfg = SimConfig {
+        listen: sim_listen,
+        seed: args.seed,
+        ..SimConfig::default()
+    };
+    let sim = Sim::bind(&sim_cfg).await?;
+    let sim_addr = sim.local_addr();
+    let cfg = proxy_args(args, sim_addr)?.validate()?;
+    let server = Server::bind(&cfg).await?;
+    let (proxy_addr, metrics_addr) = (server.proxy_addr(), server.metrics_addr());
+    let metrics = server.metrics();
+
+    let (sim_stop, sim_stopped) = oneshot::channel::<()>();
+    let sim_task = tokio::spawn(sim.serve(async {
+        let _ = sim_stopped.await;
+    }));
+    let (proxy_stop, proxy_stopped) = oneshot::channel::<()>();
+    let proxy_task = tokio::spawn(server.serve(async {
+        let _ = proxy_stopped.await;
+    }));
+
+    let levels = ramp(args.max_concurrency);
+    let mut step = args.step;
+    if let Some(d) = args.duration {
+        let whole = step * levels.len() as u32;
+        if d < whole {
+            step = (d / levels.len() as u32).max(Duration::from_millis(100));
+        }
+    }
+    let m = sim_cfg.model;
+    let top = args.max_concurrency;
+    println!(
+        "tokenmeter demo: a simulated GPU server (~{:.0} tok/s for one user, ~{:.0} tok/s aggregate at {top}) behind tokenmeter,",
+        m.request_tps(1),
+        m.aggregate_tps(top)
+    );
+    println!(
+        "with a load ramping concurrency 1 -> {top} -> 1 ({:.1}s per level).",
+        step.as_secs_f64()
+    );
+    println!("  proxy:     {}/v1/chat/completions", url(proxy_addr));
+    println!("  metrics:   {}/metrics", url(metrics_addr));
+    println!(
+        "  simulator: {}  (its own record: /sim/stats)",
+        url(sim_addr)
+    );
+    match args.duration {
+        Some(d) => println!("Running for {:.0}s (Ctrl-C stops early).", d.as_secs_f64()),
+        None => println!("Press Ctrl-C to stop."),
+    }
+    println!(
+        "Measured by the demo's clients: TPS and TTFT percentiles over the last {}s, aggregate over the last second.\nThe last column is tokenmeter's own tokenmeter_output_tokens_per_second (over --rate-window, default 10s).",
+        WINDOW.as_secs()
+    );
+
+    let load = Load::start(LoadConfig {
+        url: format!("{}/v1/chat/completions", url(proxy_addr))
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| DemoError::ProxyFlags(e.to_string()))?,
+        model: DEMO_MODEL.to_string(),
+        output_tokens: args.output_tokens,
+        prompt_chars: args.prompt_chars,
+        seed: args.seed,
+        workers: top,
+    });
+    let interrupted = drive(&load, &levels, step, args, &metrics).await;
+
+    if !interrupted {
+        println!("Waiting for the requests in flight to finish...");
+        tokio::select! {
+            _ = tokio::time::timeout(FINISH_GRACE, load.finish()) => {}
+            _ = crate::signal::shutdown() => {}
+        }
+    }
+    let totals = load.abort().await;
+    // Let the proxy record the requests that just ended before reading its counters.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    summary(&totals, &metrics);
+    let _ = proxy_stop.send(());
+    let _ = proxy_task.await;
+    let _ = sim_stop.send(());
+    let _ = sim_task.await;
+    Ok(())
+}
+
+/// Runs the ramp and prints a row a second (the target shown is the one of the second just
+/// past); returns true when stopped by a signal.
+async fn drive(
+    load: &Load,
+    levels: &[usize],
+    step: Duration,
+    args: &DemoArgs,
+    metrics: &Arc<Metrics>,
+) -> bool {
+    let start = Instant::now();
+    let level_at = |t: Duration| {
+        let i = (t.as_secs_f64() / step.as_secs_f64()) as usize;
+        levels[i % levels.len()]
+    };
+    let mut target = levels[0];
+    load.set_target(target);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.tick().await;
+    let stop = crate::signal::shutdown();
+    tokio::pin!(stop);
+    let end = tokio::time::sleep(args.duration.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(end);
+    let mut last_tokens = 0;
+    let mut last_at = start;
+    let mut rows = 0usize;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return true,
+            _ = &mut end => return false,
+            _ = ticker.tick() => {}
+        }
+        let now = Instant::now();
+        let elapsed = now - start;
+        let mut s = load.sample(WINDOW);
+        let agg = (s.tokens - last_tokens) as f64 / now.duration_since(last_at).as_secs_f64();
+        (last_tokens, last_at) = (s.tokens, now);
+        if rows % 20 == 0 {
+            println!("{HEADER}");
+        }
+        rows += 1;
+        println!(
+            "{}",
+            row(
+                elapsed,
+                target,
+                &mut s,
+                agg,
+                args.gpus,
+                metrics.rate.rate(now)
+            )
+        );
+        target = level_at(elapsed);
+        load.set_target(target);
+    }
+}
+
+fn summary(client: &Sample, metrics: &Metrics) {
+    let cut = client
+        .started
+        .saturating_sub(client.completed + client.errors);
+    println!(
+        "The clients sent {} requests ({} complete, {} failed, {cut} cut off) and received {} output tokens.",
+        client.started, client.completed, client.errors, client.tokens
+    );
+    let tokens = counter_sum(&metrics.output_tokens_total, |_| true);
+    let complete = counter_sum(&metrics.requests, |m| {
+        m.get_label()
+            .iter()
+            .any(|l| l.name() == "outcome" && l.value() == "complete")
+    });
+    let all = counter_sum(&metrics.requests, |_| true);
+    println!(
+        "tokenmeter counted {all:.0} requests ({complete:.0} complete) and {tokens:.0} output tokens (tokenmeter_output_tokens_total)."
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ramps_go_up_and_down() {
+        assert_eq!(ramp(1), [1]);
+        assert_eq!(ramp(4), [1, 2, 4, 2, 1]);
+        assert_eq!(ramp(6), [1, 2, 4, 6, 4, 2, 1]);
+        assert_eq!(ramp(128).len(), 15);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 0.5), Some(3.0));
+        assert_eq!(percentile(&mut v, 0.9), Some(5.0));
+        assert_eq!(percentile(&mut v, 0.2), Some(1.0));
+        assert_eq!(percentile(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn unspecified_addresses_are_shown_as_loopback() {
+        assert_eq!(
+            url("0.0.0.0:9090".parse().expect("addr")),
+            "http://127.0.0.1:9090"
+        );
+        assert_eq!(
+            url("10.0.0.1:80".parse().expect("addr")),
+            "http://10.0.0.1:80"
+        );
+    }
+}

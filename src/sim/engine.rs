@@ -1,0 +1,562 @@
+//! The continuous-batching model: one decode loop for every sequence, as an inference server runs
+//! one forward pass for its whole batch.
+//!
+//! Each step emits one token for every running sequence and takes
+//! `step_base + step_per_seq x batch + prefill_per_token x (prompt tokens admitted this step)`.
+//! New requests wait in a FIFO queue and join at a step boundary while fewer than `max_batch`
+//! sequences run, so a full batch shows up as queueing in TTFT, and a joining prompt's prefill
+//! stalls everyone's next token, as it does on a server without chunked prefill.
+//!
+//! **Invariant:** there is one timer for the whole engine, not one per stream or per token: a step
+//! costs one pass over the running sequences, which is what lets one core carry a thousand streams.
+//! The engine never renders bytes; it bumps a per-sequence counter and wakes the response body,
+//! which renders whatever tokens it has not written yet (a slow reader gets them coalesced into
+//! one frame, so memory per stream stays constant).
+//!
+//! Steps are scheduled from the ideal end of the previous step, not from when the timer actually
+//! fired, so the timer's millisecond granularity does not slow the modelled rate down.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+// Tokio's clock, so that tests can pause it and check the schedule exactly.
+use tokio::time::Instant;
+
+/// How long a step takes: the performance model of the simulated GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Model {
+    /// Fixed cost of a decode step (reading the weights once).
+    pub step_base: Duration,
+    /// Added per sequence in the batch (its KV cache reads and its share of the compute).
+    pub step_per_seq: Duration,
+    /// Prefill cost per prompt token, charged to the step that admits the prompt.
+    pub prefill_per_token: Duration,
+    /// Sequences decoded at once; the rest queue.
+    pub max_batch: usize,
+}
+
+impl Model {
+    /// The duration of a step with `batch` sequences that admits `prefill_tokens` prompt tokens.
+    pub fn step(&self, batch: usize, prefill_tokens: u64) -> Duration {
+        let nanos = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+        let total = nanos(self.step_base)
+            .saturating_add(nanos(self.step_per_seq).saturating_mul(batch as u64))
+            .saturating_add(nanos(self.prefill_per_token).saturating_mul(prefill_tokens));
+        Duration::from_nanos(total)
+    }
+
+    /// Tokens/s one sequence sees in a steady batch of `batch` (no prefill).
+    pub fn request_tps(&self, batch: usize) -> f64 {
+        1.0 / self.step(batch.min(self.max_batch), 0).as_secs_f64()
+    }
+
+    /// Tokens/s summed over a steady batch of `batch` (no prefill); flat beyond `max_batch`.
+    pub fn aggregate_tps(&self, batch: usize) -> f64 {
+        let b = batch.min(self.max_batch);
+        b as f64 * self.request_tps(b)
+    }
+}
+
+/// A step may start late by this much and the engine still keeps to its ideal schedule, running
+/// the late steps back to back: the simulated GPU does not slow down because the host stalled the
+/// simulator (a busy CI machine does that for tens of milliseconds at a time). A longer stall is
+/// accepted as lost time, rather than answered with an unbounded burst.
+const MAX_CATCH_UP: Duration = Duration::from_millis(250);
+
+/// What a request asks of the engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    pub prompt_tokens: u32,
+    /// Tokens to generate; at least 1.
+    pub output_tokens: u32,
+}
+
+/// Tokens the engine has emitted for one sequence so far. Written by the engine, read by the body.
+#[derive(Debug, Default)]
+pub struct Progress {
+    emitted: AtomicU32,
+}
+
+impl Progress {
+    pub fn emitted(&self) -> u32 {
+        self.emitted.load(Ordering::Acquire)
+    }
+}
+
+/// The response side of a submitted job.
+#[derive(Debug)]
+pub struct Ticket {
+    /// The request's number, as in `/sim/stats`.
+    pub id: u64,
+    /// Receives a wake-up whenever new tokens were emitted; closed when the sequence is done
+    /// (or the engine stopped). Dropping it cancels the sequence.
+    pub wake: mpsc::Receiver<()>,
+    pub progress: Arc<Progress>,
+}
+
+/// The engine stopped: no new job can be submitted.
+#[derive(Debug, thiserror::Error)]
+#[error("the simulated engine has stopped")]
+pub struct Stopped;
+
+/// Submits jobs to the decode loop.
+#[derive(Debug)]
+pub struct Engine {
+    submit: mpsc::UnboundedSender<Seq>,
+    next_id: AtomicU64,
+    stats: Arc<Stats>,
+    model: Model,
+}
+
+impl Engine {
+    /// Starts the decode loop on the current runtime. It runs until the `Engine` is dropped and the
+    /// last sequence has finished.
+    pub fn start(model: Model, keep_records: usize) -> Self {
+        let (submit, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(Stats::new(keep_records));
+        tokio::spawn(decode_loop(model, rx, Arc::clone(&stats)));
+        Engine {
+            submit,
+            next_id: AtomicU64::new(1),
+            stats,
+            model,
+        }
+    }
+
+    /// Queues a job. The first token comes after the queue, and the step that admits it.
+    pub fn submit(&self, job: Job) -> Result<Ticket, Stopped> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Capacity 1: a pending wake-up already tells the body to look at the counter, so further
+        // ones can be dropped (that is the coalescing).
+        let (wake_tx, wake) = mpsc::channel(1);
+        let progress = Arc::new(Progress::default());
+        let now = Instant::now();
+        self.stats.submitted();
+        self.submit
+            .send(Seq {
+                id,
+                job: Job {
+                    output_tokens: job.output_tokens.max(1),
+                    ..job
+                },
+                wake: wake_tx,
+                progress: Arc::clone(&progress),
+                emitted: 0,
+                arrived: now,
+                admitted: None,
+                first_token: None,
+                last_token: None,
+                model_decode: Duration::ZERO,
+            })
+            .map_err(|_| Stopped)?;
+        Ok(Ticket { id, wake, progress })
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+}
+
+/// A sequence, as the decode loop sees it.
+#[derive(Debug)]
+struct Seq {
+    id: u64,
+    job: Job,
+    wake: mpsc::Sender<()>,
+    progress: Arc<Progress>,
+    emitted: u32,
+    arrived: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// The modelled duration of the steps after the first token: the decode time the model
+    /// predicts for this sequence, to compare with what was measured.
+    model_decode: Duration,
+}
+
+async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: Arc<Stats>) {
+    let max_batch = model.max_batch.max(1);
+    let mut queue: VecDeque<Seq> = VecDeque::new();
+    let mut running: Vec<Seq> = Vec::new();
+    // The ideal end of the last step; None after the engine was idle.
+    let mut clock: Option<Instant> = None;
+    loop {
+        if running.is_empty() && queue.is_empty() {
+            clock = None;
+            stats.set_load(0, 0);
+            match rx.recv().await {
+                Some(s) => queue.push_back(s),
+                None => return,
+            }
+        }
+        while let Ok(s) = rx.try_recv() {
+            queue.push_back(s);
+        }
+        let now = Instant::now();
+        let start = match clock {
+            Some(c) if now.saturating_duration_since(c) <= MAX_CATCH_UP => c,
+            _ => now,
+        };
+        let mut prefill = 0u64;
+        while running.len() < max_batch {
+            let Some(mut s) = queue.pop_front() else {
+                break;
+            };
+            if s.wake.is_closed() {
+                stats.finish(&s, Outcome::Cancelled);
+                continue;
+            }
+            s.admitted = Some(start);
+            prefill += u64::from(s.job.prompt_tokens);
+            running.push(s);
+        }
+        stats.set_load(running.len(), queue.len());
+        if running.is_empty() {
+            continue;
+        }
+        let step = model.step(running.len(), prefill);
+        let end = start + step;
+        tokio::time::sleep_until(end).await;
+        clock = Some(end);
+        let t = Instant::now();
+        let mut emitted = 0u64;
+        running.retain_mut(|s| {
+            s.emitted += 1;
+            emitted += 1;
+            if s.first_token.is_none() {
+                s.first_token = Some(t);
+            } else {
+                s.model_decode += step;
+            }
+            s.last_token = Some(t);
+            s.progress.emitted.store(s.emitted, Ordering::Release);
+            if s.wake.is_closed() {
+                stats.finish(s, Outcome::Cancelled);
+                return false;
+            }
+            // Recorded before the body is woken, so a client that has its last token can already
+            // find the request in /sim/stats.
+            let done = s.emitted >= s.job.output_tokens;
+            if done {
+                stats.finish(s, Outcome::Complete);
+            }
+            // Full: a wake-up is already pending. Closed: seen at the next step.
+            let _ = s.wake.try_send(());
+            // Dropping a finished sequence (and its sender) tells the body it is complete.
+            !done
+        });
+        stats.step(emitted);
+    }
+}
+
+/// How a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every requested token was emitted.
+    Complete,
+    /// The client went away first; the sequence left the batch at the next step.
+    Cancelled,
+}
+
+/// What the engine did for one request, times in seconds since the engine started.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub id: u64,
+    pub outcome: Outcome,
+    pub prompt_tokens: u32,
+    /// Tokens requested.
+    pub target_tokens: u32,
+    /// Tokens emitted.
+    pub output_tokens: u32,
+    pub arrived_s: f64,
+    /// When the step that ran its prefill started (None: cancelled in the queue).
+    pub admitted_s: Option<f64>,
+    pub first_token_s: Option<f64>,
+    pub last_token_s: Option<f64>,
+    /// First token time minus arrival.
+    pub ttft_s: Option<f64>,
+    /// The decode time the model predicts: the sum of the modelled durations of the steps after
+    /// the first token.
+    pub model_decode_s: f64,
+}
+
+/// Engine-wide counters and the most recent request records, for `/sim/stats`.
+#[derive(Debug)]
+pub struct Stats {
+    origin: Instant,
+    inner: Mutex<StatsInner>,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Counters {
+    pub submitted: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub output_tokens: u64,
+    pub steps: u64,
+    pub running: usize,
+    pub queued: usize,
+    pub max_running: usize,
+}
+
+#[derive(Debug)]
+struct StatsInner {
+    counters: Counters,
+    keep: usize,
+    records: VecDeque<Record>,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    #[serde(flatten)]
+    pub counters: Counters,
+    /// The most recent finished requests, oldest first.
+    pub requests: Vec<Record>,
+}
+
+impl Stats {
+    fn new(keep: usize) -> Self {
+        Stats {
+            origin: Instant::now(),
+            inner: Mutex::new(StatsInner {
+                counters: Counters::default(),
+                keep,
+                records: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StatsInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn secs(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.origin).as_secs_f64()
+    }
+
+    fn submitted(&self) {
+        self.lock().counters.submitted += 1;
+    }
+
+    fn set_load(&self, running: usize, queued: usize) {
+        let mut s = self.lock();
+        s.counters.running = running;
+        s.counters.queued = queued;
+        s.counters.max_running = s.counters.max_running.max(running);
+    }
+
+    fn step(&self, tokens: u64) {
+        let mut s = self.lock();
+        s.counters.steps += 1;
+        s.counters.output_tokens += tokens;
+    }
+
+    fn finish(&self, seq: &Seq, outcome: Outcome) {
+        let record = Record {
+            id: seq.id,
+            outcome,
+            prompt_tokens: seq.job.prompt_tokens,
+            target_tokens: seq.job.output_tokens,
+            output_tokens: seq.emitted,
+            arrived_s: self.secs(seq.arrived),
+            admitted_s: seq.admitted.map(|t| self.secs(t)),
+            first_token_s: seq.first_token.map(|t| self.secs(t)),
+            last_token_s: seq.last_token.map(|t| self.secs(t)),
+            ttft_s: seq
+                .first_token
+                .map(|t| t.saturating_duration_since(seq.arrived).as_secs_f64()),
+            model_decode_s: seq.model_decode.as_secs_f64(),
+        };
+        let mut s = self.lock();
+        match outcome {
+            Outcome::Complete => s.counters.completed += 1,
+            Outcome::Cancelled => s.counters.cancelled += 1,
+        }
+        if s.keep > 0 {
+            if s.records.len() == s.keep {
+                s.records.pop_front();
+            }
+            s.records.push_back(record);
+        }
+    }
+
+    /// The counters and the kept records.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = self.lock();
+        Snapshot {
+            counters: s.counters.clone(),
+            requests: s.records.iter().cloned().collect(),
+        }
+    }
+
+    /// The counters alone (cheap).
+    pub fn counters(&self) -> Counters {
+        self.lock().counters.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> Model {
+        Model {
+            step_base: Duration::from_millis(16),
+            step_per_seq: Duration::from_micros(200),
+            prefill_per_token: Duration::from_micros(50),
+            max_batch: 256,
+        }
+    }
+
+    #[test]
+    fn defaults_give_the_promised_speeds() {
+        let m = model();
+        assert_eq!(m.step(1, 0), Duration::from_micros(16_200));
+        assert_eq!(m.step(128, 0), Duration::from_micros(41_600));
+        assert_eq!(m.step(2, 1000), Duration::from_micros(16_400 + 50_000));
+        assert!((m.request_tps(1) - 61.73).abs() < 0.01);
+        assert!((m.aggregate_tps(128) - 3076.9).abs() < 0.1);
+        // Beyond max_batch the extra requests queue: aggregate stays flat.
+        assert_eq!(m.aggregate_tps(1000), m.aggregate_tps(256));
+    }
+
+    async fn drain(t: &mut Ticket) -> u32 {
+        while t.wake.recv().await.is_some() {}
+        t.progress.emitted()
+    }
+
+    /// The paused clock makes the schedule exact: this checks the model's arithmetic, not the
+    /// machine's timer.
+    #[tokio::test(start_paused = true)]
+    async fn one_sequence_follows_the_model_exactly() {
+        let e = Engine::start(model(), 10);
+        let t0 = Instant::now();
+        let mut t = e
+            .submit(Job {
+                prompt_tokens: 100,
+                output_tokens: 10,
+            })
+            .expect("running");
+        assert_eq!(drain(&mut t).await, 10);
+        // First step: base + 1 seq + 100 prompt tokens; then 9 plain steps.
+        let expect = Duration::from_micros(16_200 + 5_000 + 9 * 16_200);
+        // Tokens leave when the timer fires, which is on tokio's 1 ms grid; the schedule itself
+        // runs on the exact model times, so the error never accumulates past that one grid step.
+        let grid = Duration::from_millis(1);
+        assert!(t0.elapsed() >= expect && t0.elapsed() < expect + grid);
+        let snap = e.stats().snapshot();
+        assert_eq!(snap.counters.completed, 1);
+        assert_eq!(snap.counters.output_tokens, 10);
+        let r = &snap.requests[0];
+        assert_eq!((r.output_tokens, r.outcome), (10, Outcome::Complete));
+        assert!((r.model_decode_s - 9.0 * 0.0162).abs() < 1e-9);
+        let ttft = r.ttft_s.expect("ttft");
+        assert!((0.0212..0.0222).contains(&ttft), "{r:?}");
+    }
+
+    /// Runs one 20-token job, stalling the engine's timer by `stall` after its first token;
+    /// returns how long the job took.
+    async fn with_stall(stall: Duration) -> Duration {
+        let m = Model {
+            prefill_per_token: Duration::ZERO,
+            ..model()
+        };
+        let e = Engine::start(m, 10);
+        let t0 = Instant::now();
+        let mut t = e
+            .submit(Job {
+                prompt_tokens: 1,
+                output_tokens: 20,
+            })
+            .expect("running");
+        t.wake.recv().await;
+        // Jumping the paused clock is what a host stall looks like to the engine: its timer fires
+        // late, all at once.
+        tokio::time::advance(stall).await;
+        assert_eq!(drain(&mut t).await, 20);
+        t0.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn short_stalls_are_caught_up_long_ones_are_lost() {
+        let model_time = Duration::from_micros(20 * 16_200);
+        let grid = Duration::from_millis(2);
+        let short = with_stall(Duration::from_millis(200)).await;
+        assert!(
+            short >= model_time && short < model_time + grid,
+            "{short:?}"
+        );
+        let long = with_stall(Duration::from_millis(400)).await;
+        assert!(long > model_time + Duration::from_millis(300), "{long:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_queues_the_rest_fifo() {
+        let m = Model {
+            max_batch: 2,
+            prefill_per_token: Duration::ZERO,
+            ..model()
+        };
+        let e = Engine::start(m, 10);
+        let mut tickets: Vec<Ticket> = (0..3)
+            .map(|_| {
+                e.submit(Job {
+                    prompt_tokens: 1,
+                    output_tokens: 5,
+                })
+                .expect("running")
+            })
+            .collect();
+        for t in &mut tickets {
+            assert_eq!(drain(t).await, 5);
+        }
+        let snap = e.stats().snapshot();
+        assert_eq!(snap.counters.max_running, 2);
+        let third = snap.requests.iter().find(|r| r.id == 3).expect("third");
+        // It waited for the first two to finish their five steps of 16.4 ms.
+        let admitted = third.admitted_s.expect("admitted") - third.arrived_s;
+        assert!((admitted - 5.0 * 0.0164).abs() < 1e-6, "{admitted}");
+        let ttft = third.ttft_s.expect("ttft");
+        let expect = 5.0 * 0.0164 + 0.0162;
+        assert!((expect..expect + 0.001).contains(&ttft), "{ttft}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_ticket_leaves_the_batch() {
+        let e = Engine::start(model(), 10);
+        let mut keep = e
+            .submit(Job {
+                prompt_tokens: 1,
+                output_tokens: 50,
+            })
+            .expect("running");
+        let mut gone = e
+            .submit(Job {
+                prompt_tokens: 1,
+                output_tokens: 50,
+            })
+            .expect("running");
+        // Read three tokens, then hang up.
+        while gone.progress.emitted() < 3 {
+            gone.wake.recv().await;
+        }
+        drop(gone);
+        assert_eq!(drain(&mut keep).await, 50);
+        let snap = e.stats().snapshot();
+        assert_eq!((snap.counters.completed, snap.counters.cancelled), (1, 1));
+        let c = snap.requests.iter().find(|r| r.id == 2).expect("cancelled");
+        assert_eq!(c.outcome, Outcome::Cancelled);
+        assert!(c.output_tokens < 50);
+        assert_eq!(snap.counters.output_tokens, 50 + u64::from(c.output_tokens));
+    }
+}

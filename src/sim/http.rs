@@ -1,0 +1,418 @@
+//! The simulator's HTTP server: routes, request handling, and the streaming response body.
+//!
+//! A generation request is read whole, turned into a [`Job`] for the engine, and answered with a
+//! `TokenBody` that writes each token as the engine emits it (streaming), or with one JSON document
+//! once the last token is out (non-streaming: the headers wait too, as on a real server). A client
+//! that hangs up drops the body, which takes the sequence out of the batch at the next step.
+//!
+//! GET routes: `/health`, `/v1/models`, `/sim/stats` (the engine's own record of every request:
+//! arrival, first and last token times, tokens; see `docs/sim.md`), and `/api/tags` with
+//! `--api ollama`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use super::engine::{Engine, Job, Snapshot, Ticket};
+use super::text::{estimate_tokens, Lengths, Rng, Words};
+use super::wire::{self, Api, Endpoint, Parsed, RequestError, Timings};
+
+/// Request bodies larger than this are refused (413): far above any real prompt we simulate, and
+/// it bounds what a client can make the simulator hold.
+const MAX_REQUEST_BODY: usize = 32 << 20;
+
+/// The response body type of every route.
+pub type SimBody = http_body_util::combinators::BoxBody<Bytes, Interrupted>;
+
+/// The simulator stopped before a response was complete.
+#[derive(Debug, thiserror::Error)]
+#[error("the simulator stopped before the response was complete")]
+pub struct Interrupted;
+
+/// What every request handler shares.
+#[derive(Debug)]
+pub struct State {
+    pub engine: Engine,
+    pub api: Api,
+    /// Reported when the request names no model.
+    pub model: String,
+    pub seed: u64,
+    pub lengths: Lengths,
+}
+
+/// Accepts connections until `shutdown` completes. Connections already open are left to finish
+/// on their own (they live as long as the runtime).
+pub async fn serve(listener: TcpListener, state: Arc<State>, shutdown: impl Future<Output = ()>) {
+    let accept = async {
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "sim: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // One small write per token: it must leave at once.
+            let _ = stream.set_nodelay(true);
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let state = Arc::clone(&state);
+                    async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                });
+                if let Err(e) = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(error = %e, "sim: connection ended with an error");
+                }
+            });
+        }
+    };
+    tokio::select! {
+        _ = accept => {}
+        _ = shutdown => {}
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<SimBody> {
+    let mut resp = Response::new(Full::new(body.into()).map_err(|n| match n {}).boxed());
+    *resp.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<SimBody> {
+    match serde_json::to_vec(value) {
+        Ok(b) => full(status, "application/json", b),
+        Err(_) => full(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            "cannot encode",
+        ),
+    }
+}
+
+/// An error body in the shape the endpoint's API uses.
+fn error(endpoint: Option<Endpoint>, status: StatusCode, message: &str) -> Response<SimBody> {
+    let v = match endpoint {
+        Some(Endpoint::Messages) => serde_json::json!({
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": message},
+        }),
+        Some(Endpoint::OllamaChat | Endpoint::OllamaGenerate) => {
+            serde_json::json!({ "error": message })
+        }
+        Some(Endpoint::TgiGenerate | Endpoint::TgiGenerateStream) => {
+            serde_json::json!({"error": message, "error_type": "validation"})
+        }
+        _ => serde_json::json!({
+            "error": {"message": message, "type": "invalid_request_error", "code": status.as_u16()},
+        }),
+    };
+    json(status, &v)
+}
+
+async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
+    let path = req.uri().path().to_string();
+    if req.method() == Method::GET {
+        return match path.as_str() {
+            "/health" => full(StatusCode::OK, "text/plain", ""),
+            "/v1/models" => json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "object": "list",
+                    "data": [{"id": state.model, "object": "model", "created": 0, "owned_by": "tokenmeter-sim"}],
+                }),
+            ),
+            "/api/tags" if state.api == Api::Ollama => json(
+                StatusCode::OK,
+                &serde_json::json!({"models": [{"name": state.model, "model": state.model, "size": 0}]}),
+            ),
+            "/sim/stats" => json(StatusCode::OK, &stats(state)),
+            _ => error(None, StatusCode::NOT_FOUND, "no such route"),
+        };
+    }
+    let Some(endpoint) = Endpoint::route(state.api, &path).filter(|_| req.method() == Method::POST)
+    else {
+        return error(None, StatusCode::NOT_FOUND, "no such route");
+    };
+    let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return error(
+                Some(endpoint),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large",
+            );
+        }
+        // The client went away or sent a broken body: nobody will read the answer.
+        Err(_) => {
+            return error(
+                Some(endpoint),
+                StatusCode::BAD_REQUEST,
+                "cannot read the request body",
+            )
+        }
+    };
+    match wire::parse(endpoint, &body) {
+        Ok(parsed) => generate(state, endpoint, parsed).await,
+        Err(e @ (RequestError::NotJson | RequestError::BadLimit(_))) => {
+            error(Some(endpoint), StatusCode::BAD_REQUEST, &e.to_string())
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StatsBody<'a> {
+    api: &'a str,
+    model: &'a str,
+    seed: u64,
+    step_base_s: f64,
+    step_per_seq_s: f64,
+    prefill_per_token_s: f64,
+    max_batch: usize,
+    #[serde(flatten)]
+    snapshot: Snapshot,
+}
+
+fn stats(state: &State) -> StatsBody<'_> {
+    let m = state.engine.model();
+    StatsBody {
+        api: match state.api {
+            Api::Openai => "openai",
+            Api::Anthropic => "anthropic",
+            Api::Ollama => "ollama",
+            Api::Tgi => "tgi",
+        },
+        model: &state.model,
+        seed: state.seed,
+        step_base_s: m.step_base.as_secs_f64(),
+        step_per_seq_s: m.step_per_seq.as_secs_f64(),
+        prefill_per_token_s: m.prefill_per_token.as_secs_f64(),
+        max_batch: m.max_batch,
+        snapshot: state.engine.stats().snapshot(),
+    }
+}
+
+async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimBody> {
+    let received = Instant::now();
+    // Length first, then the words, from one stream: a request's text is the same whatever its
+    // limit, only cut shorter.
+    let mut rng = Rng::new(state.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ p.prompt_hash);
+    let natural = state.lengths.sample(&mut rng);
+    let output_tokens = p.max_tokens.unwrap_or(natural);
+    let prompt_tokens = estimate_tokens(p.prompt_chars);
+    let Ok(ticket) = state.engine.submit(Job {
+        prompt_tokens,
+        output_tokens,
+    }) else {
+        return error(
+            Some(endpoint),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the simulator is stopping",
+        );
+    };
+    let model = p.model.as_deref().unwrap_or(&state.model);
+    let response = wire::Response {
+        endpoint,
+        stream: p.stream,
+        include_usage: p.include_usage,
+        model: serde_json::to_string(model).unwrap_or_else(|_| "\"\"".into()),
+        id: ticket.id,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        prompt_tokens,
+        output_tokens,
+        limited: p.max_tokens.is_some(),
+        details: p.details,
+    };
+    let id = ticket.id;
+    let mut body = TokenBody {
+        response,
+        words: Words::new(rng),
+        ticket,
+        rendered: 0,
+        keep_text: !p.stream || endpoint == Endpoint::TgiGenerateStream,
+        text: String::new(),
+        buf: String::new(),
+        head_sent: false,
+        done: false,
+        received,
+        first: None,
+    };
+    let mut resp = if body.response.stream {
+        let ct = body.response.content_type();
+        let mut r = Response::new(body.boxed());
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+        r.headers_mut().insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-cache"),
+        );
+        r
+    } else {
+        match body.complete().await {
+            Ok(text) => full(StatusCode::OK, "application/json", text),
+            Err(Interrupted) => {
+                return error(
+                    Some(endpoint),
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the simulator is stopping",
+                )
+            }
+        }
+    };
+    if let Ok(v) = header::HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert("x-sim-request-id", v);
+    }
+    resp
+}
+
+/// A response that writes tokens as the engine emits them.
+struct TokenBody {
+    response: wire::Response,
+    words: Words,
+    ticket: Ticket,
+    /// Tokens written so far.
+    rendered: u32,
+    /// The whole output so far, kept only where the format needs it (TGI repeats it at the end;
+    /// a non-streaming response is it), so a long stream holds no more memory than a short one.
+    keep_text: bool,
+    text: String,
+    buf: String,
+    head_sent: bool,
+    done: bool,
+    received: Instant,
+    first: Option<Instant>,
+}
+
+impl TokenBody {
+    fn timings(&self) -> Timings {
+        let now = Instant::now();
+        let first = self.first.unwrap_or(now);
+        Timings {
+            prefill: first.saturating_duration_since(self.received),
+            decode: now.saturating_duration_since(first),
+        }
+    }
+
+    /// Writes the tokens emitted since the last call into `buf` (with the tail after the last
+    /// one, when streaming).
+    fn render_new(&mut self) {
+        let emitted = self
+            .ticket
+            .progress
+            .emitted()
+            .min(self.response.output_tokens);
+        if emitted > self.rendered && self.first.is_none() {
+            self.first = Some(Instant::now());
+        }
+        while self.rendered < emitted {
+            let tok = self.words.next_token();
+            if self.keep_text {
+                self.text.push_str(tok.text);
+            }
+            if self.response.stream {
+                self.response
+                    .token(self.rendered, tok, &self.text, &mut self.buf);
+            }
+            self.rendered += 1;
+        }
+        if self.rendered == self.response.output_tokens && !self.done {
+            self.done = true;
+            if self.response.stream {
+                let t = self.timings();
+                self.response.tail(&t, &mut self.buf);
+            }
+        }
+    }
+
+    fn take_frame(&mut self) -> Option<Frame<Bytes>> {
+        (!self.buf.is_empty()).then(|| Frame::data(Bytes::from(std::mem::take(&mut self.buf))))
+    }
+
+    /// Non-streaming: waits for the last token and returns the whole document.
+    async fn complete(&mut self) -> Result<String, Interrupted> {
+        while self.ticket.wake.recv().await.is_some() {
+            self.render_new();
+        }
+        self.render_new();
+        if !self.done {
+            return Err(Interrupted);
+        }
+        let t = self.timings();
+        Ok(self.response.whole(&self.text, &t))
+    }
+}
+
+impl Body for TokenBody {
+    type Data = Bytes;
+    type Error = Interrupted;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Interrupted>>> {
+        let this = self.get_mut();
+        if !this.head_sent {
+            this.head_sent = true;
+            this.response.head(&mut this.buf);
+            if let Some(f) = this.take_frame() {
+                return Poll::Ready(Some(Ok(f)));
+            }
+        }
+        loop {
+            if this.done {
+                return Poll::Ready(this.take_frame().map(Ok));
+            }
+            match this.ticket.wake.poll_recv(cx) {
+                Poll::Ready(Some(())) => {
+                    this.render_new();
+                    if let Some(f) = this.take_frame() {
+                        return Poll::Ready(Some(Ok(f)));
+                    }
+                }
+                // The engine let go of the sequence: complete (rendered on the next turn), or the
+                // engine stopped.
+                Poll::Ready(None) => {
+                    this.render_new();
+                    if !this.done {
+                        this.done = true;
+                        return Poll::Ready(Some(Err(Interrupted)));
+                    }
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.buf.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}

@@ -1,0 +1,297 @@
+//! `tokenmeter sim`: a simulated inference server, the test instrument behind the demo and the
+//! benchmarks.
+//!
+//! It serves an OpenAI-compatible API (and, with `--api`, Anthropic's, Ollama's or TGI's) and
+//! behaves like continuous batching on a GPU ([`engine`]): every decode step emits one token for
+//! each running request and takes `step_base + step_per_seq x batch`, prefill costs time per
+//! prompt token, and past `--max-batch` requests queue. It is deterministic given `--seed` (the
+//! tokens and lengths depend only on the seed and the request, see [`text`]) and exact about what
+//! it sent: `GET /sim/stats` reports its own per-request timestamps. The modules:
+//!
+//! - [`engine`]: the decode loop and its performance [`Model`].
+//! - [`http`]: routes, request handling, the streaming body.
+//! - [`wire`]: reading requests and writing responses per API.
+//! - [`text`]: the seeded generator, vocabulary and length distribution.
+
+pub mod engine;
+pub mod http;
+pub mod text;
+pub mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::net::TcpListener;
+
+use crate::config::parse_duration;
+pub use engine::Model;
+use engine::{Engine, Stats};
+use text::Lengths;
+pub use wire::Api;
+
+/// The simulator's flags. Every one also reads a `TOKENMETER_SIM_*` environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// Where to serve.
+    #[arg(long, env = "TOKENMETER_SIM_LISTEN", default_value = "127.0.0.1:8000")]
+    pub listen: String,
+
+    /// The API to speak besides OpenAI's (which is always served).
+    #[arg(long, env = "TOKENMETER_SIM_API", value_enum, default_value_t = Api::Openai)]
+    pub api: Api,
+
+    /// Model name reported when a request names none (a request's own `model` is echoed).
+    #[arg(long, env = "TOKENMETER_SIM_MODEL", default_value = "tokenmeter-sim")]
+    pub model: String,
+
+    /// Fixed cost of one decode step (at least 1ms, the timer's resolution).
+    #[arg(long, env = "TOKENMETER_SIM_STEP_BASE", default_value = "16ms", value_parser = parse_duration)]
+    pub step_base: Duration,
+
+    /// Cost added to a decode step per running request.
+    #[arg(long, env = "TOKENMETER_SIM_STEP_PER_SEQ", default_value = "0.2ms", value_parser = parse_duration)]
+    pub step_per_seq: Duration,
+
+    /// Prefill cost per prompt token (prompt tokens are estimated at 4 characters each).
+    #[arg(long, env = "TOKENMETER_SIM_PREFILL_PER_TOKEN", default_value = "0.05ms", value_parser = parse_duration)]
+    pub prefill_per_token: Duration,
+
+    /// Requests decoded at once; the rest wait in a FIFO queue (visible in TTFT).
+    #[arg(long, env = "TOKENMETER_SIM_MAX_BATCH", default_value_t = 256)]
+    pub max_batch: usize,
+
+    /// Output length when the request sets no limit: N, or MIN-MAX drawn uniformly. A request's
+    /// max_tokens (max_completion_tokens, num_predict, max_new_tokens) is honoured exactly.
+    #[arg(long, env = "TOKENMETER_SIM_OUTPUT_TOKENS", default_value = "32-512")]
+    pub output_tokens: Lengths,
+
+    /// Seed of everything generated: the same seed and request give the same tokens.
+    #[arg(long, env = "TOKENMETER_SIM_SEED", default_value_t = 0)]
+    pub seed: u64,
+
+    /// Finished requests kept for GET /sim/stats (the oldest are dropped).
+    #[arg(long, env = "TOKENMETER_SIM_STATS_KEEP", default_value_t = 10_000)]
+    pub stats_keep: usize,
+
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, env = "TOKENMETER_SIM_THREADS")]
+    pub threads: Option<usize>,
+}
+
+/// The validated simulator settings.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub listen: SocketAddr,
+    pub api: Api,
+    pub model_name: String,
+    pub model: Model,
+    pub lengths: Lengths,
+    pub seed: u64,
+    pub stats_keep: usize,
+    pub threads: Option<usize>,
+}
+
+/// Why the simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("--listen {0:?} is not a valid address (expected HOST:PORT, e.g. 127.0.0.1:8000)")]
+    BadAddress(String),
+    #[error("--step-base must be at least 1ms (the timer's resolution), got {0:?}")]
+    StepTooShort(Duration),
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl SimError {
+    /// True for errors the user fixes by changing the flags.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            SimError::BadAddress(_) | SimError::StepTooShort(_) | SimError::Zero(_)
+        )
+    }
+}
+
+impl Default for SimConfig {
+    /// The defaults of the flags, on an ephemeral loopback port.
+    fn default() -> Self {
+        SimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            api: Api::Openai,
+            model_name: "tokenmeter-sim".to_string(),
+            model: Model {
+                step_base: Duration::from_millis(16),
+                step_per_seq: Duration::from_micros(200),
+                prefill_per_token: Duration::from_micros(50),
+                max_batch: 256,
+            },
+            lengths: Lengths { min: 32, max: 512 },
+            seed: 0,
+            stats_keep: 10_000,
+            threads: None,
+        }
+    }
+}
+
+impl SimArgs {
+    pub fn validate(&self) -> Result<SimConfig, SimError> {
+        use std::net::ToSocketAddrs;
+        let listen = self
+            .listen
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| SimError::BadAddress(self.listen.clone()))?;
+        if self.step_base < Duration::from_millis(1) {
+            return Err(SimError::StepTooShort(self.step_base));
+        }
+        if self.max_batch == 0 {
+            return Err(SimError::Zero("max-batch"));
+        }
+        if self.threads == Some(0) {
+            return Err(SimError::Zero("threads"));
+        }
+        Ok(SimConfig {
+            listen,
+            api: self.api,
+            model_name: self.model.clone(),
+            model: Model {
+                step_base: self.step_base,
+                step_per_seq: self.step_per_seq,
+                prefill_per_token: self.prefill_per_token,
+                max_batch: self.max_batch,
+            },
+            lengths: self.output_tokens,
+            seed: self.seed,
+            stats_keep: self.stats_keep,
+            threads: self.threads,
+        })
+    }
+}
+
+/// A simulator with its listener bound and its engine running.
+pub struct Sim {
+    listener: TcpListener,
+    state: Arc<http::State>,
+}
+
+impl Sim {
+    /// Binds the listener and starts the engine (on the current runtime).
+    pub async fn bind(cfg: &SimConfig) -> Result<Sim, SimError> {
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| SimError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        Ok(Sim {
+            listener,
+            state: Arc::new(http::State {
+                engine: Engine::start(cfg.model, cfg.stats_keep),
+                api: cfg.api,
+                model: cfg.model_name.clone(),
+                seed: cfg.seed,
+                lengths: cfg.lengths,
+            }),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The engine's own record of what it did.
+    pub fn stats(&self) -> Arc<Stats> {
+        Arc::clone(self.state.engine.stats())
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        http::serve(self.listener, self.state, shutdown).await;
+    }
+}
+
+/// `tokenmeter sim`: serves until SIGTERM or Ctrl-C.
+pub fn run(args: &SimArgs) -> Result<(), SimError> {
+    let cfg = args.validate()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cfg.threads {
+        builder.worker_threads(n);
+    }
+    let runtime = builder.enable_all().build().map_err(SimError::Runtime)?;
+    runtime.block_on(async {
+        let sim = Sim::bind(&cfg).await?;
+        let m = cfg.model;
+        tracing::info!(
+            listen = %sim.local_addr(),
+            api = ?cfg.api,
+            single_user_tps = format!("{:.1}", m.request_tps(1)),
+            aggregate_tps_at_128 = format!("{:.0}", m.aggregate_tps(128)),
+            max_batch = m.max_batch,
+            "simulator started"
+        );
+        sim.serve(crate::signal::shutdown()).await;
+        tracing::info!("simulator stopped");
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: SimArgs,
+    }
+
+    #[test]
+    fn flag_defaults_match_the_config_defaults() {
+        let args = T::try_parse_from(["t", "--listen", "127.0.0.1:0"])
+            .expect("parse")
+            .a;
+        let cfg = args.validate().expect("valid");
+        let d = SimConfig::default();
+        assert_eq!(cfg.model, d.model);
+        assert_eq!(cfg.lengths, d.lengths);
+        assert_eq!((cfg.api, cfg.seed), (d.api, d.seed));
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let bad = |extra: &[&str]| {
+            let mut v = vec!["t"];
+            v.extend_from_slice(extra);
+            T::try_parse_from(v).expect("parse").a.validate().err()
+        };
+        assert!(matches!(
+            bad(&["--listen", "nope"]),
+            Some(SimError::BadAddress(_))
+        ));
+        assert!(matches!(
+            bad(&["--step-base", "0.5ms"]),
+            Some(SimError::StepTooShort(_))
+        ));
+        assert!(matches!(
+            bad(&["--max-batch", "0"]),
+            Some(SimError::Zero("max-batch"))
+        ));
+        assert!(T::try_parse_from(["t", "--api", "gemini"]).is_err());
+        assert!(T::try_parse_from(["t", "--output-tokens", "9-3"]).is_err());
+    }
+}

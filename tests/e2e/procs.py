@@ -1,0 +1,150 @@
+"""Starting and stopping the servers of the real-server check: vLLM and tokenmeter.
+
+Each server runs in its own session (process group), started here, so stopping it reaches its
+children too (vLLM forks an engine process and a worker) without touching anything else on
+the machine. Every server is stopped on the way out, whatever happened, through
+`Servers.__exit__`. All traffic stays on 127.0.0.1, on ports the kernel hands out.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+
+class Failed(Exception):
+    """A server did not come up: the message says which and shows its log tail."""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url, timeout=2):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except Exception:
+        return None
+
+
+def _tail(path, n=40):
+    try:
+        with open(path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+
+
+class Server:
+    def __init__(self, name, argv, env, log, health_url, startup_timeout):
+        self.name = name
+        self.log = log
+        self.health_url = health_url
+        self.started = time.monotonic()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._wait(startup_timeout)
+
+    def _wait(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Failed(
+                    f"{self.name} exited with {self.proc.returncode} during startup; "
+                    f"log {self.log}:\n{_tail(self.log)}"
+                )
+            if _get(self.health_url) == 200:
+                self.ready_after = time.monotonic() - self.started
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise Failed(f"{self.name} not ready after {timeout:.0f} s; log {self.log}:\n{_tail(self.log)}")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, grace=20):
+        """SIGTERM to the server's process group, SIGKILL after `grace` seconds."""
+        if self.proc.poll() is not None:
+            return
+        pgid = self.proc.pid  # start_new_session: the group id is the server's own pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, timeout=420):
+    """vLLM's OpenAI server on loopback, with our histogram boundaries.
+
+    `--custom-histogram-buckets` gives vLLM's TTFT and per-token histograms the same fine
+    boundaries tokenmeter uses, so the two servers' percentiles come from identical bins.
+    """
+    env = dict(os.environ)
+    env.update(
+        {
+            # Nothing may be fetched: the model, tokenizer and everything else are local.
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            # Otherwise vLLM's internal messaging binds to the machine's external address.
+            "VLLM_HOST_IP": "127.0.0.1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    buckets = {"time_to_first_token": ttft_buckets, "inter_token_latency": itl_buckets}
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model", model_dir,
+        "--served-model-name", name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", "2048",
+        "--custom-histogram-buckets", json.dumps(buckets),
+    ]  # fmt: skip
+    return Server(
+        f"vLLM ({name})", argv, env, log, f"http://127.0.0.1:{port}/health", timeout
+    )
+
+
+def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
+    env.setdefault("RUST_LOG", "warn")
+    csv = lambda xs: ",".join(repr(x) for x in xs)  # noqa: E731
+    argv = [
+        binary,
+        "--upstream", upstream,
+        "--listen", f"127.0.0.1:{port}",
+        "--metrics-listen", f"127.0.0.1:{metrics_port}",
+        "--buckets-ttft", csv(ttft_buckets),
+        "--buckets-tps", csv(tps_buckets),
+    ]  # fmt: skip
+    return Server(
+        "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30
+    )

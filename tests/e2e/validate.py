@@ -1,0 +1,684 @@
+#!/usr/bin/env python3
+"""The real-server check: tokenmeter in front of a real vLLM, driven by real clients.
+
+Three views of the same requests are compared phase by phase: vLLM's own /metrics (the
+server), tokenmeter's /metrics (the proxy) and what the client recorded (GuideLLM's JSON, the
+`openai` SDK, `curl -N`). Every phase is bracketed by snapshots of both /metrics pages, so each
+figure is a difference over exactly that phase. The tolerances are those of issue 7:
+
+- tokens: exact, all three views;
+- requests: exact; requests GuideLLM cuts at the end of a timed run count as `client_disconnect`;
+- TTFT: at every reported percentile vLLM <= tokenmeter <= client (each measures from a later
+  start to an earlier end), and tokenmeter's median within 5 ms of GuideLLM's own median;
+- per-request decode speed: tokenmeter's median within 5% of GuideLLM's;
+- concurrency: the in-flight gauge never above the load's concurrency; band `1` at 1, `9-16` at 16.
+
+Percentiles of the three views come from identical histogram bins: vLLM and tokenmeter are
+started with the same fine TTFT boundaries (1 ms wide up to 0.5 s), and the client's per-request
+values are binned into them too, so the orderings compare like with like. A second model with a
+full byte alphabet (tokens that carry no text) measures what counting events costs where the
+stream reports no usage.
+
+Writes the markdown report (docs/validation.md) and exits 1 if any check failed.
+Run through tests/e2e/run.sh, which installs everything and builds what this needs.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import clients  # noqa: E402
+import procs  # noqa: E402
+import prom  # noqa: E402
+import report  # noqa: E402
+
+MODEL_NAME = "tiny-llama"
+BYTES_MODEL_NAME = "tiny-llama-bytes"
+PERCENTILES = (0.5, 0.9, 0.95, 0.99)
+TTFT_MEDIAN_TOLERANCE_S = 0.005
+TPS_MEDIAN_TOLERANCE = 0.05
+
+
+def ttft_bounds():
+    """1 ms bins up to 0.5 s, 10 ms to 1 s, then vLLM's own coarse boundaries. Every default
+    vLLM boundary below 1 s is on this grid, so coarse and fine figures can be compared."""
+    fine = [round(0.001 * i, 3) for i in range(1, 501)]
+    mid = [round(0.5 + 0.01 * i, 2) for i in range(1, 51)]
+    coarse = [2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+    return fine + mid + coarse
+
+
+def tps_bounds():
+    """Per-request tokens/s: geometric 1% steps from 1 to 10,000 (the issue's range), so a
+    median read off the histogram is within 1% of the true one."""
+    out, x = [], 1.0
+    while x < 10000.0:
+        v = float(f"{x:.6g}")
+        if not out or v > out[-1]:
+            out.append(v)
+        x *= 1.01
+    out.append(10000.0)
+    return out
+
+
+def itl_bounds_for_vllm(tps):
+    """vLLM's per-request time-per-output-token histogram with the reciprocal boundaries of
+    tokenmeter's tokens/s: its median converts to a decode speed on the same grid."""
+    return sorted({float(f"{1.0 / x:.6g}") for x in tps})
+
+
+class Checks:
+    """Every comparison made, with its verdict; the run fails if any failed."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, phase, what, ok, detail):
+        self.rows.append((phase, what, bool(ok), detail))
+        mark = "ok  " if ok else "FAIL"
+        print(f"[e2e] {mark} {phase}: {what}: {detail}", flush=True)
+        return ok
+
+    def equal(self, phase, what, **views):
+        vals = {k: (None if v is None else round(v, 6)) for k, v in views.items()}
+        ok = len(set(vals.values())) == 1 and None not in vals.values()
+        detail = ", ".join(f"{k}={_num(v)}" for k, v in vals.items())
+        return self.add(phase, what, ok, detail)
+
+    @property
+    def failed(self):
+        return [r for r in self.rows if not r[2]]
+
+
+def _num(v):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+class Phase:
+    """One measured phase: /metrics of both servers before and after, in-flight samples.
+    The raw scrapes are kept in the output directory as evidence."""
+
+    def __init__(self, name, vllm_url, tm_url, out_dir):
+        self.name = name
+        self.vllm_url = vllm_url
+        self.tm_url = tm_url
+        slug = "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
+        self.prefix = os.path.join(out_dir, "metrics", slug)
+        os.makedirs(os.path.dirname(self.prefix), exist_ok=True)
+
+    def _snapshot(self, when):
+        out = []
+        for who, url in (("vllm", self.vllm_url), ("tokenmeter", self.tm_url)):
+            text = prom.fetch(url)
+            with open(f"{self.prefix}-{who}-{when}.txt", "w") as f:
+                f.write(text)
+            out.append(prom.parse(text))
+        return out
+
+    def __enter__(self):
+        settle(self.vllm_url, self.tm_url)
+        self.v0, self.t0 = self._snapshot("before")
+        self.sampler = clients.InFlightSampler(self.tm_url).__enter__()
+        self.started = time.monotonic()
+        # Who had the CPU mid-phase (the machine is shared): evidence for the timing figures.
+        self.top = threading.Timer(22.0, self._top)
+        self.top.daemon = True
+        self.top.start()
+        return self
+
+    def _top(self):
+        try:
+            out = subprocess.run(["top", "-b", "-n", "2", "-d", "1", "-w", "160"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return
+        last = out.rfind("top - ")
+        with open(f"{self.prefix}-top.txt", "w") as f:
+            f.write("\n".join(out[last:].splitlines()[:25]) + "\n")
+
+    def __exit__(self, *exc):
+        self.top.cancel()
+        self.sampler.__exit__(*exc)
+        self.seconds = time.monotonic() - self.started
+        if exc[0] is None:
+            settle(self.vllm_url, self.tm_url)
+        v1, t1 = self._snapshot("after")
+        self.vllm = prom.Delta(self.v0, v1)
+        self.tm = prom.Delta(self.t0, t1)
+        self.inflight = self.sampler.summary()
+        return False
+
+
+def settle(vllm_url, tm_url, timeout=60):
+    """Waits until neither server has a request in flight and vLLM's counters stopped moving:
+    a cut request is aborted asynchronously, and its tokens must land in this phase."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        v, t = prom.scrape(vllm_url), prom.scrape(tm_url)
+        busy = (
+            prom.gauge(v, "vllm:num_requests_running")
+            + prom.gauge(v, "vllm:num_requests_waiting")
+            + prom.gauge(t, "tokenmeter_requests_in_flight")
+        )
+        now = (
+            prom.gauge(v, "vllm:generation_tokens_total"),
+            prom.gauge(v, "vllm:prompt_tokens_total"),
+            prom.gauge(v, "vllm:request_success_total"),
+        )
+        if busy == 0 and now == last:
+            return
+        last = now
+        time.sleep(0.5)
+    raise RuntimeError(f"servers still busy {timeout} s after the load stopped")
+
+
+# === GuideLLM phases ===
+
+
+def guidellm_phase(cfg, checks, urls, c):
+    name = f"GuideLLM c={c}"
+    with Phase(name, urls["vllm_metrics"], urls["tm_metrics"], cfg.out_dir) as ph:
+        run = clients.guidellm(
+            cfg.clients_bin, urls["proxy"], MODEL_NAME, cfg.model, c, cfg.seconds,
+            cfg.prompt_tokens, cfg.output_tokens, cfg.out_dir, f"c{c}",
+        )  # fmt: skip
+    ok = run.where("successful")
+    cut = run.where("incomplete")
+    errored = run.where("errored")
+    cut_answered = [r for r in cut if r["answered"]]
+    v, t = ph.vllm, ph.tm
+    row = {"c": c, "seconds": ph.seconds, "inflight": ph.inflight}
+
+    checks.add(name, "no request failed", not errored, f"{len(errored)} errored at the client")
+
+    # Tokens and requests. Each view sees a request end later than the one before it: vLLM
+    # when it generates the last token, tokenmeter when `[DONE]` passes, the client when it
+    # parses `[DONE]`. A request that finished well before the time limit is complete in all
+    # three and must be counted exactly alike. At the instant GuideLLM cuts its run, though,
+    # some requests are complete for vLLM but not yet for tokenmeter, or complete for
+    # tokenmeter but not yet for the client, and tokens are on their way. So: the number of
+    # requests is exact; completion and tokens are ordered vLLM >= tokenmeter >= client (the
+    # cut ones the reverse), and exactly equal whenever the run cut nothing mid-stream.
+    # vLLM does not record a request its client aborted in `request_success_total` nor in its
+    # per-request histograms, only in TTFT and token counters.
+    reasons = v.by_label("vllm:request_success_total", "finished_reason")
+    outcomes = t.by_label("tokenmeter_requests_total", "outcome")
+    tm_complete = outcomes.get("complete", 0)
+    tm_cut = outcomes.get("client_disconnect", 0)
+    tm_other = sum(n for k, n in outcomes.items() if k not in ("complete", "client_disconnect"))
+    v_done = reasons.get("length", 0) + reasons.get("stop", 0)
+    row["requests"] = {
+        "vllm": reasons,
+        "tm": outcomes,
+        "g_ok": len(ok),
+        "g_cut": len(cut),
+        "g_cut_answered": len(cut_answered),
+    }
+    nothing_cut = not cut_answered and tm_cut == 0
+    checks.add(
+        name,
+        "every request that reached the servers is counted once",
+        len(ok) + len(cut_answered) <= tm_complete + tm_cut <= len(ok) + len(cut) and tm_other == 0,
+        f"tokenmeter complete + client_disconnect = {_num(tm_complete + tm_cut)} (other outcomes "
+        f"{_num(tm_other)}); GuideLLM successful + incomplete = {len(ok)} + {len(cut)}, of which "
+        f"{len(cut_answered)} had response bytes (one cancelled before its body reached tokenmeter "
+        "never existed for the servers)",
+    )
+    if nothing_cut:
+        checks.equal(name, "completed requests", vllm=v_done, tokenmeter=tm_complete, guidellm=len(ok))
+    else:
+        checks.add(
+            name,
+            "completed requests: vLLM >= tokenmeter >= client",
+            v_done >= tm_complete >= len(ok),
+            f"{_num(v_done)} >= {_num(tm_complete)} >= {len(ok)}",
+        )
+    cut_streaming = (
+        v.value("vllm:time_to_first_token_seconds_count") - v_done,
+        t.value("tokenmeter_time_to_first_token_seconds_count") - tm_complete,
+        len([r for r in cut if r["ttft_s"] is not None]),
+    )
+    # Shown, not ordered: vLLM sees a request's first token before tokenmeter does, and its
+    # completion before tokenmeter does too, so "cut after the first token" can go either way.
+    row["cut_streaming"] = cut_streaming
+
+    g_out_done = sum(r["output_tokens"] or 0 for r in ok)
+    g_out_cut = sum(r["output_tokens"] or 0 for r in cut)
+    v_out = v.value("vllm:generation_tokens_total")
+    v_out_done = v.value("vllm:request_generation_tokens_sum")
+    t_out = t.value("tokenmeter_output_tokens_total")
+    row["out"] = (v_out, t_out, g_out_done + g_out_cut)
+    row["out_done"] = (v_out_done, None, g_out_done)
+    checks.equal(
+        name,
+        "output tokens of each completed request are exactly those asked (vLLM, client)",
+        vllm=v_out_done / v_done if v_done else None,
+        guidellm=g_out_done / len(ok) if ok else None,
+        asked=cfg.output_tokens,
+    )
+    if nothing_cut:
+        checks.equal(name, "output tokens", vllm=v_out, tokenmeter=t_out, guidellm=row["out"][2])
+    else:
+        checks.add(
+            name,
+            "output tokens: vLLM >= tokenmeter >= client (exact but for tokens in flight at the cut)",
+            v_out >= t_out >= row["out"][2],
+            f"{_num(v_out)} >= {_num(t_out)} >= {_num(row['out'][2])}",
+        )
+    # Prompt tokens are counted by vLLM at prefill and reported in every chunk (GuideLLM asks
+    # for continuous usage), so they are exact for every request that reached the server.
+    # They are known to tokenmeter and the client only from a usage report, so a request cut
+    # before its first chunk reached them is prefilled by vLLM and unknown to the other two.
+    g_in = sum(r["prompt_tokens"] or 0 for r in ok + cut_answered)
+    row["in"] = (v.value("vllm:prompt_tokens_total"), t.value("tokenmeter_input_tokens_total"), g_in)
+    if nothing_cut:
+        checks.equal(name, "input tokens", vllm=row["in"][0], tokenmeter=row["in"][1], guidellm=row["in"][2])
+    else:
+        checks.add(
+            name,
+            "input tokens: vLLM >= tokenmeter >= client (exact but for requests cut before their first chunk)",
+            row["in"][0] >= row["in"][1] >= row["in"][2],
+            "{} >= {} >= {}".format(*(_num(x) for x in row["in"])),
+        )
+
+    # TTFT, three views on identical bins.
+    hv = v.histogram("vllm:time_to_first_token_seconds")
+    ht = t.histogram("tokenmeter_time_to_first_token_seconds")
+    client_ttft = [r["ttft_s"] for r in ok + cut if r["ttft_s"] is not None]
+    hc = prom.Histogram.from_values(client_ttft, ht.bounds())
+    checks.add(
+        name,
+        "vLLM and tokenmeter TTFT histograms have identical bins",
+        hv.bounds() == ht.bounds(),
+        f"{len(hv.bounds())} and {len(ht.bounds())} bounds",
+    )
+    # tokenmeter's time to the first response byte: a delay before it happened upstream of the
+    # proxy (it cannot hold back bytes it has not received).
+    hb = t.histogram("tokenmeter_time_to_first_byte_seconds")
+    row["ttfb"] = {q: hb.quantile(q) for q in PERCENTILES}
+    row["ttft_counts"] = (hv.count, ht.count, hc.count)
+    row["ttft"] = {}
+    for q in PERCENTILES:
+        qv, qt, qc = hv.quantile(q), ht.quantile(q), hc.quantile(q)
+        row["ttft"][q] = (qv, qt, qc)
+        ok_order = None not in (qv, qt, qc) and qv <= qt <= qc
+        checks.add(
+            name,
+            f"TTFT p{int(q * 100)}: vLLM <= tokenmeter <= client",
+            ok_order,
+            f"{_ms(qv)} <= {_ms(qt)} <= {_ms(qc)}",
+        )
+    # The median is compared over the same requests (every one with a first token, cut ones
+    # included, as tokenmeter and vLLM have them) on the same bins; GuideLLM's own summary
+    # (successful requests only, exact values) is shown beside it.
+    g_med = hc.quantile(0.5)
+    t_med = ht.quantile(0.5)
+    row["ttft_guidellm_median"] = g_med
+    row["ttft_guidellm_reported"] = {
+        q: run.reported_ttft_ms["percentiles"][f"p{int(q * 100)}"] / 1000.0 for q in PERCENTILES
+    }
+    checks.add(
+        name,
+        "tokenmeter median TTFT within 5 ms of GuideLLM's",
+        None not in (t_med, g_med) and abs(t_med - g_med) <= TTFT_MEDIAN_TOLERANCE_S,
+        f"tokenmeter {_ms(t_med)}, GuideLLM {_ms(g_med)} (its summary: "
+        f"{_ms(run.reported_ttft_ms['median'] / 1000.0)}), difference "
+        f"{_ms(None if None in (t_med, g_med) else t_med - g_med)}",
+    )
+
+    # Per-request decode speed: GuideLLM's inter_token_latency_ms is (last - first token) /
+    # (tokens - 1), the exact reciprocal of tokenmeter's per-request tokens/s. tokenmeter also
+    # records the speed of a request cut mid-stream (over the tokens it got), where GuideLLM's
+    # summary and vLLM keep completed requests only, so the comparison is made over the same
+    # requests, with the client's speeds computed from GuideLLM's own per-request timestamps.
+    g_tps_all = [r["tps"] for r in ok + cut if r["tps"] is not None]
+    g_tps_med = statistics.median(g_tps_all) if g_tps_all else None
+    g_rep = run.reported_itl_ms.get("median")
+    htps = t.histogram("tokenmeter_request_tokens_per_second")
+    t_tps_med = htps.quantile(0.5)
+    vt = v.histogram("vllm:request_time_per_output_token_seconds").quantile(0.5)
+    row["tps"] = (1.0 / vt if vt else None, t_tps_med, g_tps_med)
+    row["tps_guidellm_reported"] = 1000.0 / g_rep if g_rep else None
+    row["tps_counts"] = (htps.count, len(g_tps_all))
+    rel = None if not (t_tps_med and g_tps_med) else abs(t_tps_med - g_tps_med) / g_tps_med
+    checks.add(
+        name,
+        "tokenmeter median per-request tokens/s within 5% of GuideLLM's",
+        rel is not None and rel <= TPS_MEDIAN_TOLERANCE and htps.count == len(g_tps_all),
+        f"tokenmeter {_num1(t_tps_med)} over {_num(htps.count)} requests, GuideLLM {_num1(g_tps_med)} "
+        f"over {len(g_tps_all)}, difference {'n/a' if rel is None else f'{100 * rel:.2f}%'} "
+        f"(GuideLLM's summary, completed only: {_num1(row['tps_guidellm_reported'])})",
+    )
+
+    # Concurrency.
+    bands = t.by_label("tokenmeter_request_tokens_per_second_count", "concurrency")
+    row["bands"] = bands
+    mx = ph.inflight["max"]
+    checks.add(
+        name,
+        f"in-flight gauge never above {c}",
+        mx is not None and mx <= c and ph.inflight["n"] >= 10,
+        f"max {_num(mx)} over {ph.inflight['n']} samples (mean {_num1(ph.inflight['busy_mean'])} "
+        "while any was in flight)",
+    )
+    # The band is the concurrency a request actually ran at, so tokenmeter's bands are checked
+    # against the bands of the load as the client ran it (its own request timeline, the same
+    # definition). A load generator can sag below its target: GuideLLM refills slowly when a
+    # wave of equal-length requests ends together on a busy machine. That is shown, and the
+    # phase must still have run mostly at its level (else it did not test that band).
+    client_bands = run.bands(band_of)
+    row["client_bands"] = client_bands
+    want = {1: "1", 16: "9-16"}.get(c)
+    if want:
+        # (At other levels the bands are shown only: a request whose whole response arrives
+        # in one burst has a decode window of a millisecond or two, and its band is then the
+        # count of requests in flight at one instant, which two observers can see differently.)
+        checks.add(
+            name,
+            "every request's band is the one the load ran it at (client's timeline)",
+            bands == {k: float(n) for k, n in client_bands.items()},
+            "tokenmeter "
+            + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(bands.items())) or "none")
+            + "; client "
+            + (", ".join(f"{k}: {_num(n)}" for k, n in sorted(client_bands.items())) or "none"),
+        )
+        total = sum(bands.values())
+        checks.add(
+            name,
+            f"band {want}: most requests ran at concurrency {c}",
+            total > 0 and bands.get(want, 0) > total / 2,
+            f"{_num(bands.get(want, 0))} of {_num(total)} in band {want}",
+        )
+    return row
+
+
+def control_phase(cfg, urls, c):
+    """GuideLLM straight to vLLM, no proxy: how far the client's TTFT is from vLLM's on its
+    own. Set beside the proxied phase, the difference is what the proxy adds."""
+    name = f"control c={c}"
+    with Phase(name, urls["vllm_metrics"], urls["tm_metrics"], cfg.out_dir) as ph:
+        run = clients.guidellm(
+            cfg.clients_bin, urls["vllm"], MODEL_NAME, cfg.model, c, cfg.seconds,
+            cfg.prompt_tokens, cfg.output_tokens, cfg.out_dir, f"direct-c{c}",
+        )  # fmt: skip
+    hv = ph.vllm.histogram("vllm:time_to_first_token_seconds")
+    client = [r["ttft_s"] for r in run.requests if r["ttft_s"] is not None]
+    hc = prom.Histogram.from_values(client, hv.bounds())
+    return {
+        "c": c,
+        "vllm": hv.quantile(0.5),
+        "client": hc.quantile(0.5),
+        "n": len(client),
+        "proxy_requests": ph.tm.value("tokenmeter_requests_total"),
+    }
+
+
+def _ms(s):
+    return "n/a" if s is None else f"{1000 * s:.1f} ms"
+
+
+def band_of(mean_in_flight):
+    """tokenmeter's bands (src/metrics.rs, `concurrency_band`): what a mean falls in."""
+    for upper, band in ((1.5, "1"), (4.5, "2-4"), (8.5, "5-8"), (16.5, "9-16"), (32.5, "17-32"),
+                        (64.5, "33-64"), (128.5, "65-128"), (256.5, "129-256")):
+        if mean_in_flight < upper:
+            return band
+    return "257+"
+
+
+def _num1(x):
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+# === SDK, curl and the byte-alphabet model ===
+
+SDK_CASES = [
+    ("chat", "usage"),
+    ("chat", "plain"),
+    ("completions", "usage"),
+    ("completions", "plain"),
+    ("chat", "json"),
+]
+BYTES_CASES = SDK_CASES + [("completions", "json"), ("chat", "token_ids"), ("completions", "token_ids")]
+SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "counted", "token_ids": "token_ids"}
+
+
+def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
+    """One sub-phase per endpoint and mode, so each row of the report is its own delta."""
+    rows = []
+    for endpoint, mode in cases:
+        name = f"{label} {endpoint} {mode}"
+        with Phase(name, urls["vllm_metrics"], urls["tm_metrics"], cfg.out_dir) as ph:
+            recs = clients.sdk_requests(urls["proxy"] + "/v1", model, endpoint, mode, n, max_tokens)
+        v, t = ph.vllm, ph.tm
+        truth = v.value("vllm:generation_tokens_total")
+        tm_out = t.value("tokenmeter_output_tokens_total")
+        events = None if mode == "json" else sum(r["events"] for r in recs)
+        usage = sum(r["usage_out"] for r in recs) if mode in ("usage", "json") else None
+        sources = t.by_label("tokenmeter_token_count_source_total", "source")
+        outcomes = t.by_label("tokenmeter_requests_total", "outcome")
+        row = {
+            "endpoint": endpoint,
+            "mode": mode,
+            "n": n,
+            "truth": truth,
+            "events": events,
+            "usage": usage,
+            "tm": tm_out,
+            "sources": sources,
+        }
+        rows.append(row)
+        checks.equal(name, "requests", vllm=sum(v.by_label("vllm:request_success_total", "finished_reason").values()),
+                     tokenmeter_complete=outcomes.get("complete", 0), client=len(recs))
+        checks.equal(name, "vLLM generated what was asked (ignore_eos)", vllm=truth, asked=n * max_tokens)
+        checks.equal(name, "token count source", tokenmeter=sources.get(SOURCE_OF[mode], 0), expected=n)
+        if mode in ("usage", "json", "token_ids"):
+            views = {"vllm": truth, "tokenmeter": tm_out}
+            if usage is not None:
+                views["client_usage"] = usage
+            checks.equal(name, "output tokens exact", **views)
+            if mode != "token_ids":
+                checks.equal(
+                    name,
+                    "input tokens exact",
+                    vllm=v.value("vllm:prompt_tokens_total"),
+                    tokenmeter=t.value("tokenmeter_input_tokens_total"),
+                    client_usage=sum(r["usage_in"] for r in recs),
+                )
+        else:
+            # No usage in the stream: tokenmeter can only count token-bearing events, and must
+            # count exactly the ones the client saw.
+            checks.equal(name, "tokenmeter counts the events the client saw", tokenmeter=tm_out, client_events=events)
+    return rows
+
+
+def curl_phase(cfg, checks, urls, max_tokens):
+    name = "curl -N chat usage"
+    with Phase(name, urls["vllm_metrics"], urls["tm_metrics"], cfg.out_dir) as ph:
+        r = clients.curl_stream(urls["proxy"], MODEL_NAME, max_tokens, os.path.join(cfg.out_dir, "curl.txt"))
+    usage = (r["usage"] or {}).get("completion_tokens")
+    checks.add(name, "stream ended with [DONE] and a usage chunk", r["done"] and usage is not None, f"{r['bytes']} bytes")
+    checks.equal(
+        name,
+        "output tokens exact",
+        vllm=ph.vllm.value("vllm:generation_tokens_total"),
+        tokenmeter=ph.tm.value("tokenmeter_output_tokens_total"),
+        client_usage=usage,
+    )
+    # Events are shown, not compared: when vLLM's HTTP side falls behind its engine it merges
+    # several tokens into one chunk, so even this model can send fewer events than tokens.
+    checks.equal(
+        name,
+        "input tokens exact",
+        vllm=ph.vllm.value("vllm:prompt_tokens_total"),
+        tokenmeter=ph.tm.value("tokenmeter_input_tokens_total"),
+        client_usage=(r["usage"] or {}).get("prompt_tokens"),
+    )
+    return {"events": r["events"], "usage": usage, "tm": ph.tm.value("tokenmeter_output_tokens_total"),
+            "vllm": ph.vllm.value("vllm:generation_tokens_total")}
+
+
+# === the run ===
+
+
+def warm_up(urls, model):
+    """First requests pay one-off costs (compiled kernels, pooled connections): not measured."""
+    for base in (urls["vllm"], urls["proxy"]):
+        clients.sdk_requests(base + "/v1", model, "chat", "usage", 3, 16)
+
+
+def serve(cfg, stack, model_dir, name, tag, bounds):
+    vport, pport, mport = procs.free_port(), procs.free_port(), procs.free_port()
+    t0 = time.monotonic()
+    vllm = procs.start_vllm(
+        cfg.vllm_python, model_dir, name, vport, os.path.join(cfg.out_dir, f"vllm-{tag}.log"),
+        bounds["ttft"], bounds["itl"],
+    )  # fmt: skip
+    stack.append(vllm)
+    print(f"[e2e] vLLM ({name}) ready in {time.monotonic() - t0:.0f} s on port {vport}", flush=True)
+    tm = procs.start_tokenmeter(
+        cfg.tokenmeter, f"http://127.0.0.1:{vport}", pport, mport,
+        os.path.join(cfg.out_dir, f"tokenmeter-{tag}.log"), bounds["ttft"], bounds["tps"],
+    )  # fmt: skip
+    stack.append(tm)
+    urls = {
+        "vllm": f"http://127.0.0.1:{vport}",
+        "vllm_metrics": f"http://127.0.0.1:{vport}/metrics",
+        "proxy": f"http://127.0.0.1:{pport}",
+        "tm_metrics": f"http://127.0.0.1:{mport}/metrics",
+    }
+    warm_up(urls, name)
+    return vllm, tm, urls
+
+
+def versions(cfg):
+    def out(argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout.strip()
+        except Exception as e:  # a version string is for the report only
+            return f"unknown ({e})"
+
+    return {
+        "tokenmeter": out([cfg.tokenmeter, "--version"]),
+        "git": out(["git", "-C", cfg.repo, "describe", "--always", "--dirty"]),
+        "vllm": out([cfg.vllm_python, "-c", "import vllm, torch; print(vllm.__version__, 'torch', torch.__version__)"]),
+        "guidellm": out([os.path.join(cfg.clients_bin, "python"), "-c",
+                         "import importlib.metadata as m; print(m.version('guidellm'), 'openai', m.version('openai'))"]),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def describe_model(path):
+    try:
+        with open(path) as f:
+            m = json.loads(f.read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+    return (
+        f"random-weight Llama built by `tests/e2e/make_model.py`: {m['params'] / 1e6:.1f} M "
+        f"parameters, hidden {m['hidden']}, {m['layers']} layers, vocabulary {m['vocab']}"
+    )
+
+
+def main():
+    p = argparse.ArgumentParser(description="tokenmeter against a real vLLM and real clients")
+    p.add_argument("--tokenmeter", required=True)
+    p.add_argument("--vllm-python", required=True)
+    p.add_argument("--clients-bin", required=True)
+    p.add_argument("--model", required=True, help="model dir (default byte alphabet)")
+    p.add_argument("--bytes-model", required=True, help="model dir with the full byte alphabet")
+    p.add_argument("--model-info", default="", help="the JSON line make_model.py printed")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--report", required=True)
+    p.add_argument("--repo", required=True)
+    p.add_argument("--seconds", type=int, default=15)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--control", default="1,16", help="levels also run straight to vLLM")
+    cfg = p.parse_args()
+    os.makedirs(cfg.out_dir, exist_ok=True)
+
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    tps = tps_bounds()
+    bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
+    checks = Checks()
+    results = {"guidellm": [], "control": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
+    error = None
+    stack = []
+    try:
+        vllm, tm, urls = serve(cfg, stack, cfg.model, MODEL_NAME, "main", bounds)
+        results["startup"]["main"] = vllm.ready_after
+        for c in [int(x) for x in cfg.concurrency.split(",")]:
+            results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
+        for c in [int(x) for x in cfg.control.split(",") if x]:
+            results["control"].append(control_phase(cfg, urls, c))
+        results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
+        results["curl"] = curl_phase(cfg, checks, urls, 64)
+        for s in reversed(stack):
+            s.stop()
+        stack.clear()
+
+        vllm, tm, urls = serve(cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds)
+        results["startup"]["bytes"] = vllm.ready_after
+        results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
+        plain = [r for r in results["bytes"] if r["mode"] == "plain"]
+        checks.add(
+            "bytes",
+            "the byte-alphabet model really sends fewer events than tokens",
+            any(r["events"] < r["truth"] for r in plain),
+            "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
+        )
+    except Exception as e:  # reported loudly below, and the run fails
+        error = "".join(traceback.format_exception(e))
+        print(f"[e2e] FAIL: the run stopped early:\n{error}", file=sys.stderr, flush=True)
+        checks.add("run", "every phase ran to the end", False, str(e).splitlines()[0] if str(e) else type(e).__name__)
+    finally:
+        for s in reversed(stack):
+            s.stop()
+
+    elapsed = time.monotonic() - started
+    meta = {
+        "versions": versions(cfg),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "elapsed": elapsed,
+        "seconds": cfg.seconds,
+        "prompt_tokens": cfg.prompt_tokens,
+        "output_tokens": cfg.output_tokens,
+        "model_info": describe_model(cfg.model_info),
+        "error": error,
+    }
+    with open(os.path.join(cfg.out_dir, "results.json"), "w") as f:
+        json.dump({"meta": meta, "results": results, "checks": checks.rows}, f, indent=1, default=str)
+    with open(cfg.report, "w") as f:
+        f.write(report.render(meta, results, checks.rows))
+    n_fail = len(checks.failed)
+    print(f"[e2e] finished in {elapsed:.0f} s; report written to {cfg.report}", flush=True)
+    if n_fail:
+        print("[e2e] FAILED checks:", flush=True)
+        for phase, what, _, detail in checks.failed:
+            print(f"[e2e]   {phase}: {what}: {detail}", flush=True)
+    # The plain closing line CI reads.
+    print(f"e2e: {len(checks.rows) - n_fail} passed, {n_fail} failed", flush=True)
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

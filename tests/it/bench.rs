@@ -1,0 +1,805 @@
+//! `tokenmeter bench` end to end: against a scripted upstream with known timing, through the
+//! proxy (client and proxy figures must agree), and the files it writes.
+
+// A test that unwraps fails loudly, which is its job.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+use tokenmeter::bench::progress::Progress;
+use tokenmeter::bench::report::{self, LevelReport, Report};
+use tokenmeter::bench::stats::Summary;
+use tokenmeter::bench::{self, BenchArgs, BenchConfig, BenchError};
+use tokenmeter::sim::{Model, Sim, SimConfig};
+
+use crate::support::upstream::{self, Reply, Upstream};
+use crate::support::{self as s};
+
+// === A scripted upstream ===
+
+/// The scripted upstream's timing: `ttft`, then `max_tokens` tokens `gap` apart, then a usage
+/// chunk and `[DONE]`. It does not slow down with load, so per-request figures are known.
+#[derive(Clone, Copy)]
+struct Script {
+    ttft: Duration,
+    gap: Duration,
+}
+
+/// An OpenAI server for `test-model` that honours `max_tokens` exactly.
+async fn spawn_upstream(script: Script) -> Upstream {
+    upstream::spawn(move |r| {
+        if r.path == "/v1/models" {
+            return Reply::json(200, r#"{"object":"list","data":[{"id":"test-model"}]}"#);
+        }
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(&r.body) else {
+            return Reply::json(400, "{}");
+        };
+        if json["model"] != "test-model" {
+            return Reply::json(404, r#"{"error":{"message":"no such model"}}"#);
+        }
+        let n = json["max_tokens"].as_u64().unwrap_or(16) as usize;
+        Reply::sse(upstream::openai_chat(script.ttft, n, script.gap, true))
+    })
+    .await
+}
+
+// === Helpers ===
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+fn config(target: &str, extra: &[&str], out: &Path) -> BenchConfig {
+    let mut args = vec!["bench", "--target", target, "--out"];
+    let out = out.to_str().unwrap();
+    args.push(out);
+    args.extend_from_slice(extra);
+    Cli::try_parse_from(args).unwrap().bench.validate().unwrap()
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tokenmeter-it-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+const SCRIPT: Script = Script {
+    ttft: Duration::from_millis(40),
+    gap: Duration::from_millis(10),
+};
+
+// === Against the scripted upstream ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measures_the_known_timing_of_a_scripted_upstream() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("scripted");
+    let cfg = config(
+        &up.url(),
+        &[
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "8",
+            "--output-tokens",
+            "20",
+            "--prompt-tokens",
+            "50",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(report.model, "test-model", "model from /v1/models");
+    assert_eq!(report.levels.len(), 2);
+    for l in &report.levels {
+        assert_eq!((l.requests, l.errors), (8, 0), "level {}", l.concurrency);
+        // Exact: every request asked for 20 tokens and the usage chunk says 20.
+        assert_eq!(l.output_tokens, 8 * 20);
+        let per_req = l.output_tokens_per_request.unwrap();
+        assert_eq!((per_req.min, per_req.max), (20.0, 20.0));
+        // The scripted usage chunk always says 12 prompt tokens.
+        assert_eq!(l.input_tokens_per_request.unwrap().mean, 12.0);
+        // Timing: never earlier than the script (40 ms TTFT, 10 ms per token; timers do not
+        // fire early), and later only by scheduling: generous upper bounds, as the suite shares
+        // two cores with builds.
+        let ttft = l.ttft.unwrap();
+        assert!(ttft.min >= 0.040, "TTFT min {}", ttft.min);
+        assert!(ttft.p50 < 0.040 + 0.100, "TTFT p50 {}", ttft.p50);
+        let tpot = l.tpot.unwrap();
+        assert!(
+            tpot.p50 >= 0.009 && tpot.p50 < 0.030,
+            "TPOT p50 {}",
+            tpot.p50
+        );
+        let tps = l.request_tps.unwrap();
+        assert!(
+            tps.p50 > 33.0 && tps.p50 <= 111.0,
+            "per-request tok/s {}",
+            tps.p50
+        );
+        // One measure seen two ways: the slowest request has the longest TPOT.
+        assert!(
+            (tpot.max - 1.0 / tps.min).abs() < 1e-9,
+            "TPOT is 1 / per-request tok/s"
+        );
+        let itl = l.itl.unwrap();
+        assert_eq!(itl.count, 8 * 19, "one ITL per token after the first");
+        assert!(itl.p50 >= 0.009 && itl.p50 < 0.030, "ITL p50 {}", itl.p50);
+        // Little's law for a closed loop: N in flight, each yielding 20 tokens in a mean e2e,
+        // deliver N x 20 / e2e tokens/s. The aggregate, computed from arrival times inside the
+        // window, must agree (window edges cost a few tokens at N = 4).
+        let little = l.concurrency as f64 * 20.0 / l.e2e.unwrap().mean;
+        let ratio = l.aggregate_tps / little;
+        assert!(
+            ratio > 0.85 && ratio < 1.05,
+            "level {}: aggregate {} vs Little's law {little}",
+            l.concurrency,
+            l.aggregate_tps
+        );
+    }
+    for f in [
+        bench::JSON_FILE,
+        bench::CSV_FILE,
+        bench::THROUGHPUT_SVG,
+        bench::TTFT_SVG,
+    ] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duration_mode_keeps_n_in_flight_for_the_window() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("duration");
+    let cfg = config(
+        &up.url(),
+        &[
+            "--concurrency",
+            "3",
+            "--duration",
+            "600ms",
+            "--output-tokens",
+            "10",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    let l = &report.levels[0];
+    // The window is the deadline; the drain after it waits for requests already sent.
+    assert!(
+        (l.window_seconds - 0.6).abs() < 0.02,
+        "window {}",
+        l.window_seconds
+    );
+    assert!(l.elapsed_seconds > l.window_seconds);
+    // Closed loop: each of the 3 workers sends back to back until the deadline, so it sends
+    // window / e2e requests, rounded up (the last one is sent before the deadline and ends
+    // after it). Whatever the machine's speed, the count must tile the window.
+    let expected = 3.0 * l.window_seconds / l.e2e.unwrap().mean;
+    assert!(
+        (l.requests as f64) >= expected - 1.0 && (l.requests as f64) <= expected + 3.0 + 1.0,
+        "{} requests, {expected:.1} expected from e2e {}",
+        l.requests,
+        l.e2e.unwrap().mean
+    );
+    assert_eq!(l.output_tokens, l.requests as u64 * 10);
+    assert!(l.window_output_tokens < l.output_tokens as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_ends_the_level_and_still_writes_the_files() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("interrupt");
+    let cfg = config(
+        &up.url(),
+        &[
+            "--concurrency",
+            "2,4",
+            "--duration",
+            "20s",
+            "--output-tokens",
+            "10",
+        ],
+        &out,
+    );
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = interrupted.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let started = std::time::Instant::now();
+    let report = bench::run(&cfg, Progress::disabled(), interrupted)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.levels.len(), 1, "the second level never starts");
+    let l = &report.levels[0];
+    assert!(l.window_seconds < 1.0 && l.requests >= 2, "{l:?}");
+    assert_eq!(l.errors, 0, "requests in flight finish, none is cut");
+    assert!(out.join(bench::JSON_FILE).is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_model_fails_at_once_with_the_status() {
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("wrong-model");
+    let cfg = config(&up.url(), &["--model", "nope"], &out);
+    match bench::run(&cfg, Progress::disabled(), Default::default()).await {
+        Err(BenchError::Probe { source, .. }) => {
+            assert_eq!(source, tokenmeter::bench::client::RequestError::Status(404))
+        }
+        other => panic!("expected a probe error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_is_one_clear_error() {
+    // Bind and drop a listener: a port nobody listens on.
+    let addr = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = tempdir("down");
+    let cfg = config(&format!("http://{addr}"), &["--model", "m"], &out);
+    let err = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("Connection refused") || msg.contains("connection refused"),
+        "{msg}"
+    );
+    assert!(!err.is_usage());
+}
+
+// === Through the proxy ===
+
+/// TTFT buckets 1 ms apart up to 1 s: the proxy's interpolated median is then within a
+/// millisecond of the true one, so the comparison tests measurement, not bucket resolution.
+fn fine_ttft_buckets() -> String {
+    (1..=1000)
+        .map(|ms| format!("{}", ms as f64 / 1000.0))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_and_proxy_agree_on_ttft_and_tokens() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let proxy = s::spawn_proxy(&up.url(), &["--buckets-ttft", &fine_ttft_buckets()]).await;
+    let out = tempdir("proxy");
+    let metrics_url = format!("http://{}/metrics", proxy.metrics_addr);
+    let cfg = config(
+        &proxy.url(),
+        &[
+            "--concurrency",
+            "1,8",
+            "--requests",
+            "16",
+            "--output-tokens",
+            "12",
+            "--proxy-metrics",
+            &metrics_url,
+            // Opens the pooled connections (client to proxy, proxy to upstream) first, so
+            // the levels compare measurement, not connection setup.
+            "--warmup",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    for l in &report.levels {
+        let p = l.proxy.as_ref().expect("proxy figures");
+        assert_eq!(p.requests, 16, "the probe is not counted in a level");
+        assert_eq!(p.output_tokens, l.output_tokens, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, 16 * 12);
+        // Both medians read from the same 1 ms buckets: they differ only by what was measured.
+        let client = p.client_ttft_p50_binned.unwrap();
+        let proxy = p.ttft_p50.unwrap();
+        let tolerance = 0.005 + 0.05 * client;
+        assert!(
+            (client - proxy).abs() <= tolerance,
+            "level {}: client TTFT p50 {client} vs proxy {proxy}",
+            l.concurrency
+        );
+        // Each request starts at the client before the proxy and its first token reaches the
+        // proxy before the client: the client's TTFT is never the smaller, nor is its mean.
+        let (cm, pm) = (l.ttft.unwrap().mean, p.ttft_mean.unwrap());
+        assert!(cm >= pm, "TTFT means {cm} vs {pm}");
+    }
+}
+
+// === The files ===
+
+fn summary(v: f64) -> Option<Summary> {
+    Summary::of(&mut vec![v * 0.9, v, v * 1.1])
+}
+
+fn synthetic_report(levels: &[usize]) -> Report {
+    Report {
+        tokenmeter_version: "test",
+        target: "http://127.0.0.1:1 <&>".into(),
+        model: "m \"quoted\" & <odd>".into(),
+        endpoint: tokenmeter::bench::prompt::Endpoint::Chat,
+        prompt_tokens: 128,
+        output_tokens: 64,
+        stop: "requests".into(),
+        stop_value: 100.0,
+        warmup: false,
+        levels: levels
+            .iter()
+            .map(|&c| LevelReport {
+                concurrency: c,
+                requests: 100,
+                errors: usize::from(c > 8),
+                error_kinds: Default::default(),
+                window_seconds: 10.0,
+                elapsed_seconds: 11.0,
+                output_tokens: 6400,
+                window_output_tokens: 6000.0,
+                aggregate_tps: 60.0 * c as f64,
+                request_tps: summary(60.0 - c as f64 / 10.0),
+                ttft: summary(0.02 * c as f64),
+                itl: summary(0.016),
+                tpot: summary(0.016),
+                e2e: summary(1.0),
+                output_tokens_per_request: summary(64.0),
+                input_tokens_per_request: None,
+                proxy: None,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn json_csv_and_charts_are_written_and_parse() {
+    let levels = [1, 4, 16, 64, 256];
+    let report = synthetic_report(&levels);
+    let dir = tempdir("files");
+    let files = bench::write_files(&report, &dir).unwrap();
+    assert_eq!(files.len(), 4);
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(bench::JSON_FILE)).unwrap())
+            .unwrap();
+    let got: Vec<u64> = json["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["concurrency"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, [1, 4, 16, 64, 256]);
+    assert_eq!(json["levels"][2]["aggregate_tps"], 960.0);
+    assert_eq!(json["levels"][0]["ttft"]["p50"], 0.02);
+    assert!(json["levels"][0]["input_tokens_per_request"].is_null());
+
+    let csv = std::fs::read_to_string(dir.join(bench::CSV_FILE)).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(
+        rows.len(),
+        levels.len() + 1,
+        "header plus one row per level"
+    );
+    assert_eq!(rows[0], report::CSV_COLUMNS);
+    for (row, c) in rows[1..].iter().zip(levels) {
+        assert_eq!(row.len(), report::CSV_COLUMNS.len());
+        assert_eq!(row[0], c.to_string());
+        let agg: f64 = row[5].parse().unwrap();
+        assert_eq!(agg, 60.0 * c as f64);
+    }
+
+    for (file, classes) in [
+        (bench::THROUGHPUT_SVG, ["request-tps", "aggregate-tps"]),
+        (bench::TTFT_SVG, ["ttft-p50", "ttft-p99"]),
+    ] {
+        let svg = std::fs::read_to_string(dir.join(file)).unwrap();
+        let root = check_xml(&svg).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(root, "svg");
+        for class in classes {
+            let points = svg.matches(&format!("class=\"point {class}\"")).count();
+            assert_eq!(points, levels.len(), "{file}: one {class} point per level");
+        }
+    }
+}
+
+#[test]
+fn a_chart_point_is_higher_for_a_higher_value() {
+    let report = synthetic_report(&[1, 2, 4]);
+    let svg = tokenmeter::bench::chart::throughput(&report.levels, "t");
+    // Aggregate tokens/s doubles at each level: its points climb (smaller y).
+    let ys: Vec<f64> = svg
+        .lines()
+        .filter(|l| l.contains("class=\"point aggregate-tps\""))
+        .map(|l| attr(l, "cy").parse().unwrap())
+        .collect();
+    assert_eq!(ys.len(), 3);
+    assert!(ys[0] > ys[1] && ys[1] > ys[2], "{ys:?}");
+}
+
+fn attr<'a>(tag: &'a str, name: &str) -> &'a str {
+    let start = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+    let len = tag[start..].find('"').unwrap();
+    &tag[start..start + len]
+}
+
+/// A small well-formedness check: balanced, properly nested tags, quoted attributes, no raw
+/// `<` or stray `&` in text or attribute values. Returns the root element's name.
+fn check_xml(doc: &str) -> Result<String, String> {
+    let mut stack: Vec<&str> = Vec::new();
+    let mut root = None;
+    let mut rest = doc;
+    if let Some(after) = rest.strip_prefix("<?xml") {
+        rest = &after[after.find("?>").ok_or("unterminated declaration")? + 2..];
+    }
+    while let Some(lt) = rest.find('<') {
+        check_text(&rest[..lt])?;
+        if stack.is_empty() && root.is_some() && !rest[..lt].trim().is_empty() {
+            return Err("text after the root element".into());
+        }
+        let gt = rest[lt..].find('>').ok_or("unterminated tag")? + lt;
+        let tag = &rest[lt + 1..gt];
+        rest = &rest[gt + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
+            if open != name.trim() {
+                return Err(format!("<{open}> closed by </{name}>"));
+            }
+            continue;
+        }
+        let (body, self_closing) = match tag.strip_suffix('/') {
+            Some(b) => (b, true),
+            None => (tag, false),
+        };
+        let name_end = body.find(char::is_whitespace).unwrap_or(body.len());
+        let name = &body[..name_end];
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '-' || c == ':')
+        {
+            return Err(format!("bad element name in <{tag}>"));
+        }
+        check_attributes(&body[name_end..])?;
+        if stack.is_empty() {
+            if root.is_some() {
+                return Err("two root elements".into());
+            }
+            root = Some(name.to_string());
+        }
+        if !self_closing {
+            stack.push(name);
+        }
+    }
+    check_text(rest)?;
+    if let Some(open) = stack.pop() {
+        return Err(format!("<{open}> never closed"));
+    }
+    root.ok_or_else(|| "no root element".into())
+}
+
+fn check_attributes(mut s: &str) -> Result<(), String> {
+    loop {
+        s = s.trim_start();
+        if s.is_empty() {
+            return Ok(());
+        }
+        let eq = s.find('=').ok_or(format!("attribute without value: {s}"))?;
+        let value = s[eq + 1..]
+            .strip_prefix('"')
+            .ok_or(format!("unquoted attribute: {s}"))?;
+        let end = value.find('"').ok_or("unterminated attribute value")?;
+        check_text(&value[..end])?;
+        s = &value[end + 1..];
+    }
+}
+
+fn check_text(text: &str) -> Result<(), String> {
+    if text.contains('<') {
+        return Err(format!("raw < in {text:?}"));
+    }
+    for (i, _) in text.match_indices('&') {
+        let entity = &text[i..text[i..].find(';').map_or(text.len(), |e| i + e + 1)];
+        if !["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"].contains(&entity) {
+            return Err(format!("stray & in {text:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_xml_checker_rejects_broken_documents() {
+    assert_eq!(check_xml("<a><b x=\"1\"/></a>"), Ok("a".into()));
+    assert!(check_xml("<a><b></a>").is_err());
+    assert!(check_xml("<a x=1></a>").is_err());
+    assert!(check_xml("<a>1 & 2</a>").is_err());
+    assert!(check_xml("<a></a><b/>").is_err());
+    assert!(check_xml("<a>").is_err());
+}
+
+#[test]
+fn the_table_shows_every_level_and_the_proxy_line() {
+    let mut report = synthetic_report(&[1, 4]);
+    report.levels[1].proxy = Some(tokenmeter::bench::proxy_view::ProxyLevel {
+        requests: 101,
+        output_tokens: 6400,
+        ttft_mean: Some(0.081),
+        ttft_p50: Some(0.0795),
+        ttft_p50_bucket: Some((0.06, 0.08)),
+        client_ttft_p50_binned: Some(0.08),
+    });
+    let row = report::table_row(&report.levels[1]);
+    let first: Vec<&str> = row.lines().next().unwrap().split_whitespace().collect();
+    // conc, reqs, err | req tok/s p50, p10 | agg | TTFT p50, p99 | ITL p50, p99 | TPOT p50
+    assert_eq!(first[..3], ["4", "100", "0"]);
+    assert_eq!(first[4], "59.6");
+    assert_eq!(first[7], "240.0");
+    assert_eq!(first[9], "80.0");
+    let proxy = row.lines().nth(1).unwrap();
+    assert!(
+        proxy.contains(
+            "TTFT p50 79.5 ms (bucket 60-80 ms) vs client 80.0 ms (binned alike; exact 80.0 ms)"
+        ),
+        "{proxy}"
+    );
+    assert!(
+        proxy.contains("output tokens 6400 vs client 6400"),
+        "{proxy}"
+    );
+    assert!(proxy.contains("requests 101 vs client 100"), "{proxy}");
+}
+
+// === Against the simulator ===
+
+/// A fast simulated GPU: 10 ms per step plus 2 ms per sequence, batches of at most 8. One user
+/// decodes at 1 / 12 ms = 83 tok/s; 8 at 1 / 26 ms = 38 tok/s each, 308 tok/s together.
+fn sim_model() -> Model {
+    Model {
+        step_base: Duration::from_millis(10),
+        step_per_seq: Duration::from_millis(2),
+        prefill_per_token: Duration::from_micros(10),
+        max_batch: 8,
+    }
+}
+
+async fn spawn_sim(model: Model) -> String {
+    let cfg = SimConfig {
+        model,
+        ..SimConfig::default()
+    };
+    let sim = Sim::bind(&cfg).await.unwrap();
+    let url = format!("http://{}", sim.local_addr());
+    tokio::spawn(sim.serve(std::future::pending()));
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_the_simulator_per_request_speed_falls_while_aggregate_climbs() {
+    let _turn = s::serial().await;
+    let model = sim_model();
+    let url = spawn_sim(model).await;
+    let out = tempdir("sim");
+    let cfg = config(
+        &url,
+        &[
+            "--concurrency",
+            "1,4,8,16",
+            "--duration",
+            "800ms",
+            "--prompt-tokens",
+            "32",
+            "--output-tokens",
+            "16",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    let levels = &report.levels;
+    assert_eq!(levels.len(), 4);
+    for l in levels {
+        assert_eq!(l.errors, 0, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, l.requests as u64 * 16, "exact lengths");
+        // The bench reads the simulator's speed right: its decode step at this batch size
+        // (generous: the suite shares two cores).
+        let batch = l.concurrency.min(model.max_batch) as u32;
+        let step = model.step_base + model.step_per_seq * batch;
+        let want = 1.0 / step.as_secs_f64();
+        let got = l.request_tps.unwrap().p50;
+        assert!(
+            (got / want - 1.0).abs() < 0.25,
+            "level {}: per-request {got:.1} tok/s, the model says {want:.1}",
+            l.concurrency
+        );
+    }
+    // Up to --max-batch: every user slower, all users together faster.
+    for pair in levels[..3].windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        let (ta, tb) = (a.request_tps.unwrap().p50, b.request_tps.unwrap().p50);
+        assert!(
+            tb <= ta,
+            "per-request tok/s rose from {ta} at {} to {tb} at {}",
+            a.concurrency,
+            b.concurrency
+        );
+        assert!(
+            b.aggregate_tps >= a.aggregate_tps,
+            "aggregate tok/s fell from {} at {} to {} at {}",
+            a.aggregate_tps,
+            a.concurrency,
+            b.aggregate_tps,
+            b.concurrency
+        );
+    }
+    // Past it, the extra requests queue: the decode speed stays, TTFT grows by about a whole
+    // request (16 steps of 26 ms), and the aggregate cannot climb further.
+    let (full, over) = (&levels[2], &levels[3]);
+    let ttft_gap = over.ttft.unwrap().p50 - full.ttft.unwrap().p50;
+    assert!(
+        ttft_gap > 0.2,
+        "TTFT p50 {} at 8, {} at 16",
+        full.ttft.unwrap().p50,
+        over.ttft.unwrap().p50
+    );
+    assert!(
+        over.aggregate_tps < full.aggregate_tps * 1.15,
+        "{} vs {}",
+        over.aggregate_tps,
+        full.aggregate_tps
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_tokenmeter_client_and_proxy_agree_on_the_simulator() {
+    let _turn = s::serial().await;
+    let url = spawn_sim(sim_model()).await;
+    let proxy = s::spawn_proxy(&url, &["--buckets-ttft", &fine_ttft_buckets()]).await;
+    let out = tempdir("sim-proxy");
+    let metrics_url = format!("http://{}/metrics", proxy.metrics_addr);
+    let cfg = config(
+        &proxy.url(),
+        &[
+            "--concurrency",
+            "1,8",
+            "--duration",
+            "600ms",
+            "--prompt-tokens",
+            "32",
+            "--output-tokens",
+            "16",
+            "--proxy-metrics",
+            &metrics_url,
+            "--warmup",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    for l in &report.levels {
+        let p = l.proxy.as_ref().expect("proxy figures");
+        assert_eq!(
+            p.requests as usize,
+            l.requests + l.errors,
+            "level {}",
+            l.concurrency
+        );
+        assert_eq!(p.output_tokens, l.output_tokens, "level {}", l.concurrency);
+        assert_eq!(l.output_tokens, l.requests as u64 * 16);
+        let (client, proxy) = (p.client_ttft_p50_binned.unwrap(), p.ttft_p50.unwrap());
+        assert!(
+            (client - proxy).abs() <= 0.005 + 0.05 * client,
+            "level {}: client TTFT p50 {client} vs proxy {proxy}",
+            l.concurrency
+        );
+        assert!(l.ttft.unwrap().mean >= p.ttft_mean.unwrap());
+    }
+}
+
+// === The command ===
+
+#[test]
+fn bad_flags_are_one_line_and_exit_64() {
+    for (args, needle) in [
+        (
+            &["--target", "https://h"][..],
+            "scheme https is not supported",
+        ),
+        (
+            &["--target", "http://h", "--concurrency", "1,0"][..],
+            "--concurrency",
+        ),
+        (
+            &[
+                "--target",
+                "http://h",
+                "--concurrency",
+                "1,16",
+                "--requests",
+                "8",
+            ][..],
+            "--requests 8 is below the highest --concurrency 16",
+        ),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_runs_against_the_simulator_and_names_its_files() {
+    let _turn = s::serial().await;
+    let url = spawn_sim(sim_model()).await;
+    let out = tempdir("command");
+    let dir = out.clone();
+    let cmd = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args([
+                "bench",
+                "--target",
+                &url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "2",
+            ])
+            .args(["--output-tokens", "4", "--out"])
+            .arg(&dir)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&cmd.stdout);
+    assert!(
+        cmd.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&cmd.stderr)
+    );
+    // Not a terminal: no progress bar, nothing on stderr.
+    assert_eq!(String::from_utf8_lossy(&cmd.stderr), "");
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[..3], ["2", "2", "0"], "{stdout}");
+    for f in [
+        bench::JSON_FILE,
+        bench::CSV_FILE,
+        bench::THROUGHPUT_SVG,
+        bench::TTFT_SVG,
+    ] {
+        assert!(
+            stdout.contains(&format!("wrote {}", out.join(f).display())),
+            "{stdout}"
+        );
+    }
+}
