@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs fuzz targets one after another, each for SECONDS (default 900), at the lowest CPU priority
 # with one job and one worker, so a shared machine keeps its other cores.
-#   fuzz/run.sh [SECONDS] [TARGET...]        (targets default to all four)
+#   fuzz/run.sh [SECONDS] [TARGET...]        (targets default to all five)
 # Logs go to fuzz/logs/<target>.log (libFuzzer's last "#N DONE" line has the executions);
 # crashes to fuzz/artifacts/<target>/. Needs cargo-fuzz and a nightly toolchain (or
 # RUSTC_BOOTSTRAP=1 on stable, see README.md).
@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 secs=${1:-900}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(sse ndjson extractors tap)
+((${#targets[@]})) || targets=(sse ndjson extractors tap inject)
 toolchain=${FUZZ_TOOLCHAIN:-+nightly}
 
 [ -n "$(ls -A corpus/sse 2>/dev/null)" ] || ./seed.py || echo "run.sh: no seeds, starting empty"
