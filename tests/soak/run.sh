@@ -10,9 +10,10 @@
 #
 # Settings (environment): SOAK_DURATION seconds (600), SOAK_STREAMS (1000), SOAK_TOKENS per
 # response (50), SOAK_GAP_MS between tokens (200), SOAK_TTFT_MS (200), SOAK_INTERVAL seconds
-# between samples (5), SOAK_NICE (10: it shares the machine), SOAK_OUT (target/soak).
-# The load generator is wrk (Debian package, installed when missing) with soak.lua; the upstream
-# is upstream.py, a stdlib-only OpenAI-compatible streamer.
+# between samples (5), SOAK_NICE (10: it shares the machine), SOAK_OUT (target/soak),
+# SOAK_UPSTREAM: `sim` (tokenmeter sim, one decode step every SOAK_GAP_MS for every stream) or
+# `python` (upstream.py, a stdlib-only streamer with jittered timing; SOAK_TTFT_MS applies to it).
+# The load generator is wrk (Debian package, installed when missing) with soak.lua.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../.."
@@ -25,6 +26,7 @@ ttft_ms=${SOAK_TTFT_MS:-200}
 interval=${SOAK_INTERVAL:-5}
 niceness=${SOAK_NICE:-10}
 out=${SOAK_OUT:-target/soak}
+upstream=${SOAK_UPSTREAM:-sim}
 mkdir -p "$out"
 
 # tokenmeter holds two sockets a stream (client side and upstream side): raise the soft limit.
@@ -52,8 +54,15 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-nice -n "$niceness" python3 "$here/upstream.py" "$up_port" --tokens "$tokens" \
-  --gap-ms "$gap_ms" --ttft-ms "$ttft_ms" >"$out/upstream.log" 2>&1 &
+if [ "$upstream" = sim ]; then
+  # One decode step every GAP for every running stream, whatever their number.
+  nice -n "$niceness" target/release/tokenmeter sim --listen "127.0.0.1:$up_port" \
+    --step-base "${gap_ms}ms" --step-per-seq 0ms --max-batch "$((streams * 2))" \
+    --output-tokens "$tokens-$tokens" >"$out/upstream.log" 2>&1 &
+else
+  nice -n "$niceness" python3 "$here/upstream.py" "$up_port" --tokens "$tokens" \
+    --gap-ms "$gap_ms" --ttft-ms "$ttft_ms" >"$out/upstream.log" 2>&1 &
+fi
 up_pid=$!
 pids+=("$up_pid")
 TOKENMETER_LOG=warn nice -n "$niceness" target/release/tokenmeter \
@@ -65,11 +74,11 @@ pids+=("$tm_pid")
 # Both must be up before the load starts (tokenmeter is ready without its upstream, by design).
 for _ in $(seq 300); do
   curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null 2>&1 &&
-    grep -q listening "$out/upstream.log" && break
+    (exec 3<>"/dev/tcp/127.0.0.1/$up_port") 2>/dev/null && break
   sleep 0.1
 done
 curl -fsS "http://127.0.0.1:$metrics_port/readyz" >/dev/null
-grep -q listening "$out/upstream.log" || { echo "soak: upstream did not start" >&2; exit 1; }
+(exec 3<>"/dev/tcp/127.0.0.1/$up_port") 2>/dev/null || { echo "soak: upstream did not start" >&2; exit 1; }
 
 echo "soak: $streams streams for ${duration}s ($tokens tokens ${gap_ms} ms apart each); output in $out/"
 nice -n "$niceness" wrk -t1 -c"$streams" -d"${duration}s" --timeout 120s -s "$here/soak.lua" \
