@@ -6,6 +6,14 @@
 //! `Drop`, when the client went away. Everything is recorded at that one point, so a request is
 //! counted once and the in-flight gauges can never leak.
 //!
+//! Times are measured from the request's arrival at the proxy (its head was read), not from the
+//! moment it is sent upstream: reading the body is part of what the client waits for, and a
+//! client that writes its head and body separately (httpx does) starts its own clock at the head.
+//! A request leaves the in-flight gauges at its stream's end marker (`[DONE]`, `message_stop`,
+//! ...) rather than at the end of the HTTP body: a client may send its next request the moment
+//! it reads that marker, and counting the old one until its body's last chunk passes would show
+//! more requests in flight than the client has open.
+//!
 //! Concurrency is measured, not sampled: [`Concurrency`] keeps the integral over time of the
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
@@ -104,8 +112,13 @@ impl Recorder {
         self
     }
 
-    /// A request is being sent upstream now.
+    /// A request that arrived just now is being sent upstream.
     pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
+        self.start_at(request, Instant::now())
+    }
+
+    /// A request that arrived at `arrived` is being sent upstream now.
+    pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
         let now = Instant::now();
         self.metrics.phase(Phase::Prefill, 1);
         self.concurrency.update(now, 1);
@@ -114,7 +127,7 @@ impl Recorder {
             decoder: Decoder::Opaque,
             stream: Stream {
                 request,
-                start: now,
+                start: arrived.min(now),
                 status: 0,
                 extractor: Box::new(protocol::Opaque::default()),
                 model: None,
@@ -125,6 +138,7 @@ impl Recorder {
                 integral_at_first: 0.0,
                 integral_at_last: 0.0,
                 counted: 0,
+                left: false,
             },
             finished: false,
         }
@@ -146,7 +160,7 @@ enum Decoder {
 /// callback can borrow it).
 struct Stream {
     request: RequestInfo,
-    /// When the request was sent upstream.
+    /// When the request arrived at the proxy.
     start: Instant,
     status: u16,
     extractor: Box<dyn Extractor>,
@@ -161,6 +175,8 @@ struct Stream {
     integral_at_last: f64,
     /// Output tokens counted from events so far.
     counted: u64,
+    /// The request has left the in-flight gauges (at its end marker, or when finished).
+    left: bool,
 }
 
 /// The measurement of one request.
@@ -223,6 +239,23 @@ impl Meter {
             }
             Decoder::Opaque => {}
         }
+        if !self.stream.left && self.stream.extractor.summary().ended {
+            self.leave(now);
+        }
+    }
+
+    /// Takes the request out of the in-flight gauges, once.
+    fn leave(&mut self, now: Instant) {
+        if std::mem::replace(&mut self.stream.left, true) {
+            return;
+        }
+        let phase = if self.stream.first_token.is_some() {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        };
+        self.recorder.metrics.phase(phase, -1);
+        self.recorder.concurrency.update(now, -1);
     }
 
     /// Ends the measurement and records it. Later calls do nothing.
@@ -232,6 +265,8 @@ impl Meter {
         }
         let now = Instant::now();
         self.flush(outcome == Outcome::Complete, now);
+        // Leave the in-flight gauges first: nothing below may return before this.
+        self.leave(now);
         // A client may hang up once the stream's own end marker has passed, before the HTTP
         // body's end (GuideLLM stops reading at `[DONE]`): it received the whole response.
         let outcome =
@@ -243,15 +278,6 @@ impl Meter {
         let rec = &*self.recorder;
         let m = &rec.metrics;
         let s = &self.stream;
-
-        // Leave the in-flight gauges first: nothing below may return before this.
-        let phase = if s.first_token.is_some() {
-            Phase::Decode
-        } else {
-            Phase::Prefill
-        };
-        m.phase(phase, -1);
-        rec.concurrency.update(now, -1);
 
         let api = s.extractor.api();
         let summary = s.extractor.summary();
@@ -378,8 +404,11 @@ impl Stream {
                 self.model = Some(model);
                 self.first_token = Some(now);
                 self.integral_at_first = rec.concurrency.integral(now);
-                m.phase(Phase::Prefill, -1);
-                m.phase(Phase::Decode, 1);
+                // A token after the end marker (a broken upstream) must not re-enter the gauges.
+                if !self.left {
+                    m.phase(Phase::Prefill, -1);
+                    m.phase(Phase::Decode, 1);
+                }
             }
             Some(last) => {
                 // Spread the gap over the tokens this event carries, observed once per token.
@@ -478,6 +507,71 @@ mod tests {
         let cut = "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"client_disconnect\"}";
         assert_eq!(sample(&rec, cut), 1.0);
         assert_eq!(sample(&rec, complete), 1.0);
+    }
+
+    // Regression: behind a real vLLM at concurrency 16, GuideLLM sent its next request as soon as
+    // it read `[DONE]`, before the old body's last chunk reached us, and the gauge showed 17.
+    #[test]
+    fn a_request_leaves_the_in_flight_gauges_at_its_end_marker() {
+        let rec = recorder();
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        meter.on_data(CHUNK.as_bytes(), Instant::now());
+        assert_eq!(rec.concurrency.current(), 1);
+        meter.on_data(b"data: [DONE]\n\n", Instant::now());
+        assert_eq!(rec.concurrency.current(), 0);
+        assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+        // Finishing later must not leave a second time.
+        meter.finish(Outcome::Complete);
+        assert_eq!(rec.concurrency.current(), 0);
+        assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+        let other = rec.start(RequestInfo::default());
+        assert_eq!(rec.concurrency.current(), 1);
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
+            1.0
+        );
+        drop(other);
+        assert_eq!(rec.concurrency.current(), 0);
+
+        // A broken upstream sends a token after its end marker: the gauges stay balanced.
+        let mut meter = rec.start(RequestInfo::default());
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        let role = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        meter.on_data(role.as_bytes(), Instant::now());
+        meter.on_data(b"data: [DONE]\n\n", Instant::now());
+        assert_eq!(rec.concurrency.current(), 0);
+        meter.on_data(CHUNK.as_bytes(), Instant::now());
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
+            0.0
+        );
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
+            0.0
+        );
+        drop(meter);
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
+            0.0
+        );
+        assert_eq!(
+            sample(&rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
+            0.0
+        );
+        assert_eq!(rec.concurrency.current(), 0);
+    }
+
+    #[test]
+    fn times_run_from_the_requests_arrival() {
+        let rec = recorder();
+        let arrived = Instant::now();
+        let mut meter = rec.start_at(RequestInfo::default(), arrived);
+        meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+        meter.on_data(CHUNK.as_bytes(), arrived + Duration::from_millis(250));
+        meter.finish(Outcome::Complete);
+        let ttft = sample(&rec, "tokenmeter_time_to_first_token_seconds_sum");
+        assert!((ttft - 0.25).abs() < 1e-9, "{ttft}");
     }
 
     #[test]

@@ -343,7 +343,7 @@ impl Metrics {
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "tokenmeter_requests_in_flight",
-                "Requests in flight: prefill (sent upstream, no token yet) or decode (streaming).",
+                "Requests in flight: prefill (no token yet) or decode (streaming), until the stream's end marker.",
             ),
             &["phase"],
         )?;
@@ -405,14 +405,14 @@ impl Metrics {
             ttft: histogram(
                 &r,
                 "tokenmeter_time_to_first_token_seconds",
-                "From the request sent upstream to the first token-bearing event.",
+                "From the request's arrival to the first token-bearing event.",
                 &m,
                 &b.ttft,
             )?,
             ttfb: histogram(
                 &r,
                 "tokenmeter_time_to_first_byte_seconds",
-                "From the request sent upstream to the first byte of the response body.",
+                "From the request's arrival to the first byte of the response body.",
                 &m,
                 &b.ttft,
             )?,
@@ -440,7 +440,7 @@ impl Metrics {
             duration: histogram(
                 &r,
                 "tokenmeter_request_duration_seconds",
-                "End to end: request sent upstream to the last byte of the response.",
+                "End to end: the request's arrival to the last byte of the response.",
                 &m,
                 &b.duration,
             )?,

@@ -14,7 +14,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -76,6 +76,8 @@ impl Proxy {
 
     /// Handles one request. Never fails: upstream problems become 502/504 responses.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        // The client's wait starts when its request head has arrived, before its body.
+        let arrived = Instant::now();
         let (mut parts, body) = req.into_parts();
         let path = parts.uri.path().to_string();
         let (body, info) = match self.read_body(&mut parts.headers, &path, body).await {
@@ -100,7 +102,7 @@ impl Proxy {
         };
         let upstream_req = Request::from_parts(parts, body);
 
-        let mut meter = self.recorder.start(info);
+        let mut meter = self.recorder.start_at(info, arrived);
         let sent = self.client.request(upstream_req);
         let result = match self.upstream_timeout {
             Some(t) => match tokio::time::timeout(t, sent).await {
