@@ -56,18 +56,49 @@ impl Default for Concurrency {
     }
 }
 
+/// The concurrency tracker's state at one instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot {
+    /// The instant the integral runs to: the time asked for, or a later one when another
+    /// request had already moved the tracker past it (the clock is read before the lock).
+    pub at: Instant,
+    /// Requests x seconds up to `at`.
+    pub integral: f64,
+    /// Requests in flight at `at`.
+    pub in_flight: u64,
+}
+
+impl Snapshot {
+    /// The time-weighted mean number of requests in flight from `self` to `later`. Both ends
+    /// use the tracker's own instants: mixing the caller's clock readings with integrals that
+    /// ran to a later instant made short (bursty) windows look idle. A window of no length has
+    /// the number in flight at its end.
+    pub fn mean_until(&self, later: &Snapshot) -> f64 {
+        let span = later.at.saturating_duration_since(self.at).as_secs_f64();
+        if span > 0.0 {
+            (later.integral - self.integral) / span
+        } else {
+            later.in_flight as f64
+        }
+    }
+}
+
 impl Concurrency {
-    fn update(&self, now: Instant, delta: i64) -> f64 {
+    fn update(&self, now: Instant, delta: i64) -> Snapshot {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = now.max(s.last);
         s.integral += s.in_flight as f64 * (now - s.last).as_secs_f64();
         s.last = now;
         s.in_flight = s.in_flight.saturating_add_signed(delta);
-        s.integral
+        Snapshot {
+            at: now,
+            integral: s.integral,
+            in_flight: s.in_flight,
+        }
     }
 
-    /// The integral up to `now` (requests x seconds).
-    pub fn integral(&self, now: Instant) -> f64 {
+    /// The tracker at `now` (or just after, see [`Snapshot::at`]).
+    pub fn snapshot(&self, now: Instant) -> Snapshot {
         self.update(now, 0)
     }
 
@@ -135,8 +166,8 @@ impl Recorder {
                 first_byte: None,
                 first_token: None,
                 last_token: None,
-                integral_at_first: 0.0,
-                integral_at_last: 0.0,
+                at_first: None,
+                at_last: None,
                 counted: 0,
                 left: false,
             },
@@ -171,8 +202,8 @@ struct Stream {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     /// Concurrency integral at the first and at the latest token.
-    integral_at_first: f64,
-    integral_at_last: f64,
+    at_first: Option<Snapshot>,
+    at_last: Option<Snapshot>,
     /// Output tokens counted from events so far.
     counted: u64,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
@@ -330,7 +361,10 @@ impl Meter {
         if let (Some(first), Some(last)) = (s.first_token, s.last_token) {
             let decode = (last - first).as_secs_f64();
             if output >= 2 && decode > 0.0 {
-                let mean = (s.integral_at_last - s.integral_at_first) / decode;
+                let mean = match (&s.at_first, &s.at_last) {
+                    (Some(a), Some(b)) => a.mean_until(b),
+                    _ => 1.0,
+                };
                 // Our own request was in flight throughout: the mean is at least 1.
                 let band = concurrency_band(mean.max(1.0));
                 m.tpot
@@ -403,7 +437,7 @@ impl Stream {
                 self.itl = Some(m.itl.with_label_values(&[&model]));
                 self.model = Some(model);
                 self.first_token = Some(now);
-                self.integral_at_first = rec.concurrency.integral(now);
+                self.at_first = Some(rec.concurrency.snapshot(now));
                 // A token after the end marker (a broken upstream) must not re-enter the gauges.
                 if !self.left {
                     m.phase(Phase::Prefill, -1);
@@ -421,7 +455,7 @@ impl Stream {
             }
         }
         self.last_token = Some(now);
-        self.integral_at_last = rec.concurrency.integral(now);
+        self.at_last = Some(rec.concurrency.snapshot(now));
         self.counted += u64::from(tokens);
         m.rate.add(u64::from(tokens), now);
     }
@@ -636,8 +670,35 @@ mod tests {
         c.update(t0 + Duration::from_secs(1), 1);
         c.update(t0 + Duration::from_secs(3), -2);
         // 1 request for 1 s, then 2 for 2 s, then none.
-        let i = c.integral(t0 + Duration::from_secs(10));
+        let i = c.snapshot(t0 + Duration::from_secs(10)).integral;
         assert!((i - 5.0).abs() < 1e-9, "{i}");
         assert_eq!(c.current(), 0);
+    }
+
+    // Regression: behind a real vLLM at concurrency 16, a response whose tokens arrived in a
+    // burst landed in band `1`. Its clock readings were older than the tracker's latest update,
+    // so both integrals ran to the same later instant: no area over a non-zero decode time.
+    #[test]
+    fn a_window_read_behind_the_trackers_clock_keeps_its_concurrency() {
+        let c = Concurrency::default();
+        let t0 = Instant::now();
+        for _ in 0..16 {
+            c.update(t0, 1);
+        }
+        // Another request moved the tracker to t0 + 10 ms before our two readings were taken.
+        c.update(t0 + Duration::from_millis(10), -1);
+        c.update(t0 + Duration::from_millis(10), 1);
+        let first = c.snapshot(t0 + Duration::from_millis(2));
+        let last = c.snapshot(t0 + Duration::from_millis(3));
+        assert_eq!(first.mean_until(&last), 16.0);
+        // An ordinary window: 16 for 10 ms, then 8 for 10 ms.
+        let later = {
+            for _ in 0..8 {
+                c.update(t0 + Duration::from_millis(20), -1);
+            }
+            c.snapshot(t0 + Duration::from_millis(30))
+        };
+        let m = first.mean_until(&later);
+        assert!((m - 12.0).abs() < 1e-9, "{m}");
     }
 }
