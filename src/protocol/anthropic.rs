@@ -5,8 +5,9 @@
 //! (a `signature_delta` or `citations_delta` is not generated text). `message_delta` carries the
 //! cumulative `output_tokens` (the latest wins) and, on newer API versions, the final
 //! `input_tokens`. The `output_tokens` in `message_start` is a placeholder (usually 1), so it is
-//! not taken for a usage report. `ping` and `error` events carry nothing. A non-streaming
-//! response is one `message` object with its `usage`.
+//! not taken for a usage report. `ping` and `error` events carry nothing. `message_stop` is the
+//! last event of every stream ([`Summary::ended`]). A non-streaming response is one `message`
+//! object with its `usage`.
 
 use serde::Deserialize;
 
@@ -84,11 +85,19 @@ impl Extractor for Anthropic {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        // The event line alone says the stream is over, whatever its data.
+        if msg.event == "message_stop" {
+            self.summary.ended = true;
+        }
         let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
         let kind = ev.kind.as_deref().unwrap_or(msg.event);
         match kind {
+            "message_stop" => {
+                self.summary.ended = true;
+                0
+            }
             "message_start" => {
                 if let Some(m) = ev.message {
                     self.summary.name_model(m.model.0);
@@ -135,6 +144,7 @@ impl Extractor for Anthropic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::testing::ended_at;
 
     fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
         crate::protocol::testing::run(&mut Anthropic::default(), events.iter().copied())
@@ -185,6 +195,48 @@ mod tests {
         assert_eq!(counts, [0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0]);
         assert_eq!(s.model.as_deref(), Some("claude"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(11), Some(6)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn message_stop_ends_the_stream_and_nothing_before_it_does() {
+        let stream = [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":3}}}"#,
+            ),
+            ("ping", r#"{"type": "ping"}"#),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}"#,
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#),
+        ];
+        assert_eq!(ended_at(&mut Anthropic::default(), stream), Some(5));
+        assert_eq!(
+            ended_at(&mut Anthropic::default(), stream[..5].iter().copied()),
+            None
+        );
+        // Data-only (the type names the event), and an event line whose data is broken.
+        let data_only = stream.map(|(_, data)| ("", data));
+        assert_eq!(ended_at(&mut Anthropic::default(), data_only), Some(5));
+        let (_, s) = run(&[("message_stop", "{broken")]);
+        assert!(s.ended);
+        assert_eq!(s.malformed, 1);
+        // An error event is not the end marker.
+        let (_, s) = run(&[(
+            "error",
+            r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+        )]);
+        assert!(!s.ended);
     }
 
     #[test]

@@ -4,13 +4,15 @@
 //! token-bearing event is a non-empty `content-delta` (text or thinking), a `tool-plan-delta`, or
 //! a `tool-call-start` / `tool-call-delta` (the model writing a tool call). `message-end` reports
 //! usage twice: `billed_units` (what is charged) and `tokens` (what the model processed and
-//! generated); output is the latter, falling back to the former. The stream ends with
-//! `data: [DONE]`.
+//! generated); output is the latter, falling back to the former. `message-end` is the last
+//! event ([`Summary::ended`]); the `data: [DONE]` that follows it ends the stream too.
+//!
+//! Cohere v1's stream (`event_type`: `text-generation` ... `stream-end`) is not read here.
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Message, Summary};
 
 /// The Cohere extractor.
 #[derive(Debug, Default)]
@@ -95,6 +97,10 @@ impl Extractor for Cohere {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        // The event line alone says the stream is over, whatever its data.
+        if msg.event == "message-end" || is_done(msg) {
+            self.summary.ended = true;
+        }
         let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
@@ -112,6 +118,7 @@ impl Extractor for Cohere {
                 .is_some_and(|m| m.tool_plan.0),
             "tool-call-start" | "tool-call-delta" => true,
             "message-end" => {
+                self.summary.ended = true;
                 if let Some(u) = delta.and_then(|d| d.usage) {
                     self.usage(u);
                 }
@@ -136,6 +143,7 @@ impl Extractor for Cohere {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::testing::ended_at;
 
     fn run(events: &[&str]) -> (Vec<u32>, Summary) {
         crate::protocol::testing::run(&mut Cohere::default(), events.iter().map(|e| ("", *e)))
@@ -155,6 +163,29 @@ mod tests {
         ]);
         assert_eq!(counts, [0, 0, 1, 1, 1, 1, 0, 0]);
         assert_eq!((s.input_tokens, s.output_tokens), (Some(69), Some(110)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn message_end_ends_the_stream() {
+        let stream = [
+            r#"{"type":"message-start","delta":{"message":{"role":"assistant"}}}"#,
+            r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"text":"Ar"}}}}"#,
+            r#"{"type":"content-end","index":0}"#,
+            r#"{"type":"message-end","delta":{"finish_reason":"COMPLETE"}}"#,
+            "[DONE]",
+        ];
+        let events = stream.map(|d| ("", d));
+        assert_eq!(ended_at(&mut Cohere::default(), events), Some(3));
+        assert_eq!(
+            ended_at(&mut Cohere::default(), events[..3].iter().copied()),
+            None
+        );
+        // The event line alone; and the sentinel alone, should `message-end` be missing.
+        let named = [("message-end", "{broken")];
+        assert_eq!(ended_at(&mut Cohere::default(), named), Some(0));
+        let sentinel = [events[0], events[1], ("", "[DONE]")];
+        assert_eq!(ended_at(&mut Cohere::default(), sentinel), Some(2));
     }
 
     #[test]

@@ -9,10 +9,16 @@
 //! a message no format explains (broken JSON, an unknown shape) means the path's format, whose
 //! extractor then counts it as malformed. With no path hint, [`MAX_UNDECIDED`] messages that
 //! tell nothing make the stream unknown.
+//!
+//! [`Auto::summary`] is the chosen extractor's, so its [`Summary::ended`] is what the meter sees,
+//! also when the end marker is the first message (a lone `message_stop` or `"done": true` shows
+//! its format, and is then read by it). Two end markers are neutral: `[DONE]` and Replicate's
+//! `done` event. When one comes before anything has shown the format (an error, then `[DONE]`),
+//! the stream is over all the same: [`Auto`] records the end itself and reads nothing after it.
 
 use serde_json::{Map, Value};
 
-use super::{extractor, Api, Extractor, Message, Summary};
+use super::{extractor, is_done, Api, Extractor, Message, Summary};
 
 /// Messages an undecided [`Auto`] inspects before it settles for the path's format (or none).
 /// Real streams decide on their first message; this bounds the work spent on one we cannot read.
@@ -175,7 +181,7 @@ pub struct Auto {
     hint: Option<Api>,
     inner: Option<Box<dyn Extractor>>,
     undecided: u32,
-    /// The summary while nothing is decided: empty.
+    /// The summary while nothing is decided: empty, but for `ended` (see the module doc).
     none: Summary,
 }
 
@@ -201,8 +207,16 @@ impl Extractor for Auto {
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
         if self.inner.is_none() {
+            if self.none.ended {
+                // Nothing that follows an end marker counts.
+                return 0;
+            }
             let api = match (sniff(msg), self.hint) {
                 (Sniff::Format(api), _) | (Sniff::Unknown, Some(api)) => Some(api),
+                (Sniff::Neutral, _) if is_done(msg) || msg.event == "done" => {
+                    self.none.ended = true;
+                    return 0;
+                }
                 (Sniff::Neutral | Sniff::Unknown, hint) => {
                     self.undecided += 1;
                     if self.undecided < MAX_UNDECIDED {
@@ -369,6 +383,82 @@ mod tests {
         let mut a = Auto::new(path_hint("/v1/chat/completions"));
         assert_eq!(a.on_message(&msg("", r#"{"choices":[{"delta""#)), 0);
         assert_eq!((a.api(), a.summary().malformed), (Api::OpenAi, 1));
+    }
+
+    #[test]
+    fn a_lone_end_marker_shows_its_format_and_ends_the_stream() {
+        let cases = [
+            (Api::Anthropic, "message_stop", r#"{"type":"message_stop"}"#),
+            (Api::Anthropic, "", r#"{"type":"message_stop"}"#),
+            (
+                Api::Responses,
+                "",
+                r#"{"type":"response.completed","response":{"usage":{"output_tokens":1}}}"#,
+            ),
+            (Api::Cohere, "", r#"{"type":"message-end","delta":{}}"#),
+            (
+                Api::Ollama,
+                "",
+                r#"{"model":"m","created_at":"t","response":"","done":true,"eval_count":3}"#,
+            ),
+            (
+                Api::LlamaCpp,
+                "",
+                r#"{"content":"","stop":true,"tokens_predicted":3}"#,
+            ),
+            (
+                Api::Tgi,
+                "",
+                r#"{"token":{"id":2},"generated_text":"a b","details":null}"#,
+            ),
+            (
+                Api::Watsonx,
+                "message",
+                r#"{"model_id":"m","results":[{"generated_text":"","stop_reason":"eos_token"}]}"#,
+            ),
+        ];
+        for (api, event, data) in cases {
+            for hint in [None, Some(Api::OpenAi)] {
+                let mut a = Auto::new(hint);
+                assert!(!a.summary().ended);
+                a.on_message(&msg(event, data));
+                assert_eq!(a.api(), api, "{data}");
+                assert!(a.summary().ended, "{data} with hint {hint:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_neutral_end_marker_ends_an_undecided_stream() {
+        // SGLang's native error, then its sentinel, on a path that suggests TGI.
+        let mut a = Auto::new(path_hint("/generate"));
+        a.on_message(&msg("", r#"{"error":{"message":"bad input"}}"#));
+        assert!(!a.summary().ended);
+        a.on_message(&msg("", "[DONE]"));
+        assert!(a.summary().ended);
+        assert_eq!((a.api(), a.summary().malformed), (Api::Tgi, 0));
+        // Nothing after it is read, so the end holds.
+        let late = r#"{"model":"m","created_at":"t","response":"x","done":false}"#;
+        assert_eq!(a.on_message(&msg("", late)), 0);
+        assert!(a.summary().ended);
+        assert_eq!(a.api(), Api::Tgi);
+
+        // A Replicate prediction with no output, and a sentinel with no path to go by.
+        let mut a = Auto::new(path_hint("/v1/streams/abc"));
+        a.on_message(&msg("done", "{}"));
+        assert!(a.summary().ended);
+        assert_eq!(a.api(), Api::Replicate);
+        let mut a = Auto::new(None);
+        a.on_message(&msg("", "[DONE]"));
+        assert!(a.summary().ended);
+        assert_eq!(a.api(), Api::Unknown);
+
+        // Other neutral messages end nothing.
+        let mut a = Auto::new(None);
+        for (event, data) in [("ping", "{}"), ("error", "{}"), ("", ""), ("", "[]")] {
+            a.on_message(&msg(event, data));
+        }
+        assert!(!a.summary().ended);
     }
 
     #[test]

@@ -6,6 +6,10 @@
 //! the exact number of tokens an event carries ([`Cumulative`]). Output counts every generated
 //! token: `candidatesTokenCount + thoughtsTokenCount`. Without `alt=sse` the same responses come
 //! as one JSON array, which is read the same way.
+//!
+//! The stream has no end marker, so [`Summary::ended`] is never set: `finishReason` belongs to
+//! one candidate (with `candidateCount` > 1 each finishes on its own), and the API does not say
+//! that no chunk follows it. Such a request leaves the in-flight gauges at the body's end.
 
 use serde::Deserialize;
 

@@ -30,6 +30,10 @@ pub fn parse<'a, T: Deserialize<'a>>(data: &'a [u8], malformed: &mut u64) -> Opt
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Text(pub bool);
 
+/// A flag: JSON `true`; anything else (`false`, `"true"`, `1`, `null`) is not set.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Flag(pub bool);
+
 /// A token count: a non-negative integer (or an integral float); anything else is `None`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Count(pub Option<u64>);
@@ -125,6 +129,50 @@ impl<'de> Deserialize<'de> for Text {
                 Ok(Text(false))
             }
             other_values!(Text(false));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// === impl Flag ===
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Flag, E> {
+                Ok(Flag(v))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_unit<E>(self) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_none<E>(self) -> Result<Flag, E> {
+                Ok(Flag(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Flag, A::Error> {
+                drain_seq(seq)?;
+                Ok(Flag(false))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Flag, A::Error> {
+                drain_map(map)?;
+                Ok(Flag(false))
+            }
         }
         d.deserialize_any(V)
     }
@@ -278,6 +326,30 @@ mod tests {
             parse(r#"{"t":null,"c":"12","l":true,"s":3}"#),
             (false, None, 0, None)
         );
+    }
+
+    #[test]
+    fn a_flag_is_set_only_by_true() {
+        #[derive(Deserialize)]
+        struct F {
+            #[serde(default)]
+            f: Flag,
+        }
+        let flag = |json: &str| serde_json::from_str::<F>(json).expect("valid JSON").f.0;
+        assert!(flag(r#"{"f":true}"#));
+        for json in [
+            "{}",
+            r#"{"f":false}"#,
+            r#"{"f":null}"#,
+            r#"{"f":"true"}"#,
+            r#"{"f":1}"#,
+            r#"{"f":-1}"#,
+            r#"{"f":1.0}"#,
+            r#"{"f":[true]}"#,
+            r#"{"f":{"a":true}}"#,
+        ] {
+            assert!(!flag(json), "{json}");
+        }
     }
 
     #[test]

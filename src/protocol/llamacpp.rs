@@ -6,11 +6,17 @@
 //! each carries ([`Cumulative`]); the final event (`"stop": true`) always has it, with
 //! `tokens_evaluated` (the whole prompt, cached part included) and `timings`
 //! (`predicted_n`, `prompt_n`) as fallbacks.
+//!
+//! `"stop": true` marks the final event, which ends the stream ([`Summary::ended`]): the
+//! native API sends no `[DONE]`. One case breaks this: a `prompt` given as an array streams
+//! one completion per prompt, each with its own `"stop": true`, and nothing in the events says
+//! how many there are. The first one is then taken for the end: the request leaves the
+//! in-flight gauges early, though the tokens that follow are still counted.
 
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Str, Text};
+use super::json::{parse, Count, Flag, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The llama.cpp extractor.
@@ -32,6 +38,8 @@ struct Event<'a> {
     timings: Option<Timings>,
     #[serde(default, borrow)]
     model: Str<'a>,
+    #[serde(default)]
+    stop: Flag,
 }
 
 #[derive(Deserialize)]
@@ -51,6 +59,9 @@ impl Extractor for LlamaCpp {
         let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
+        if ev.stop.0 {
+            self.summary.ended = true;
+        }
         // The model is a file path unless the server was given an alias: keep the file name,
         // which is what an operator recognises (and not the directory layout of the host).
         let model = ev.model.non_empty();
@@ -97,6 +108,29 @@ mod tests {
         assert_eq!(counts, [1, 0, 0]);
         assert_eq!(s.model.as_deref(), Some("sha256-43f7"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(47), Some(3)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn stop_true_ends_the_stream() {
+        let events = [
+            r#"{"index":0,"content":"Hi","stop":false,"tokens_predicted":1}"#,
+            r#"{"index":0,"content":"","stop":null}"#,
+            r#"{"index":0,"content":" there"}"#,
+            r#"{"index":0,"content":"","stop":true,"stop_type":"eos","tokens_predicted":2}"#,
+        ]
+        .map(|d| ("", d));
+        let ended_at = |n: usize| {
+            crate::protocol::testing::ended_at(
+                &mut LlamaCpp::default(),
+                events[..n].iter().copied(),
+            )
+        };
+        assert_eq!(ended_at(4), Some(3));
+        assert_eq!(ended_at(3), None);
+        // An error event is not the end marker.
+        let (_, s) = run(&[r#"{"error":{"code":500,"message":"x","type":"server_error"}}"#]);
+        assert!(!s.ended);
     }
 
     #[test]

@@ -144,7 +144,11 @@ pub struct Summary {
     pub token_id_tokens: Option<u64>,
     /// Messages that were not valid JSON of the expected shape.
     pub malformed: u64,
-    /// The stream sent its own end marker (OpenAI's `data: [DONE]`): the client has everything.
+    /// The stream sent its format's own end marker (`data: [DONE]`, `message_stop`,
+    /// `"done": true`, ...; `docs/formats.md` names each): the client has everything, and
+    /// nothing that counts follows. Once set it stays set. Formats without one (Gemini, Triton)
+    /// never set it. A non-streaming response is read only after its body ended, so there it
+    /// does not matter; it is set where the document has the final event's shape.
     pub ended: bool,
 }
 
@@ -167,6 +171,12 @@ impl Summary {
             }
         }
     }
+}
+
+/// Whether a message is OpenAI's end sentinel, `data: [DONE]`. SGLang's native stream, Cohere
+/// v2 and OpenRouter's Responses streams send it too, always last.
+fn is_done(msg: &Message<'_>) -> bool {
+    msg.data == b"[DONE]"
 }
 
 /// Reads the messages of one response.
@@ -358,5 +368,26 @@ pub(crate) mod testing {
             })
             .collect();
         (counts, x.summary().clone())
+    }
+
+    /// Feeds `(event, data)` messages to `x`; returns the index of the message after which
+    /// [`Summary::ended`] first held (`None`: never), and checks that it then stays set.
+    pub fn ended_at<'a>(
+        x: &mut dyn Extractor,
+        events: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<usize> {
+        let mut at = None;
+        for (i, (event, data)) in events.into_iter().enumerate() {
+            x.on_message(&Message {
+                event,
+                data: data.as_bytes(),
+            });
+            match (at, x.summary().ended) {
+                (None, true) => at = Some(i),
+                (Some(first), false) => panic!("ended at {first}, then not at {i}"),
+                _ => {}
+            }
+        }
+        at
     }
 }

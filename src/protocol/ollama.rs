@@ -3,12 +3,12 @@
 //! Each line is one token (Ollama streams token by token). A token-bearing line has generated
 //! output: `response` or `thinking` (generate), `message.content`, `message.thinking` or
 //! `message.tool_calls` (chat). The last line (`"done": true`) reports `eval_count` (output
-//! tokens) and `prompt_eval_count` (prompt tokens evaluated). A non-streaming answer is that last
-//! line with the whole text.
+//! tokens) and `prompt_eval_count` (prompt tokens evaluated), and ends the stream
+//! ([`Summary::ended`]). A non-streaming answer is that last line with the whole text.
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Str, Text};
+use super::json::{parse, Count, Flag, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Ollama extractor.
@@ -31,6 +31,8 @@ struct Line<'a> {
     eval_count: Count,
     #[serde(default)]
     prompt_eval_count: Count,
+    #[serde(default)]
+    done: Flag,
 }
 
 #[derive(Deserialize)]
@@ -53,6 +55,9 @@ impl Extractor for Ollama {
             return 0;
         };
         self.summary.name_model(line.model.0);
+        if line.done.0 {
+            self.summary.ended = true;
+        }
         if line.eval_count.0.is_some() {
             self.summary.output_tokens = line.eval_count.0;
         }
@@ -99,6 +104,23 @@ mod tests {
         assert_eq!(counts, [0, 1, 1, 0]);
         assert_eq!(s.model.as_deref(), Some("gpt-oss:120b"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(81), Some(34)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn done_true_ends_the_stream() {
+        let lines = [
+            r#"{"model":"m","created_at":"t","response":"Hi","done":false}"#,
+            r#"{"model":"m","created_at":"t","response":"","done":"true"}"#,
+            r#"{"model":"m","created_at":"t","response":"!"}"#,
+            r#"{"model":"m","created_at":"t","response":"","done":true,"done_reason":"stop","eval_count":2}"#,
+        ];
+        let events = lines.map(|l| ("", l));
+        let ended_at = |n: usize| {
+            crate::protocol::testing::ended_at(&mut Ollama::default(), events[..n].iter().copied())
+        };
+        assert_eq!(ended_at(4), Some(3));
+        assert_eq!(ended_at(3), None);
     }
 
     #[test]

@@ -14,12 +14,15 @@
 //! Output tokens are `completion_tokens`, unless `total_tokens - prompt_tokens` is larger: xAI
 //! leaves reasoning tokens out of `completion_tokens` but not out of the total, and output
 //! counts every token the model generated.
+//!
+//! The stream ends with `data: [DONE]` ([`Summary::ended`]); a stream without it (some hosts
+//! leave it out) never says it has ended.
 
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
 use super::json::{parse, Count, Len, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Message, Summary};
 
 /// The OpenAI extractor.
 #[derive(Debug, Default)]
@@ -116,7 +119,7 @@ impl Extractor for OpenAi {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
-        if msg.data == b"[DONE]" {
+        if is_done(msg) {
             self.summary.ended = true;
             return 0;
         }

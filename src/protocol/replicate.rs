@@ -1,8 +1,9 @@
 //! Replicate prediction streams.
 //!
 //! The data of an `output` event is plain text, not JSON: the next piece the model's iterator
-//! yielded, one token for language models. `done` and `error` end the stream. Replicate reports
-//! no usage in the stream, so tokens are counted events.
+//! yielded, one token for language models. `done` and `error` end the stream; `done`, the
+//! normal end, sets [`Summary::ended`]. Replicate reports no usage in the stream, so tokens are
+//! counted events.
 
 use super::{Api, Extractor, Message, Summary};
 
@@ -18,6 +19,9 @@ impl Extractor for Replicate {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        if msg.event == "done" {
+            self.summary.ended = true;
+        }
         u32::from(msg.event == "output" && !msg.data.is_empty())
     }
 
@@ -48,5 +52,24 @@ mod tests {
         })
         .collect();
         assert_eq!(counts, [0, 1, 1, 0]);
+        assert!(x.summary().ended);
+    }
+
+    #[test]
+    fn the_done_event_ends_the_stream() {
+        let events = [
+            ("output", "Sure"),
+            ("error", "{}"),
+            ("output", "done"),
+            ("done", "{}"),
+        ];
+        let ended_at = |n: usize| {
+            crate::protocol::testing::ended_at(
+                &mut Replicate::default(),
+                events[..n].iter().copied(),
+            )
+        };
+        assert_eq!(ended_at(4), Some(3));
+        assert_eq!(ended_at(3), None);
     }
 }

@@ -5,13 +5,15 @@
 //! Azure send data-only streams). An event is token-bearing when its type ends in `.delta` and it
 //! carries a non-empty `delta`: output text, reasoning text and summaries, function-call and
 //! custom-tool arguments alike. `response.completed` (or `.incomplete`, `.failed`) carries the
-//! whole response, whose `usage` counts every output token, reasoning included. A non-streaming
-//! response is that same object on its own.
+//! whole response, whose `usage` counts every output token, reasoning included. It is the last
+//! event of every stream ([`Summary::ended`]), though OpenRouter follows it with a
+//! `data: [DONE]`, which ends the stream too. A non-streaming response is that same object on
+//! its own.
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Message, Summary};
 
 /// The Responses extractor.
 #[derive(Debug, Default)]
@@ -74,6 +76,10 @@ impl Extractor for Responses {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        // The event line alone says the stream is over, whatever its data.
+        if is_final(msg.event) || is_done(msg) {
+            self.summary.ended = true;
+        }
         let Some(ev) = parse::<Event<'_>>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
@@ -85,6 +91,9 @@ impl Extractor for Responses {
             self.take(r.model, r.usage);
         }
         let kind = ev.kind.as_deref().unwrap_or(msg.event);
+        if is_final(kind) {
+            self.summary.ended = true;
+        }
         u32::from(kind.ends_with(".delta") && ev.delta.0)
     }
 
@@ -93,9 +102,18 @@ impl Extractor for Responses {
     }
 }
 
+/// The event types that end a stream: the response's terminal state.
+fn is_final(kind: &str) -> bool {
+    matches!(
+        kind,
+        "response.completed" | "response.incomplete" | "response.failed"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::testing::ended_at;
 
     fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
         crate::protocol::testing::run(&mut Responses::default(), events.iter().copied())
@@ -134,6 +152,35 @@ mod tests {
         assert_eq!(counts, [0, 0, 1, 1, 0, 1, 0, 0]);
         assert_eq!(s.model.as_deref(), Some("gpt-4o"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(9), Some(30)));
+    }
+
+    #[test]
+    fn the_terminal_state_ends_the_stream() {
+        let created = r#"{"type":"response.created","response":{"status":"in_progress"}}"#;
+        let delta = r#"{"type":"response.output_text.delta","delta":"Hi"}"#;
+        let done = r#"{"type":"response.output_text.done","text":"Hi"}"#;
+        for last in [
+            r#"{"type":"response.completed","response":{"usage":{"output_tokens":1}}}"#,
+            r#"{"type":"response.incomplete","response":{"incomplete_details":{"reason":"max_output_tokens"}}}"#,
+            r#"{"type":"response.failed","response":{"status":"failed"}}"#,
+        ] {
+            let stream = [created, delta, done, last].map(|d| ("", d));
+            assert_eq!(
+                ended_at(&mut Responses::default(), stream),
+                Some(3),
+                "{last}"
+            );
+        }
+        let cut = [created, delta, done].map(|d| ("", d));
+        assert_eq!(ended_at(&mut Responses::default(), cut), None);
+        // `response.done` is not a Responses event; `error` comes before `response.failed`.
+        let others = [("", r#"{"type":"response.done"}"#), ("error", "{}")];
+        assert_eq!(ended_at(&mut Responses::default(), others), None);
+        // The event line alone, and OpenRouter's trailing sentinel.
+        let named = [("response.completed", "{broken")];
+        assert_eq!(ended_at(&mut Responses::default(), named), Some(0));
+        let sentinel = [("", created), ("", "[DONE]")];
+        assert_eq!(ended_at(&mut Responses::default(), sentinel), Some(1));
     }
 
     #[test]

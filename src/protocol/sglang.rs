@@ -6,11 +6,14 @@
 //! that growth (speculative decoding puts several tokens in one event). A request with several
 //! prompts or `n > 1` streams each sequence under its own `index`: the output is the sum of the
 //! sequences' latest counts.
+//!
+//! Every sequence's last event has a `finish_reason`, but only `data: [DONE]`, sent after all of
+//! them (and after an error), ends the stream ([`Summary::ended`]).
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Message, Summary};
 
 /// Sequences of one request tracked separately; more are folded into the last one. A bound,
 /// because `index` comes from the stream.
@@ -66,6 +69,9 @@ impl Extractor for Sglang {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        if is_done(msg) {
+            self.summary.ended = true;
+        }
         let Some(ev) = parse::<Event>(msg.data, &mut self.summary.malformed) else {
             return 0;
         };
@@ -106,6 +112,24 @@ mod tests {
         ]);
         assert_eq!(counts, [1, 2, 0, 0]);
         assert_eq!((s.input_tokens, s.output_tokens), (Some(6), Some(3)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn only_done_ends_the_stream() {
+        // Sequence 0 finishes before sequence 1: its finish_reason is no end of the stream.
+        let events = [
+            r#"{"index":0,"text":"a","meta_info":{"completion_tokens":1,"finish_reason":null}}"#,
+            r#"{"index":0,"text":"a","meta_info":{"completion_tokens":1,"finish_reason":{"type":"stop"}}}"#,
+            r#"{"index":1,"text":"b","meta_info":{"completion_tokens":1,"finish_reason":{"type":"length"}}}"#,
+            "[DONE]",
+        ]
+        .map(|d| ("", d));
+        let ended_at = |n: usize| {
+            crate::protocol::testing::ended_at(&mut Sglang::default(), events[..n].iter().copied())
+        };
+        assert_eq!(ended_at(4), Some(3));
+        assert_eq!(ended_at(3), None);
     }
 
     #[test]

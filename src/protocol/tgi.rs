@@ -3,8 +3,10 @@
 //! Every stream event carries exactly one generated token (`token.id`, special tokens included),
 //! so counting token ids is exact even without usage. The last event adds `generated_text` and
 //! `details`, whose `generated_tokens` is the usage report, and, on newer servers, the prompt's
-//! `input_length`. A non-streaming `/generate` answer is one object (or a one-element array, as
-//! the HuggingFace Inference API sends it) with the same `details`.
+//! `input_length`; earlier events have both `null`. Either one given marks that last event, which
+//! ends the stream ([`Summary::ended`]): `generated_text` may be empty, and `details` is `null`
+//! unless the request asked for it. A non-streaming `/generate` answer is one object (or a
+//! one-element array, as the HuggingFace Inference API sends it) with the same `details`.
 
 use serde::Deserialize;
 
@@ -22,8 +24,9 @@ struct Event {
     /// The token this event carries: an object with its `id`.
     #[serde(default)]
     token: Option<Token>,
+    /// `None` while it is `null`: until the last event.
     #[serde(default)]
-    generated_text: Text,
+    generated_text: Option<Text>,
     #[serde(default)]
     details: Option<Details>,
 }
@@ -44,6 +47,9 @@ struct Details {
 
 impl Tgi {
     fn on_event(&mut self, ev: Event) -> u32 {
+        if ev.generated_text.is_some() || ev.details.is_some() {
+            self.summary.ended = true;
+        }
         if let Some(d) = ev.details {
             if d.generated_tokens.0.is_some() {
                 self.summary.output_tokens = d.generated_tokens.0;
@@ -58,7 +64,7 @@ impl Tgi {
                 1
             }
             // A non-streaming answer: the whole text at once.
-            _ => u32::from(ev.generated_text.0),
+            _ => u32::from(ev.generated_text.is_some_and(|t| t.0)),
         }
     }
 }
@@ -105,6 +111,36 @@ mod tests {
         assert_eq!(counts, [1, 1]);
         assert_eq!(s.token_id_tokens, Some(2));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(7), Some(2)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn the_last_event_ends_the_stream() {
+        let token =
+            r#"{"index":1,"token":{"id":415,"text":" The"},"generated_text":null,"details":null}"#;
+        let no_fields = r#"{"index":2,"token":{"id":416,"text":" end"}}"#;
+        for last in [
+            // Without `details`, with an empty text, and with `details` alone.
+            r#"{"index":3,"token":{"id":2,"text":"</s>"},"generated_text":" The end","details":null}"#,
+            r#"{"index":3,"token":{"id":3,"text":" "},"generated_text":"","details":{"finish_reason":"length","generated_tokens":3}}"#,
+            r#"{"index":3,"token":{"id":2,"text":"</s>"},"details":{"generated_tokens":3}}"#,
+        ] {
+            let events = [("", token), ("", no_fields), ("", last)];
+            let x = &mut Tgi::default();
+            assert_eq!(
+                crate::protocol::testing::ended_at(x, events),
+                Some(2),
+                "{last}"
+            );
+        }
+        let cut = [("", token), ("", no_fields)];
+        assert_eq!(
+            crate::protocol::testing::ended_at(&mut Tgi::default(), cut),
+            None
+        );
+        let (_, s) =
+            run(&[r#"{"error":"Request failed during generation","error_type":"generation"}"#]);
+        assert!(!s.ended, "an error is not the end marker");
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! `generated_token_count`, whose growth is the exact number of tokens an event carries
 //! ([`Cumulative`]). `input_token_count` is reported once, in the first event, and as 0 after it,
 //! so the largest report is the prompt's size.
+//!
+//! Every result says why it stopped: `stop_reason` is `not_finished` ("possibly more tokens to be
+//! streamed") until the last event, which names the real reason (`eos_token`, `max_tokens`, ...)
+//! and ends the stream ([`Summary::ended`]).
 
 use serde::Deserialize;
 
@@ -22,18 +26,30 @@ pub struct Watsonx {
 struct Event<'a> {
     #[serde(default, borrow)]
     model_id: Str<'a>,
-    #[serde(default)]
-    results: Option<Vec<Result>>,
+    #[serde(default, borrow)]
+    results: Option<Vec<Result<'a>>>,
 }
 
 #[derive(Deserialize)]
-struct Result {
+struct Result<'a> {
     #[serde(default)]
     generated_text: Text,
     #[serde(default)]
     generated_token_count: Count,
     #[serde(default)]
     input_token_count: Count,
+    #[serde(default, borrow)]
+    stop_reason: Str<'a>,
+}
+
+impl Result<'_> {
+    /// This result is its sequence's last (IBM documents the values in lower case, but asks
+    /// clients to compare them case-insensitively).
+    fn is_final(&self) -> bool {
+        self.stop_reason
+            .as_deref()
+            .is_some_and(|r| !r.eq_ignore_ascii_case("not_finished"))
+    }
 }
 
 impl Extractor for Watsonx {
@@ -47,6 +63,9 @@ impl Extractor for Watsonx {
         };
         self.summary.name_model(ev.model_id.0);
         let results = ev.results.unwrap_or_default();
+        if !results.is_empty() && results.iter().all(Result::is_final) {
+            self.summary.ended = true;
+        }
         let total = results.iter().fold(Count(None), |sum, r| {
             Count(sum.plus(r.generated_token_count))
         });
@@ -94,5 +113,23 @@ mod tests {
         let s = x.summary();
         assert_eq!(s.model.as_deref(), Some("google/flan-ul2"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(8), Some(4)));
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn a_stop_reason_other_than_not_finished_ends_the_stream() {
+        let events = [
+            r#"{"model_id":"m","results":[{"generated_text":"a","generated_token_count":1,"stop_reason":"not_finished"}]}"#,
+            r#"{"model_id":"m","results":[{"generated_text":"b","generated_token_count":2}]}"#,
+            r#"{"model_id":"m","results":[{"generated_text":"c","generated_token_count":3,"stop_reason":"NOT_FINISHED"}]}"#,
+            r#"{"model_id":"m","results":[]}"#,
+            r#"{"model_id":"m","results":[{"generated_text":"","generated_token_count":4,"stop_reason":"max_tokens"}]}"#,
+        ]
+        .map(|d| ("message", d));
+        let ended_at = |n: usize| {
+            crate::protocol::testing::ended_at(&mut Watsonx::default(), events[..n].iter().copied())
+        };
+        assert_eq!(ended_at(5), Some(4));
+        assert_eq!(ended_at(4), None);
     }
 }
