@@ -354,6 +354,110 @@ fn the_first_event_alone_tells_the_format() {
     }
 }
 
+/// The formats whose streams have no end marker (see their module docs).
+const NO_END_MARKER: &[Api] = &[Api::Gemini, Api::Triton];
+
+/// Bodies of formats with an end marker that do not end with it, and why. Each is OpenAI's
+/// format, whose marker is `[DONE]`: every such stream is over without it only because the body
+/// ended, and stays in the in-flight gauges until then.
+const UNENDED: &[(&str, &str)] = &[
+    (
+        "groq/pydantic-ai-error-after-text.sse",
+        "Groq ends a failed tool call with an `error` event and no [DONE]",
+    ),
+    (
+        "groq/pydantic-ai-gpt-oss-midstream-error.sse",
+        "Groq ends a failed tool call with an `error` event and no [DONE]",
+    ),
+    (
+        "openai_compat_other/hf-router-cerebras-llama.sse",
+        "Cerebras sends no [DONE]",
+    ),
+    (
+        "openai_compat_other/perplexity-sonar-legacy.sse",
+        "Perplexity sends no [DONE]",
+    ),
+    (
+        "tgi/hfapi-chat-zephyr-tgi-1.4.3.sse",
+        "truncated: the last event is unterminated, and TGI 1.4.3 sent no [DONE]",
+    ),
+    (
+        "tgi/hfapi-chat-zephyr-tgi-2.0.4.sse",
+        "TGI 2.0.4's chat route sent no [DONE]",
+    ),
+];
+
+/// The formats whose own end marker is `data: [DONE]`; the others send theirs first, and some
+/// hosts follow it with a `[DONE]` of their own.
+fn ends_with_done(api: Api) -> bool {
+    matches!(api, Api::OpenAi | Api::Sglang)
+}
+
+/// The index of the message after which the extractor `select` picks first said the stream
+/// ended (`None`: never), checking that it then stays said.
+fn ended_at(e: &Entry, path: &str, pin: Option<Api>, msgs: &[Msg]) -> Option<usize> {
+    let (_, mut x) = protocol::select(path, content_type(e), pin);
+    let mut at = None;
+    for (i, (event, data)) in msgs.iter().enumerate() {
+        x.on_message(&Message { event, data });
+        match (at, x.summary().ended) {
+            (None, true) => at = Some(i),
+            (Some(first), false) => panic!("{}: ended at {first}, not at {i}", e.path),
+            _ => {}
+        }
+    }
+    at
+}
+
+#[test]
+fn every_stream_ends_exactly_at_its_end_marker() {
+    let Some(entries) = load("end markers") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut seen = (0, 0, 0);
+    for e in entries.iter().filter(|e| e.family != "sse_edge") {
+        let msgs = decode(e, [&e.body[..]]);
+        let api = expected_api(e);
+        let unended = UNENDED.iter().find(|u| u.0 == e.path);
+        let last = msgs.len() - 1;
+        let want = if NO_END_MARKER.contains(&api) {
+            seen.0 += 1;
+            None
+        } else if unended.is_some() {
+            seen.1 += 1;
+            None
+        } else if !ends_with_done(api) && msgs[last].1 == b"[DONE]" {
+            seen.2 += 1;
+            Some(last - 1)
+        } else {
+            seen.2 += 1;
+            Some(last)
+        };
+        for (how, path, pin) in [
+            ("by path", request_path(&e.endpoint), None),
+            ("blind", "/".to_string(), None),
+            ("pinned", "/".to_string(), Some(api)),
+        ] {
+            let got = ended_at(e, &path, pin, &msgs);
+            if got != want {
+                failures.push(format!(
+                    "{}: {how}: ended at {got:?}, want {want:?} of {} messages",
+                    e.path,
+                    msgs.len()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Every body was judged, and every exception still applies.
+    assert_eq!(
+        seen,
+        (10, UNENDED.len(), 143),
+        "(no marker, unended, ended) bodies"
+    );
+}
+
 /// An expected SSE event: `(event name, data)`.
 type Event = (&'static str, &'static [u8]);
 

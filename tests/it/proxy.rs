@@ -417,6 +417,130 @@ async fn fifty_clients_hanging_up_mid_stream_leave_no_trace() {
     assert_eq!(up.abandoned.load(std::sync::atomic::Ordering::SeqCst), 50);
 }
 
+/// An Anthropic stream of three tokens, up to `message_delta`.
+const ANTHROPIC_UNTIL_DELTA: &[&str] = &[
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-test\",\"usage\":{\"input_tokens\":7,\"output_tokens\":1}}}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"b\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"c\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+];
+
+const MESSAGE_STOP: &str = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+/// Reads `body` until what arrived ends with `tail`; returns it all.
+async fn read_until(body: &mut hyper::body::Incoming, tail: &str) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    let mut got = Vec::new();
+    while !got.ends_with(tail.as_bytes()) {
+        let frame = body.frame().await.expect("the body is still open");
+        if let Ok(data) = frame.expect("no body error").into_data() {
+            got.extend_from_slice(&data);
+        }
+    }
+    got
+}
+
+// A client (GuideLLM, an SDK) opens its next request the moment it reads the stream's end
+// marker, and may hang up before the HTTP body ends. For Anthropic that marker is
+// `message_stop`: from then on the request is no longer in flight, and is complete.
+#[tokio::test]
+async fn an_anthropic_stream_leaves_the_gauges_at_message_stop_while_its_body_is_open() {
+    let up = upstream::spawn(|req| {
+        let mut steps: Vec<Step> = ANTHROPIC_UNTIL_DELTA
+            .iter()
+            .map(|e| Step::Send(Bytes::from_static(e.as_bytes())))
+            .collect();
+        if !req.path.contains("cut") {
+            steps.push(Step::Send(Bytes::from_static(MESSAGE_STOP.as_bytes())));
+        }
+        // The body never ends: only the client can finish this request.
+        steps.push(Step::Hang);
+        Reply::sse(steps)
+    })
+    .await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let open = |path: &str| {
+        let req = http::Request::post(format!("{}{path}", proxy.url()))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from_static(
+                b"{\"stream\":true}",
+            )))
+            .expect("request");
+        client::client().request(req)
+    };
+    let in_flight = |s: &str| metric("tokenmeter_requests_in_flight").sum(s);
+    let requests = |s: &str, outcome| {
+        metric("tokenmeter_requests_total")
+            .label("api", "anthropic")
+            .label("model", "claude-test")
+            .label("outcome", outcome)
+            .value(s)
+    };
+
+    // Without `message_stop`, a stream whose every token has arrived is still in flight, and a
+    // client that leaves then did not get the whole response.
+    let mut body = open("/v1/messages?cut")
+        .await
+        .expect("response")
+        .into_body();
+    read_until(&mut body, ANTHROPIC_UNTIL_DELTA[6]).await;
+    let s = proxy.scrape().await;
+    assert_eq!(in_flight(&s), 1.0, "{s}");
+    assert_eq!(
+        metric("tokenmeter_requests_in_flight")
+            .label("phase", "decode")
+            .value(&s),
+        1.0
+    );
+    drop(body);
+    let s = proxy.settled(1.0).await;
+    assert_eq!(requests(&s, "client_disconnect"), 1.0, "{s}");
+
+    // With it, the request leaves the gauges as `message_stop` passes, the body still open...
+    let mut body = open("/v1/messages").await.expect("response").into_body();
+    let got = read_until(&mut body, MESSAGE_STOP).await;
+    assert_eq!(
+        got,
+        [ANTHROPIC_UNTIL_DELTA.concat(), MESSAGE_STOP.into()]
+            .concat()
+            .as_bytes()
+    );
+    let s = proxy.scrape().await;
+    assert_eq!(in_flight(&s), 0.0, "{s}");
+    assert_eq!(
+        metric("tokenmeter_requests_total").sum(&s),
+        1.0,
+        "the second request is not finished yet:\n{s}"
+    );
+    // ... and a client that hangs up then received the whole response.
+    drop(body);
+    let s = proxy.settled(2.0).await;
+    assert_eq!(requests(&s, "complete"), 1.0, "{s}");
+    assert_eq!(requests(&s, "client_disconnect"), 1.0, "{s}");
+    assert_eq!(in_flight(&s), 0.0);
+    assert_eq!(
+        metric("tokenmeter_output_tokens_total")
+            .label("model", "claude-test")
+            .value(&s),
+        6.0,
+        "3 tokens by usage in each request"
+    );
+    for _ in 0..100 {
+        if up.abandoned.load(std::sync::atomic::Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(20 * MS).await;
+    }
+    assert_eq!(
+        up.abandoned.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "both upstream bodies were still open when the clients left"
+    );
+}
+
 #[tokio::test]
 async fn unreachable_upstream_gives_502_json_and_is_counted() {
     // A port nothing listens on: bind one, then free it.
