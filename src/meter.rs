@@ -367,6 +367,17 @@ impl Meter {
                 };
                 // Our own request was in flight throughout: the mean is at least 1.
                 let band = concurrency_band(mean.max(1.0));
+                // `ago_ms` places the decode window on the log line's clock: it ended that long
+                // before the line was written.
+                tracing::debug!(
+                    output,
+                    ttft_ms = (first - s.start).as_secs_f64() * 1e3,
+                    decode_ms = decode * 1e3,
+                    ago_ms = (now - last).as_secs_f64() * 1e3,
+                    mean_in_flight = mean,
+                    band,
+                    "request decoded"
+                );
                 m.tpot
                     .with_label_values(&[&model])
                     .observe(decode / (output - 1) as f64);
