@@ -18,7 +18,7 @@
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::Histogram;
 
@@ -295,6 +295,8 @@ impl Meter {
             return;
         }
         let now = Instant::now();
+        // The wall clock beside `now`, read only for the per-request debug line.
+        let wall = tracing::enabled!(tracing::Level::DEBUG).then(SystemTime::now);
         self.flush(outcome == Outcome::Complete, now);
         // Leave the in-flight gauges first: nothing below may return before this.
         self.leave(now);
@@ -367,13 +369,18 @@ impl Meter {
                 };
                 // Our own request was in flight throughout: the mean is at least 1.
                 let band = concurrency_band(mean.max(1.0));
-                // `ago_ms` places the decode window on the log line's clock: it ended that long
-                // before the line was written.
+                // `last_token_unix_ms` places the decode window on the wall clock, read beside
+                // `now` (the line's own timestamp comes later, by however long the thread was
+                // preempted in between).
+                let last_token_unix_ms = wall
+                    .and_then(|w| w.checked_sub(now - last))
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0.0, |d| d.as_secs_f64() * 1e3);
                 tracing::debug!(
                     output,
                     ttft_ms = (first - s.start).as_secs_f64() * 1e3,
                     decode_ms = decode * 1e3,
-                    ago_ms = (now - last).as_secs_f64() * 1e3,
+                    last_token_unix_ms,
                     mean_in_flight = mean,
                     band,
                     "request decoded"

@@ -3,23 +3,23 @@
 tokenmeter puts every request's decode speed in a band: the time-weighted mean number of
 requests in flight at the proxy between that request's first and last token. The client can
 compute the same mean from its own request timeline (start to end of every request it sent).
-tokenmeter writes one debug line per decoded request (its decode window, mean and band, never
-content); this module reads those lines, places the windows on the wall clock (both processes
-run on this machine), pairs each with the client's record of the same request, and compares
-the two means.
+tokenmeter writes one debug line per decoded request (its TTFT, decode window, mean and band,
+and its last token's wall-clock time; never content). This module reads those lines (both
+processes run on this machine, on one clock), pairs each with the client's record of the same
+request, and compares them.
 
 A client can only be compared where it was keeping up. When GuideLLM's event loop stalls on
 these 2 shared cores, it reads a whole stream in one burst, late: until then it counts that
 request as in flight although the server has finished it, and it sends no new request, so the
 server really does run fewer. Its timeline is wrong there and tokenmeter's is right. A stall
 shows in the client's own records and in the pairs: the client saw a request's first or last
-token well after tokenmeter passed it on, or finished with a response well after its last token. Pairs whose decode window overlaps any such lag are set aside and
-counted; all others must agree.
+token well after tokenmeter passed it on, started its clock well before tokenmeter had the
+request, or finished with a response well after its last token. Pairs whose decode window
+overlaps any such lag are set aside and counted; all others must agree.
 
 Standard library only: this runs in the clients' virtualenv next to GuideLLM.
 """
 
-import datetime
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -27,8 +27,7 @@ _FIELD = re.compile(r'(\w+)=("[^"]*"|\S+)')
 
 # The client read a token this much later than tokenmeter passed it on: it was not keeping up.
 LAG_S = 0.025
-# tokenmeter's windows are placed on the wall clock by its log line's timestamp, taken a little
-# after the instant the line describes (a few ms when its thread is preempted in between).
+# Clock readings on either side are taken a little after the event they stand for.
 CLOCK_S = 0.01
 # Two observers of the same request may pair up only this far apart (first and last token
 # times): a stalled client has read whole streams over a second late.
@@ -44,11 +43,10 @@ def decoded(log_path, t_from, t_to):
             if "request decoded" not in raw:
                 continue
             line = _ANSI.sub("", raw).strip()
-            stamp, _, rest = line.partition(" ")
+            _, _, rest = line.partition(" ")
             try:
-                at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
                 fields = {k: v.strip('"') for k, v in _FIELD.findall(rest)}
-                last = at - float(fields["ago_ms"]) / 1e3
+                last = float(fields["last_token_unix_ms"]) / 1e3
                 first = last - float(fields["decode_ms"]) / 1e3
                 mean = float(fields["mean_in_flight"])
                 band = fields["band"]

@@ -354,9 +354,10 @@ def guidellm_phase(cfg, checks, urls, c):
     checks.add(
         name,
         "tokenmeter median TTFT within 5 ms of GuideLLM's (median of per-request differences)",
-        len(diffs) > 0 and len(diffs) == len(windows)
+        len(diffs) > 0 and len(diffs) >= 0.9 * len(windows)
         and abs(med(0)) <= TTFT_MEDIAN_TOLERANCE_S,
-        f"GuideLLM minus tokenmeter, median over {len(diffs)} requests: {_ms(med(0))} "
+        f"GuideLLM minus tokenmeter, median over {len(diffs)} of {len(windows)} requests "
+        f"(those paired with the client's record): {_ms(med(0))} "
         f"(the client's send lag {_ms(med(1))}, read lag {_ms(med(2))}); difference of the "
         f"all-request medians: tokenmeter {_ms(t_med)}, GuideLLM {_ms(g_med)} (its summary: "
         f"{_ms(run.reported_ttft_ms['median'] / 1000.0)})",
@@ -421,13 +422,14 @@ def guidellm_phase(cfg, checks, urls, c):
         name,
         f"every request's mean concurrency equals the client's (within {BAND_SLACK:g}), "
         "where the client kept up",
-        windows and not cmp["off"] and cmp["unpaired"] == 0
+        windows and not cmp["off"] and cmp["unpaired"] <= 0.1 * len(windows)
         and cmp["compared"] >= max(10, 0.25 * len(windows)),
         f"{cmp['compared'] - len(cmp['off'])} of {cmp['compared']} compared agree; "
         f"{cmp['lagging']} set aside where the client lagged tokenmeter by over "
         f"{1000 * bandcheck.LAG_S:.0f} ms and {cmp['burst']} whose tokens came in one burst "
         "(at least a quarter, and 10, must be compared); "
-        f"{cmp['unpaired']} unpaired" + (f"; off: {off}" if off else ""),
+        f"{cmp['unpaired']} not paired with a client record (at most a tenth)"
+        + (f"; off: {off}" if off else ""),
     )
     want = {1: "1", 16: "9-16"}.get(c)
     if want:
