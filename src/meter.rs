@@ -593,24 +593,18 @@ mod tests {
         meter.on_data(role.as_bytes(), Instant::now());
         meter.on_data(b"data: [DONE]\n\n", Instant::now());
         assert_eq!(rec.concurrency.current(), 0);
+        let by_phase = |rec: &Recorder| {
+            ["prefill", "decode"].map(|p| {
+                sample(
+                    rec,
+                    &format!("tokenmeter_requests_in_flight{{phase=\"{p}\"}}"),
+                )
+            })
+        };
         meter.on_data(CHUNK.as_bytes(), Instant::now());
-        assert_eq!(
-            sample(&rec, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
-            0.0
-        );
-        assert_eq!(
-            sample(&rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
-            0.0
-        );
+        assert_eq!(by_phase(&rec), [0.0, 0.0]);
         drop(meter);
-        assert_eq!(
-            sample(&rec, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
-            0.0
-        );
-        assert_eq!(
-            sample(&rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
-            0.0
-        );
+        assert_eq!(by_phase(&rec), [0.0, 0.0]);
         assert_eq!(rec.concurrency.current(), 0);
     }
 
