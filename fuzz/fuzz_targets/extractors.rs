@@ -1,5 +1,6 @@
-//! Every extractor on arbitrary messages: none may panic, each must be deterministic, and a
-//! message can be counted malformed at most once. The request inspector gets the raw body too.
+//! Every extractor on arbitrary messages: none may panic, each must be deterministic, a message
+//! can be counted malformed at most once, and `Summary::ended`, once set by an end marker, stays
+//! set whatever follows. The request inspector gets the raw body too.
 //!
 //! Input: one byte that picks the path and content type for the auto-detecting extractor
 //! (`protocol::select` without `--api`), then messages separated by NUL bytes; a message with a
@@ -37,9 +38,22 @@ const TYPES: &[&str] = &[
     "application/json",
 ];
 
-/// Runs messages through one extractor: the token count of each, and the final summary.
+/// Runs messages through one extractor: the token count of each, and the final summary. Checks
+/// after every message that `ended` never goes from set back to unset.
 fn run(x: &mut dyn Extractor, msgs: &[Message<'_>]) -> (Vec<u32>, Summary, &'static str) {
-    let counts = msgs.iter().map(|m| x.on_message(m)).collect();
+    let mut ended_at = None;
+    let mut counts = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        counts.push(x.on_message(m));
+        match (ended_at, x.summary().ended) {
+            (None, true) => ended_at = Some(i),
+            (Some(first), false) => panic!(
+                "{}: ended after message {first}, then not after message {i}",
+                x.api().as_str()
+            ),
+            _ => {}
+        }
+    }
     (counts, x.summary().clone(), x.api().as_str())
 }
 

@@ -1,7 +1,9 @@
 //! `--inject-usage`: the request rewriter and the response filter that removes the usage-only
 //! event, on arbitrary input. Neither may panic; a rewritten request is valid JSON that asks for
-//! usage and keeps every other top-level member unchanged; the filter's output is the same
-//! however the body was split, and is the body itself, byte for byte, when it removed nothing.
+//! usage and keeps every other top-level member unchanged; the filter's output (and its count of
+//! removed events) is the same however the body was split, is the body itself, byte for byte,
+//! when it removed nothing, and never loses an event holding a choice key (`"delta":`, `"text":`,
+//! `"index":`), whole or split.
 //!
 //! Input: the shared header (piece sizes), one byte that picks the request path, then bytes used
 //! both as a request body and as a response body.
@@ -23,6 +25,14 @@ const PATHS: &[&str] = &[
     "/v1/messages",
     "/",
 ];
+
+/// Keys only a choice has (`inject::CHOICE_KEYS`): an event holding one is never removed.
+const CHOICE_KEYS: [&[u8]; 3] = [b"\"delta\":", b"\"text\":", b"\"index\":"];
+
+/// Occurrences of `key` in `bytes`, overlapping ones too.
+fn count(bytes: &[u8], key: &[u8]) -> usize {
+    bytes.windows(key.len()).filter(|w| *w == key).count()
+}
 
 /// The filter over `parts`: everything the client would get, and the events removed.
 fn filter(parts: &[&[u8]]) -> (Vec<u8>, u64) {
@@ -77,16 +87,18 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     assert!(whole.0.len() <= body.len() && split.0.len() <= body.len());
-    if whole != split {
-        // Known and reported: an event that `is_usage_only` accepts but that holds a choice key
-        // (`"index":` in its usage, say) is released as content when a piece ends after the key,
-        // and removed when the event arrives whole. Anything else is a new bug.
-        let key = [&b"\"delta\":"[..], b"\"text\":", b"\"index\":"]
-            .iter()
-            .any(|k| body.windows(k.len()).any(|w| w == *k));
-        assert!(
-            key && split.1 < whole.1,
-            "the filter's output depends on how the body was split: {whole:?} vs {split:?}"
+    assert!(
+        whole == split,
+        "the filter's output depends on how the body was split: {whole:?} vs {split:?}"
+    );
+    // A removed event is whole, between terminators, and no choice key holds a CR or LF: every
+    // key of the body is in the output exactly when no removed event held one.
+    for k in CHOICE_KEYS {
+        assert_eq!(
+            count(&whole.0, k),
+            count(body, k),
+            "an event holding {} was removed",
+            String::from_utf8_lossy(k)
         );
     }
 });
