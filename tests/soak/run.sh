@@ -86,8 +86,10 @@ nice -n "$niceness" wrk -t1 -c"$streams" -d"${duration}s" --timeout 120s -s "$he
 wrk_pid=$!
 pids+=("$wrk_pid")
 
+malloc_args=()
+if [ "${SOAK_MALLOC_STATS:-0}" = 1 ]; then malloc_args=(--malloc-stats "$out/tokenmeter.log"); fi
 python3 "$here/monitor.py" sample --pid "$tm_pid" --metrics "http://127.0.0.1:$metrics_port/metrics" \
-  --csv "$out/samples.csv" --while-pid "$wrk_pid" --interval "$interval"
+  --csv "$out/samples.csv" --while-pid "$wrk_pid" --interval "$interval" "${malloc_args[@]}"
 wait "$wrk_pid" || true
 curl -fsS "http://127.0.0.1:$metrics_port/metrics" >"$out/metrics.txt"
 
