@@ -2,7 +2,7 @@
 # Soak test (issue 6; not part of CI): STREAMS concurrent streaming requests through a release
 # tokenmeter for DURATION, against a streaming upstream. Samples tokenmeter's RSS, CPU, fds and
 # in-flight gauges every INTERVAL into a CSV, then checks: memory flat (last-quarter mean live heap
-# within 10% of the second quarter's and at most 64 bytes per request over the second half; RSS
+# within 10% of the second quarter's and under 32 bytes per request over the second half; RSS
 # with SOAK_MALLOC_STATS=0), the concurrency was held, gauges back to 0, no non-2xx and
 # no errors at the load generator or in tokenmeter's counters. Exits non-zero if a check fails.
 #
