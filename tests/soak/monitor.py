@@ -2,9 +2,10 @@
 """Samples tokenmeter during the soak test, then judges the run (Python stdlib only).
 
   monitor.py sample --pid PID --metrics URL --csv FILE --while-pid WRK_PID [--interval 5]
+                    [--malloc-stats TOKENMETER_STDERR_LOG [--malloc-every 6]]
       Every INTERVAL seconds while the load generator runs, appends a CSV row: tokenmeter's RSS,
       CPU time, open file descriptors and threads (from /proc), the in-flight gauges and request
-      counters (from /metrics). When the load stops, it samples every second until both in-flight
+      counters (from /metrics), and every MALLOC_EVERY-th row glibc's malloc totals (via gdb). When the load stops, it samples every second until both in-flight
       gauges are 0 (at most 60 s), so a leaked gauge shows as a non-zero last row.
 
   monitor.py check --csv FILE --wrk FILE --scrape FILE --streams N
