@@ -201,7 +201,7 @@ struct Stream {
     first_byte: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
-    /// Concurrency integral at the first and at the latest token.
+    /// The concurrency tracker at the first and at the latest token.
     at_first: Option<Snapshot>,
     at_last: Option<Snapshot>,
     /// Output tokens counted from events so far.

@@ -16,6 +16,7 @@ import time
 import urllib.request
 import uuid
 
+from bands import client_mean
 from prom import parse, gauge
 
 # === GuideLLM ===
@@ -65,24 +66,11 @@ class GuideRun:
         """The concurrency band of each request's decode, from the client's own timeline: the
         time-weighted mean number of its requests in flight between that request's first and
         last token (tokenmeter's definition, measured at the other end of the wire)."""
-        spans = [(r["start"], r["end"]) for r in self.requests if r["start"] and r["end"]]
-        edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-
-        def integral(x):
-            total, n, last = 0.0, 0, None
-            for t, d in edges:
-                if t > x:
-                    break
-                if last is not None:
-                    total += n * (t - last)
-                last, n = t, n + d
-            return total + (n * (x - last) if last is not None else 0.0)
-
         out = {}
         for r in self.requests:
             if r["tps"] is None:
                 continue
-            mean = (integral(r["last"]) - integral(r["first"])) / (r["last"] - r["first"])
+            mean = client_mean(self.requests, r["first"], r["last"])
             band = band_of(max(mean, 1.0))
             out[band] = out.get(band, 0) + 1
         return out

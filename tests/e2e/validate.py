@@ -346,7 +346,6 @@ def guidellm_phase(cfg, checks, urls, c):
     # TTFT is from the client's for the same request: each request's two records are paired
     # (tokenmeter's debug line, GuideLLM's own), and the median of the differences must be
     # within 5 ms. Its two parts, the client's send lag and read lag, are shown.
-    row["ttft_median_gap_all"] = None if None in (t_med, g_med) else t_med - g_med
     windows = bandcheck.decoded(urls["tm_log"], *ph.wall)
     diffs = bandcheck.ttft_differences(windows, run.requests)
     med = (lambda i: statistics.median(d[i] for d in diffs)) if diffs else (lambda i: None)
