@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
-use prometheus::core::Collector;
 use tokio::sync::oneshot;
 
 use crate::config::{parse_duration, ConfigError, ProxyArgs};
@@ -211,18 +210,6 @@ fn row(
 }
 
 /// Sums a counter family over the label sets that pass `keep`.
-fn counter_sum(
-    c: &prometheus::IntCounterVec,
-    keep: impl Fn(&prometheus::proto::Metric) -> bool,
-) -> f64 {
-    c.collect()
-        .iter()
-        .flat_map(|f| f.get_metric())
-        .filter(|m| keep(m))
-        .map(|m| m.get_counter().get_value())
-        .sum()
-}
-
 /// `tokenmeter demo`.
 pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     if args.max_concurrency == 0 {
@@ -375,7 +362,7 @@ async fn drive(
                 &mut s,
                 agg,
                 args.gpus,
-                metrics.rate.rate(now)
+                metrics.output_rate(now)
             )
         );
         target = level_at(elapsed);
@@ -391,15 +378,10 @@ fn summary(client: &Sample, metrics: &Metrics) {
         "The clients sent {} requests ({} complete, {} failed, {cut} cut off) and received {} output tokens.",
         client.started, client.completed, client.errors, client.tokens
     );
-    let tokens = counter_sum(&metrics.output_tokens_total, |_| true);
-    let complete = counter_sum(&metrics.requests, |m| {
-        m.get_label()
-            .iter()
-            .any(|l| l.name() == "outcome" && l.value() == "complete")
-    });
-    let all = counter_sum(&metrics.requests, |_| true);
+    let tokens = metrics.output_tokens_total();
+    let (all, complete) = metrics.request_totals();
     println!(
-        "tokenmeter counted {all:.0} requests ({complete:.0} complete) and {tokens:.0} output tokens (tokenmeter_output_tokens_total)."
+        "tokenmeter counted {all} requests ({complete} complete) and {tokens} output tokens (tokenmeter_output_tokens_total)."
     );
 }
 

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use crate::protocol::openai::OpenAi;
 use crate::protocol::Extractor;
 use crate::sim::text::{Lengths, Rng, VOCABULARY};
-use crate::sse;
+use crate::read::sse;
 
 /// What the load sends.
 #[derive(Debug, Clone)]
