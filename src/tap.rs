@@ -144,43 +144,6 @@ impl<B> PinnedDrop for TapBody<B> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use http_body_util::{BodyExt, Full};
-
-    use super::*;
-    use crate::meter::Recorder;
-    use crate::metrics::{Metrics, MetricsConfig};
-    use crate::protocol::request::RequestInfo;
-
-    // Regression: behind a real vLLM, every non-streaming response (sent with Content-Length)
-    // was counted as `client_disconnect` with 0 tokens, because hyper stops polling a body of
-    // known length after its last byte and the tap only finished on `None` or on drop.
-    #[tokio::test]
-    async fn a_body_of_known_length_is_complete_after_its_last_frame() {
-        let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-        let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), 1 << 20));
-        let mut meter = recorder.start(RequestInfo::default());
-        meter.on_response(200, "/v1/chat/completions", "application/json", false);
-        let json = r#"{"model":"m","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
-        let mut body = TapBody::new(Full::new(Bytes::from(json)), meter, None);
-
-        let frame = body.frame().await.expect("a frame").expect("no error");
-        assert_eq!(frame.into_data().expect("data"), json.as_bytes());
-        assert!(body.is_end_stream());
-        // What hyper does next: drop the body without polling it again.
-        drop(body);
-
-        let text = String::from_utf8(metrics.render()).expect("utf8");
-        for line in [
-            r#"tokenmeter_requests_total{api="openai",code="200",model="m",outcome="complete"} 1"#,
-            r#"tokenmeter_output_tokens_total{model="m"} 3"#,
-            r#"tokenmeter_input_tokens_total{model="m"} 9"#,
-            r#"tokenmeter_token_count_source_total{source="usage"} 1"#,
-        ] {
-            assert!(text.contains(line), "missing {line} in\n{text}");
-        }
-        assert!(!text.contains("client_disconnect"), "{text}");
-    }
-}
+mod mock;
+#[cfg(test)]
+mod tests;

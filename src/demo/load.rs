@@ -25,8 +25,8 @@ use tokio::task::JoinHandle;
 
 use crate::protocol::openai::OpenAi;
 use crate::protocol::Extractor;
-use crate::sim::text::{Lengths, Rng, VOCABULARY};
 use crate::read::sse;
+use crate::sim::text::{Lengths, Rng, VOCABULARY};
 
 /// What the load sends.
 #[derive(Debug, Clone)]

@@ -197,7 +197,10 @@ impl State {
             clock.on_tokens(e.tokens, chunk.model, now);
         }
         // A non-streaming response: its tokens count, but it has no first token.
-        clock.recorder.metrics.tokens(u64::from(chunk.document), now);
+        clock
+            .recorder
+            .metrics
+            .tokens(u64::from(chunk.document), now);
         // Leave the in-flight gauges first: nothing below may return before this.
         clock.leave(now);
         let s = &self.clock;

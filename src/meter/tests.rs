@@ -56,7 +56,8 @@ fn a_client_that_leaves_after_done_got_a_complete_response() {
     meter.on_data(CHUNK.as_bytes(), Instant::now());
     meter.on_data(b"data: [DONE]\n\n", Instant::now());
     drop(meter);
-    let complete = "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"}";
+    let complete =
+        "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"}";
     assert_eq!(sample(&rec, complete), 1.0);
     assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 1.0);
 

@@ -26,8 +26,8 @@ use prometheus::{
 };
 
 pub use self::rate::RateWindow;
-pub use crate::protocol::TokenSource;
 use crate::protocol::Api;
+pub use crate::protocol::TokenSource;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -611,9 +611,10 @@ impl Metrics {
             for m in mf.get_metric() {
                 let n = m.get_counter().get_value() as u64;
                 all += n;
-                let ok = m.get_label().iter().any(|l| {
-                    l.name() == "outcome" && l.value() == Outcome::Complete.as_str()
-                });
+                let ok = m
+                    .get_label()
+                    .iter()
+                    .any(|l| l.name() == "outcome" && l.value() == Outcome::Complete.as_str());
                 if ok {
                     complete += n;
                 }

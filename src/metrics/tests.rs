@@ -79,9 +79,21 @@ fn record_observes_every_end_of_request_family_once() {
     one("tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"}");
     one("tokenmeter_token_count_source_total{source=\"counted\"}");
     one("tokenmeter_parse_errors_total{reason=\"invalid_json\"}");
-    assert_eq!(sum(&text, "tokenmeter_parse_errors_total{reason=\"line_too_long\"}"), 2.0);
-    assert_eq!(sum(&text, "tokenmeter_output_tokens_total{model=\"m\"}"), 5.0);
-    assert_eq!(sum(&text, "tokenmeter_input_tokens_total{model=\"m\"}"), 7.0);
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_parse_errors_total{reason=\"line_too_long\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        sum(&text, "tokenmeter_output_tokens_total{model=\"m\"}"),
+        5.0
+    );
+    assert_eq!(
+        sum(&text, "tokenmeter_input_tokens_total{model=\"m\"}"),
+        7.0
+    );
     let close = |l: &str, want: f64| {
         let got = sum(&text, l);
         assert!((got - want).abs() < 1e-9, "{l}: {got} != {want}");
@@ -95,7 +107,10 @@ fn record_observes_every_end_of_request_family_once() {
         20.0,
     );
     // TTFT and ITL are observed live, through the model's handles, not at the end.
-    assert_eq!(sum(&text, "tokenmeter_time_to_first_token_seconds_count"), 0.0);
+    assert_eq!(
+        sum(&text, "tokenmeter_time_to_first_token_seconds_count"),
+        0.0
+    );
 }
 
 #[test]
@@ -123,9 +138,24 @@ fn model_handles_observe_ttft_and_spread_itl_over_tokens() {
     h.first_token(Duration::from_millis(250));
     h.inter_token(Duration::from_millis(30), 3);
     let text = String::from_utf8(m.render()).expect("utf8");
-    assert_eq!(sum(&text, "tokenmeter_time_to_first_token_seconds_count{model=\"m\"}"), 1.0);
-    assert_eq!(sum(&text, "tokenmeter_inter_token_latency_seconds_count{model=\"m\"}"), 3.0);
-    let itl = sum(&text, "tokenmeter_inter_token_latency_seconds_sum{model=\"m\"}");
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_time_to_first_token_seconds_count{model=\"m\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_inter_token_latency_seconds_count{model=\"m\"}"
+        ),
+        3.0
+    );
+    let itl = sum(
+        &text,
+        "tokenmeter_inter_token_latency_seconds_sum{model=\"m\"}",
+    );
     assert!((itl - 0.03).abs() < 1e-9, "{itl}");
 }
 
