@@ -41,11 +41,11 @@ fn recorded_once(rec: &Recorder, outcome: &str) {
     assert_eq!(rec.concurrency.current(), 0, "left the gauges");
 }
 
+/// What one poll of a body gives.
+type Polled<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
+
 /// Polls `body` once with a waker that counts its wakes.
-fn poll_once<B: Body + Unpin>(
-    body: &mut B,
-    wakes: &Arc<Wakes>,
-) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+fn poll_once<B: Body + Unpin>(body: &mut B, wakes: &Arc<Wakes>) -> Polled<B> {
     let waker = std::task::Waker::from(Arc::clone(wakes));
     let mut cx = Context::from_waker(&waker);
     Pin::new(body).poll_frame(&mut cx)
