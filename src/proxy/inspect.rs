@@ -111,9 +111,16 @@ where
         let recorder = Arc::clone(&self.recorder);
         let (max, inject_usage) = (self.max_request_body, self.inject_usage);
         Box::pin(async move {
+            // Until the body is read, no meter exists: a client that goes away now (hyper drops
+            // this future with its connection) is recorded by the guard.
+            let guard = Unread {
+                recorder: Some(Arc::clone(&recorder)),
+                arrived,
+            };
             let (mut parts, body) = req.into_parts();
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
+            guard.disarm();
             let (body, info) = match read {
                 Ok(read) => read,
                 Err(e) => {
@@ -127,6 +134,26 @@ where
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
         })
+    }
+}
+
+/// Records, when dropped armed, a request whose client went away while its body was read.
+struct Unread {
+    recorder: Option<Arc<Recorder>>,
+    arrived: Instant,
+}
+
+impl Unread {
+    fn disarm(mut self) {
+        self.recorder = None;
+    }
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        if let Some(recorder) = self.recorder.take() {
+            metering::record_gone(&recorder, self.arrived);
+        }
     }
 }
 
@@ -277,11 +304,17 @@ mod tests {
     }
 
     /// A body of one data frame with the error type the server's `Incoming` has.
-    fn body(bytes: &'static [u8]) -> impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin {
+    fn body(
+        bytes: &'static [u8],
+    ) -> impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin {
         Full::new(Bytes::from_static(bytes)).map_err(|e: Infallible| match e {})
     }
 
-    fn json(uri: &str, b: &'static [u8]) -> Request<impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static> {
+    fn json(
+        uri: &str,
+        b: &'static [u8],
+    ) -> Request<impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static>
+    {
         Request::post(uri)
             .header(header::CONTENT_TYPE, "application/json")
             .body(body(b))
@@ -346,6 +379,41 @@ mod tests {
         assert!(text.contains(want), "missing {want} in\n{text}");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_client_gone_while_its_body_is_read_is_metered_once() {
+        let (metrics, rec) = recorder();
+        let stub = service_fn(|_req: Request<ProxyBody>| async {
+            Ok::<_, Infallible>(Response::new(full(Bytes::new())))
+        });
+        let svc = InspectLayer::new(rec, 1024, false).layer(stub);
+        let req = Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Silent)
+            .expect("request");
+        // What hyper does when the connection closes: the service future is dropped.
+        let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), svc.oneshot(req));
+        assert!(gave_up.await.is_err(), "the body never ends");
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        let want = r#"tokenmeter_requests_total{api="unknown",code="502",model="unknown",outcome="client_disconnect"} 1"#;
+        assert!(text.contains(want), "missing {want} in\n{text}");
+        assert!(!text.contains("bad_request"), "{text}");
+    }
+
+    /// A client body that never sends anything.
+    struct Silent;
+
+    impl Body for Silent {
+        type Data = Bytes;
+        type Error = hyper::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+            Poll::Pending
+        }
+    }
+
     /// A client body of the given frames (or errors), each ready at once, and no size hint.
     struct Frames(VecDeque<Result<Frame<Bytes>, hyper::Error>>);
 
@@ -369,7 +437,9 @@ mod tests {
         match hyper::client::conn::http1::handshake::<_, Full<Bytes>>(io).await {
             Ok((mut send, conn)) => {
                 tokio::spawn(conn);
-                let req = Request::get("/").body(Full::new(Bytes::new())).expect("request");
+                let req = Request::get("/")
+                    .body(Full::new(Bytes::new()))
+                    .expect("request");
                 send.send_request(req).await.expect_err("peer is gone")
             }
             Err(e) => e,

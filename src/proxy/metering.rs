@@ -10,8 +10,9 @@
 //!   `--inject-usage` asked for usage and the response is SSE, [`StripUsage`] wraps the tap, so
 //!   the meter still sees the usage chunk the client does not.
 //!
-//! [`record_refusal`] is the one other place a request is recorded: for the requests
-//! [`inspect`](super::inspect) refuses before a meter exists.
+//! [`record_refusal`] and [`record_gone`] are the only other places a request is recorded: for
+//! the requests [`inspect`](super::inspect) refuses, or whose client leaves, before a meter
+//! exists.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use super::inspect::Inspected;
 use super::{header_str, BoxFuture, ProxyBody, ProxyError};
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
+use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
 use crate::protocol::{content_framing, Framing};
 use crate::tap::{BoxError, TapBody};
@@ -52,6 +54,13 @@ pub struct Metering<S> {
 pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
     let mut meter = recorder.start_at(RequestInfo::default(), arrived);
     finish_with_error(&mut meter, err);
+}
+
+/// Records a request whose client went away before the proxy had a meter for it (while its
+/// body was read): outcome `client_disconnect`, as for a client gone before the response head.
+pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.finish(Outcome::ClientDisconnect);
 }
 
 fn finish_with_error(meter: &mut Meter, err: &ProxyError) {
@@ -219,7 +228,11 @@ mod tests {
         let resp = svc.oneshot(req).await.expect("infallible");
         let (parts, body) = resp.into_parts();
         let bytes = body.collect().await.expect("body").to_bytes();
-        (metrics, Response::from_parts(parts, super::super::full(Bytes::new())), bytes)
+        (
+            metrics,
+            Response::from_parts(parts, super::super::full(Bytes::new())),
+            bytes,
+        )
     }
 
     fn scrape(metrics: &Metrics) -> String {
@@ -242,7 +255,10 @@ mod tests {
         // The meter read the chunk the client did not get.
         let text = scrape(&metrics);
         assert_has(&text, r#"tokenmeter_output_tokens_total{model="m"} 7"#);
-        assert_has(&text, r#"tokenmeter_token_count_source_total{source="usage"} 1"#);
+        assert_has(
+            &text,
+            r#"tokenmeter_token_count_source_total{source="usage"} 1"#,
+        );
     }
 
     #[tokio::test]
@@ -250,7 +266,10 @@ mod tests {
         let stream = format!("{CONTENT}{USAGE}{DONE}");
         let (_, resp, body) = run(request(false), "text/event-stream", stream.clone()).await;
         assert_eq!(&body[..], stream.as_bytes());
-        assert_eq!(resp.headers()[header::CONTENT_LENGTH], stream.len().to_string());
+        assert_eq!(
+            resp.headers()[header::CONTENT_LENGTH],
+            stream.len().to_string()
+        );
         let (_, _, body) = run(request(true), "application/x-ndjson", stream.clone()).await;
         assert_eq!(&body[..], stream.as_bytes());
     }

@@ -80,8 +80,9 @@ mod tests {
     use super::*;
 
     /// A stub upstream that answers its request's number of seconds later.
-    fn after_secs() -> impl Service<u64, Response = &'static str, Error = ProxyError, Future: Send + 'static>
-           + Clone {
+    fn after_secs(
+    ) -> impl Service<u64, Response = &'static str, Error = ProxyError, Future: Send + 'static> + Clone
+    {
         service_fn(|secs: u64| async move {
             tokio::time::sleep(Duration::from_secs(secs)).await;
             Ok::<_, ProxyError>("head")

@@ -196,7 +196,11 @@ mod tests {
                 http::Version::HTTP_11,
             ),
             (
-                &["--upstream", "http://10.0.0.7:8000/base", "--upstream-http2"][..],
+                &[
+                    "--upstream",
+                    "http://10.0.0.7:8000/base",
+                    "--upstream-http2",
+                ][..],
                 http::Version::HTTP_2,
             ),
         ] {

@@ -519,3 +519,34 @@ async fn a_request_body_the_proxy_cannot_read_is_a_metered_400() {
     assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
     assert_eq!(up.opened(), 0, "a refused request reached the upstream");
 }
+
+#[tokio::test]
+async fn a_client_gone_in_the_middle_of_its_request_body_is_recorded_once() {
+    let up = upstream::spawn(|_| Reply::json(200, "{}")).await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let addr = proxy.addr;
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":")
+            .expect("write");
+        std::thread::sleep(Duration::from_millis(100));
+    })
+    .await
+    .expect("client");
+    let s = proxy.settled(1.0).await;
+    // hyper either reports the short body (a refusal) or drops the request with its connection.
+    let gone = metric("tokenmeter_requests_total")
+        .label("outcome", "client_disconnect")
+        .sum(&s);
+    let refused = metric("tokenmeter_requests_total")
+        .label("outcome", "bad_request")
+        .sum(&s);
+    assert_eq!(gone + refused, 1.0, "{s}");
+    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 1.0, "{s}");
+    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(
+        up.opened(),
+        0,
+        "a request without its body reached the upstream"
+    );
+}
