@@ -183,3 +183,44 @@ fn usage_wins_over_counted_events_and_feeds_the_rate() {
     // All 7 tokens reach the windowed rate, not just the one event.
     assert!((rec.metrics.output_rate(Instant::now()) - 0.7).abs() < 1e-9);
 }
+
+// The proxy's own 400s (an unreadable body, an invalid URI) are metered like every request.
+#[test]
+fn a_request_the_proxy_rejects_is_recorded_once_as_bad_request() {
+    let rec = recorder();
+    let mut meter = rec.start(RequestInfo {
+        model: Some("asked".into()),
+        ..RequestInfo::default()
+    });
+    assert_eq!(rec.concurrency.current(), 1);
+    meter.set_status(400);
+    meter.finish(Outcome::BadRequest);
+    assert_eq!(
+        sample(&rec, "tokenmeter_requests_total{api=\"unknown\",code=\"400\",model=\"asked\",outcome=\"bad_request\"}"),
+        1.0
+    );
+    assert_eq!(sample(&rec, "tokenmeter_requests_total"), 1.0);
+    assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+    assert_eq!(rec.concurrency.current(), 0);
+}
+
+#[test]
+fn a_compressed_body_is_counted_once_at_the_end_and_not_read() {
+    let rec = recorder();
+    let mut meter = rec.start(RequestInfo::default());
+    meter.on_response(200, "/v1/chat/completions", "text/event-stream", true);
+    meter.on_data(CHUNK.as_bytes(), Instant::now());
+    meter.finish(Outcome::Complete);
+    assert_eq!(
+        sample(
+            &rec,
+            "tokenmeter_parse_errors_total{reason=\"content_encoding\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(&rec, "tokenmeter_requests_total{api=\"unknown\",code=\"200\",model=\"unknown\",outcome=\"complete\"}"),
+        1.0
+    );
+    assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 0.0);
+}

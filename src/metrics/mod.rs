@@ -82,7 +82,8 @@ pub enum Outcome {
     UpstreamError,
     /// The upstream took longer than `--upstream-timeout` or `--idle-timeout`.
     Timeout,
-    /// The proxy rejected the request itself (an unreadable request body, an invalid URI).
+    /// The proxy refused the request itself (an unreadable request body, a URI it cannot
+    /// forward): a 400 that never reached the upstream.
     BadRequest,
 }
 
