@@ -11,7 +11,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tokenmeter::protocol::{request, Api, Extractor, Message, Summary};
+use tokenmeter::protocol::{self, request, Api, Extractor, Message, Summary};
 use tokenmeter::read;
 
 /// Paths the formats serve (and some they do not), each tried with every framing.
