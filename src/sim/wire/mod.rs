@@ -3,18 +3,19 @@
 //! Each format follows what the real servers send, as recorded in the corpus
 //! (`../shared/corpus/`), and lives in its own file, as the proxy's extractors do in `protocol/`:
 //!
-//! - [`openai`]: chat and completions as vLLM streams them (a role chunk first, `finish_reason`
+//! - `openai.rs`: chat and completions as vLLM streams them (a role chunk first, `finish_reason`
 //!   on the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage`
 //!   is set, then `[DONE]`).
-//! - [`anthropic`]: Messages events (`message_start` ... `message_stop`, with `ping`).
-//! - [`ollama`]: NDJSON (`/api/chat`, `/api/generate`, a final line with `eval_count` and
+//! - `anthropic.rs`: Messages events (`message_start` ... `message_stop`, with `ping`).
+//! - `ollama.rs`: NDJSON (`/api/chat`, `/api/generate`, a final line with `eval_count` and
 //!   durations in ns).
-//! - [`tgi`]: `/generate_stream` (`data:` without a space, `details` on the last token) and
+//! - `tgi.rs`: `/generate_stream` (`data:` without a space, `details` on the last token) and
 //!   `/generate`.
 //!
 //! This file holds what they share: the [`Dialect`] (`--api`), the [`Route`] a POST path reaches,
 //! the request fields every format reads ([`parse`]), and the [`Reply`] that dispatches to the
-//! format's writers. Adding a format is a file here, a `Dialect` variant and its `Route`s.
+//! format's writers. Adding a format takes a file here and, in this one, a `Dialect` variant, its
+//! `Route`s and an arm in each dispatching `match` (the compiler lists the ones missing).
 //!
 //! One token is one event (one NDJSON line), so a client can count tokens by counting events. The
 //! writers append to a `String` the body reuses, so a token costs no allocation.
