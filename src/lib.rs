@@ -33,3 +33,8 @@ pub mod signal;
 pub mod sim;
 pub mod sse;
 pub mod tap;
+
+// Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod ratelog;
+pub mod tls;
+pub mod upgrade;
