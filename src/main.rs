@@ -19,6 +19,8 @@ struct Cli {
     proxy: ProxyArgs,
 }
 
+// Built once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy (the default when no subcommand is given).

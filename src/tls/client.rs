@@ -296,6 +296,17 @@ impl Failure {
                 found = Failure::from_rustls(tls);
                 return true;
             }
+            // The h2 crate keeps an I/O error's kind and text, not the error: an alert that
+            // arrives after the handshake (TLS 1.3 servers judge a client certificate then) is
+            // only text by the time it reaches us. Compare with rustls's own rendering of it.
+            let text = e.to_string();
+            if let Some(&alert) = CLIENT_CERT_ALERTS
+                .iter()
+                .find(|a| text == rustls::Error::AlertReceived(**a).to_string())
+            {
+                found = Failure::from_rustls(&rustls::Error::AlertReceived(alert));
+                return true;
+            }
             false
         });
         found
@@ -315,20 +326,25 @@ impl Failure {
                 _ => Failure::CertificateInvalid,
             },
             // An alert about a certificate that the client receives is about its own.
-            rustls::Error::AlertReceived(
-                AlertDescription::CertificateRequired
-                | AlertDescription::BadCertificate
-                | AlertDescription::UnknownCA
-                | AlertDescription::CertificateUnknown
-                | AlertDescription::CertificateExpired
-                | AlertDescription::CertificateRevoked
-                | AlertDescription::UnsupportedCertificate
-                | AlertDescription::AccessDenied,
-            ) => Failure::ClientCertificateRejected,
+            rustls::Error::AlertReceived(a) if CLIENT_CERT_ALERTS.contains(a) => {
+                Failure::ClientCertificateRejected
+            }
             _ => Failure::Handshake,
         }
     }
 }
+
+/// The alerts a server sends about the client's certificate.
+const CLIENT_CERT_ALERTS: [AlertDescription; 8] = [
+    AlertDescription::CertificateRequired,
+    AlertDescription::BadCertificate,
+    AlertDescription::UnknownCA,
+    AlertDescription::CertificateUnknown,
+    AlertDescription::CertificateExpired,
+    AlertDescription::CertificateRevoked,
+    AlertDescription::UnsupportedCertificate,
+    AlertDescription::AccessDenied,
+];
 
 /// Walks an error's sources depth first, looking inside `io::Error`s too (whose `source()`
 /// skips the error they wrap, which is where rustls puts its own), until `f` says stop.
@@ -413,6 +429,13 @@ mod tests {
         ));
         assert_eq!(
             Failure::classify(&alert),
+            Failure::ClientCertificateRejected
+        );
+        // As the h2 crate passes it on: the text only.
+        let text = rustls::Error::AlertReceived(AlertDescription::UnknownCA).to_string();
+        let as_h2 = std::io::Error::other(text);
+        assert_eq!(
+            Failure::classify(&as_h2),
             Failure::ClientCertificateRejected
         );
         let other = io(rustls::Error::AlertReceived(

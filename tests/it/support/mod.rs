@@ -6,6 +6,7 @@
 pub mod client;
 pub mod corpus;
 pub mod metrics;
+pub mod tls;
 pub mod upstream;
 
 use std::net::SocketAddr;
