@@ -19,12 +19,16 @@
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::{provider, KeyPair, TlsError};
@@ -171,6 +175,88 @@ impl ServerTls {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             cert,
         })
+    }
+}
+
+// === Stream ===
+
+/// An accepted connection: plain TCP, or TLS over it. One type, so one serve function.
+#[pin_project::pin_project(project = StreamProj)]
+pub enum Stream {
+    Plain(#[pin] TcpStream),
+    Tls(#[pin] Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl ServerTls {
+    /// Completes the handshake within `limit` (a client that stalls it is cut like one that
+    /// stalls its headers).
+    pub async fn accept(&self, tcp: TcpStream, limit: Duration) -> std::io::Result<Stream> {
+        match tokio::time::timeout(limit, self.acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => Ok(Stream::Tls(Box::new(tls))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "TLS handshake not completed in time",
+            )),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.project() {
+            StreamProj::Plain(s) => s.poll_read(cx, buf),
+            StreamProj::Tls(s) => s.poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.project() {
+            StreamProj::Plain(s) => s.poll_write(cx, buf),
+            StreamProj::Tls(s) => s.poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.project() {
+            StreamProj::Plain(s) => s.poll_write_vectored(cx, bufs),
+            StreamProj::Tls(s) => s.poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.project() {
+            StreamProj::Plain(s) => s.poll_flush(cx),
+            StreamProj::Tls(s) => s.poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.project() {
+            StreamProj::Plain(s) => s.poll_shutdown(cx),
+            StreamProj::Tls(s) => s.poll_shutdown(cx),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod corpus;
 pub mod metrics;
 pub mod tls;
 pub mod upstream;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
