@@ -37,6 +37,7 @@ pub mod sse;
 pub mod tap;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod drain;
 pub mod ratelog;
 pub mod tls;
 pub mod upgrade;

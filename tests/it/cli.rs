@@ -69,6 +69,14 @@ fn every_flag_reads_an_environment_variable_and_is_explained() {
         "--rate-window",
         "--drain-timeout",
         "--max-line-bytes",
+        "--connect-timeout",
+        "--upstream-ca",
+        "--upstream-client-cert",
+        "--upstream-client-key",
+        "--tls-cert",
+        "--tls-key",
+        "--metrics-tls-cert",
+        "--metrics-tls-key",
     ] {
         let env = format!(
             "TOKENMETER_{}",
