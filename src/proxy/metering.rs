@@ -11,7 +11,7 @@
 //!   the meter still sees the usage chunk the client does not.
 //!
 //! - a `101 Switching Protocols` carrying both halves of an upgrade
-//!   ([`Pending`](super::upstream::Pending)): the meter leaves the in-flight gauges, a task joins
+//!   ([`Pending`]): the meter leaves the in-flight gauges, a task joins
 //!   the two connections ([`crate::upgrade::join`]) while holding a place in the drain's count,
 //!   and the meter finishes with outcome `upgraded` when they close (or at the drain's deadline).
 //!
