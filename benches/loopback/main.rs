@@ -30,8 +30,12 @@ use report::{Outcome, RoundResult};
 
 /// The test upstream's idle keep-alive: uvicorn's default, so vLLM's.
 const UPSTREAM_KEEPALIVE: Duration = Duration::from_secs(5);
-/// Descriptors kept aside from the hold scenario's streams (listeners, logs, the pool's spare).
-const SPARE_FDS: u64 = 64;
+/// The test upstream's listen backlog (Linux caps it at net.core.somaxconn, 4096 by default).
+const UPSTREAM_BACKLOG: u32 = 4096;
+/// Descriptors kept aside from the hold scenario's streams: listeners, logs, and the idle
+/// upstream connections a proxy keeps from the scenarios before (nginx's `keepalive 1024`; with
+/// fewer spare, nginx closes some held streams to make room).
+const SPARE_FDS: u64 = 1200;
 
 /// What one run measures, and how long each measurement is.
 #[derive(Debug, Clone)]
@@ -191,9 +195,14 @@ fn role(args: &[String]) -> Result<(), String> {
         Some("upstream") => {
             let keepalive = Duration::from_millis(flag(args, "--keepalive-ms")?);
             local.block_on(&rt, async {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
+                // A deep accept queue: a proxy opens thousands of upstream connections at once
+                // in the burst scenario (tokio's default backlog of 1024 overflowed, and the
+                // overflow came back as resets).
+                let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+                socket
+                    .bind(([127, 0, 0, 1], 0).into())
                     .map_err(|e| e.to_string())?;
+                let listener = socket.listen(UPSTREAM_BACKLOG).map_err(|e| e.to_string())?;
                 let port = listener.local_addr().map_err(|e| e.to_string())?.port();
                 println!("listening {port}");
                 upstream::serve(listener, keepalive).await;
@@ -563,6 +572,8 @@ fn orchestrate(args: &[String]) -> Result<(), String> {
     wire::self_check()?;
     let settings = cli.settings;
     std::fs::create_dir_all(&cli.out).map_err(|e| format!("{}: {e}", cli.out.display()))?;
+    // nginx's prefix directories from the last run.
+    let _ = std::fs::remove_dir_all(cli.out.join("nginx"));
     let pin = Pinning::detect();
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
 

@@ -244,7 +244,7 @@ pub fn start(
         Kind::Nginx => {
             let nginx =
                 nginx_path().ok_or("nginx is not installed (apt-get install nginx-light)")?;
-            let dir = work.join(format!("nginx-{port}"));
+            let dir = work.join("nginx").join(port.to_string());
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let conf = dir.join("nginx.conf");
             std::fs::write(&conf, nginx_conf(&dir, port, upstream, open_files_limit()))
@@ -271,7 +271,8 @@ pub fn start(
                 .arg("--metrics-listen")
                 .arg(format!("127.0.0.1:{metrics}"))
                 .args(args)
-                .env("TOKENMETER_LOG", "warn")
+                // Errors only: a failed request is counted by the client, not logged per request.
+                .env("TOKENMETER_LOG", "error")
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
                 .spawn()
