@@ -21,12 +21,14 @@
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
-//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
+//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server. The tools
+//! and the tests read a `/metrics` scrape back with [`exposition`]; the proxy never does.
 
 pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod exposition;
 pub mod gpus;
 pub mod host;
 pub mod inject;
