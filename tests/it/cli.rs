@@ -77,6 +77,12 @@ fn every_flag_reads_an_environment_variable_and_is_explained() {
         "--tls-key",
         "--metrics-tls-cert",
         "--metrics-tls-key",
+        "--gpus-file",
+        "--gpu-hour-cost",
+        "--slo",
+        "--slo-file",
+        "--slo-class-header",
+        "--slo-default-class",
     ] {
         let env = format!(
             "TOKENMETER_{}",
@@ -376,17 +382,22 @@ fn a_missing_or_unreadable_certificate_or_key_is_one_line_and_exit_64() {
         garbage.to_str().expect("utf-8"),
         missing.to_str().expect("utf-8"),
     );
+    // `--gpus 1`: no start-up warning about the GPU count beside the one error line.
     let http = [
         "--upstream",
         "http://127.0.0.1:1",
         "--listen",
         "127.0.0.1:0",
+        "--gpus",
+        "1",
     ];
     let https = [
         "--upstream",
         "https://127.0.0.1:1",
         "--listen",
         "127.0.0.1:0",
+        "--gpus",
+        "1",
     ];
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (
@@ -472,4 +483,80 @@ async fn a_certificate_failure_is_logged_once_per_cause_not_per_request() {
         .filter(|l| l.contains("certificate_untrusted"))
         .count();
     assert_eq!(lines, 1, "{out}");
+}
+
+// === SLO classes and GPUs ===
+
+/// Runs the binary with these flags and environment, expecting a configuration error.
+fn run_err_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut c = tokenmeter();
+    for var in ["TOKENMETER_SLO", "TOKENMETER_SLO_FILE", "TOKENMETER_GPUS"] {
+        c.env_remove(var);
+    }
+    let out = c
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_slo_strings_exit_64_with_one_line_naming_the_problem() {
+    let up = ["--upstream", "http://127.0.0.1:1"];
+    for (slo, want) in [
+        (
+            "chat:ttft=soon",
+            "--slo \"chat:ttft=soon\": \"soon\" is not a duration",
+        ),
+        (
+            "chat:tps=0",
+            "--slo \"chat:tps=0\": tps must be a positive number",
+        ),
+        ("Chat", "--slo \"Chat\": class name \"Chat\" must be"),
+        (
+            "chat:objective=1.5",
+            "objective must be a share between 0 and 1",
+        ),
+        ("chat:speed=9", "unknown target \"speed\""),
+    ] {
+        let (code, err) = run_err_env(&[&up[..], &["--slo", slo]].concat(), &[]);
+        assert_eq!(code, 64, "{slo}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{slo}: {err}");
+    }
+    // The variable holds several classes, ';'-separated: the second one is named.
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_SLO", "chat:ttft=1s;bulk:tps=x")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo \"bulk:tps=x\": tps: \"x\" is not a number"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_SLO", "chat;chat")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("class \"chat\" is declared twice"), "{err}");
+    let (code, err) = run_err_env(&[&up[..], &["--slo-default-class", "vip"]].concat(), &[]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo-default-class \"vip\" is not a declared class"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(
+        &[&up[..], &["--slo-file", "/no/such/slo.yaml"]].concat(),
+        &[],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo-file /no/such/slo.yaml: cannot read it"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(&[&up[..], &["--gpus", "lots"]].concat(), &[]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--gpus must be auto or a positive number"),
+        "{err}"
+    );
 }
