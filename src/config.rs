@@ -4,13 +4,20 @@
 //! testable with plain values.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use http::Uri;
 
+use crate::gpus::{GpuError, Gpus};
+use crate::host::{Host, System};
 use crate::metrics::{Buckets, MetricsConfig};
 use crate::protocol::Api;
+use crate::slo::{self, Classes, SloError};
+use crate::tls::client::UpstreamTls;
+use crate::tls::KeyPair;
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -31,9 +38,48 @@ pub struct ProxyArgs {
     )]
     pub metrics_listen: String,
 
-    /// GPUs behind the upstream, for tokenmeter_output_tokens_per_second_per_gpu.
-    #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
-    pub gpus: f64,
+    /// GPUs behind the upstream, for tokens/s per GPU and cost: a number, or "auto" (the
+    /// entries of NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else --gpus-file, else 1).
+    #[arg(
+        long,
+        env = "TOKENMETER_GPUS",
+        default_value = "auto",
+        value_name = "N|auto"
+    )]
+    pub gpus: String,
+
+    /// With --gpus auto and no *_VISIBLE_DEVICES: a file holding the GPU count (e.g. a pod
+    /// annotation mounted with the Downward API).
+    #[arg(long, env = "TOKENMETER_GPUS_FILE", value_name = "FILE")]
+    pub gpus_file: Option<PathBuf>,
+
+    /// What one GPU costs per hour, in USD: exported as tokenmeter_gpu_hour_cost for the cost
+    /// per million output (and goodput) tokens.
+    #[arg(long, env = "TOKENMETER_GPU_HOUR_COST", value_name = "USD")]
+    pub gpu_hour_cost: Option<String>,
+
+    /// An SLO class, NAME:ttft=DUR,tps=RATE,e2e=DUR,objective=RATIO with each target optional
+    /// (repeatable; ';'-separated in the variable). Default: interactive:ttft=1s,tps=20 and batch.
+    #[arg(
+        long,
+        env = "TOKENMETER_SLO",
+        value_name = "SPEC",
+        value_delimiter = ';'
+    )]
+    pub slo: Vec<String>,
+
+    /// SLO classes and path-prefix / model rules from a YAML or TOML file (added to --slo).
+    #[arg(long, env = "TOKENMETER_SLO_FILE", value_name = "FILE")]
+    pub slo_file: Option<PathBuf>,
+
+    /// The request header that names a request's SLO class.
+    #[arg(long, env = "TOKENMETER_SLO_CLASS_HEADER", default_value = slo::DEFAULT_CLASS_HEADER, value_name = "NAME")]
+    pub slo_class_header: String,
+
+    /// The class of requests that name none, or an unknown one (default: interactive when
+    /// declared, else the first class).
+    #[arg(long, env = "TOKENMETER_SLO_DEFAULT_CLASS", value_name = "NAME")]
+    pub slo_default_class: Option<String>,
 
     /// Distinct model label values kept; further models are counted as "other".
     #[arg(long, env = "TOKENMETER_MAX_MODELS", default_value_t = 32)]
@@ -109,6 +155,42 @@ pub struct ProxyArgs {
     /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
+
+    // --- TLS, connect timeout (issue 13) ---
+    /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
+    /// limit); then 502, outcome "upstream_error".
+    #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// PEM file of the CAs that sign an https upstream's certificate, instead of the system's
+    /// CA bundle.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// PEM certificate (chain) presented to an https upstream that asks for one (mutual TLS).
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_CERT", value_name = "FILE")]
+    pub upstream_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --upstream-client-cert.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_KEY", value_name = "FILE")]
+    pub upstream_client_key: Option<PathBuf>,
+
+    /// Serve TLS on the proxy listener with this PEM certificate (chain); HTTP/2 and HTTP/1.1
+    /// by ALPN. Reloaded when the file changes.
+    #[arg(long, env = "TOKENMETER_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "TOKENMETER_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve TLS on the metrics listener with this PEM certificate (chain).
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_CERT", value_name = "FILE")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --metrics-tls-cert.
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_KEY", value_name = "FILE")]
+    pub metrics_tls_key: Option<PathBuf>,
 }
 
 /// Where requests go.
@@ -139,6 +221,21 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
+    // --- TLS, connect timeout (issue 13) ---
+    /// `--connect-timeout`: `None` for no limit.
+    pub connect_timeout: Option<Duration>,
+    /// How an https upstream is trusted, and the client certificate.
+    pub upstream_tls: UpstreamTls,
+    /// `--tls-cert/--tls-key`: TLS on the proxy listener.
+    pub tls: Option<KeyPair>,
+    /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
+    pub metrics_tls: Option<KeyPair>,
+    /// `--gpus` (and where the number came from).
+    pub gpus: Gpus,
+    /// `--gpu-hour-cost`, USD.
+    pub gpu_hour_cost: Option<f64>,
+    /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
+    pub slo: Arc<Classes>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -146,14 +243,24 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--upstream is required (or TOKENMETER_UPSTREAM)")]
     MissingUpstream,
-    #[error("--upstream {0:?} is not a valid http:// URL: {1}")]
+    #[error("--upstream {0:?} is not a valid http:// or https:// URL: {1}")]
     BadUpstream(String, String),
     #[error("--{0} {1:?} is not a valid address (expected HOST:PORT, e.g. 0.0.0.0:8080)")]
     BadAddress(&'static str, String),
-    #[error("--gpus must be a positive number, got {0}")]
-    BadGpus(f64),
+    #[error(transparent)]
+    Gpus(#[from] GpuError),
+    #[error("--gpu-hour-cost must be a number of USD (0 or more), got {0:?}")]
+    BadCost(String),
+    #[error(transparent)]
+    Slo(#[from] SloError),
+    #[error("--slo-file {0}: cannot read it: {1}")]
+    SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--{0} needs --{1} as well")]
+    Unpaired(&'static str, &'static str),
+    #[error("--{0} applies to an https:// upstream only")]
+    NotHttps(&'static str),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -209,11 +316,10 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
     let uri: Uri = s
         .parse()
         .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(bad("https upstreams are not supported; use http://")),
-        _ => return Err(bad("it needs the http:// scheme")),
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s,
+        _ => return Err(bad("it needs the http:// or https:// scheme")),
+    };
     let Some(authority) = uri.authority() else {
         return Err(bad("it has no host"));
     };
@@ -221,7 +327,7 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
         return Err(bad("it may not have a query"));
     }
     let origin = Uri::builder()
-        .scheme("http")
+        .scheme(scheme)
         .authority(authority.clone())
         .path_and_query("/")
         .build()
@@ -240,27 +346,90 @@ fn parse_addr(flag: &'static str, s: &str) -> Result<SocketAddr, ConfigError> {
         .ok_or_else(|| ConfigError::BadAddress(flag, s.to_string()))
 }
 
+/// Two flags that only make sense together.
+fn pair(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    (cert_flag, key_flag): (&'static str, &'static str),
+) -> Result<Option<KeyPair>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(ConfigError::Unpaired(cert_flag, key_flag)),
+        (None, Some(_)) => Err(ConfigError::Unpaired(key_flag, cert_flag)),
+        (Some(c), Some(k)) => Ok(Some(KeyPair {
+            cert: c.clone(),
+            key: k.clone(),
+            cert_flag,
+            key_flag,
+        })),
+    }
+}
+
+impl Upstream {
+    /// True for an `https://` upstream.
+    pub fn is_https(&self) -> bool {
+        self.origin.scheme_str() == Some("https")
+    }
+}
+
 fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
 impl ProxyArgs {
-    /// Validates the flags.
+    /// Validates the flags, reading what `--gpus auto` and `--slo-file` need from this process's
+    /// environment and filesystem.
     pub fn validate(&self) -> Result<Config, ConfigError> {
+        self.validate_on(&System)
+    }
+
+    /// Validates the flags, reading the environment and files only through `host`.
+    pub fn validate_on(&self, host: &dyn Host) -> Result<Config, ConfigError> {
         let upstream = parse_upstream(
             self.upstream
                 .as_deref()
                 .ok_or(ConfigError::MissingUpstream)?,
         )?;
-        if !(self.gpus.is_finite() && self.gpus > 0.0) {
-            return Err(ConfigError::BadGpus(self.gpus));
-        }
+        let gpus = crate::gpus::detect(&self.gpus, self.gpus_file.as_deref(), host)?;
+        let gpu_hour_cost = match &self.gpu_hour_cost {
+            None => None,
+            Some(s) => Some(
+                s.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|c| c.is_finite() && *c >= 0.0)
+                    .ok_or_else(|| ConfigError::BadCost(s.clone()))?,
+            ),
+        };
+        let slo = self.slo_classes(host)?;
         if self.max_models == 0 {
             return Err(ConfigError::Zero("max-models"));
         }
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        let upstream_tls = UpstreamTls {
+            ca: self.upstream_ca.clone(),
+            client: pair(
+                &self.upstream_client_cert,
+                &self.upstream_client_key,
+                ("upstream-client-cert", "upstream-client-key"),
+            )?,
+        };
+        if !upstream.is_https() {
+            if upstream_tls.ca.is_some() {
+                return Err(ConfigError::NotHttps("upstream-ca"));
+            }
+            if upstream_tls.client.is_some() {
+                return Err(ConfigError::NotHttps("upstream-client-cert"));
+            }
+        }
+        let tls = pair(&self.tls_cert, &self.tls_key, ("tls-cert", "tls-key"))?;
+        let metrics_tls = pair(
+            &self.metrics_tls_cert,
+            &self.metrics_tls_key,
+            ("metrics-tls-cert", "metrics-tls-key"),
+        )?;
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -276,7 +445,7 @@ impl ProxyArgs {
                 },
                 max_models: self.max_models,
                 rate_window: self.rate_window,
-                gpus: self.gpus,
+                gpus: gpus.count,
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -289,7 +458,35 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
+            connect_timeout: nonzero(self.connect_timeout),
+            upstream_tls,
+            tls,
+            metrics_tls,
+            gpus,
+            gpu_hour_cost,
+            slo: Arc::new(slo),
         })
+    }
+
+    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
+    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, ConfigError> {
+        let file = match &self.slo_file {
+            None => None,
+            Some(path) => {
+                let name = path.display().to_string();
+                let text = host
+                    .read_file(path)
+                    .map_err(|e| ConfigError::SloFile(name.clone(), e.to_string()))?;
+                Some(slo::spec::FileText { name, text })
+            }
+        };
+        let settings = slo::spec::Settings {
+            flags: self.slo.clone(),
+            file,
+            header: self.slo_class_header.clone(),
+            default_class: self.slo_default_class.clone(),
+        };
+        Ok(settings.build()?)
     }
 }
 
@@ -326,13 +523,12 @@ mod tests {
         let u = c.expect("valid").upstream;
         assert_eq!(u.origin.to_string(), "http://127.0.0.1:8000/");
         assert_eq!(u.base_path, "/v1");
-        for bad in [
-            "127.0.0.1:8000",
-            "ftp://x",
-            "http://",
-            "https://api.openai.com",
-            "::",
-        ] {
+        let c = args(&["--upstream", "https://api.openai.com/v1"]).validate();
+        let u = c.expect("valid").upstream;
+        assert_eq!(u.origin.to_string(), "https://api.openai.com/");
+        assert!(u.is_https());
+        assert_eq!(u.base_path, "/v1");
+        for bad in ["127.0.0.1:8000", "ftp://x", "http://", "https://", "::"] {
             let e = args(&["--upstream", bad]).validate();
             assert!(
                 matches!(e, Err(ConfigError::BadUpstream(..))),
@@ -354,7 +550,10 @@ mod tests {
             Some(ConfigError::BadAddress("listen", "nope".into()))
         );
         let e = args(&[&up[..], &["--gpus", "0"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::BadGpus(0.0)));
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::Gpus(GpuError::BadFlag("0".into())))
+        );
         assert_eq!(parse_buckets("1,2,3"), Ok(BucketList(vec![1.0, 2.0, 3.0])));
         let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
         assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
@@ -362,6 +561,78 @@ mod tests {
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
         assert_eq!(c.expect("valid").idle_timeout, None);
+    }
+
+    #[test]
+    fn gpus_auto_reads_only_the_host_it_is_given() {
+        use crate::gpus::Source;
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let host = MapHost::default().var("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b");
+        let c = args(&up).validate_on(&host).expect("valid");
+        assert_eq!(
+            (c.gpus.count, c.gpus.source),
+            (2.0, Source::NvidiaVisibleDevices)
+        );
+        assert_eq!(c.metrics.gpus, 2.0);
+        let c = args(&[&up[..], &["--gpus", "8"]].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (8.0, Source::Flag));
+        let host = MapHost::default().file("/podinfo/gpus", "4");
+        let c = args(&[&up[..], &["--gpus-file", "/podinfo/gpus"]].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (4.0, Source::File));
+        let c = args(&up).validate_on(&MapHost::default()).expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (1.0, Source::Default));
+    }
+
+    #[test]
+    fn gpu_hour_cost_is_a_number() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&[&up[..], &["--gpu-hour-cost", "2.49"]].concat()).validate();
+        assert_eq!(c.expect("valid").gpu_hour_cost, Some(2.49));
+        assert_eq!(args(&up).validate().expect("valid").gpu_hour_cost, None);
+        for bad in ["cheap", "-1", "inf"] {
+            let flag = format!("--gpu-hour-cost={bad}");
+            let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
+            assert_eq!(e.err(), Some(ConfigError::BadCost(bad.into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn slo_classes_come_from_flags_and_the_file() {
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        let names: Vec<_> = c.slo.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["interactive", "batch"]);
+        // One --slo value may hold several classes separated by ';' (as TOKENMETER_SLO does).
+        let c = args(
+            &[
+                &up[..],
+                &["--slo", "chat:ttft=300ms;bulk", "--slo", "agent:tps=50"],
+            ]
+            .concat(),
+        )
+        .validate()
+        .expect("valid");
+        let names: Vec<_> = c.slo.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["chat", "bulk", "agent"]);
+        let host = MapHost::default().file("/etc/slo.yaml", "classes: [{name: gold, ttft: 250ms}]");
+        let flags = ["--slo-file", "/etc/slo.yaml", "--slo-default-class", "gold"];
+        let c = args(&[&up[..], &flags].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!(c.slo.default_class(), "gold");
+        let e = args(&[&up[..], &["--slo-file", "/nope.yaml"]].concat()).validate_on(&host);
+        assert!(
+            matches!(e, Err(ConfigError::SloFile(ref f, _)) if f == "/nope.yaml"),
+            "{e:?}"
+        );
+        let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
+        assert!(matches!(e, Err(ConfigError::Slo(_))), "{e:?}");
     }
 
     #[test]
@@ -375,5 +646,60 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs_and_upstream_ones_need_https() {
+        let https = ["--upstream", "https://u:1"];
+        let c = args(&https).validate().expect("valid");
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!((c.tls, c.metrics_tls), (None, None));
+        assert_eq!(c.upstream_tls, UpstreamTls::default());
+        let c = args(&[&https[..], &["--connect-timeout", "0"]].concat()).validate();
+        assert_eq!(c.expect("valid").connect_timeout, None);
+        let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let c = args(&[&https[..], &both].concat()).validate();
+        let tls = c.expect("valid").tls.expect("tls");
+        assert_eq!(
+            (tls.cert_flag, tls.key.to_str()),
+            ("tls-cert", Some("k.pem"))
+        );
+        let cases: [(&[&str], ConfigError); 5] = [
+            (
+                &["--upstream", "https://u:1", "--tls-cert", "c.pem"],
+                ConfigError::Unpaired("tls-cert", "tls-key"),
+            ),
+            (
+                &["--upstream", "https://u:1", "--metrics-tls-key", "k.pem"],
+                ConfigError::Unpaired("metrics-tls-key", "metrics-tls-cert"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://u:1",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::Unpaired("upstream-client-key", "upstream-client-cert"),
+            ),
+            (
+                &["--upstream", "http://u:1", "--upstream-ca", "ca.pem"],
+                ConfigError::NotHttps("upstream-ca"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "http://u:1",
+                    "--upstream-client-cert",
+                    "c.pem",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::NotHttps("upstream-client-cert"),
+            ),
+        ];
+        for (extra, want) in cases {
+            assert_eq!(args(extra).validate().err(), Some(want));
+        }
     }
 }
