@@ -13,7 +13,7 @@ use http::Uri;
 
 use crate::gpus::{GpuError, Gpus};
 use crate::host::{Host, System};
-use crate::metrics::{Buckets, MetricsConfig};
+use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
 use crate::tls::client::UpstreamTls;
@@ -191,6 +191,17 @@ pub struct ProxyArgs {
     /// PEM private key of --metrics-tls-cert.
     #[arg(long, env = "TOKENMETER_METRICS_TLS_KEY", value_name = "FILE")]
     pub metrics_tls_key: Option<PathBuf>,
+
+    // --- other naming schemes, tenants (issue 14) ---
+    /// Also export the series under another naming scheme: "vllm" (vLLM's vllm:* names,
+    /// label model_name). Repeatable or comma-separated.
+    #[arg(
+        long,
+        env = "TOKENMETER_COMPAT",
+        value_name = "SCHEME",
+        value_delimiter = ','
+    )]
+    pub compat: Vec<String>,
 }
 
 /// Where requests go.
@@ -261,6 +272,21 @@ pub enum ConfigError {
     Unpaired(&'static str, &'static str),
     #[error("--{0} applies to an https:// upstream only")]
     NotHttps(&'static str),
+    #[error("--compat {0:?} is not a naming scheme (expected vllm)")]
+    BadCompat(String),
+}
+
+/// `--compat`'s values into the set of schemes.
+fn parse_compat(values: &[String]) -> Result<Compat, ConfigError> {
+    let mut c = Compat::default();
+    for v in values {
+        match v.trim() {
+            "vllm" => c.vllm = true,
+            "" => {}
+            other => return Err(ConfigError::BadCompat(other.to_string())),
+        }
+    }
+    Ok(c)
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -446,6 +472,7 @@ impl ProxyArgs {
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
+                compat: parse_compat(&self.compat)?,
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -633,6 +660,17 @@ mod tests {
         );
         let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
         assert!(matches!(e, Err(ConfigError::Slo(_))), "{e:?}");
+    }
+
+    #[test]
+    fn compat_names_schemes() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.metrics.compat, Compat::default());
+        let c = args(&[&up[..], &["--compat", "vllm"]].concat()).validate();
+        assert!(c.expect("valid").metrics.compat.vllm);
+        let e = args(&[&up[..], &["--compat", "vllm,tgi"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::BadCompat("tgi".into())));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
-use crate::metrics::{Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase};
+use crate::metrics::{Finished, InFlight, Metrics, ModelMetrics, Outcome, ParseErrors, Phase};
 use crate::protocol::request::RequestInfo;
 use crate::protocol::Api;
 use crate::read::Reader;
@@ -64,13 +64,15 @@ impl Recorder {
     /// A request that arrived at `arrived` is being sent upstream now.
     pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
         let now = Instant::now();
-        self.metrics.phase(Phase::Prefill, 1);
+        let in_flight = self.metrics.in_flight(request.model.as_deref());
+        in_flight.add(Phase::Prefill, 1);
         self.concurrency.update(now, 1);
         Meter {
             state: Some(State {
                 reader: Reader::opaque(),
                 clock: Clock {
                     recorder: Arc::clone(self),
+                    in_flight,
                     request,
                     start: arrived.min(now),
                     status: 0,
@@ -107,6 +109,8 @@ struct State {
 /// Everything but the reader, so the reader's returned events can be timed while it is borrowed.
 struct Clock {
     recorder: Arc<Recorder>,
+    /// The gauges this request entered, and leaves.
+    in_flight: InFlight,
     request: RequestInfo,
     /// When the request arrived at the proxy.
     start: Instant,
@@ -249,6 +253,7 @@ impl State {
             output_tokens: output,
             token_source,
             input_tokens: summary.input_tokens,
+            stop: summary.stop,
             mean_in_flight: match (&s.at_first, &s.at_last) {
                 (Some(a), Some(b)) => Some(a.mean_until(b)),
                 _ => None,
@@ -326,8 +331,11 @@ impl Clock {
                 self.at_first = Some(rec.concurrency.snapshot(now));
                 // A token after the end marker (a broken upstream) must not re-enter the gauges.
                 if !self.left {
-                    rec.metrics.phase(Phase::Prefill, -1);
-                    rec.metrics.phase(Phase::Decode, 1);
+                    if let Some(h) = &self.model {
+                        self.in_flight.decoding(h);
+                    }
+                    self.in_flight.add(Phase::Prefill, -1);
+                    self.in_flight.add(Phase::Decode, 1);
                 }
             }
             Some(last) => {
@@ -352,7 +360,7 @@ impl Clock {
         } else {
             Phase::Prefill
         };
-        self.recorder.metrics.phase(phase, -1);
+        self.in_flight.add(phase, -1);
         self.recorder.concurrency.update(now, -1);
     }
 }

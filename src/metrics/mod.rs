@@ -14,6 +14,7 @@
 //! the [`Finished`] record defined here.
 
 mod rate;
+mod vllm;
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -26,8 +27,10 @@ use prometheus::{
 };
 
 pub use self::rate::RateWindow;
+pub use self::vllm::FinishedReason;
+use self::vllm::{Vllm, VllmInFlight, VllmLive};
 use crate::protocol::Api;
-pub use crate::protocol::TokenSource;
+pub use crate::protocol::{Stop, TokenSource};
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -234,6 +237,8 @@ pub struct Finished {
     pub token_source: TokenSource,
     /// Prompt tokens, where the stream reported them.
     pub input_tokens: Option<u64>,
+    /// Why the model stopped, where the stream said so.
+    pub stop: Option<Stop>,
     /// The time-weighted mean number of requests in flight over the decode window (from the
     /// first to the last token), when there was one.
     pub mean_in_flight: Option<f64>,
@@ -268,6 +273,7 @@ pub struct ModelMetrics {
     label: String,
     ttft: Histogram,
     itl: Histogram,
+    vllm: Option<VllmLive>,
 }
 
 impl ModelMetrics {
@@ -279,6 +285,9 @@ impl ModelMetrics {
     /// The first token came `since_arrival` after the request arrived.
     pub fn first_token(&self, since_arrival: Duration) {
         self.ttft.observe(since_arrival.as_secs_f64());
+        if let Some(v) = &self.vllm {
+            v.ttft.observe(since_arrival.as_secs_f64());
+        }
     }
 
     /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
@@ -288,7 +297,58 @@ impl ModelMetrics {
         for _ in 0..tokens {
             self.itl.observe(per_token);
         }
+        if let Some(v) = &self.vllm {
+            // vLLM observes once per engine step that produced tokens: one per event here.
+            if tokens > 0 {
+                v.itl.observe(gap.as_secs_f64());
+            }
+        }
     }
+}
+
+/// One request's place in the in-flight gauges, resolved when it starts: it leaves exactly the
+/// gauges it entered. The vLLM ones carry a model: waiting under the one the request named,
+/// running under the one the stream named ([`InFlight::decoding`]).
+#[derive(Clone)]
+pub struct InFlight {
+    prefill: IntGauge,
+    decode: IntGauge,
+    vllm: Option<VllmInFlight>,
+}
+
+impl InFlight {
+    /// The request's first token came: it will decode under `model`'s gauges. Call before
+    /// moving it into [`Phase::Decode`].
+    pub fn decoding(&mut self, model: &ModelMetrics) {
+        if let (Some(v), Some(live)) = (&mut self.vllm, &model.vllm) {
+            v.running = live.running.clone();
+        }
+    }
+
+    /// Moves the request into (`delta` 1) or out of (-1) a phase.
+    pub fn add(&self, phase: Phase, delta: i64) {
+        match phase {
+            Phase::Prefill => {
+                self.prefill.add(delta);
+                if let Some(v) = &self.vllm {
+                    v.waiting.add(delta);
+                }
+            }
+            Phase::Decode => {
+                self.decode.add(delta);
+                if let Some(v) = &self.vllm {
+                    v.running.add(delta);
+                }
+            }
+        }
+    }
+}
+
+/// Other naming schemes exported beside `tokenmeter_*` (`--compat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Compat {
+    /// vLLM's series (`vllm:*`, label `model_name`).
+    pub vllm: bool,
 }
 
 /// All metric families, registered in one registry.
@@ -313,6 +373,7 @@ pub struct Metrics {
     parse_errors: IntCounterVec,
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
+    vllm: Option<Vllm>,
 }
 
 /// Settings the metrics need.
@@ -322,6 +383,8 @@ pub struct MetricsConfig {
     pub max_models: usize,
     pub rate_window: Duration,
     pub gpus: f64,
+    /// `--compat`: the other naming schemes to export.
+    pub compat: Compat,
 }
 
 impl Default for MetricsConfig {
@@ -331,6 +394,7 @@ impl Default for MetricsConfig {
             max_models: 32,
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
+            compat: Compat::default(),
         }
     }
 }
@@ -423,7 +487,12 @@ impl Metrics {
         for s in TokenSource::ALL {
             token_source.with_label_values(&[s.as_str()]);
         }
+        let vllm = match cfg.compat.vllm {
+            true => Some(Vllm::new(&r, b)?),
+            false => None,
+        };
         Ok(Metrics {
+            vllm,
             models: ModelLabels::new(cfg.max_models),
             rate: RateWindow::new(cfg.rate_window),
             gpus: cfg.gpus,
@@ -528,7 +597,21 @@ impl Metrics {
         ModelMetrics {
             ttft: self.ttft.with_label_values(&[&label]),
             itl: self.itl.with_label_values(&[&label]),
+            vllm: self.vllm.as_ref().map(|v| v.live(&label)),
             label,
+        }
+    }
+
+    /// The in-flight gauges of a request that names `model` (resolved only when a compat
+    /// scheme labels them by model).
+    pub fn in_flight(&self, model: Option<&str>) -> InFlight {
+        InFlight {
+            prefill: self.in_flight.with_label_values(&[Phase::Prefill.as_str()]),
+            decode: self.in_flight.with_label_values(&[Phase::Decode.as_str()]),
+            vllm: self
+                .vllm
+                .as_ref()
+                .map(|v| v.in_flight(&self.model_label(model))),
         }
     }
 
@@ -577,6 +660,9 @@ impl Metrics {
         }
         if f.api == Api::Unknown {
             return;
+        }
+        if let Some(v) = &self.vllm {
+            v.record(f);
         }
         let output = f.output_tokens;
         self.token_source

@@ -51,6 +51,7 @@ fn finished() -> Finished {
         output_tokens: 5,
         token_source: TokenSource::Counted,
         input_tokens: Some(7),
+        stop: None,
         mean_in_flight: Some(3.0),
         parse_errors: ParseErrors::default(),
     }
@@ -173,4 +174,116 @@ fn exposition_has_every_family() {
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
+}
+
+fn vllm_metrics() -> Metrics {
+    let cfg = MetricsConfig {
+        compat: Compat { vllm: true },
+        ..MetricsConfig::default()
+    };
+    Metrics::new(&cfg).expect("metrics")
+}
+
+#[test]
+fn vllm_names_carry_model_name_engine_and_vllms_buckets() {
+    let m = vllm_metrics();
+    let h = m.model("m".into());
+    h.first_token(Duration::from_millis(100));
+    // Two events: 2 tokens after 40 ms, 1 token after 10 ms. vLLM observes once per step.
+    h.inter_token(Duration::from_millis(40), 2);
+    h.inter_token(Duration::from_millis(10), 1);
+    m.record(&Finished {
+        stop: Some(Stop::Length),
+        ..finished()
+    });
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let l = "{engine=\"tokenmeter\",model_name=\"m\"}";
+    let get = |name: &str| sum(&text, &format!("{name}{l}"));
+    let close = |got: f64, want: f64| assert!((got - want).abs() < 1e-9, "{got} != {want}");
+    assert_eq!(get("vllm:time_to_first_token_seconds_count"), 1.0);
+    close(get("vllm:time_to_first_token_seconds_sum"), 0.1);
+    assert_eq!(get("vllm:inter_token_latency_seconds_count"), 2.0);
+    close(get("vllm:inter_token_latency_seconds_sum"), 0.05);
+    assert_eq!(get("vllm:e2e_request_latency_seconds_count"), 1.0);
+    close(get("vllm:e2e_request_latency_seconds_sum"), 0.5);
+    // (300 ms - 100 ms) / (5 - 1) tokens.
+    close(get("vllm:request_time_per_output_token_seconds_sum"), 0.05);
+    close(get("vllm:request_decode_time_seconds_sum"), 0.2);
+    assert_eq!(get("vllm:generation_tokens_total"), 5.0);
+    assert_eq!(get("vllm:prompt_tokens_total"), 7.0);
+    assert_eq!(get("vllm:request_generation_tokens_sum"), 5.0);
+    assert_eq!(get("vllm:request_prompt_tokens_sum"), 7.0);
+    let success = "vllm:request_success_total{engine=\"tokenmeter\",finished_reason=\"length\",model_name=\"m\"}";
+    assert_eq!(sum(&text, success), 1.0);
+    // vLLM's own boundaries: the first and last TTFT buckets, the last e2e bucket.
+    for line in [
+        "vllm:time_to_first_token_seconds_bucket{engine=\"tokenmeter\",model_name=\"m\",le=\"0.001\"} 0",
+        "vllm:time_to_first_token_seconds_bucket{engine=\"tokenmeter\",model_name=\"m\",le=\"2560\"} 1",
+        "vllm:e2e_request_latency_seconds_bucket{engine=\"tokenmeter\",model_name=\"m\",le=\"7680\"} 1",
+        "vllm:inter_token_latency_seconds_bucket{engine=\"tokenmeter\",model_name=\"m\",le=\"0.01\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    // tokenmeter's own series are still there.
+    assert_eq!(
+        sum(&text, "tokenmeter_output_tokens_total{model=\"m\"}"),
+        5.0
+    );
+}
+
+#[test]
+fn vllm_series_are_absent_without_compat() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    m.record(&finished());
+    let text = String::from_utf8(m.render()).expect("utf8");
+    assert!(!text.contains("vllm:"), "{text}");
+}
+
+#[test]
+fn vllm_finished_reason_follows_the_stream_then_the_outcome() {
+    use FinishedReason as R;
+    let cases = [
+        (Outcome::Complete, None, Some(R::Stop)),
+        (Outcome::Complete, Some(Stop::Stop), Some(R::Stop)),
+        (Outcome::Complete, Some(Stop::Length), Some(R::Length)),
+        (
+            Outcome::ClientDisconnect,
+            Some(Stop::Length),
+            Some(R::Abort),
+        ),
+        (Outcome::Timeout, None, Some(R::Abort)),
+        (Outcome::UpstreamError, None, Some(R::Error)),
+        (Outcome::BadRequest, None, None),
+        (Outcome::Upgraded, None, None),
+    ];
+    for (outcome, stop, want) in cases {
+        assert_eq!(
+            FinishedReason::of(outcome, stop),
+            want,
+            "{outcome:?} {stop:?}"
+        );
+    }
+}
+
+#[test]
+fn vllm_in_flight_gauges_follow_the_request_model() {
+    let m = vllm_metrics();
+    let g = m.in_flight(Some("m"));
+    g.add(Phase::Prefill, 1);
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let l = "{engine=\"tokenmeter\",model_name=\"m\"}";
+    assert_eq!(sum(&text, &format!("vllm:num_requests_waiting{l}")), 1.0);
+    assert_eq!(
+        sum(&text, "tokenmeter_requests_in_flight{phase=\"prefill\"}"),
+        1.0
+    );
+    g.add(Phase::Prefill, -1);
+    g.add(Phase::Decode, 1);
+    let text = String::from_utf8(m.render()).expect("utf8");
+    assert_eq!(sum(&text, &format!("vllm:num_requests_waiting{l}")), 0.0);
+    assert_eq!(sum(&text, &format!("vllm:num_requests_running{l}")), 1.0);
+    assert_eq!(
+        sum(&text, "tokenmeter_requests_in_flight{phase=\"decode\"}"),
+        1.0
+    );
 }

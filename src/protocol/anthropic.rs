@@ -11,7 +11,7 @@
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Str, Text};
+use super::json::{parse, Count, Reason, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Anthropic extractor.
@@ -35,6 +35,8 @@ struct Event<'a> {
     model: Str<'a>,
     #[serde(default)]
     content: Text,
+    #[serde(default)]
+    stop_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -55,6 +57,9 @@ struct Delta<'a> {
     thinking: Text,
     #[serde(default)]
     partial_json: Text,
+    /// `message_delta` carries the stop reason here.
+    #[serde(default)]
+    stop_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +123,9 @@ impl Extractor for Anthropic {
                 u32::from(output)
             }
             "message_delta" => {
+                if let Some(d) = &ev.delta {
+                    self.summary.stopped(d.stop_reason);
+                }
                 if let Some(u) = &ev.usage {
                     self.input(u);
                     self.output(u);
@@ -126,6 +134,7 @@ impl Extractor for Anthropic {
             }
             "message" => {
                 self.summary.name_model(ev.model.0);
+                self.summary.stopped(ev.stop_reason);
                 if let Some(u) = &ev.usage {
                     self.input(u);
                     self.output(u);
@@ -196,6 +205,7 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("claude"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(11), Some(6)));
         assert!(s.ended);
+        assert_eq!(s.stop, Some(crate::protocol::Stop::Stop));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Str, Text};
+use super::json::{parse, Count, Reason, Str, Text};
 use super::{is_done, Api, Extractor, Message, Summary};
 
 /// The Cohere extractor.
@@ -31,6 +31,8 @@ struct Event<'a> {
     usage: Option<Usage>,
     #[serde(default)]
     message: Option<Content>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +41,8 @@ struct Delta {
     message: Option<DeltaMessage>,
     #[serde(default)]
     usage: Option<Usage>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +123,9 @@ impl Extractor for Cohere {
             "tool-call-start" | "tool-call-delta" => true,
             "message-end" => {
                 self.summary.ended = true;
+                if let Some(d) = &delta {
+                    self.summary.stopped(d.finish_reason);
+                }
                 if let Some(u) = delta.and_then(|d| d.usage) {
                     self.usage(u);
                 }
@@ -126,6 +133,7 @@ impl Extractor for Cohere {
             }
             _ => {
                 // A non-streaming response: `message` and `usage` at the top level.
+                self.summary.stopped(ev.finish_reason);
                 let Some(u) = ev.usage else { return 0 };
                 self.usage(u);
                 ev.message

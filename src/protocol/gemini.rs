@@ -14,7 +14,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Str, Text};
+use super::json::{parse, Count, Reason, Str, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The Gemini extractor.
@@ -36,9 +36,12 @@ struct Chunk<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Candidate {
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -88,9 +91,11 @@ impl Gemini {
                 self.summary.output_tokens = reported;
             }
         }
-        let bearing = chunk
-            .candidates
-            .unwrap_or_default()
+        let candidates = chunk.candidates.unwrap_or_default();
+        for c in &candidates {
+            self.summary.stopped(c.finish_reason);
+        }
+        let bearing = candidates
             .iter()
             .filter(|c| {
                 c.content

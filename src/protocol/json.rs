@@ -11,6 +11,8 @@ use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::Stop;
+
 /// Parses a message's JSON payload. `None` for the `[DONE]` sentinel and an empty payload (a
 /// keep-alive), which are not malformed, and for malformed input, which is counted.
 pub fn parse<'a, T: Deserialize<'a>>(data: &'a [u8], malformed: &mut u64) -> Option<T> {
@@ -45,6 +47,11 @@ pub struct Len(pub u64);
 /// A string; anything else is `None`. Borrowed from the input when it has no escapes.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Str<'a>(pub Option<Cow<'a, str>>);
+
+/// A finish reason: a string read by [`Stop::from_reason`], or an object whose `type` is one
+/// (SGLang's `{"type": "stop"}`); anything else is `None`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reason(pub Option<Stop>);
 
 impl<'a> Str<'a> {
     pub fn as_deref(&self) -> Option<&str> {
@@ -281,6 +288,46 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+// === impl Reason ===
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Reason;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Reason, E> {
+                Ok(Reason(Stop::from_reason(v)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Reason, A::Error> {
+                let mut found = None;
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    if key.as_deref() == Some("type") {
+                        found = map.next_value::<Reason>()?.0;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Reason(found))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Reason, A::Error> {
+                drain_seq(seq)?;
+                Ok(Reason(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Reason, E> {
+                Ok(Reason(None))
+            }
+            other_values!(Reason(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +348,22 @@ mod tests {
     fn parse(json: &str) -> (bool, Option<u64>, u64, Option<String>) {
         let v: T<'_> = serde_json::from_str(json).expect("valid JSON");
         (v.t.0, v.c.0, v.l.0, v.s.0.map(|s| s.into_owned()))
+    }
+
+    #[test]
+    fn reasons_fold_into_stop_or_length() {
+        let r = |json: &str| serde_json::from_str::<Reason>(json).expect("valid JSON").0;
+        assert_eq!(r(r#""stop""#), Some(Stop::Stop));
+        assert_eq!(r(r#""eos_token""#), Some(Stop::Stop));
+        assert_eq!(r(r#""end_turn""#), Some(Stop::Stop));
+        assert_eq!(r(r#""length""#), Some(Stop::Length));
+        assert_eq!(r(r#""MAX_TOKENS""#), Some(Stop::Length));
+        assert_eq!(r(r#""max_tokens""#), Some(Stop::Length));
+        assert_eq!(r(r#"{"type":"length","matched":null}"#), Some(Stop::Length));
+        assert_eq!(r(r#"{"matched":"x","type":"stop"}"#), Some(Stop::Stop));
+        for none in [r#""""#, "null", "3", "[1]", r#""not_finished""#, "{}"] {
+            assert_eq!(r(none), None, "{none}");
+        }
     }
 
     #[test]

@@ -16,8 +16,8 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Flag, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::json::{parse, Count, Flag, Reason, Str, Text};
+use super::{Api, Extractor, Message, Stop, Summary};
 
 /// The llama.cpp extractor.
 #[derive(Debug, Default)]
@@ -40,6 +40,12 @@ struct Event<'a> {
     model: Str<'a>,
     #[serde(default)]
     stop: Flag,
+    /// `eos`, `word` or `limit` on the last event (newer servers).
+    #[serde(default)]
+    stop_type: Reason,
+    /// Older servers: which of these is true says why it stopped.
+    #[serde(default)]
+    stopped_limit: Flag,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +67,12 @@ impl Extractor for LlamaCpp {
         };
         if ev.stop.0 {
             self.summary.ended = true;
+            let reason = match (ev.stop_type.0, ev.stopped_limit.0) {
+                (Some(r), _) => r,
+                (None, true) => Stop::Length,
+                (None, false) => Stop::Stop,
+            };
+            self.summary.stop = Some(reason);
         }
         // The model is a file path unless the server was given an alias: keep the file name,
         // which is what an operator recognises (and not the directory layout of the host).
@@ -109,6 +121,11 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("sha256-43f7"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(47), Some(3)));
         assert!(s.ended);
+        assert_eq!(s.stop, Some(Stop::Stop));
+        let (_, s) = run(&[r#"{"content":"","stop":true,"stop_type":"limit"}"#]);
+        assert_eq!(s.stop, Some(Stop::Length));
+        let (_, s) = run(&[r#"{"content":"","stop":true,"stopped_limit":true}"#]);
+        assert_eq!(s.stop, Some(Stop::Length));
     }
 
     #[test]

@@ -137,6 +137,44 @@ impl TokenSource {
     }
 }
 
+/// Why the model stopped, as the stream said: every format's own word for it, folded into the
+/// two cases an engine distinguishes (vLLM's `finished_reason` `stop` and `length`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The model ended its answer: an end-of-sequence token, a stop string, a tool call.
+    Stop,
+    /// The output hit its limit: `max_tokens`, or the model's context length.
+    Length,
+}
+
+impl Stop {
+    /// Reads a format's finish reason: `length`, `max_tokens`, `MAX_TOKENS`,
+    /// `max_output_tokens`, `limit`, `model_length` say the limit was hit; any other non-empty
+    /// word (`stop`, `eos`, `eos_token`, `end_turn`, `stop_sequence`, `tool_calls`, `COMPLETE`,
+    /// `STOP`, ...) that the model ended it. `not_finished` (watsonx, mid-stream) and an empty
+    /// string say nothing.
+    pub fn from_reason(reason: &str) -> Option<Stop> {
+        let r = reason.trim();
+        if r.is_empty() || r.eq_ignore_ascii_case("not_finished") || r == "null" {
+            return None;
+        }
+        const LENGTH: [&str; 7] = [
+            "length",
+            "max_tokens",
+            "max_output_tokens",
+            "limit",
+            "stopped_limit",
+            "model_length",
+            "model_context_window_exceeded",
+        ];
+        if LENGTH.iter().any(|l| r.eq_ignore_ascii_case(l)) {
+            Some(Stop::Length)
+        } else {
+            Some(Stop::Stop)
+        }
+    }
+}
+
 /// What a stream has said about itself so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -150,6 +188,8 @@ pub struct Summary {
     pub token_id_tokens: Option<u64>,
     /// Messages that were not valid JSON of the expected shape.
     pub malformed: u64,
+    /// Why the model stopped, where the stream said so (the latest reason wins).
+    pub stop: Option<Stop>,
     /// The stream sent its format's own end marker (`data: [DONE]`, `message_stop`,
     /// `"done": true`, ...; `docs/formats.md` names each): the client has everything, and
     /// nothing that counts follows. Once set it stays set. Formats without one (Gemini, Triton)
@@ -166,6 +206,13 @@ impl Summary {
             (Some(n), _) => (n, TokenSource::Usage),
             (None, Some(n)) => (n, TokenSource::TokenIds),
             (None, None) => (counted, TokenSource::Counted),
+        }
+    }
+
+    /// Keeps the latest finish reason a stream gives (a message without one changes nothing).
+    pub fn stopped(&mut self, reason: json::Reason) {
+        if reason.0.is_some() {
+            self.stop = reason.0;
         }
     }
 

@@ -8,8 +8,8 @@
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Flag, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::json::{parse, Count, Flag, Reason, Str, Text};
+use super::{Api, Extractor, Message, Stop, Summary};
 
 /// The Ollama extractor.
 #[derive(Debug, Default)]
@@ -33,6 +33,8 @@ struct Line<'a> {
     prompt_eval_count: Count,
     #[serde(default)]
     done: Flag,
+    #[serde(default)]
+    done_reason: Reason,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +59,9 @@ impl Extractor for Ollama {
         self.summary.name_model(line.model.0);
         if line.done.0 {
             self.summary.ended = true;
+            // A final line without `done_reason` (Ollama before 0.1.40) still finished.
+            let reason = line.done_reason.0.unwrap_or(Stop::Stop);
+            self.summary.stop = Some(reason);
         }
         if line.eval_count.0.is_some() {
             self.summary.output_tokens = line.eval_count.0;

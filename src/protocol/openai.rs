@@ -21,7 +21,7 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Len, Str, Text};
+use super::json::{parse, Count, Len, Reason, Str, Text};
 use super::{is_done, Api, Extractor, Message, Summary};
 
 /// The OpenAI extractor.
@@ -62,6 +62,8 @@ struct Choice {
     /// vLLM's `return_token_ids`: the ids of the tokens this chunk carries.
     #[serde(default)]
     token_ids: Option<Len>,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 #[derive(Deserialize, Default)]
@@ -143,6 +145,7 @@ impl Extractor for OpenAi {
         let mut ids = 0u64;
         let mut all_have_ids = !choices.is_empty();
         for c in &choices {
+            self.summary.stopped(c.finish_reason);
             let output = c.text.0
                 || c.delta.as_ref().is_some_and(Delta::has_output)
                 || c.message.as_ref().is_some_and(Delta::has_output);
@@ -186,6 +189,10 @@ mod tests {
         ]);
         assert_eq!(counts, [0, 1, 1, 0, 0, 0]);
         assert!(s.ended);
+        assert_eq!(s.stop, Some(super::super::Stop::Stop));
+        let (_, cut) =
+            run(&[r#"{"choices":[{"delta":{"content":"a"},"finish_reason":"length"}]}"#]);
+        assert_eq!(cut.stop, Some(super::super::Stop::Length));
         assert_eq!(s.model.as_deref(), Some("m"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(5), Some(2)));
         assert_eq!(s.malformed, 0);

@@ -12,7 +12,7 @@
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Text};
+use super::json::{parse, Count, Reason, Text};
 use super::{is_done, Api, Extractor, Message, Summary};
 
 /// Sequences of one request tracked separately; more are folded into the last one. A bound,
@@ -43,6 +43,8 @@ struct MetaInfo {
     prompt_tokens: Count,
     #[serde(default)]
     completion_tokens: Count,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 impl Sglang {
@@ -78,6 +80,7 @@ impl Extractor for Sglang {
         let Some(meta) = ev.meta_info else {
             return u32::from(ev.text.0);
         };
+        self.summary.stopped(meta.finish_reason);
         if meta.prompt_tokens.0.is_some() {
             self.summary.input_tokens = meta.prompt_tokens.0;
         }

@@ -10,7 +10,7 @@
 
 use serde::Deserialize;
 
-use super::json::{parse, Count, Text};
+use super::json::{parse, Count, Reason, Text};
 use super::{Api, Extractor, Message, Summary};
 
 /// The TGI extractor.
@@ -43,6 +43,8 @@ struct Details {
     generated_tokens: Count,
     #[serde(default)]
     input_length: Count,
+    #[serde(default)]
+    finish_reason: Reason,
 }
 
 impl Tgi {
@@ -51,6 +53,7 @@ impl Tgi {
             self.summary.ended = true;
         }
         if let Some(d) = ev.details {
+            self.summary.stopped(d.finish_reason);
             if d.generated_tokens.0.is_some() {
                 self.summary.output_tokens = d.generated_tokens.0;
             }
@@ -112,6 +115,7 @@ mod tests {
         assert_eq!(s.token_id_tokens, Some(2));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(7), Some(2)));
         assert!(s.ended);
+        assert_eq!(s.stop, Some(crate::protocol::Stop::Stop));
     }
 
     #[test]

@@ -12,8 +12,8 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::json::{parse, Count, Reason, Str, Text};
+use super::{Api, Extractor, Message, Stop, Summary};
 
 /// The watsonx extractor.
 #[derive(Debug, Default)]
@@ -65,6 +65,11 @@ impl Extractor for Watsonx {
         let results = ev.results.unwrap_or_default();
         if !results.is_empty() && results.iter().all(Result::is_final) {
             self.summary.ended = true;
+        }
+        for r in &results {
+            if let Some(reason) = r.stop_reason.as_deref() {
+                self.summary.stopped(Reason(Stop::from_reason(reason)));
+            }
         }
         let total = results.iter().fold(Count(None), |sum, r| {
             Count(sum.plus(r.generated_token_count))

@@ -4,6 +4,7 @@ mod support;
 
 mod bench;
 mod cli;
+mod compat;
 mod corpus;
 mod faults;
 mod https;
