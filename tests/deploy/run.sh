@@ -9,7 +9,9 @@
 #      Dockerfile and .dockerignore (check_dockerfile.py).
 #   3. live: `cargo build --release`, then a real Prometheus scrapes two tokenmeters carrying
 #      live traffic, and every dashboard query and recording rule must return data; the
-#      sidecar's drain hook must wait for open streams (live_test.py, about a minute).
+#      sidecar's drain hook must wait for open streams (live_test.py, about a minute); then
+#      vLLM's own dashboard queries against tokenmeter --compat vllm in front of the simulator,
+#      and `promtool check metrics` on every mode's exposition (compat_test.py, ~40 s).
 #
 # On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
 # promtool) and python3-venv with apt, and the Python packages in a virtualenv under
@@ -86,6 +88,8 @@ build_release() {
 if check "live: cargo build --release" build_release; then
   check "live: Prometheus scrapes live traffic; every panel and recording rule has data" \
     "$vpy" $here/live_test.py
+  check "compat: vLLM's dashboard queries return data; promtool check metrics in every mode" \
+    "$vpy" $here/compat_test.py
 else
   failed=$((failed + 1))
   failures+=("live: not run (build failed)")

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""The compat test: vLLM's own dashboard queries against a real Prometheus scraping a
+tokenmeter with --compat vllm in front of the simulator, and `promtool check metrics` on the
+exposition of every mode.
+
+On loopback only, in a temporary directory, it starts:
+  - `tokenmeter sim` (OpenAI-compatible, continuous batching),
+  - one tokenmeter per mode in front of it: plain, --compat vllm, and any further mode in MODES,
+  - Prometheus (the Debian package) scraping them every second,
+  - `tokenmeter bench` sending streaming requests through each.
+Then:
+  1. every panel of vLLM's example dashboard (vllm-project/vllm,
+     examples/observability/prometheus_grafana/grafana.json) that concerns latency, tokens,
+     lengths, finish reasons or running/waiting requests: the same kind of query (the same
+     series, labels and functions, written here with the panel's title) must return a finite
+     value; the panels that cannot work must find no series (absent, not faked), and the
+     README's table must list every panel with the same verdict;
+  2. `promtool check metrics` must pass on a scrape of every mode.
+Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
+PROMETHEUS, PROMTOOL, COMPAT_TRAFFIC_SECONDS (default 25).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import live_test as lt
+
+REPO = lt.REPO
+MODEL = "tokenmeter-sim"
+
+# The tokenmeters: name and extra flags. Each is scraped by Prometheus and checked by promtool.
+MODES = [
+    ("plain", []),
+    ("vllm", ["--compat", "vllm"]),
+]
+
+# vLLM's example dashboard, panel by panel: its title, then either the queries it runs (with
+# $model_name and $__rate_interval as the dashboard has them) or why it cannot work in front of
+# a server through the wire, with the series that must then be absent.
+Q = "{model_name=\"$model_name\"}"
+RI = "[$__rate_interval]"
+VLLM_PANELS = [
+    ("E2E Request Latency", [
+        f"histogram_quantile(0.99, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{Q}{RI})))",
+        f"histogram_quantile(0.5, sum by(le) (rate(vllm:e2e_request_latency_seconds_bucket{Q}{RI})))",
+        f"rate(vllm:e2e_request_latency_seconds_sum{Q}{RI})\n/\nrate(vllm:e2e_request_latency_seconds_count{Q}{RI})",
+    ], None),
+    ("Token Throughput", [
+        f"rate(vllm:prompt_tokens_total{Q}{RI})",
+        f"rate(vllm:generation_tokens_total{Q}{RI})",
+    ], None),
+    ("Inter Token Latency", [
+        f"histogram_quantile(0.99, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{Q}{RI})))",
+        f"histogram_quantile(0.5, sum by(le) (rate(vllm:inter_token_latency_seconds_bucket{Q}{RI})))",
+        f"rate(vllm:inter_token_latency_seconds_sum{Q}{RI})\n/\nrate(vllm:inter_token_latency_seconds_count{Q}{RI})",
+    ], None),
+    ("Scheduler State", [
+        f"vllm:num_requests_running{Q}",
+        f"vllm:num_requests_waiting{Q}",
+    ], None),
+    ("Time To First Token Latency", [
+        f"histogram_quantile(0.99, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{Q}{RI})))",
+        f"histogram_quantile(0.5, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{Q}{RI})))",
+        f"rate(vllm:time_to_first_token_seconds_sum{Q}{RI})\n/\nrate(vllm:time_to_first_token_seconds_count{Q}{RI})",
+    ], None),
+    ("Cache Utilization", None, ("vllm:kv_cache_usage_perc", "KV-cache usage is the engine's memory: nothing on the wire says it")),
+    ("Request Prompt Length", [
+        f"sum by(le) (increase(vllm:request_prompt_tokens_bucket{Q}{RI}))",
+    ], None),
+    ("Request Generation Length", [
+        f"sum by(le) (increase(vllm:request_generation_tokens_bucket{Q}{RI}))",
+    ], None),
+    ("Finish Reason", [
+        f"sum by(finished_reason) (increase(vllm:request_success_total{Q}{RI}))",
+    ], None),
+    ("Queue Time", None, ("vllm:request_queue_time_seconds", "the wait before the first token is one interval on the wire; the engine alone knows where its queue ends and prefill begins")),
+    ("Requests Prefill and Decode Time", [
+        f"rate(vllm:request_decode_time_seconds_sum{Q}{RI})",
+    ], ("vllm:request_prefill_time_seconds", "decode time works (first to last token); prefill time does not: it starts when the engine schedules the request, which the wire does not show")),
+    ("Max Generation Token in Sequence Group", None, ("vllm:request_max_num_generation_tokens", "a sequence group is the engine's (parallel sampling, n > 1); the wire shows each choice's tokens, not the group's maximum as vLLM counts it")),
+]
+
+
+def fail(msg):
+    lt.fail(msg)
+
+
+def substitute(expr):
+    return expr.replace("$model_name", MODEL).replace("$__rate_interval", "10s")
+
+
+def check_vllm_panels(prom):
+    checked = 0
+    for title, queries, cannot in VLLM_PANELS:
+        for q in queries or []:
+            expr = substitute(q)
+            try:
+                n, vals = lt.query(prom, expr, True, "1s")
+            except ValueError as e:
+                fail(f"vLLM panel {title!r}: query error {e}\n    {expr}")
+                continue
+            checked += 1
+            if not vals:
+                fail(f"vLLM panel {title!r}: No data ({n} series)\n    {expr}")
+        if cannot:
+            series, _why = cannot
+            data = prom.api("series", **{"match[]": series, "start": time.time() - 300, "end": time.time()})
+            if data:
+                fail(f"vLLM panel {title!r}: {series} should be absent, found {data[:2]}")
+    print(f"  {checked} vLLM dashboard queries checked over {len(VLLM_PANELS)} panels")
+
+
+def check_readme_table():
+    """The README's table of vLLM panels names every panel, with the verdict this test holds."""
+    text = (REPO / "README.md").read_text()
+    for title, queries, cannot in VLLM_PANELS:
+        row = next((line for line in text.splitlines() if line.startswith(f"| {title} |")), None)
+        if row is None:
+            fail(f"README: no row for vLLM panel {title!r}")
+            continue
+        verdict = row.split("|")[2].strip()
+        want = "works" if queries and not cannot else ("partly" if queries else "cannot")
+        if verdict != want:
+            fail(f"README: vLLM panel {title!r} says {verdict!r}, the test holds {want!r}")
+
+
+# promtool's linter reserves ':' for recording rules and flags every vLLM name for it (vLLM's own
+# /metrics gets the same lines). That one message, for a `vllm:` name, is the only one allowed.
+COLON_LINT = re.compile(r"^vllm:[a-z0-9_]+ metric names should not contain ':'$")
+
+
+def check_promtool(promtool, name, metrics_port):
+    _, body = lt.http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    lines = [l.strip() for l in (r.stdout + r.stderr).decode().splitlines() if l.strip()]
+    colon = [l for l in lines if COLON_LINT.match(l)]
+    other = [l for l in lines if not COLON_LINT.match(l)]
+    ok = r.returncode == 0 or (colon and not other)
+    print(f"  promtool check metrics [{name}]: {'ok' if ok else 'FAILED'} ({len(body)} bytes"
+          f"{f', {len(colon)} vllm: names flagged for their colon' if colon else ''})")
+    if not ok:
+        fail(f"promtool check metrics [{name}]: " + "\n    ".join(other[-20:]))
+
+
+def main():
+    tm_bin = os.environ.get("TOKENMETER_BIN", str(REPO / "target" / "release" / "tokenmeter"))
+    prom_bin = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
+    promtool = os.environ.get("PROMTOOL") or shutil.which("promtool")
+    traffic_s = float(os.environ.get("COMPAT_TRAFFIC_SECONDS", "25"))
+    if not os.access(tm_bin, os.X_OK) or not prom_bin or not promtool:
+        print("compat_test: needs target/release/tokenmeter, prometheus and promtool", file=sys.stderr)
+        return 1
+    tmp = tempfile.mkdtemp(prefix="tokenmeter-compat-")
+    procs = lt.Procs(tmp)
+    started = time.monotonic()
+    try:
+        sim_port = lt.free_port()
+        procs.start("sim", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
+                            "--step-base", "10ms"])
+        lt.wait_for("the simulator", lambda: lt.http_get(f"http://127.0.0.1:{sim_port}/v1/models")[0] == 200)
+        targets = []
+        for name, flags in MODES:
+            listen, metrics = lt.free_port(), lt.free_port()
+            procs.start(f"tokenmeter-{name}", [
+                tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
+                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", "1", *flags,
+            ])
+            targets.append((name, listen, metrics))
+        for name, _, metrics in targets:
+            lt.wait_for(f"tokenmeter {name}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
+        prom_port = lt.free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{"job_name": "tokenmeter", "static_configs": [
+                {"targets": [f"127.0.0.1:{m}"], "labels": {"mode": name}} for name, _, m in targets]}],
+        }
+        cfg_path = os.path.join(tmp, "prometheus.yml")
+        with open(cfg_path, "w") as f:
+            json.dump(config, f)
+        procs.start("prometheus", [prom_bin, f"--config.file={cfg_path}", f"--storage.tsdb.path={tmp}/data",
+                                   f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
+        prom = lt.Prom(prom_port)
+        lt.wait_for("prometheus", lambda: lt.http_get(f"{prom.base}/-/ready")[0] == 200, timeout=30)
+        for name, listen, _ in targets:
+            procs.start(f"load-{name}", [
+                tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--concurrency", "1,4",
+                "--duration", f"{traffic_s / 2 + 5:.0f}s", "--prompt-tokens", "40", "--output-tokens", "48",
+                "--out", os.path.join(tmp, f"bench-{name}"),
+            ])
+        print(f"compat_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
+        deadline = time.monotonic() + traffic_s
+        while time.monotonic() < deadline:
+            procs.check_alive()
+            time.sleep(1)
+        print("compat_test: vLLM's dashboard", flush=True)
+        check_vllm_panels(prom)
+        check_readme_table()
+        print("compat_test: promtool check metrics", flush=True)
+        for name, _, metrics in targets:
+            check_promtool(promtool, name, metrics)
+    except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
+        fail(f"{type(e).__name__}: {e}")
+    finally:
+        procs.stop()
+    elapsed = time.monotonic() - started
+    if lt.failures:
+        print(f"compat_test: {len(lt.failures)} failure(s) in {elapsed:.0f}s; logs kept in {tmp}")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"compat_test: ok in {elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
