@@ -13,6 +13,9 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
+//! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
@@ -22,6 +25,8 @@ pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod gpus;
+pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
@@ -31,5 +36,6 @@ pub mod proxy;
 pub mod server;
 pub mod signal;
 pub mod sim;
+pub mod slo;
 pub mod sse;
 pub mod tap;

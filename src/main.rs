@@ -67,6 +67,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    for note in &cfg.gpus.notes {
+        if note.warn {
+            tracing::warn!("{}", note.text);
+        } else {
+            tracing::info!("{}", note.text);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
