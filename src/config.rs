@@ -56,8 +56,8 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_GPU_HOUR_COST", value_name = "USD")]
     pub gpu_hour_cost: Option<String>,
 
-    /// An SLO class, NAME:ttft=DUR,tps=RATE[,e2e=DUR][,objective=RATIO] (each target optional;
-    /// repeatable; ';'-separated in the variable). Default: interactive:ttft=1s,tps=20 and batch.
+    /// An SLO class, NAME:ttft=DUR,tps=RATE,e2e=DUR,objective=RATIO with each target optional
+    /// (repeatable; ';'-separated in the variable). Default: interactive:ttft=1s,tps=20 and batch.
     #[arg(
         long,
         env = "TOKENMETER_SLO",

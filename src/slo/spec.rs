@@ -306,8 +306,11 @@ struct FileRule {
 /// Longest path prefix or model name in a rule.
 const MAX_RULE_TEXT: usize = 1024;
 
-/// Classes and (match, class name) rules from a file's text.
-fn parse_file(name: &str, text: &str) -> Result<(Vec<Class>, Vec<(Match, String)>), String> {
+/// A file's rules before their class names are looked up: (what it matches, class name).
+type NamedRules = Vec<(Match, String)>;
+
+/// Classes and rules from a file's text.
+fn parse_file(name: &str, text: &str) -> Result<(Vec<Class>, NamedRules), String> {
     let lower = name.to_ascii_lowercase();
     let file: File = if lower.ends_with(".toml") {
         toml::from_str(text).map_err(|e| toml_error(text, &e))?
