@@ -17,6 +17,9 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
+//! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
@@ -28,6 +31,8 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod exposition;
+pub mod gpus;
+pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
@@ -37,4 +42,5 @@ pub mod read;
 pub mod server;
 pub mod signal;
 pub mod sim;
+pub mod slo;
 pub mod tap;
