@@ -62,8 +62,11 @@ impl Server {
     /// Builds the metrics and binds both listeners.
     pub async fn bind(cfg: &Config) -> Result<Self, ServerError> {
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-        let recorder =
-            Arc::new(Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes).with_api(cfg.api));
+        let recorder = Arc::new(
+            Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+                .with_api(cfg.api)
+                .with_classes(Arc::clone(&cfg.slo)),
+        );
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,

@@ -29,6 +29,7 @@ use super::{full, metering, BoxFuture, ProxyBody, ProxyError};
 use crate::inject;
 use crate::meter::Recorder;
 use crate::protocol::request::{self, RequestInfo};
+use crate::slo::Choice;
 use crate::tap::BoxError;
 
 /// What inspection learnt about a request, for the layers below.
@@ -38,6 +39,8 @@ pub struct Inspected {
     pub arrived: Instant,
     /// What the body says (model, streaming, usage asked for or injected).
     pub info: RequestInfo,
+    /// The request's SLO class and targets, from its headers, path and model.
+    pub slo: Choice,
 }
 
 /// Builds [`Inspect`] services.
@@ -113,11 +116,15 @@ where
         Box::pin(async move {
             // Until the body is read, no meter exists: a client that goes away now (hyper drops
             // this future with its connection) is recorded by the guard.
+            let (mut parts, body) = req.into_parts();
+            // The class the head names (or its path); the model may refine it once read.
+            let classes = Arc::clone(&recorder.classes);
+            let head_slo = classes.resolve(&parts.headers, parts.uri.path(), None);
             let guard = Unread {
                 recorder: Some(Arc::clone(&recorder)),
                 arrived,
+                slo: head_slo.clone(),
             };
-            let (mut parts, body) = req.into_parts();
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
             guard.disarm();
@@ -126,11 +133,12 @@ where
                 Err(e) => {
                     tracing::debug!(error = %e, "client request body failed");
                     let err = ProxyError::RequestBody(e);
-                    metering::record_refusal(&recorder, arrived, &err);
+                    metering::record_refusal(&recorder, arrived, head_slo, &err);
                     return Ok(err.to_response());
                 }
             };
-            parts.extensions.insert(Inspected { arrived, info });
+            let slo = classes.resolve(&parts.headers, parts.uri.path(), info.model.as_deref());
+            parts.extensions.insert(Inspected { arrived, info, slo });
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
         })
@@ -141,6 +149,7 @@ where
 struct Unread {
     recorder: Option<Arc<Recorder>>,
     arrived: Instant,
+    slo: Choice,
 }
 
 impl Unread {
@@ -152,7 +161,7 @@ impl Unread {
 impl Drop for Unread {
     fn drop(&mut self) {
         if let Some(recorder) = self.recorder.take() {
-            metering::record_gone(&recorder, self.arrived);
+            metering::record_gone(&recorder, self.arrived, self.slo.clone());
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::meter::{Meter, Recorder};
 use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
 use crate::read::{content_framing, Framing};
+use crate::slo::Choice;
 use crate::tap::{BoxError, TapBody};
 
 /// Builds [`Metering`] services.
@@ -51,15 +52,17 @@ pub struct Metering<S> {
 }
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
-pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
-    let meter = recorder.start_at(RequestInfo::default(), arrived);
+pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, slo: Choice, err: &ProxyError) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.set_slo(slo);
     finish_with_error(meter, err);
 }
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
-pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
-    let meter = recorder.start_at(RequestInfo::default(), arrived);
+pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant, slo: Choice) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.set_slo(slo);
     meter.finish(Outcome::ClientDisconnect);
 }
 
@@ -117,18 +120,20 @@ where
     }
 
     fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
-        let Inspected { arrived, info } = req
+        let Inspected { arrived, info, slo } = req
             .extensions_mut()
             .remove::<Inspected>()
             .unwrap_or_else(|| Inspected {
                 arrived: Instant::now(),
                 info: RequestInfo::default(),
+                slo: self.recorder.classes.default_choice(),
             });
         let strip_usage = info.usage_injected;
         // The client's path: the one the wire format is told by, before any base path.
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
-        let meter = self.recorder.start_at(info, arrived);
+        let mut meter = self.recorder.start_at(info, arrived);
+        meter.set_slo(slo);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
@@ -202,6 +207,7 @@ mod tests {
                 include_usage: false,
                 usage_injected,
             },
+            slo: crate::slo::Classes::default().default_choice(),
         });
         req
     }

@@ -63,7 +63,12 @@ fn script(r: &Received) -> Reply {
 
 /// POSTs a streaming chat request for `case` with extra headers and reads the whole response.
 async fn send(proxy_url: &str, case: &str, headers: &[(&str, &str)]) -> u16 {
-    send_to(proxy_url, &format!("/v1/chat/completions?case={case}"), headers).await
+    send_to(
+        proxy_url,
+        &format!("/v1/chat/completions?case={case}"),
+        headers,
+    )
+    .await
 }
 
 /// The same, to any path.
@@ -123,7 +128,10 @@ async fn crafted_streams_give_each_result_and_goodput_counts_only_met_tokens() {
     assert_eq!(send(&url, "slow_first", &fast).await, 200);
     assert_eq!(send(&url, "slow_decode", &fast).await, 200);
     assert_eq!(send(&url, "one", &fast).await, 200);
-    assert_eq!(send(&url, "long", &[("x-tokenmeter-class", "quick")]).await, 200);
+    assert_eq!(
+        send(&url, "long", &[("x-tokenmeter-class", "quick")]).await,
+        200
+    );
     assert_eq!(send(&url, "status500", &fast).await, 500);
     assert_eq!(send(&url, "cut", &fast).await, 200);
     // The client leaves after 100 ms, before the 300 ms TTFT target could be missed ...
