@@ -95,7 +95,7 @@ impl Recorder {
                     at_last: None,
                     at_start,
                     at_leave: None,
-                    slo: self.classes.default_choice(),
+                    slo: Some(self.classes.default_choice()),
                     left: false,
                 },
             }),
@@ -140,8 +140,8 @@ struct Clock {
     /// a request without a decode window.
     at_start: Snapshot,
     at_leave: Option<Snapshot>,
-    /// The SLO class and targets the request is judged against.
-    slo: Choice,
+    /// The SLO class and targets the request is judged against (`None`: not judged).
+    slo: Option<Choice>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
 }
@@ -162,8 +162,9 @@ impl Meter {
         s.reader = Reader::new(path, content_type, rec.api, rec.max_line);
     }
 
-    /// The request's SLO class and targets (chosen from its headers, path and model).
-    pub fn set_slo(&mut self, choice: Choice) {
+    /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
+    /// for a request that is not judged.
+    pub fn set_slo(&mut self, choice: Option<Choice>) {
         if let Some(s) = &mut self.state {
             s.clock.slo = choice;
         }
@@ -278,7 +279,7 @@ impl State {
             slo: None,
         };
         let f = Finished {
-            slo: Some(s.judge(&f)),
+            slo: s.judge(&f),
             ..f
         };
         debug_lines(&f, now, wall, s.last_token);
@@ -329,7 +330,8 @@ fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Optio
 
 impl Clock {
     /// The request's SLO result, judged on its record.
-    fn judge(&self, f: &Finished) -> SloResult {
+    fn judge(&self, f: &Finished) -> Option<SloResult> {
+        let choice = self.slo.as_ref()?;
         let two_xx = (200..300).contains(&self.status);
         let end = match f.outcome {
             // Gone before any response head (status 0), or from a 2xx response.
@@ -362,11 +364,11 @@ impl Clock {
                 .map_or(1.0, |end| self.at_start.mean_until(&end));
             concurrency_band(life.max(1.0))
         };
-        SloResult {
-            class: Arc::clone(&self.slo.class),
-            verdict: slo::judge(&self.slo.targets, &obs),
+        Some(SloResult {
+            class: Arc::clone(&choice.class),
+            verdict: slo::judge(&choice.targets, &obs),
             band,
-        }
+        })
     }
 
     /// The `model` label: the name the stream gave (by its first token, when called then), else

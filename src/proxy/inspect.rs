@@ -39,8 +39,9 @@ pub struct Inspected {
     pub arrived: Instant,
     /// What the body says (model, streaming, usage asked for or injected).
     pub info: RequestInfo,
-    /// The request's SLO class and targets, from its headers, path and model.
-    pub slo: Choice,
+    /// The request's SLO class and targets, from its headers, path and model; `None` for a
+    /// request that is not judged (not a POST).
+    pub slo: Option<Choice>,
 }
 
 /// Builds [`Inspect`] services.
@@ -119,7 +120,9 @@ where
             let (mut parts, body) = req.into_parts();
             // The class the head names (or its path); the model may refine it once read.
             let classes = Arc::clone(&recorder.classes);
-            let head_slo = classes.resolve(&parts.headers, parts.uri.path(), None);
+            // Inference is always a POST: a GET of /v1/models or /health is no consumer of speed.
+            let judged = parts.method == http::Method::POST;
+            let head_slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), None));
             let guard = Unread {
                 recorder: Some(Arc::clone(&recorder)),
                 arrived,
@@ -137,7 +140,8 @@ where
                     return Ok(err.to_response());
                 }
             };
-            let slo = classes.resolve(&parts.headers, parts.uri.path(), info.model.as_deref());
+            let model = info.model.as_deref();
+            let slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), model));
             parts.extensions.insert(Inspected { arrived, info, slo });
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
@@ -149,7 +153,7 @@ where
 struct Unread {
     recorder: Option<Arc<Recorder>>,
     arrived: Instant,
-    slo: Choice,
+    slo: Option<Choice>,
 }
 
 impl Unread {

@@ -52,7 +52,12 @@ pub struct Metering<S> {
 }
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
-pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, slo: Choice, err: &ProxyError) {
+pub fn record_refusal(
+    recorder: &Arc<Recorder>,
+    arrived: Instant,
+    slo: Option<Choice>,
+    err: &ProxyError,
+) {
     let mut meter = recorder.start_at(RequestInfo::default(), arrived);
     meter.set_slo(slo);
     finish_with_error(meter, err);
@@ -60,7 +65,7 @@ pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, slo: Choice, e
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
-pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant, slo: Choice) {
+pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant, slo: Option<Choice>) {
     let mut meter = recorder.start_at(RequestInfo::default(), arrived);
     meter.set_slo(slo);
     meter.finish(Outcome::ClientDisconnect);
@@ -126,7 +131,7 @@ where
             .unwrap_or_else(|| Inspected {
                 arrived: Instant::now(),
                 info: RequestInfo::default(),
-                slo: self.recorder.classes.default_choice(),
+                slo: Some(self.recorder.classes.default_choice()),
             });
         let strip_usage = info.usage_injected;
         // The client's path: the one the wire format is told by, before any base path.
@@ -207,7 +212,7 @@ mod tests {
                 include_usage: false,
                 usage_injected,
             },
-            slo: crate::slo::Classes::default().default_choice(),
+            slo: Some(crate::slo::Classes::default().default_choice()),
         });
         req
     }

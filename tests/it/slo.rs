@@ -249,3 +249,26 @@ async fn gpus_and_their_cost_are_exported_with_the_source() {
     let s = proxy.scrape().await;
     assert!(!s.contains("tokenmeter_gpu_hour_cost "), "{s}");
 }
+
+#[tokio::test]
+async fn only_post_requests_are_judged() {
+    let up = upstream::spawn(|r| {
+        if r.method == "GET" {
+            Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#)
+        } else {
+            script(r)
+        }
+    })
+    .await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let url = proxy.url();
+    let models_url = format!("{url}/v1/models");
+    let models = crate::support::client::send(http::Method::GET, &models_url, "").await;
+    assert_eq!(models.status, 200);
+    send(&url, "met", &[]).await;
+    let s = proxy.settled(2.0).await;
+    // Both are requests; only the POST is an inference a consumer waited for.
+    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 2.0, "{s}");
+    assert_eq!(metric("tokenmeter_slo_requests_total").sum(&s), 1.0, "{s}");
+    assert_eq!(slo(&s, "interactive", "met"), 1.0, "{s}");
+}
