@@ -44,3 +44,9 @@ pub mod signal;
 pub mod sim;
 pub mod slo;
 pub mod tap;
+
+// Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod drain;
+pub mod ratelog;
+pub mod tls;
+pub mod upgrade;

@@ -177,6 +177,17 @@ impl Meter {
         }
     }
 
+    /// The upstream switched protocols (`101`): what follows is no inference stream. The
+    /// request leaves the in-flight gauges now, so a WebSocket held open for an hour does not
+    /// count as an hour-long prefill nor weigh on the concurrency of the requests beside it;
+    /// [`Meter::finish`] with [`Outcome::Upgraded`] records it when the connection closes.
+    pub fn upgraded(&mut self, now: Instant) {
+        if let Some(s) = &mut self.state {
+            s.clock.status = 101;
+            s.clock.leave(now);
+        }
+    }
+
     /// A body frame is passing through to the client now.
     pub fn on_data(&mut self, data: &[u8], now: Instant) {
         let Some(State { reader, clock }) = &mut self.state else {
@@ -332,6 +343,10 @@ impl Clock {
     /// The request's SLO result, judged on its record.
     fn judge(&self, f: &Finished) -> Option<SloResult> {
         let choice = self.slo.as_ref()?;
+        // A joined WebSocket has no response to time (its upgrade request is a GET anyway).
+        if f.outcome == Outcome::Upgraded {
+            return None;
+        }
         let two_xx = (200..300).contains(&self.status);
         let end = match f.outcome {
             // Gone before any response head (status 0), or from a 2xx response.

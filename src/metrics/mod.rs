@@ -87,6 +87,9 @@ pub enum Outcome {
     /// The proxy refused the request itself (an unreadable request body, a URI it cannot
     /// forward): a 400 that never reached the upstream.
     BadRequest,
+    /// The upstream switched protocols (`101`, a WebSocket): the two connections were joined
+    /// until they closed.
+    Upgraded,
 }
 
 impl Outcome {
@@ -97,6 +100,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
             Outcome::BadRequest => "bad_request",
+            Outcome::Upgraded => "upgraded",
         }
     }
 }
