@@ -109,6 +109,16 @@ pub struct ProxyArgs {
     /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
+
+    // --- the page on the metrics listener (src/ui/) ---
+    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
+    /// for it: only /metrics, /healthz and /readyz.
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
+
+    /// How often the page's sampler reads the registry for its time series (1s to 60s).
+    #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub ui_sample_period: Duration,
 }
 
 /// Where requests go.
@@ -139,6 +149,8 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
+    /// The page's sample period; `None` with `--no-ui`.
+    pub ui: Option<Duration>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -154,6 +166,8 @@ pub enum ConfigError {
     BadGpus(f64),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
+    BadUiSamplePeriod(Duration),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -261,6 +275,10 @@ impl ProxyArgs {
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        let ui_period = Duration::from_secs(1)..=Duration::from_secs(60);
+        if !ui_period.contains(&self.ui_sample_period) {
+            return Err(ConfigError::BadUiSamplePeriod(self.ui_sample_period));
+        }
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -289,6 +307,7 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
+            ui: (!self.no_ui).then_some(self.ui_sample_period),
         })
     }
 }
@@ -362,6 +381,21 @@ mod tests {
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
         assert_eq!(c.expect("valid").idle_timeout, None);
+    }
+
+    #[test]
+    fn the_page_is_on_unless_no_ui_and_its_period_is_bounded() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.ui, Some(Duration::from_secs(5)));
+        let c = args(&[&up[..], &["--no-ui"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, None);
+        let c = args(&[&up[..], &["--ui-sample-period", "1s"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, Some(Duration::from_secs(1)));
+        for bad in ["500ms", "61s"] {
+            let e = args(&[&up[..], &["--ui-sample-period", bad]].concat()).validate();
+            assert!(matches!(e, Err(ConfigError::BadUiSamplePeriod(_))), "{bad}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band).
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
+//! - [`ui`]: the page on the metrics listener (`/`, `/api/summary`), drawn from the registry.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
@@ -33,3 +34,4 @@ pub mod signal;
 pub mod sim;
 pub mod sse;
 pub mod tap;
+pub mod ui;
