@@ -8,6 +8,11 @@
 //! - the base the "now" percentiles are measured from (the newest reading at least
 //!   [`NOW_WINDOW`] old), so they say what happened in the last minute, not since start;
 //! - aggregate tokens/s by concurrency band, accumulated since start (see [`BandAcc`]).
+//!
+//! The aggregate gauge (`tokenmeter_output_tokens_per_second`) is a mean over `--rate-window`, so
+//! a reading is put in the band of the mean number of requests in flight over the readings of
+//! that same window: both coordinates of a point describe the same stretch of time. Where load
+//! changes within a window, the point lies between two levels, where it belongs.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -39,8 +44,9 @@ pub struct Point {
     pub in_flight_decode: f64,
 }
 
-/// Aggregate tokens/s in one concurrency band: the mean of the aggregate gauge over the samples
-/// taken while the number of requests in flight fell in that band (idle samples are left out).
+/// Aggregate tokens/s in one concurrency band: the mean of the aggregate gauge over the readings
+/// whose window (the gauge's `--rate-window`) had a mean number of requests in flight in that
+/// band. Readings whose window averaged less than one request in flight (idle) are left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BandAcc {
     pub samples: u64,
@@ -74,20 +80,30 @@ impl Base {
 #[derive(Debug)]
 pub struct History {
     period: Duration,
+    rate_window: Duration,
     capacity: usize,
+    /// Requests in flight at each reading of the last `rate_window`.
+    recent: VecDeque<(Instant, f64)>,
+    /// The first reading: until it is `rate_window` old, the gauge's window reaches back
+    /// before the readings, and no reading is put in a band.
+    first: Option<Instant>,
     points: VecDeque<Point>,
     bases: VecDeque<Base>,
     bands: BTreeMap<&'static str, BandAcc>,
 }
 
 impl History {
-    /// A ring for readings taken every `period`.
-    pub fn new(period: Duration) -> History {
+    /// A ring for readings taken every `period` of a registry whose aggregate gauge averages
+    /// over `rate_window`.
+    pub fn new(period: Duration, rate_window: Duration) -> History {
         let period = period.max(Duration::from_millis(1));
         let capacity = (HISTORY_SPAN.as_secs_f64() / period.as_secs_f64()).ceil() as usize;
         History {
             period,
+            rate_window,
             capacity: capacity.max(1),
+            recent: VecDeque::new(),
+            first: None,
             points: VecDeque::new(),
             bases: VecDeque::new(),
             bands: BTreeMap::new(),
@@ -122,8 +138,17 @@ impl History {
                 self.bases.pop_front();
             }
         }
-        let in_flight = r.in_flight_prefill + r.in_flight_decode;
-        if in_flight >= 1.0 {
+        self.recent
+            .push_back((at, r.in_flight_prefill + r.in_flight_decode));
+        if let Some(edge) = at.checked_sub(self.rate_window) {
+            while self.recent.front().is_some_and(|(t, _)| *t < edge) {
+                self.recent.pop_front();
+            }
+        }
+        let in_flight = self.recent.iter().map(|(_, n)| n).sum::<f64>() / self.recent.len() as f64;
+        let first = *self.first.get_or_insert(at);
+        let covered = at.saturating_duration_since(first) >= self.rate_window;
+        if covered && in_flight >= 1.0 {
             let acc = self.bands.entry(concurrency_band(in_flight)).or_default();
             acc.samples += 1;
             acc.tokens_per_second_sum += r.output_tps;
@@ -168,9 +193,12 @@ mod tests {
         }
     }
 
+    const PERIOD: Duration = Duration::from_secs(5);
+    const WINDOW: Duration = Duration::from_secs(10);
+
     #[test]
     fn the_ring_is_bounded_and_keeps_the_newest() {
-        let mut h = History::new(Duration::from_secs(5));
+        let mut h = History::new(PERIOD, WINDOW);
         let t0 = Instant::now();
         for i in 0..500u64 {
             let r = reading(i as f64, 0.0, 0.0, &[]);
@@ -183,11 +211,13 @@ mod tests {
         let at = t0 + Duration::from_secs(5 * 499);
         assert_eq!(h.base_for(at).unwrap().unix_ms, 499 - 12);
         assert!(h.base_for(t0 + Duration::from_secs(30)).is_none());
+        // The window's in-flight readings: t-10 s, t-5 s and t.
+        assert_eq!(h.recent.len(), 3);
     }
 
     #[test]
-    fn ttft_points_are_per_interval_and_bands_skip_idle_samples() {
-        let mut h = History::new(Duration::from_secs(5));
+    fn ttft_points_are_per_interval_and_bands_skip_idle_windows() {
+        let mut h = History::new(PERIOD, WINDOW);
         let t0 = Instant::now();
         let inf = f64::INFINITY;
         // Two requests under 1 s, then two more between 1 and 2 s.
@@ -200,13 +230,20 @@ mod tests {
         h.record(&r, t0 + Duration::from_secs(5), 5000);
         let r = reading(100.0, 0.0, 1.0, &[(1.0, 2.0), (2.0, 4.0), (inf, 4.0)]);
         h.record(&r, t0 + Duration::from_secs(10), 10000);
+        let r = reading(500.0, 1.0, 5.0, &[(1.0, 2.0), (2.0, 4.0), (inf, 4.0)]);
+        h.record(&r, t0 + Duration::from_secs(15), 15000);
         let p: Vec<_> = h.points().map(|p| p.ttft_p50_seconds).collect();
-        assert_eq!(p, [Some(0.5), Some(1.5), None]);
-        // In flight 3 is band 2-4, 1 is band 1; the idle first sample counts nowhere.
+        assert_eq!(p, [Some(0.5), Some(1.5), None, None]);
+        // Windows of 10 s: at 5 s the gauge's window reaches back before the first reading, so
+        // it is not used; at 10 s (0, 3, 1) has mean 4/3, band 1; at 15 s (3, 1, 6) mean 10/3,
+        // band 2-4.
         let b = h.bands();
         assert_eq!(b.len(), 2);
         assert_eq!(b["2-4"].samples, 1);
-        assert_eq!(b["2-4"].tokens_per_second_sum, 300.0);
-        assert_eq!(b["1"].in_flight_sum, 1.0);
+        assert_eq!(b["2-4"].tokens_per_second_sum, 500.0);
+        assert_eq!(b["2-4"].in_flight_sum, 10.0 / 3.0);
+        assert_eq!(b["1"].samples, 1);
+        assert_eq!(b["1"].tokens_per_second_sum, 100.0);
+        assert_eq!(b["1"].in_flight_sum, 4.0 / 3.0);
     }
 }

@@ -61,19 +61,21 @@ fn unix_ms() -> u64 {
 }
 
 impl Ui {
-    /// A page over the proxy's metrics, sampled every `period`.
-    pub fn new(metrics: Arc<Metrics>, period: Duration) -> Ui {
-        Ui::from_render(move || metrics.render(), period)
+    /// A page over the proxy's metrics, sampled every `period`; `rate_window` is the aggregate
+    /// gauge's `--rate-window`.
+    pub fn new(metrics: Arc<Metrics>, period: Duration, rate_window: Duration) -> Ui {
+        Ui::from_render(move || metrics.render(), period, rate_window)
     }
 
     /// A page over any text exposition with tokenmeter's names (tests use their own registry).
     pub fn from_render(
         render: impl Fn() -> Vec<u8> + Send + Sync + 'static,
         period: Duration,
+        rate_window: Duration,
     ) -> Ui {
         Ui {
             render: Box::new(render),
-            history: Mutex::new(History::new(period)),
+            history: Mutex::new(History::new(period, rate_window)),
         }
     }
 

@@ -124,6 +124,9 @@ impl Fixture {
     }
 }
 
+const PERIOD: Duration = Duration::from_secs(5);
+const WINDOW: Duration = Duration::from_secs(10);
+
 fn close(a: Option<f64>, b: f64) -> bool {
     a.is_some_and(|a| (a - b).abs() < 1e-9)
 }
@@ -132,7 +135,7 @@ fn close(a: Option<f64>, b: f64) -> bool {
 fn now_figures_are_the_buckets_read_as_histogram_quantile_does() {
     let f = Fixture::new();
     f.observe_first_batch();
-    let h = History::new(Duration::from_secs(5));
+    let h = History::new(PERIOD, WINDOW);
     let s = Summary::compute(&f.reading(), &h, Instant::now(), 1_030_000);
     let n = &s.now;
     assert_eq!((n.in_flight_prefill, n.in_flight_decode), (2.0, 5.0));
@@ -178,9 +181,11 @@ fn now_figures_are_the_buckets_read_as_histogram_quantile_does() {
 fn percentiles_cover_the_last_minute_once_the_ring_reaches_back_that_far() {
     let f = Fixture::new();
     f.observe_first_batch();
-    let mut h = History::new(Duration::from_secs(5));
+    let mut h = History::new(PERIOD, WINDOW);
     let t0 = Instant::now();
     h.record(&f.reading(), t0, 1_000_000);
+    // A second reading once the gauge's window is covered: 7 in flight throughout.
+    h.record(&f.reading(), t0 + WINDOW, 1_010_000);
     // A minute and more later, four slow first tokens: only they count now.
     for x in [0.6, 0.7, 0.8, 0.9] {
         f.ttft.with_label_values(&["c"]).observe(x);
@@ -192,21 +197,22 @@ fn percentiles_cover_the_last_minute_once_the_ring_reaches_back_that_far() {
     assert!(close(s.now.ttft_p50_seconds, 0.75), "{:?}", s.now);
     // Nothing per request in the window.
     assert_eq!(s.now.request_tokens_per_second_p50, None);
-    // The band chart is since start, and the one sample (7 in flight) is band 5-8.
+    // The band chart is since start, and the one covered reading (7 in flight) is band 5-8.
     let b5 = s.tradeoff.bands.iter().find(|b| b.band == "5-8").unwrap();
     assert_eq!(b5.aggregate_samples, 1);
     assert_eq!(b5.aggregate_tokens_per_second, Some(1234.0));
     assert_eq!(b5.aggregate_mean_in_flight, Some(7.0));
     assert!(close(b5.per_request_p50, 17.5));
-    assert_eq!(s.history.len(), 1);
+    assert_eq!(s.history.len(), 2);
     assert!(close(s.history[0].ttft_p50_seconds, 0.1 + 0.4 * 2.0 / 3.0));
+    assert_eq!(s.history[1].ttft_p50_seconds, None);
 }
 
 #[test]
 fn slo_attainment_leaves_out_abandoned_requests_and_appears_only_with_the_series() {
     let f = Fixture::new().with_slo();
     let slo = f.slo.clone().unwrap();
-    let mut h = History::new(Duration::from_secs(5));
+    let mut h = History::new(PERIOD, WINDOW);
     let t0 = Instant::now();
     slo.with_label_values(&["interactive", "a", "1", "met"])
         .inc_by(10);
@@ -251,7 +257,7 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     f.registry.register(Box::new(max)).unwrap();
     let s = Summary::compute(
         &f.reading(),
-        &History::new(DEFAULT_SAMPLE_PERIOD),
+        &History::new(PERIOD, WINDOW),
         Instant::now(),
         0,
     );
@@ -272,7 +278,7 @@ fn the_page_and_its_data_are_served_with_a_strict_policy() {
     let f = Fixture::new();
     f.observe_first_batch();
     let text = f.text();
-    let ui = Ui::from_render(move || text.clone().into_bytes(), DEFAULT_SAMPLE_PERIOD);
+    let ui = Ui::from_render(move || text.clone().into_bytes(), PERIOD, WINDOW);
     ui.sample();
     for (path, kind) in [
         ("/", "text/html"),

@@ -25,11 +25,16 @@
   function fmt(v) {
     if (v === null || v === undefined || !isFinite(v)) return '–';
     const a = Math.abs(v);
-    if (a >= 1000) return Math.round(v).toLocaleString('en-US');
+    if (a >= 1000 || Number.isInteger(v)) return Math.round(v).toLocaleString('en-US');
     if (a >= 100) return v.toFixed(0);
     if (a >= 10) return v.toFixed(1);
     if (a === 0) return '0';
     return v.toFixed(2);
+  }
+
+  // Axis ticks: no trailing zeros (0.8, not 0.80).
+  function fmtTick(v) {
+    return Math.abs(v) >= 1000 ? fmt(v) : String(Number(v.toPrecision(3)));
   }
 
   function fmtMs(seconds) {
@@ -98,11 +103,11 @@
     for (const v of scales.left.ticks) {
       const y = sy('left', v);
       svgEl('line', { x1: m.l, x2: m.l + pw, y1: y, y2: y, class: 'grid' }, axes);
-      svgText(axes, m.l - 6, y + 4, fmt(v), { 'text-anchor': 'end' });
+      svgText(axes, m.l - 6, y + 4, fmtTick(v), { 'text-anchor': 'end' });
     }
     if (hasRight) {
       for (const v of scales.right.ticks) {
-        svgText(axes, m.l + pw + 6, sy('right', v) + 4, fmt(v), { 'text-anchor': 'start' });
+        svgText(axes, m.l + pw + 6, sy('right', v) + 4, fmtTick(v), { 'text-anchor': 'start' });
       }
     }
     svgEl('line', { x1: m.l, x2: m.l + pw, y1: m.t + ph, y2: m.t + ph }, axes);
@@ -111,7 +116,7 @@
     for (const v of spec.x.ticks) {
       const x = sx(v);
       svgEl('line', { x1: x, x2: x, y1: m.t + ph, y2: m.t + ph + 4 }, axes);
-      svgText(axes, x, m.t + ph + 16, (spec.x.fmt || fmt)(v), { 'text-anchor': 'middle' });
+      svgText(axes, x, m.t + ph + 16, (spec.x.fmt || fmtTick)(v), { 'text-anchor': 'middle' });
     }
     svgText(axes, m.l + pw / 2, height - 6, spec.x.label, { 'text-anchor': 'middle', class: 'axis-title' });
     svgText(axes, 4, 14, spec.left.label, { 'text-anchor': 'start', class: 'axis-title' });
@@ -127,7 +132,8 @@
       if (v.x < spec.x.min || v.x > spec.x.max) continue;
       const x = sx(v.x);
       svgEl('line', { x1: x, x2: x, y1: m.t, y2: m.t + ph, stroke: '#333', 'stroke-dasharray': '2 4', class: 'ref' }, svg);
-      svgText(svg, x + 4, m.t + 12, v.label, { class: 'ref-label' });
+      const right = x > m.l + pw * 0.7;
+      svgText(svg, right ? x - 4 : x + 4, m.t + 12, v.label, { class: 'ref-label', 'text-anchor': right ? 'end' : 'start' });
     }
 
     let drawn = 0;
@@ -279,8 +285,9 @@
     const t = s.tradeoff;
     const bands = t.bands;
     let top = 8;
-    for (const b of bands) top = Math.max(top, b.concurrency);
+    for (const b of bands) top = Math.max(top, b.concurrency, b.aggregate_mean_in_flight || 0);
     for (const kind of Object.keys(t.capacity_curve)) for (const p of t.capacity_curve[kind]) top = Math.max(top, p.concurrency);
+    for (const c of Object.keys(t.max_concurrency)) top = Math.max(top, t.max_concurrency[c]);
     top = Math.pow(2, Math.ceil(Math.log2(top)));
     const series = [
       {
@@ -289,7 +296,7 @@
       },
       {
         id: 'aggregate', name: 'aggregate (right)', axis: 'right', shape: 'square', color: '#b34700', dash: '6 3',
-        points: bands.filter((b) => b.aggregate_tokens_per_second !== null).map((b) => [b.concurrency, b.aggregate_tokens_per_second]),
+        points: bands.filter((b) => b.aggregate_tokens_per_second !== null).map((b) => [b.aggregate_mean_in_flight, b.aggregate_tokens_per_second]),
       },
     ];
     const curve = t.capacity_curve;
@@ -327,7 +334,7 @@
     const step = niceStep(-min / 5);
     const xt = [];
     for (let v = 0; v >= min - 1e-9; v -= step) xt.unshift(Number(v.toPrecision(12)));
-    const x = { min: min, max: 0, ticks: xt, label: 'minutes before now', fmt: (v) => (v === 0 ? 'now' : fmt(v)) };
+    const x = { min: min, max: 0, ticks: xt, label: 'minutes before now', fmt: (v) => (v === 0 ? 'now' : fmtTick(v)) };
     drawChart(document.getElementById('chart-tps'), {
       height: 190, x: x, left: { label: 'tok/s' },
       series: [{ id: 'tps', name: 'aggregate', axis: 'left', shape: 'circle', color: '#b34700', points: pts.map((p) => [ago(p), p.output_tokens_per_second]) }],
