@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
+use crate::ui::Ui;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,7 @@ pub struct Server {
     proxy: Arc<Proxy>,
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
+    ui: Option<Arc<Ui>>,
     drain_timeout: Duration,
     header_read_timeout: Duration,
 }
@@ -67,6 +69,13 @@ impl Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
             proxy: Arc::new(Proxy::new(cfg, recorder)),
+            ui: cfg.ui.map(|period| {
+                Arc::new(Ui::new(
+                    Arc::clone(&metrics),
+                    period,
+                    cfg.metrics.rate_window,
+                ))
+            }),
             metrics,
             ready: Arc::new(Readiness::default()),
             drain_timeout: cfg.drain_timeout,
@@ -95,10 +104,12 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
             Arc::clone(&self.metrics),
             Arc::clone(&self.ready),
+            self.ui.clone(),
         ));
         let conns = Arc::new(Connections::default());
         let (drain_tx, drain_rx) = watch::channel(false);
@@ -133,6 +144,9 @@ impl Server {
             );
         }
         admin.abort();
+        if let Some(sampler) = sampler {
+            sampler.abort();
+        }
     }
 }
 
@@ -238,16 +252,21 @@ async fn serve_proxy_conn(
     }
 }
 
-async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<Readiness>) {
+async fn serve_admin(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    ready: Arc<Readiness>,
+    ui: Option<Arc<Ui>>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (metrics, ready) = (Arc::clone(&metrics), Arc::clone(&ready));
+        let (metrics, ready, ui) = (Arc::clone(&metrics), Arc::clone(&ready), ui.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let resp = admin::handle(&req, &metrics, &ready);
+                let resp = admin::handle_with_ui(&req, &metrics, &ready, ui.as_deref());
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
