@@ -10,3 +10,4 @@ mod inject;
 mod props;
 mod proxy;
 mod sim;
+mod ui;
