@@ -4,7 +4,9 @@
 //!
 //! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown.
-//! - [`proxy`]: forwards one request upstream with a pooled client and wraps the response body.
+//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::inspect`] (the
+//!   request body, the model), [`proxy::metering`] (one meter per request, the tap),
+//!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
 //! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
