@@ -94,7 +94,9 @@ fn bench(c: &mut Criterion) {
         out
     };
     eprintln!("exposition: {} bytes", render().len());
-    c.bench_function("ui/render alone (what /metrics costs)", |b| b.iter(|| black_box(render())));
+    c.bench_function("ui/render alone (what /metrics costs)", |b| {
+        b.iter(|| black_box(render()))
+    });
     let ui = Ui::from_render(render, Duration::from_secs(5), Duration::from_secs(10));
     // A full ring, as after ten minutes.
     for _ in 0..120 {

@@ -25,6 +25,7 @@ pub(crate) const SLO_REQUESTS: &str = "tokenmeter_slo_requests_total";
 pub(crate) const SLO_OBJECTIVE: &str = "tokenmeter_slo_objective";
 pub(crate) const CAPACITY_CURVE: &str = "tokenmeter_capacity_curve_tokens_per_second";
 pub(crate) const CAPACITY_MAX_CONCURRENCY: &str = "tokenmeter_capacity_max_concurrency";
+pub(crate) const CAPACITY_TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
 
 /// A histogram summed over series: cumulative counts by upper bound, ascending, `+Inf` last.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -125,6 +126,8 @@ pub struct Reading {
     /// The capacity model's curve by kind (`per_request`, `aggregate`); empty when absent.
     pub capacity_curve: BTreeMap<String, Vec<CurvePoint>>,
     pub capacity_max_concurrency: BTreeMap<String, f64>,
+    /// Each class's per-request speed floor, as the capacity model uses it.
+    pub capacity_tps_floor: BTreeMap<String, f64>,
 }
 
 fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
@@ -214,6 +217,10 @@ impl Reading {
                 }
                 CAPACITY_MAX_CONCURRENCY => {
                     r.capacity_max_concurrency
+                        .insert(s.label("class").unwrap_or("").to_string(), v);
+                }
+                CAPACITY_TPS_FLOOR => {
+                    r.capacity_tps_floor
                         .insert(s.label("class").unwrap_or("").to_string(), v);
                 }
                 _ => {

@@ -85,6 +85,15 @@ pub struct Tradeoff {
     pub capacity_curve: BTreeMap<String, Vec<CurvePoint>>,
     /// `tokenmeter_capacity_max_concurrency{class}`.
     pub max_concurrency: BTreeMap<String, f64>,
+    /// `tokenmeter_capacity_tps_floor{class}`: each class's per-request speed floor.
+    pub floors: Vec<Floor>,
+}
+
+/// A class's per-request speed floor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Floor {
+    pub class: String,
+    pub tokens_per_second: f64,
 }
 
 /// One concurrency band, since the process started.
@@ -240,6 +249,14 @@ impl Summary {
                 bands,
                 capacity_curve: r.capacity_curve.clone(),
                 max_concurrency: r.capacity_max_concurrency.clone(),
+                floors: r
+                    .capacity_tps_floor
+                    .iter()
+                    .map(|(class, &v)| Floor {
+                        class: class.clone(),
+                        tokens_per_second: v,
+                    })
+                    .collect(),
             },
             history: history.points().cloned().collect(),
             outcomes: counts(&r.outcomes),

@@ -175,6 +175,7 @@ fn now_figures_are_the_buckets_read_as_histogram_quantile_does() {
     assert_eq!(sources, [("counted", 1.0), ("usage", 3.0)]);
     assert_eq!(s.slo, None);
     assert!(s.tradeoff.capacity_curve.is_empty());
+    assert!(s.tradeoff.floors.is_empty() && s.tradeoff.max_concurrency.is_empty());
 }
 
 #[test]
@@ -255,6 +256,9 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     let max = GaugeVec::new(Opts::new(CAPACITY_MAX_CONCURRENCY, "g"), &["class"]).unwrap();
     max.with_label_values(&["interactive"]).set(30.0);
     f.registry.register(Box::new(max)).unwrap();
+    let floor = GaugeVec::new(Opts::new(CAPACITY_TPS_FLOOR, "g"), &["class"]).unwrap();
+    floor.with_label_values(&["interactive"]).set(40.0);
+    f.registry.register(Box::new(floor)).unwrap();
     let s = Summary::compute(
         &f.reading(),
         &History::new(PERIOD, WINDOW),
@@ -271,6 +275,9 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
         320.0
     );
     assert_eq!(s.tradeoff.max_concurrency["interactive"], 30.0);
+    assert_eq!(s.tradeoff.floors.len(), 1);
+    assert_eq!(s.tradeoff.floors[0].class, "interactive");
+    assert_eq!(s.tradeoff.floors[0].tokens_per_second, 40.0);
 }
 
 #[test]
