@@ -13,7 +13,7 @@ use prometheus::{
     TextEncoder,
 };
 use tokenmeter::metrics::Buckets;
-use tokenmeter::ui::Ui;
+use tokenmeter::ui::{parse, Reading, Ui};
 
 const MODELS: [&str; 4] = ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mistral-7b"];
 const BANDS: [&str; 9] = [
@@ -88,24 +88,37 @@ fn registry() -> Registry {
 
 fn bench(c: &mut Criterion) {
     let r = registry();
-    let render = move || {
+    let render = |r: &Registry| {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&r.gather(), &mut out);
         out
     };
-    eprintln!("exposition: {} bytes", render().len());
+    eprintln!("exposition: {} bytes", render(&r).len());
     c.bench_function("ui/render alone (what /metrics costs)", |b| {
-        b.iter(|| black_box(render()))
+        b.iter(|| black_box(render(&r)))
     });
-    let ui = Ui::from_render(render, Duration::from_secs(5), Duration::from_secs(10));
+    // The two ways to read the registry, side by side.
+    c.bench_function(
+        "ui/read via the text exposition (render + parse + reduce)",
+        |b| {
+            b.iter(|| {
+                let text = render(&r);
+                black_box(Reading::from_samples(&parse(&String::from_utf8_lossy(
+                    &text,
+                ))))
+            })
+        },
+    );
+    c.bench_function("ui/read via gather (gather + reduce)", |b| {
+        b.iter(|| black_box(Reading::from_families(&r.gather())))
+    });
+    let ui = Ui::from_registry(r, Duration::from_secs(5), Duration::from_secs(10));
     // A full ring, as after ten minutes.
     for _ in 0..120 {
         ui.sample();
     }
-    c.bench_function("ui/sample (render + read + record)", |b| {
-        b.iter(|| ui.sample())
-    });
-    c.bench_function("ui/api_summary (render + read + summary + JSON)", |b| {
+    c.bench_function("ui/sample (read + record)", |b| b.iter(|| ui.sample()));
+    c.bench_function("ui/api_summary (read + summary + JSON)", |b| {
         b.iter(|| black_box(serde_json::to_vec(&ui.summary()).expect("json")))
     });
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response};
 use http_body_util::Full;
+use prometheus::Registry;
 
 pub use history::{History, Point, HISTORY_SPAN, NOW_WINDOW};
 pub use reading::{Hist, Reading};
@@ -39,12 +40,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 /// Default time between two readings of the registry: the time series' resolution.
 pub const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
 
-/// Renders the text exposition the page is computed from (the registry `/metrics` serves).
-type Render = dyn Fn() -> Vec<u8> + Send + Sync;
+/// Reads the registry `/metrics` serves, reduced to what the page shows.
+type Read = dyn Fn() -> Reading + Send + Sync;
 
 /// The page's state: how to read the registry, and the sampler's ring.
 pub struct Ui {
-    render: Box<Render>,
+    read: Box<Read>,
     history: Mutex<History>,
 }
 
@@ -64,24 +65,31 @@ impl Ui {
     /// A page over the proxy's metrics, sampled every `period`; `rate_window` is the aggregate
     /// gauge's `--rate-window`.
     pub fn new(metrics: Arc<Metrics>, period: Duration, rate_window: Duration) -> Ui {
-        Ui::from_render(move || metrics.render(), period, rate_window)
+        let read = move || {
+            let text = metrics.render();
+            Reading::from_samples(&parse(&String::from_utf8_lossy(&text)))
+        };
+        Ui::from_reader(read, period, rate_window)
     }
 
-    /// A page over any text exposition with tokenmeter's names (tests use their own registry).
-    pub fn from_render(
-        render: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+    /// A page over any registry with tokenmeter's family names (tests and benchmarks).
+    pub fn from_registry(registry: Registry, period: Duration, rate_window: Duration) -> Ui {
+        Ui::from_reader(
+            move || Reading::from_families(&registry.gather()),
+            period,
+            rate_window,
+        )
+    }
+
+    fn from_reader(
+        read: impl Fn() -> Reading + Send + Sync + 'static,
         period: Duration,
         rate_window: Duration,
     ) -> Ui {
         Ui {
-            render: Box::new(render),
+            read: Box::new(read),
             history: Mutex::new(History::new(period, rate_window)),
         }
-    }
-
-    fn read(&self) -> Reading {
-        let text = (self.render)();
-        Reading::from_samples(&parse(&String::from_utf8_lossy(&text)))
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, History> {
@@ -90,13 +98,13 @@ impl Ui {
 
     /// Takes one reading into the ring (the sampler calls this every period).
     pub fn sample(&self) {
-        let r = self.read();
+        let r = (self.read)();
         self.history().record(&r, Instant::now(), unix_ms());
     }
 
     /// The summary as of now.
     pub fn summary(&self) -> Summary {
-        let r = self.read();
+        let r = (self.read)();
         Summary::compute(&r, &self.history(), Instant::now(), unix_ms())
     }
 

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use prometheus::proto::{MetricFamily, MetricType};
+
 use super::scrape::Sample;
 
 pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
@@ -161,86 +163,136 @@ fn parse_bound(s: &str) -> Option<f64> {
 }
 
 impl Reading {
-    /// Reduces the samples of one exposition.
+    /// Reduces the samples of one text exposition.
     pub fn from_samples(samples: &[Sample]) -> Reading {
         let mut r = Reading::default();
         for s in samples {
-            let v = s.value;
-            match s.name.as_str() {
-                IN_FLIGHT => match s.label("phase") {
-                    Some("prefill") => r.in_flight_prefill += v,
-                    Some("decode") => r.in_flight_decode += v,
-                    _ => {}
-                },
-                OUTPUT_TPS => r.output_tps = v,
-                OUTPUT_TPS_PER_GPU => r.output_tps_per_gpu = v,
-                GPUS => r.gpus += v,
-                BUILD_INFO => r.version = s.label("version").map(str::to_string),
-                START_TIME => r.start_time = Some(v),
-                REQUESTS => {
-                    r.requests += v;
-                    bump(&mut r.outcomes, s.label("outcome"), v);
-                    bump(&mut r.codes, s.label("code"), v);
-                }
-                OUTPUT_TOKENS => r.output_tokens += v,
-                INPUT_TOKENS => r.input_tokens += v,
-                TOKEN_SOURCE => bump(&mut r.token_sources, s.label("source"), v),
-                SLO_REQUESTS => {
-                    let key = (
-                        s.label("class").unwrap_or("").to_string(),
-                        s.label("result").unwrap_or("").to_string(),
-                    );
-                    *r.slo
-                        .get_or_insert_with(BTreeMap::new)
-                        .entry(key)
-                        .or_default() += v;
-                }
-                SLO_OBJECTIVE => {
-                    r.slo_objective
-                        .insert(s.label("class").unwrap_or("").to_string(), v);
-                }
-                CAPACITY_CURVE => {
-                    let (Some(kind), Some(c)) = (
-                        s.label("kind"),
-                        s.label("concurrency").and_then(|c| c.parse::<f64>().ok()),
-                    ) else {
-                        continue;
-                    };
-                    if v.is_finite() {
-                        let curve = r.capacity_curve.entry(kind.to_string()).or_default();
-                        curve.push(CurvePoint {
-                            concurrency: c,
-                            tokens_per_second: v,
-                        });
-                        curve.sort_by(|a, b| a.concurrency.total_cmp(&b.concurrency));
-                    }
-                }
-                CAPACITY_MAX_CONCURRENCY => {
-                    r.capacity_max_concurrency
-                        .insert(s.label("class").unwrap_or("").to_string(), v);
-                }
-                CAPACITY_TPS_FLOOR => {
-                    r.capacity_tps_floor
-                        .insert(s.label("class").unwrap_or("").to_string(), v);
-                }
-                _ => {
-                    if hist_sample(&mut r.ttft, TTFT, s) {
-                        continue;
-                    }
-                    if s.name.starts_with(REQUEST_TPS) {
-                        let band = s.label("concurrency").unwrap_or("").to_string();
-                        let by_band = r.request_tps_by_band.entry(band).or_default();
-                        if hist_sample(by_band, REQUEST_TPS, s) {
-                            hist_sample(&mut r.request_tps, REQUEST_TPS, s);
-                        }
-                    }
+            if hist_sample(&mut r.ttft, TTFT, s) {
+                continue;
+            }
+            if s.name.starts_with(REQUEST_TPS) {
+                let band = s.label("concurrency").unwrap_or("").to_string();
+                let by_band = r.request_tps_by_band.entry(band).or_default();
+                if hist_sample(by_band, REQUEST_TPS, s) {
+                    hist_sample(&mut r.request_tps, REQUEST_TPS, s);
+                    continue;
                 }
             }
+            r.scalar(&s.name, |k| s.label(k), s.value);
         }
         r.request_tps_by_band
             .retain(|_, h| h.count > 0.0 || !h.buckets.is_empty());
         r
     }
+
+    /// Reduces the metric families of one gathering of a registry.
+    pub fn from_families(families: &[MetricFamily]) -> Reading {
+        let mut r = Reading::default();
+        for family in families {
+            let name = family.name();
+            for m in family.get_metric() {
+                let label = |k: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == k)
+                        .map(|l| l.value())
+                };
+                let v = match family.get_field_type() {
+                    MetricType::HISTOGRAM => {
+                        let h = m.get_histogram();
+                        let target = match name {
+                            TTFT => &mut r.ttft,
+                            REQUEST_TPS => r
+                                .request_tps_by_band
+                                .entry(label("concurrency").unwrap_or("").to_string())
+                                .or_default(),
+                            _ => continue,
+                        };
+                        add_histogram(target, h);
+                        if name == REQUEST_TPS {
+                            add_histogram(&mut r.request_tps, h);
+                        }
+                        continue;
+                    }
+                    MetricType::COUNTER => m.get_counter().get_value(),
+                    MetricType::GAUGE => m.get_gauge().get_value(),
+                    // tokenmeter registers no untyped or summary families.
+                    MetricType::UNTYPED | MetricType::SUMMARY => continue,
+                };
+                r.scalar(name, label, v);
+            }
+        }
+        r
+    }
+
+    /// Takes one sample of a counter or gauge.
+    fn scalar<'a>(&mut self, name: &str, label: impl Fn(&str) -> Option<&'a str>, v: f64) {
+        let r = self;
+        let class = || label("class").unwrap_or("").to_string();
+        match name {
+            IN_FLIGHT => match label("phase") {
+                Some("prefill") => r.in_flight_prefill += v,
+                Some("decode") => r.in_flight_decode += v,
+                _ => {}
+            },
+            OUTPUT_TPS => r.output_tps = v,
+            OUTPUT_TPS_PER_GPU => r.output_tps_per_gpu = v,
+            GPUS => r.gpus += v,
+            BUILD_INFO => r.version = label("version").map(str::to_string),
+            START_TIME => r.start_time = Some(v),
+            REQUESTS => {
+                r.requests += v;
+                bump(&mut r.outcomes, label("outcome"), v);
+                bump(&mut r.codes, label("code"), v);
+            }
+            OUTPUT_TOKENS => r.output_tokens += v,
+            INPUT_TOKENS => r.input_tokens += v,
+            TOKEN_SOURCE => bump(&mut r.token_sources, label("source"), v),
+            SLO_REQUESTS => {
+                let key = (class(), label("result").unwrap_or("").to_string());
+                *r.slo
+                    .get_or_insert_with(BTreeMap::new)
+                    .entry(key)
+                    .or_default() += v;
+            }
+            SLO_OBJECTIVE => {
+                r.slo_objective.insert(class(), v);
+            }
+            CAPACITY_CURVE => {
+                let (Some(kind), Some(c)) = (
+                    label("kind"),
+                    label("concurrency").and_then(|c| c.parse::<f64>().ok()),
+                ) else {
+                    return;
+                };
+                if v.is_finite() {
+                    let curve = r.capacity_curve.entry(kind.to_string()).or_default();
+                    curve.push(CurvePoint {
+                        concurrency: c,
+                        tokens_per_second: v,
+                    });
+                    curve.sort_by(|a, b| a.concurrency.total_cmp(&b.concurrency));
+                }
+            }
+            CAPACITY_MAX_CONCURRENCY => {
+                r.capacity_max_concurrency.insert(class(), v);
+            }
+            CAPACITY_TPS_FLOOR => {
+                r.capacity_tps_floor.insert(class(), v);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds one series of a gathered histogram (its `+Inf` bucket is the sample count).
+fn add_histogram(target: &mut Hist, h: &prometheus::proto::Histogram) {
+    for b in h.get_bucket() {
+        target.add_bucket(b.upper_bound(), b.cumulative_count() as f64);
+    }
+    target.add_bucket(f64::INFINITY, h.get_sample_count() as f64);
+    target.sum += h.get_sample_sum();
+    target.count += h.get_sample_count() as f64;
 }
 
 #[cfg(test)]

@@ -119,8 +119,12 @@ impl Fixture {
         String::from_utf8(out).unwrap()
     }
 
+    /// The registry read both ways, which must agree.
     fn reading(&self) -> Reading {
-        Reading::from_samples(&parse(&self.text()))
+        let from_text = Reading::from_samples(&parse(&self.text()));
+        let gathered = Reading::from_families(&self.registry.gather());
+        assert_eq!(from_text, gathered);
+        gathered
     }
 }
 
@@ -284,8 +288,7 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
 fn the_page_and_its_data_are_served_with_a_strict_policy() {
     let f = Fixture::new();
     f.observe_first_batch();
-    let text = f.text();
-    let ui = Ui::from_render(move || text.clone().into_bytes(), PERIOD, WINDOW);
+    let ui = Ui::from_registry(f.registry.clone(), PERIOD, WINDOW);
     ui.sample();
     for (path, kind) in [
         ("/", "text/html"),
