@@ -16,15 +16,22 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`ui`]: the page on the metrics listener (`/`, `/api/summary`), drawn from the registry.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
+//! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
-//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
+//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server. The tools
+//! and the tests read a `/metrics` scrape back with [`exposition`]; the proxy never does.
 
 pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod exposition;
+pub mod gpus;
+pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
@@ -34,6 +41,7 @@ pub mod proxy;
 pub mod server;
 pub mod signal;
 pub mod sim;
+pub mod slo;
 pub mod sse;
 pub mod tap;
 pub mod ui;
