@@ -12,8 +12,9 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
     TextEncoder,
 };
+use tokenmeter::exposition::Scrape;
 use tokenmeter::metrics::Buckets;
-use tokenmeter::ui::{parse, Reading, Ui};
+use tokenmeter::ui::{Reading, Ui};
 
 const MODELS: [&str; 4] = ["llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "mistral-7b"];
 const BANDS: [&str; 9] = [
@@ -103,9 +104,8 @@ fn bench(c: &mut Criterion) {
         |b| {
             b.iter(|| {
                 let text = render(&r);
-                black_box(Reading::from_samples(&parse(&String::from_utf8_lossy(
-                    &text,
-                ))))
+                let scrape = Scrape::parse(&String::from_utf8_lossy(&text));
+                black_box(Reading::from_samples(scrape.samples()))
             })
         },
     );

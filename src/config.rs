@@ -564,10 +564,7 @@ mod tests {
         assert_eq!(c.expect("valid").ui, Some(Duration::from_secs(1)));
         for bad in ["500ms", "61s"] {
             let e = args(&[&up[..], &["--ui-sample-period", bad]].concat()).validate();
-            assert!(
-                matches!(e, Err(ConfigError::BadUiSamplePeriod(_))),
-                "{bad}"
-            );
+            assert!(matches!(e, Err(ConfigError::BadUiSamplePeriod(_))), "{bad}");
         }
     }
 

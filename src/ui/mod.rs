@@ -11,7 +11,6 @@
 
 mod history;
 mod reading;
-mod scrape;
 mod summary;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -24,9 +23,9 @@ use prometheus::Registry;
 
 pub use history::{History, Point, HISTORY_SPAN, NOW_WINDOW};
 pub use reading::{Hist, Reading};
-pub use scrape::{parse, Sample};
 pub use summary::Summary;
 
+use crate::exposition::Scrape;
 use crate::metrics::Metrics;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -67,7 +66,7 @@ impl Ui {
     pub fn new(metrics: Arc<Metrics>, period: Duration, rate_window: Duration) -> Ui {
         let read = move || {
             let text = metrics.render();
-            Reading::from_samples(&parse(&String::from_utf8_lossy(&text)))
+            Reading::from_samples(Scrape::parse(&String::from_utf8_lossy(&text)).samples())
         };
         Ui::from_reader(read, period, rate_window)
     }

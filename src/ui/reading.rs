@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{MetricFamily, MetricType};
 
-use super::scrape::Sample;
+use crate::exposition::{histogram_quantile, Sample};
 
 pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
 pub(crate) const OUTPUT_TPS: &str = "tokenmeter_output_tokens_per_second";
@@ -68,30 +68,9 @@ impl Hist {
     }
 
     /// The `q`-quantile by linear interpolation inside its bucket, as PromQL's
-    /// `histogram_quantile` does: the first bucket starts at 0 (or at its bound when that is
-    /// negative), a quantile in the `+Inf` bucket is the highest finite bound, and an empty
-    /// histogram has none.
+    /// `histogram_quantile` does ([`histogram_quantile`]); `None` for an empty histogram.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.buckets.last()?.1;
-        if total <= 0.0 || !q.is_finite() {
-            return None;
-        }
-        let rank = q.clamp(0.0, 1.0) * total;
-        let mut lower = (0.0_f64, 0.0_f64);
-        for (i, &(le, cum)) in self.buckets.iter().enumerate() {
-            if cum >= rank && cum > lower.1 {
-                if le.is_infinite() {
-                    return Some(lower.0);
-                }
-                if i == 0 && le <= 0.0 {
-                    return Some(le);
-                }
-                let frac = (rank - lower.1) / (cum - lower.1);
-                return Some(lower.0 + (le - lower.0) * frac);
-            }
-            lower = (le, cum);
-        }
-        None
+        histogram_quantile(q, &self.buckets).map(|(v, _)| v)
     }
 }
 

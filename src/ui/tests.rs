@@ -121,7 +121,8 @@ impl Fixture {
 
     /// The registry read both ways, which must agree.
     fn reading(&self) -> Reading {
-        let from_text = Reading::from_samples(&parse(&self.text()));
+        let from_text =
+            Reading::from_samples(crate::exposition::Scrape::parse(&self.text()).samples());
         let gathered = Reading::from_families(&self.registry.gather());
         assert_eq!(from_text, gathered);
         gathered

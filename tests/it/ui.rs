@@ -22,44 +22,6 @@ fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
-/// `histogram_quantile(q, sum by (le) (name_bucket{labels}))`, as PromQL computes it.
-fn histogram_quantile(q: f64, name: &str, labels: &[(&str, &str)], scrape: &str) -> f64 {
-    let series = format!("{name}_bucket");
-    let mut les: Vec<&str> = scrape
-        .lines()
-        .filter(|l| l.starts_with(&format!("{series}{{")))
-        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
-        .collect();
-    les.sort_by(|a, b| le(a).total_cmp(&le(b)));
-    les.dedup();
-    let buckets: Vec<(f64, f64)> = les
-        .iter()
-        .map(|b| {
-            let m = labels
-                .iter()
-                .fold(metric(&series), |m, (k, v)| m.label(k, v))
-                .label("le", b);
-            (le(b), m.sum(scrape))
-        })
-        .collect();
-    let total = buckets.last().expect("buckets").1;
-    let rank = q * total;
-    let i = buckets.iter().position(|b| b.1 >= rank).expect("a bucket");
-    if i == buckets.len() - 1 {
-        return buckets[i - 1].0;
-    }
-    let (start, below) = if i > 0 { buckets[i - 1] } else { (0.0, 0.0) };
-    start + (buckets[i].0 - start) * (rank - below) / (buckets[i].1 - below)
-}
-
-fn le(s: &str) -> f64 {
-    if s == "+Inf" {
-        f64::INFINITY
-    } else {
-        s.parse().expect("le")
-    }
-}
-
 fn close(a: f64, b: f64, what: &str) {
     assert!(
         (a - b).abs() <= 1e-9 * b.abs().max(1.0),
@@ -136,12 +98,12 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
     let ttft = "tokenmeter_time_to_first_token_seconds";
     close(
         f(&now["ttft_p50_seconds"]),
-        histogram_quantile(0.5, ttft, &[], &scrape),
+        metric(ttft).quantile(0.5, &scrape),
         "TTFT p50",
     );
     close(
         f(&now["ttft_p99_seconds"]),
-        histogram_quantile(0.99, ttft, &[], &scrape),
+        metric(ttft).quantile(0.99, &scrape),
         "TTFT p99",
     );
     assert_eq!(
@@ -152,7 +114,7 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
     let tps = "tokenmeter_request_tokens_per_second";
     close(
         f(&now["request_tokens_per_second_p50"]),
-        histogram_quantile(0.5, tps, &[], &scrape),
+        metric(tps).quantile(0.5, &scrape),
         "per-request p50",
     );
     let rate = metric("tokenmeter_output_tokens_per_second").value(&scrape);
@@ -181,7 +143,9 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
         if count > 0.0 {
             close(
                 f(&b["per_request_p50"]),
-                histogram_quantile(0.5, tps, &[("concurrency", band)], &scrape),
+                metric(tps)
+                    .label("concurrency", band)
+                    .quantile(0.5, &scrape),
                 &format!("band {band} p50"),
             );
         }
