@@ -7,7 +7,7 @@
 //! that `ui.js` draws. Nothing on the page is secret: it shows what `/metrics` already shows.
 //!
 //! Cost: nothing per request or per chunk. A sampler task reads the registry on a timer
-//! ([`history`]), and `/api/summary` reads it once more when asked; `--no-ui` turns both off.
+//! ([`History`]), and `/api/summary` reads it once more when asked; `--no-ui` turns both off.
 
 mod history;
 mod reading;
