@@ -45,3 +45,9 @@ pub mod slo;
 pub mod sse;
 pub mod tap;
 pub mod ui;
+
+// Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod drain;
+pub mod ratelog;
+pub mod tls;
+pub mod upgrade;

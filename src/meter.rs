@@ -275,6 +275,15 @@ impl Meter {
         }
     }
 
+    /// The upstream switched protocols (`101`): what follows is no inference stream. The
+    /// request leaves the in-flight gauges now, so a WebSocket held open for an hour does not
+    /// count as an hour-long prefill nor weigh on the concurrency of the requests beside it;
+    /// [`Meter::finish`] with [`Outcome::Upgraded`] records it when the connection closes.
+    pub fn upgraded(&mut self, now: Instant) {
+        self.stream.status = 101;
+        self.leave(now);
+    }
+
     /// Takes the request out of the in-flight gauges, once.
     fn leave(&mut self, now: Instant) {
         if std::mem::replace(&mut self.stream.left, true) {

@@ -73,6 +73,9 @@ pub enum Outcome {
     /// The proxy refused the request itself (an unreadable request body, a URI it cannot
     /// forward): a 400 that never reached the upstream.
     BadRequest,
+    /// The upstream switched protocols (`101`, a WebSocket): the two connections were joined
+    /// until they closed.
+    Upgraded,
 }
 
 impl Outcome {
@@ -83,6 +86,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
             Outcome::BadRequest => "bad_request",
+            Outcome::Upgraded => "upgraded",
         }
     }
 }
