@@ -39,7 +39,7 @@ use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
 use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
-use crate::protocol::{content_framing, Framing};
+use crate::read::{content_framing, Framing};
 use crate::tap::{BoxError, TapBody};
 use crate::upgrade::{self, UpgradeError};
 
@@ -60,18 +60,18 @@ pub struct Metering<S> {
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
 pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
-    finish_with_error(&mut meter, err);
+    let meter = recorder.start_at(RequestInfo::default(), arrived);
+    finish_with_error(meter, err);
 }
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
 pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    let meter = recorder.start_at(RequestInfo::default(), arrived);
     meter.finish(Outcome::ClientDisconnect);
 }
 
-fn finish_with_error(meter: &mut Meter, err: &ProxyError) {
+fn finish_with_error(mut meter: Meter, err: &ProxyError) {
     meter.set_status(err.status().as_u16());
     meter.finish(err.outcome());
 }
@@ -137,7 +137,7 @@ where
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
         let drain = req.extensions().get::<Drain>().cloned();
-        let mut meter = self.recorder.start_at(info, arrived);
+        let meter = self.recorder.start_at(info, arrived);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
@@ -146,7 +146,7 @@ where
                     None => Ok(tap(resp, meter, &path, strip_usage, idle_timeout)),
                 },
                 Err(err) => {
-                    finish_with_error(&mut meter, &err);
+                    finish_with_error(meter, &err);
                     Ok(err.to_response())
                 }
             }
