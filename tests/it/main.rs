@@ -14,4 +14,5 @@ mod proxy;
 mod sim;
 mod slo;
 mod tls;
+mod ui;
 mod upgrade;
