@@ -224,3 +224,33 @@ fn a_compressed_body_is_counted_once_at_the_end_and_not_read() {
     );
     assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 0.0);
 }
+
+// A request with no decode window (an error, or a client gone while queued) is placed in the
+// band of its whole life's mean in flight: at 12 in flight it is in band 9-16, not band 1.
+#[test]
+fn a_request_without_a_decode_window_takes_the_band_of_its_life() {
+    let rec = recorder();
+    let mut others: Vec<Meter> = (0..11).map(|_| rec.start(RequestInfo::default())).collect();
+    let mut failed = rec.start(RequestInfo::default());
+    failed.set_status(502);
+    failed.finish(Outcome::UpstreamError);
+    let line = |band: &str, result: &str| {
+        format!(
+            "tokenmeter_slo_requests_total{{class=\"interactive\",concurrency=\"{band}\",model=\"unknown\",result=\"{result}\"}}"
+        )
+    };
+    assert_eq!(sample(&rec, &line("9-16", "error")), 1.0);
+    // Not judged at all: a request whose class choice said so (a GET).
+    let mut get = others.pop().expect("one");
+    get.set_slo(None);
+    drop(get);
+    assert_eq!(sample(&rec, "tokenmeter_slo_requests_total"), 1.0);
+    drop(others);
+    // The ten others left while queued, before any target could be missed.
+    assert_eq!(
+        sample(&rec, "tokenmeter_slo_requests_total{class=\"interactive\"")
+            - sample(&rec, &line("9-16", "error")),
+        10.0
+    );
+    assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+}
