@@ -13,4 +13,5 @@ mod props;
 mod proxy;
 mod sim;
 mod tls;
+mod ui;
 mod upgrade;
