@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::exposition::Scrape;
 use crate::metrics::MetricsConfig;
 
 fn recorder() -> Arc<Recorder> {
@@ -8,12 +9,10 @@ fn recorder() -> Arc<Recorder> {
     Arc::new(Recorder::new(Arc::new(m), 1 << 20))
 }
 
-fn sample(rec: &Recorder, line_start: &str) -> f64 {
+/// The sum of the series `selector` picks in the recorder's exposition.
+fn sample(rec: &Recorder, selector: &str) -> f64 {
     let text = String::from_utf8(rec.metrics.render()).expect("utf-8");
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    Scrape::parse(&text).sum_of(selector)
 }
 
 const CHUNK: &str = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
