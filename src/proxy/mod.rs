@@ -11,9 +11,11 @@
 //!    [`TapBody`](crate::tap::TapBody) (and, when usage was injected into an SSE stream, in
 //!    [`StripUsage`](crate::inject::StripUsage) outside it).
 //! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
-//! 4. [`upstream`]: the pooled hyper-util client. It rewrites the head for the upstream (origin,
+//! 4. [`upstream`]: the pooled client. It rewrites the head for the upstream (origin,
 //!    base path, HTTP version, hop-by-hop headers and `Host` dropped) and maps a connection
-//!    failure to 502 `upstream_unavailable`.
+//!    failure to 502 `upstream_unavailable`. HTTP/1.1 goes through [`pool`], whose connections
+//!    are driven by the response body in the client connection's task; HTTP/2 through
+//!    hyper-util's client.
 //!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
 //! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
@@ -42,6 +44,7 @@ use crate::tap::BoxError;
 
 pub mod inspect;
 pub mod metering;
+pub mod pool;
 pub mod timeout;
 pub mod upstream;
 
@@ -84,8 +87,8 @@ pub enum ProxyError {
     #[error("upstream sent no response headers within {0:?}")]
     UpstreamTimeout(Duration),
     /// The upstream could not be reached, or failed before its response head.
-    #[error("upstream unavailable: {}", error_chain(.0))]
-    Unavailable(#[source] hyper_util::client::legacy::Error),
+    #[error("upstream unavailable: {}", error_chain(&**.0))]
+    Unavailable(#[source] BoxError),
 }
 
 // === impl ProxyError ===

@@ -8,9 +8,12 @@
 //! [`ProxyError::BadUri`] (400); a connection that fails before the response head is
 //! [`ProxyError::Unavailable`] (502).
 
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::header::{self, HeaderMap, HeaderName};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -18,15 +21,32 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
+use super::pool::{Pool, PooledBody};
 use super::{BoxFuture, ProxyBody, ProxyError};
+use crate::tap::BoxError;
 use crate::config::{Config, Upstream as Target};
 
 /// Sends requests to the one upstream over a shared connection pool.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, ProxyBody>,
+    backend: Backend,
     target: Target,
     http2: bool,
+}
+
+/// HTTP/1.1 through our own pool, whose connections the response body drives ([`pool`]);
+/// HTTP/2 (`--upstream-http2`) through hyper-util's client, which multiplexes many requests on
+/// a connection that must therefore run in a task of its own.
+#[derive(Clone)]
+enum Backend {
+    Http1(Pool),
+    Http2(Client<HttpConnector, ProxyBody>),
+}
+
+/// The upstream's response body, as either backend gives it.
+pub enum UpstreamBody {
+    Http1(PooledBody),
+    Http2(Incoming),
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
@@ -48,14 +68,21 @@ impl Upstream {
         // Off by default in hyper-util: Nagle would hold back small SSE writes.
         connector.set_nodelay(true);
         connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .http2_only(cfg.upstream_http2)
-            .build(connector);
+        let backend = if cfg.upstream_http2 {
+            Backend::Http2(
+                Client::builder(TokioExecutor::new())
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .pool_idle_timeout(cfg.pool_idle_timeout)
+                    .http2_only(true)
+                    .build(connector),
+            )
+        } else {
+            let authority = authority(&cfg.upstream.origin);
+            Backend::Http1(Pool::new(authority, cfg.pool_idle_timeout))
+        };
         Upstream {
-            client,
+            backend,
             target: cfg.upstream.clone(),
             http2: cfg.upstream_http2,
         }
@@ -77,9 +104,9 @@ impl Upstream {
 }
 
 impl Service<Request<ProxyBody>> for Upstream {
-    type Response = Response<Incoming>;
+    type Response = Response<UpstreamBody>;
     type Error = ProxyError;
-    type Future = BoxFuture<Result<Response<Incoming>, ProxyError>>;
+    type Future = BoxFuture<Result<Response<UpstreamBody>, ProxyError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         // The pool queues for a connection inside the request future, never here.
@@ -91,9 +118,20 @@ impl Service<Request<ProxyBody>> for Upstream {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let sent = self.client.request(req);
+        let backend = self.backend.clone();
         Box::pin(async move {
-            match sent.await {
+            let sent = match backend {
+                Backend::Http1(pool) => pool
+                    .send(origin_form(req))
+                    .await
+                    .map(|r| r.map(UpstreamBody::Http1)),
+                Backend::Http2(client) => client
+                    .request(req)
+                    .await
+                    .map(|r| r.map(UpstreamBody::Http2))
+                    .map_err(BoxError::from),
+            };
+            match sent {
                 Ok(resp) => {
                     let (mut parts, body) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers);
@@ -107,6 +145,67 @@ impl Service<Request<ProxyBody>> for Upstream {
             }
         })
     }
+}
+
+// === impl UpstreamBody ===
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Http1(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Http2(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Http1(b) => b.is_end_stream(),
+            UpstreamBody::Http2(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Http1(b) => b.size_hint(),
+            UpstreamBody::Http2(b) => b.size_hint(),
+        }
+    }
+}
+
+/// `host:port` of an origin, the port filled in from the scheme.
+fn authority(origin: &Uri) -> String {
+    let host = origin.host().unwrap_or("localhost");
+    let port = origin.port_u16().unwrap_or(match origin.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
+/// origin in `Host` (what hyper-util's client does for us on the HTTP/2 path).
+fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(a) = parts.uri.authority() {
+        if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(u) = Uri::try_from(pq) {
+        parts.uri = u;
+    }
+    Request::from_parts(parts, body)
 }
 
 /// The upstream's origin and base path, then the client's path and query.
