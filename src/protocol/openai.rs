@@ -18,6 +18,9 @@
 //! The stream ends with `data: [DONE]` ([`Summary::ended`]); a stream without it (some hosts
 //! leave it out) never says it has ended.
 
+use std::fmt;
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
@@ -36,12 +39,56 @@ struct Chunk<'a> {
     #[serde(default, borrow)]
     model: Str<'a>,
     #[serde(default)]
-    choices: Option<Vec<Choice>>,
+    choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     /// Groq reports usage here instead.
     #[serde(default)]
     x_groq: Option<XGroq>,
+}
+
+/// A chunk's choices, folded as they are parsed: a `Vec` of them was one heap allocation per
+/// chunk, on the path every token takes (tests/alloc.rs counts them).
+#[derive(Default)]
+struct Choices {
+    len: usize,
+    /// Choices that carry output.
+    bearing: u32,
+    /// Token ids over all choices.
+    ids: u64,
+    /// Every choice has `token_ids` (and there is at least one).
+    all_have_ids: bool,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fold;
+        impl<'de> Visitor<'de> for Fold {
+            type Value = Choices;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of choices")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut c = Choices {
+                    all_have_ids: true,
+                    ..Choices::default()
+                };
+                while let Some(choice) = seq.next_element::<Choice>()? {
+                    c.len += 1;
+                    c.bearing += u32::from(choice.has_output());
+                    match choice.token_ids {
+                        Some(Len(n)) => c.ids += n,
+                        None => c.all_have_ids = false,
+                    }
+                }
+                c.all_have_ids &= c.len > 0;
+                Ok(c)
+            }
+        }
+        d.deserialize_seq(Fold)
+    }
 }
 
 #[derive(Deserialize)]
@@ -88,6 +135,14 @@ struct Usage {
     completion_tokens: Count,
     #[serde(default)]
     total_tokens: Count,
+}
+
+impl Choice {
+    fn has_output(&self) -> bool {
+        self.text.0
+            || self.delta.as_ref().is_some_and(Delta::has_output)
+            || self.message.as_ref().is_some_and(Delta::has_output)
+    }
 }
 
 impl Delta {
@@ -138,20 +193,12 @@ impl Extractor for OpenAi {
                 self.summary.output_tokens = reported;
             }
         }
-        let choices = chunk.choices.unwrap_or_default();
-        let mut bearing = 0u32;
-        let mut ids = 0u64;
-        let mut all_have_ids = !choices.is_empty();
-        for c in &choices {
-            let output = c.text.0
-                || c.delta.as_ref().is_some_and(Delta::has_output)
-                || c.message.as_ref().is_some_and(Delta::has_output);
-            bearing += u32::from(output);
-            match c.token_ids {
-                Some(Len(n)) => ids += n,
-                None => all_have_ids = false,
-            }
-        }
+        let Choices {
+            bearing,
+            ids,
+            all_have_ids,
+            ..
+        } = chunk.choices.unwrap_or_default();
         if all_have_ids {
             *self.summary.token_id_tokens.get_or_insert(0) += ids;
             // The ids are exact; keep the running total in step for the chunks that follow.

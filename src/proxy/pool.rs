@@ -110,7 +110,10 @@ impl Pool {
     }
 
     /// Sends `req` and returns the response head; its body drives the connection.
-    pub async fn send(&self, mut req: Request<ProxyBody>) -> Result<Response<PooledBody>, BoxError> {
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, BoxError> {
         let mut reuse = true;
         loop {
             let (mut conn, reused) = match reuse.then(|| self.inner.checkout()).flatten() {

@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http_body::{Body, Frame, SizeHint};
 use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -23,8 +23,8 @@ use tower::Service;
 
 use super::pool::{Pool, PooledBody};
 use super::{BoxFuture, ProxyBody, ProxyError};
-use crate::tap::BoxError;
 use crate::config::{Config, Upstream as Target};
+use crate::tap::BoxError;
 
 /// Sends requests to the one upstream over a shared connection pool.
 #[derive(Clone)]

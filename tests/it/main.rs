@@ -7,6 +7,7 @@ mod cli;
 mod corpus;
 mod faults;
 mod inject;
+mod pool;
 mod props;
 mod proxy;
 mod sim;
