@@ -16,6 +16,8 @@ use crate::host::{Host, System};
 use crate::metrics::{Buckets, MetricsConfig};
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
+use crate::tls::client::UpstreamTls;
+use crate::tls::KeyPair;
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -153,6 +155,52 @@ pub struct ProxyArgs {
     /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
+
+    // --- TLS, connect timeout (issue 13) ---
+    /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
+    /// limit); then 502, outcome "upstream_error".
+    #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// PEM file of the CAs that sign an https upstream's certificate, instead of the system's
+    /// CA bundle.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// PEM certificate (chain) presented to an https upstream that asks for one (mutual TLS).
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_CERT", value_name = "FILE")]
+    pub upstream_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --upstream-client-cert.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_KEY", value_name = "FILE")]
+    pub upstream_client_key: Option<PathBuf>,
+
+    /// Serve TLS on the proxy listener with this PEM certificate (chain); HTTP/2 and HTTP/1.1
+    /// by ALPN. Reloaded when the file changes.
+    #[arg(long, env = "TOKENMETER_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "TOKENMETER_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve TLS on the metrics listener with this PEM certificate (chain).
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_CERT", value_name = "FILE")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --metrics-tls-cert.
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_KEY", value_name = "FILE")]
+    pub metrics_tls_key: Option<PathBuf>,
+
+    // --- the page on the metrics listener (src/ui/) ---
+    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
+    /// for it: only /metrics, /healthz and /readyz.
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
+
+    /// How often the page's sampler reads the registry for its time series (1s to 60s).
+    #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub ui_sample_period: Duration,
 }
 
 /// Where requests go.
@@ -183,12 +231,23 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
+    // --- TLS, connect timeout (issue 13) ---
+    /// `--connect-timeout`: `None` for no limit.
+    pub connect_timeout: Option<Duration>,
+    /// How an https upstream is trusted, and the client certificate.
+    pub upstream_tls: UpstreamTls,
+    /// `--tls-cert/--tls-key`: TLS on the proxy listener.
+    pub tls: Option<KeyPair>,
+    /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
+    pub metrics_tls: Option<KeyPair>,
     /// `--gpus` (and where the number came from).
     pub gpus: Gpus,
     /// `--gpu-hour-cost`, USD.
     pub gpu_hour_cost: Option<f64>,
     /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
     pub slo: Arc<Classes>,
+    /// The page's sample period; `None` with `--no-ui`.
+    pub ui: Option<Duration>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -196,7 +255,7 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--upstream is required (or TOKENMETER_UPSTREAM)")]
     MissingUpstream,
-    #[error("--upstream {0:?} is not a valid http:// URL: {1}")]
+    #[error("--upstream {0:?} is not a valid http:// or https:// URL: {1}")]
     BadUpstream(String, String),
     #[error("--{0} {1:?} is not a valid address (expected HOST:PORT, e.g. 0.0.0.0:8080)")]
     BadAddress(&'static str, String),
@@ -210,6 +269,12 @@ pub enum ConfigError {
     SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--{0} needs --{1} as well")]
+    Unpaired(&'static str, &'static str),
+    #[error("--{0} applies to an https:// upstream only")]
+    NotHttps(&'static str),
+    #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
+    BadUiSamplePeriod(Duration),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -265,11 +330,10 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
     let uri: Uri = s
         .parse()
         .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(bad("https upstreams are not supported; use http://")),
-        _ => return Err(bad("it needs the http:// scheme")),
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s,
+        _ => return Err(bad("it needs the http:// or https:// scheme")),
+    };
     let Some(authority) = uri.authority() else {
         return Err(bad("it has no host"));
     };
@@ -277,7 +341,7 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
         return Err(bad("it may not have a query"));
     }
     let origin = Uri::builder()
-        .scheme("http")
+        .scheme(scheme)
         .authority(authority.clone())
         .path_and_query("/")
         .build()
@@ -294,6 +358,32 @@ fn parse_addr(flag: &'static str, s: &str) -> Result<SocketAddr, ConfigError> {
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| ConfigError::BadAddress(flag, s.to_string()))
+}
+
+/// Two flags that only make sense together.
+fn pair(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    (cert_flag, key_flag): (&'static str, &'static str),
+) -> Result<Option<KeyPair>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(ConfigError::Unpaired(cert_flag, key_flag)),
+        (None, Some(_)) => Err(ConfigError::Unpaired(key_flag, cert_flag)),
+        (Some(c), Some(k)) => Ok(Some(KeyPair {
+            cert: c.clone(),
+            key: k.clone(),
+            cert_flag,
+            key_flag,
+        })),
+    }
+}
+
+impl Upstream {
+    /// True for an `https://` upstream.
+    pub fn is_https(&self) -> bool {
+        self.origin.scheme_str() == Some("https")
+    }
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -332,6 +422,32 @@ impl ProxyArgs {
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        let upstream_tls = UpstreamTls {
+            ca: self.upstream_ca.clone(),
+            client: pair(
+                &self.upstream_client_cert,
+                &self.upstream_client_key,
+                ("upstream-client-cert", "upstream-client-key"),
+            )?,
+        };
+        if !upstream.is_https() {
+            if upstream_tls.ca.is_some() {
+                return Err(ConfigError::NotHttps("upstream-ca"));
+            }
+            if upstream_tls.client.is_some() {
+                return Err(ConfigError::NotHttps("upstream-client-cert"));
+            }
+        }
+        let tls = pair(&self.tls_cert, &self.tls_key, ("tls-cert", "tls-key"))?;
+        let metrics_tls = pair(
+            &self.metrics_tls_cert,
+            &self.metrics_tls_key,
+            ("metrics-tls-cert", "metrics-tls-key"),
+        )?;
+        let ui_period = Duration::from_secs(1)..=Duration::from_secs(60);
+        if !ui_period.contains(&self.ui_sample_period) {
+            return Err(ConfigError::BadUiSamplePeriod(self.ui_sample_period));
+        }
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -348,6 +464,12 @@ impl ProxyArgs {
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
+                gpu_source: gpus.source,
+                gpu_hour_cost,
+                slo_objectives: slo
+                    .iter()
+                    .map(|(name, t)| (name.to_string(), t.objective))
+                    .collect(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -360,9 +482,14 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
+            connect_timeout: nonzero(self.connect_timeout),
+            upstream_tls,
+            tls,
+            metrics_tls,
             gpus,
             gpu_hour_cost,
             slo: Arc::new(slo),
+            ui: (!self.no_ui).then_some(self.ui_sample_period),
         })
     }
 
@@ -421,13 +548,12 @@ mod tests {
         let u = c.expect("valid").upstream;
         assert_eq!(u.origin.to_string(), "http://127.0.0.1:8000/");
         assert_eq!(u.base_path, "/v1");
-        for bad in [
-            "127.0.0.1:8000",
-            "ftp://x",
-            "http://",
-            "https://api.openai.com",
-            "::",
-        ] {
+        let c = args(&["--upstream", "https://api.openai.com/v1"]).validate();
+        let u = c.expect("valid").upstream;
+        assert_eq!(u.origin.to_string(), "https://api.openai.com/");
+        assert!(u.is_https());
+        assert_eq!(u.base_path, "/v1");
+        for bad in ["127.0.0.1:8000", "ftp://x", "http://", "https://", "::"] {
             let e = args(&["--upstream", bad]).validate();
             assert!(
                 matches!(e, Err(ConfigError::BadUpstream(..))),
@@ -535,6 +661,21 @@ mod tests {
     }
 
     #[test]
+    fn the_page_is_on_unless_no_ui_and_its_period_is_bounded() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.ui, Some(Duration::from_secs(5)));
+        let c = args(&[&up[..], &["--no-ui"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, None);
+        let c = args(&[&up[..], &["--ui-sample-period", "1s"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, Some(Duration::from_secs(1)));
+        for bad in ["500ms", "61s"] {
+            let e = args(&[&up[..], &["--ui-sample-period", bad]].concat()).validate();
+            assert!(matches!(e, Err(ConfigError::BadUiSamplePeriod(_))), "{bad}");
+        }
+    }
+
+    #[test]
     fn api_pins_a_format_or_detects() {
         let up = ["--upstream", "http://u:1"];
         assert_eq!(args(&up).validate().expect("valid").api, None);
@@ -545,5 +686,60 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs_and_upstream_ones_need_https() {
+        let https = ["--upstream", "https://u:1"];
+        let c = args(&https).validate().expect("valid");
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!((c.tls, c.metrics_tls), (None, None));
+        assert_eq!(c.upstream_tls, UpstreamTls::default());
+        let c = args(&[&https[..], &["--connect-timeout", "0"]].concat()).validate();
+        assert_eq!(c.expect("valid").connect_timeout, None);
+        let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let c = args(&[&https[..], &both].concat()).validate();
+        let tls = c.expect("valid").tls.expect("tls");
+        assert_eq!(
+            (tls.cert_flag, tls.key.to_str()),
+            ("tls-cert", Some("k.pem"))
+        );
+        let cases: [(&[&str], ConfigError); 5] = [
+            (
+                &["--upstream", "https://u:1", "--tls-cert", "c.pem"],
+                ConfigError::Unpaired("tls-cert", "tls-key"),
+            ),
+            (
+                &["--upstream", "https://u:1", "--metrics-tls-key", "k.pem"],
+                ConfigError::Unpaired("metrics-tls-key", "metrics-tls-cert"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://u:1",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::Unpaired("upstream-client-key", "upstream-client-cert"),
+            ),
+            (
+                &["--upstream", "http://u:1", "--upstream-ca", "ca.pem"],
+                ConfigError::NotHttps("upstream-ca"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "http://u:1",
+                    "--upstream-client-cert",
+                    "c.pem",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::NotHttps("upstream-client-cert"),
+            ),
+        ];
+        for (extra, want) in cases {
+            assert_eq!(args(extra).validate().err(), Some(want));
+        }
     }
 }

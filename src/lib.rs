@@ -9,11 +9,14 @@
 //!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
-//! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
+//! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band),
+//!   ending in one [`metrics::Finished`] record.
+//! - [`read`]: the body reader: sans-IO framing (SSE, NDJSON, a JSON document) and the choice of
+//!   extractor; takes bytes, returns the token-bearing events they completed.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
-//! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band).
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
+//! - [`ui`]: the page on the metrics listener (`/`, `/api/summary`), drawn from the registry.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
@@ -34,12 +37,18 @@ pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
-pub mod ndjson;
 pub mod protocol;
 pub mod proxy;
+pub mod read;
 pub mod server;
 pub mod signal;
 pub mod sim;
 pub mod slo;
-pub mod sse;
 pub mod tap;
+pub mod ui;
+
+// Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod drain;
+pub mod ratelog;
+pub mod tls;
+pub mod upgrade;

@@ -29,11 +29,11 @@ use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use tower::Service;
 
 use super::ProxyBody;
 use crate::tap::BoxError;
+use crate::tls::client::{Conn as Io, Connector};
 
 /// Idle connections kept at most. A pool serves the next wave of requests as large as the last;
 /// 1,024 covers the concurrency an inference server runs at, and bounds what a burst can leave.
@@ -49,8 +49,9 @@ pub struct Pool {
 }
 
 struct Inner {
-    /// `host:port` to connect to.
-    authority: String,
+    /// The upstream's origin, and how to connect to it (TCP_NODELAY, `--connect-timeout`).
+    origin: http::Uri,
+    connector: Connector,
     idle_timeout: Duration,
     /// Oldest first: connections are taken from the end and put back at the end.
     idle: Mutex<Vec<Idle>>,
@@ -66,13 +67,16 @@ struct Conn {
     send: SendRequest<ProxyBody>,
     /// `None` once the connection has ended. The mutex is only there to make the body `Sync`
     /// (hyper's connection future is not): it is reached through `&mut` and never locked.
-    driver: Option<Mutex<Pin<Box<Connection<TokioIo<TcpStream>, ProxyBody>>>>>,
+    driver: Option<Mutex<Driver>>,
 }
+
+/// The future that reads and writes one connection.
+type Driver = Pin<Box<Connection<Io, ProxyBody>>>;
 
 /// Why a request could not be sent.
 enum SendError {
     /// The connection closed before the request was written: it may be sent elsewhere.
-    Unsent(Request<ProxyBody>, hyper::Error),
+    Unsent(Box<Request<ProxyBody>>, hyper::Error),
     Failed(hyper::Error),
 }
 
@@ -91,10 +95,11 @@ fn no_waker() -> Waker {
 // === impl Pool ===
 
 impl Pool {
-    /// A pool for `authority` (`host:port`). Starts the idle sweep when a runtime is running.
-    pub fn new(authority: String, idle_timeout: Duration) -> Self {
+    /// A pool for `origin`. Starts the idle sweep when a runtime is running.
+    pub fn new(origin: http::Uri, connector: Connector, idle_timeout: Duration) -> Self {
         let inner = Arc::new(Inner {
-            authority,
+            origin,
+            connector,
             idle_timeout,
             idle: Mutex::new(Vec::new()),
         });
@@ -132,7 +137,7 @@ impl Pool {
                 }
                 Err(SendError::Unsent(r, e)) if reused => {
                     tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
-                    req = r;
+                    req = *r;
                     reuse = false;
                 }
                 Err(SendError::Unsent(_, e) | SendError::Failed(e)) => return Err(e.into()),
@@ -204,10 +209,8 @@ impl Inner {
     }
 
     async fn connect(&self) -> Result<Conn, BoxError> {
-        let stream = TcpStream::connect(self.authority.as_str()).await?;
-        // Off by default: Nagle would hold back a request written in two pieces.
-        stream.set_nodelay(true)?;
-        let (send, driver) = http1::handshake(TokioIo::new(stream)).await?;
+        let io = self.connector.clone().call(self.origin.clone()).await?;
+        let (send, driver) = http1::handshake(io).await?;
         Ok(Conn {
             send,
             driver: Some(Mutex::new(Box::pin(driver))),
@@ -254,7 +257,7 @@ impl Conn {
         })
         .await;
         out.map_err(|mut e| match e.take_message() {
-            Some(req) => SendError::Unsent(req, e.into_error()),
+            Some(req) => SendError::Unsent(Box::new(req), e.into_error()),
             None => SendError::Failed(e.into_error()),
         })
     }

@@ -6,17 +6,32 @@
 //! (the client sets `Host` from the URI). The response's hop-by-hop headers are dropped too;
 //! everything else passes both ways as it is. A URI that cannot be rewritten is
 //! [`ProxyError::BadUri`] (400); a connection that fails before the response head is
-//! [`ProxyError::Unavailable`] (502).
+//! [`ProxyError::Unavailable`] (502), logged once per cause and minute ([`RateLimited`]): an
+//! upstream whose certificate expired fails every request the same way.
+//!
+//! The connector is [`crate::tls::client::Connector`]: `http://` or `https://` (ALPN decides
+//! between HTTP/2 and HTTP/1.1), within `--connect-timeout`. An upgrade request
+//! ([`crate::upgrade::requested`]) keeps `Connection: upgrade` and `Upgrade`, and goes over a
+//! client of its own that speaks only HTTP/1.1 (HTTP/2 has no `Upgrade`, and an upgraded
+//! connection never returns to a pool). On a `101` both sides' pending connections travel up in
+//! the response's extensions as [`Pending`], for the metering layer to join.
+//!
+//! Plain HTTP/1.1 (`http://`, no `--upstream-http2`, no upgrade) goes through [`Pool`], whose
+//! connections the response body drives in the client connection's task; there the request
+//! line carries the path (origin form) and `Host` the upstream's authority, as hyper-util's
+//! client writes them.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
@@ -24,29 +39,39 @@ use tower::Service;
 use super::pool::{Pool, PooledBody};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::config::{Config, Upstream as Target};
+use crate::ratelog::RateLimited;
 use crate::tap::BoxError;
+use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
+use crate::upgrade;
 
 /// Sends requests to the one upstream over a shared connection pool.
 #[derive(Clone)]
 pub struct Upstream {
-    backend: Backend,
+    client: Client<Connector, ProxyBody>,
+    /// HTTP/1.1 only, for upgrade requests.
+    upgrades: Client<Connector, ProxyBody>,
+    /// Plain HTTP/1.1 requests (`None` for `https://` and `--upstream-http2`).
+    pool: Option<Pool>,
     target: Target,
     http2: bool,
+    failures: Arc<RateLimited<Failure>>,
 }
 
-/// HTTP/1.1 through our own pool, whose connections the response body drives ([`pool`]);
-/// HTTP/2 (`--upstream-http2`) through hyper-util's client, which multiplexes many requests on
-/// a connection that must therefore run in a task of its own.
-#[derive(Clone)]
-enum Backend {
-    Http1(Pool),
-    Http2(Client<HttpConnector, ProxyBody>),
-}
+/// Both halves of a connection the upstream agreed to upgrade (`101`), waiting to be joined:
+/// the client's, then the upstream's. (Extensions must be `Clone`, the halves are not: hence
+/// the shared slot, emptied by the one [`Pending::take`].)
+#[derive(Debug, Clone)]
+pub struct Pending(Arc<std::sync::Mutex<Option<(OnUpgrade, OnUpgrade)>>>);
 
-/// The upstream's response body, as either backend gives it.
-pub enum UpstreamBody {
-    Http1(PooledBody),
-    Http2(Incoming),
+impl Pending {
+    fn new(client: OnUpgrade, upstream: OnUpgrade) -> Self {
+        Pending(Arc::new(std::sync::Mutex::new(Some((client, upstream)))))
+    }
+
+    /// The client's and the upstream's halves, once.
+    pub fn take(&self) -> Option<(OnUpgrade, OnUpgrade)> {
+        self.0.lock().ok().and_then(|mut p| p.take())
+    }
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
@@ -63,44 +88,70 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 // === impl Upstream ===
 
 impl Upstream {
-    pub fn new(cfg: &Config) -> Self {
-        let mut connector = HttpConnector::new();
-        // Off by default in hyper-util: Nagle would hold back small SSE writes.
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
-        let backend = if cfg.upstream_http2 {
-            Backend::Http2(
-                Client::builder(TokioExecutor::new())
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .pool_idle_timeout(cfg.pool_idle_timeout)
-                    .http2_only(true)
-                    .build(connector),
-            )
+    /// `tls` is the loaded `--upstream-ca`/client certificate (unused for `http://`).
+    pub fn new(cfg: &Config, tls: &ClientTls) -> Self {
+        let alpn = if cfg.upstream_http2 {
+            Alpn::Http2
         } else {
-            let authority = authority(&cfg.upstream.origin);
-            Backend::Http1(Pool::new(authority, cfg.pool_idle_timeout))
+            Alpn::Negotiate
         };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout)
+            .http2_only(cfg.upstream_http2)
+            .build(tls.connector(alpn, cfg.connect_timeout));
+        let upgrades = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout)
+            .build(tls.connector(Alpn::Http1, cfg.connect_timeout));
+        // TLS negotiates HTTP/2 or HTTP/1.1 per connection: that stays with hyper-util's client.
+        let plain = cfg.upstream.origin.scheme_str() != Some("https");
+        let pool = (plain && !cfg.upstream_http2).then(|| {
+            Pool::new(
+                cfg.upstream.origin.clone(),
+                tls.connector(Alpn::Http1, cfg.connect_timeout),
+                cfg.pool_idle_timeout,
+            )
+        });
         Upstream {
-            backend,
+            client,
+            upgrades,
+            pool,
             target: cfg.upstream.clone(),
             http2: cfg.upstream_http2,
+            failures: Arc::default(),
         }
     }
 
-    /// The client's request as the upstream gets it.
-    fn rewrite(&self, req: Request<ProxyBody>) -> Result<Request<ProxyBody>, ProxyError> {
+    /// The client's request as the upstream gets it. `upgrade` is the `Upgrade` value of an
+    /// upgrade request, kept with `Connection: upgrade`.
+    fn rewrite(
+        &self,
+        req: Request<ProxyBody>,
+        upgrade: Option<&http::HeaderValue>,
+    ) -> Result<Request<ProxyBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         parts.uri = upstream_uri(&self.target, &parts.uri).map_err(ProxyError::BadUri)?;
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
-        parts.version = if self.http2 {
+        parts.version = if self.http2 && upgrade.is_none() {
             http::Version::HTTP_2
         } else {
             http::Version::HTTP_11
         };
+        if let Some(u) = upgrade {
+            upgrade::restore(&mut parts.headers, u.clone());
+        }
         Ok(Request::from_parts(parts, body))
     }
+}
+
+/// The upstream's response body, from the pool or from hyper-util's client.
+pub enum UpstreamBody {
+    Pooled(PooledBody),
+    Client(Incoming),
 }
 
 impl Service<Request<ProxyBody>> for Upstream {
@@ -113,38 +164,70 @@ impl Service<Request<ProxyBody>> for Upstream {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
-        let req = match self.rewrite(req) {
+    fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
+        let asked = upgrade::requested(req.headers());
+        // The client's half of an upgrade: hyper resolves it once our 101 is written.
+        let client_half = asked.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let req = match self.rewrite(req, asked.as_ref()) {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let backend = self.backend.clone();
+        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &self.pool) {
+            (None, Some(pool)) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let resp = pool.send(origin_form(req)).await?;
+                    Ok(resp.map(UpstreamBody::Pooled))
+                })
+            }
+            (Some(_), _) => client_request(&self.upgrades, req),
+            (None, None) => client_request(&self.client, req),
+        };
+        let failures = Arc::clone(&self.failures);
         Box::pin(async move {
-            let sent = match backend {
-                Backend::Http1(pool) => pool
-                    .send(origin_form(req))
-                    .await
-                    .map(|r| r.map(UpstreamBody::Http1)),
-                Backend::Http2(client) => client
-                    .request(req)
-                    .await
-                    .map(|r| r.map(UpstreamBody::Http2))
-                    .map_err(BoxError::from),
-            };
-            match sent {
-                Ok(resp) => {
+            match sent.await {
+                Ok(mut resp) => {
+                    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                    let pending = match client_half {
+                        Some(c) if switching => Some((c, hyper::upgrade::on(&mut resp))),
+                        _ => None,
+                    };
                     let (mut parts, body) = resp.into_parts();
+                    let agreed = parts.headers.get(header::UPGRADE).cloned();
                     strip_hop_by_hop(&mut parts.headers);
+                    if let (Some((c, u)), Some(agreed)) = (pending, agreed) {
+                        upgrade::restore(&mut parts.headers, agreed);
+                        parts.extensions.insert(Pending::new(c, u));
+                    }
                     Ok(Response::from_parts(parts, body))
                 }
                 Err(e) => {
-                    let err = ProxyError::Unavailable(e);
-                    tracing::warn!(error = %err, "upstream request failed");
-                    Err(err)
+                    let failure = Failure::classify(&*e);
+                    if let Some(held_back) = failures.check(failure, Instant::now()) {
+                        tracing::warn!(
+                            cause = failure.as_str(),
+                            held_back,
+                            error = %error_chain(&*e),
+                            "upstream request failed (logged once a minute per cause)"
+                        );
+                    }
+                    Err(ProxyError::Unavailable(e))
                 }
             }
         })
     }
+}
+
+/// A request through hyper-util's client.
+fn client_request(
+    client: &Client<Connector, ProxyBody>,
+    req: Request<ProxyBody>,
+) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
+    let sent = client.request(req);
+    Box::pin(async move {
+        let resp = sent.await?;
+        Ok(resp.map(UpstreamBody::Client))
+    })
 }
 
 // === impl UpstreamBody ===
@@ -158,42 +241,28 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
-            UpstreamBody::Http1(b) => Pin::new(b).poll_frame(cx),
-            UpstreamBody::Http2(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Pooled(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Client(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            UpstreamBody::Http1(b) => b.is_end_stream(),
-            UpstreamBody::Http2(b) => b.is_end_stream(),
+            UpstreamBody::Pooled(b) => b.is_end_stream(),
+            UpstreamBody::Client(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            UpstreamBody::Http1(b) => b.size_hint(),
-            UpstreamBody::Http2(b) => b.size_hint(),
+            UpstreamBody::Pooled(b) => b.size_hint(),
+            UpstreamBody::Client(b) => b.size_hint(),
         }
     }
 }
 
-/// `host:port` of an origin, the port filled in from the scheme.
-fn authority(origin: &Uri) -> String {
-    let host = origin.host().unwrap_or("localhost");
-    let port = origin.port_u16().unwrap_or(match origin.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    });
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
 /// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
-/// origin in `Host` (what hyper-util's client does for us on the HTTP/2 path).
+/// origin in `Host` (what hyper-util's client does on its own).
 fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     if let Some(a) = parts.uri.authority() {
@@ -261,7 +330,8 @@ mod tests {
             .proxy
             .validate()
             .expect("valid config");
-        Upstream::new(&cfg)
+        let tls = cfg.upstream_tls.load(cfg.upstream.is_https()).expect("tls");
+        Upstream::new(&cfg, &tls)
     }
 
     #[test]
@@ -311,7 +381,7 @@ mod tests {
                 .header(header::AUTHORIZATION, "Bearer k")
                 .body(super::super::full(Bytes::new()))
                 .expect("request");
-            let out = up.rewrite(req).expect("rewritten");
+            let out = up.rewrite(req, None).expect("rewritten");
             assert_eq!(
                 out.uri(),
                 "http://10.0.0.7:8000/base/v1/chat/completions?x=1"
