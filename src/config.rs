@@ -22,7 +22,8 @@ use crate::tls::KeyPair;
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
-    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (a path prefix is kept).
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
+    /// path prefix is kept).
     #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
 
@@ -464,6 +465,12 @@ impl ProxyArgs {
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
+                gpu_source: gpus.source,
+                gpu_hour_cost,
+                slo_objectives: slo
+                    .iter()
+                    .map(|(name, t)| (name.to_string(), t.objective))
+                    .collect(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
