@@ -14,3 +14,4 @@ mod proxy;
 mod sim;
 mod tls;
 mod upgrade;
+mod wire;
