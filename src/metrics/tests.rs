@@ -281,3 +281,41 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
     // A request that reported no reasoning and no cache leaves those counters alone.
     assert_eq!(text.matches("tokenmeter_reasoning_tokens_total{").count(), 1);
 }
+
+/// The series issue 12's per-event families add per model, at most (every prompt band and every
+/// kind seen): the figure the README states.
+#[test]
+fn series_added_per_model_are_counted() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    let h = m.model(m.model_label(Some("m")));
+    for n in [None, Some(1), Some(300), Some(2000), Some(5000), Some(20000), Some(70000)] {
+        h.first_token(Duration::from_millis(100), n);
+    }
+    h.event(1);
+    m.record(&Finished {
+        first_output: [Some(Duration::from_millis(1)); 3],
+        reasoning_tokens: Some(1),
+        cached_input: CachedInput {
+            read: Some(1),
+            write: Some(1),
+        },
+        ..finished()
+    });
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let series = |family: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(family) && l.contains("model=\"m\""))
+            .count()
+    };
+    let buckets = |b: &[f64]| b.len() + 3; // each boundary, +Inf, _sum, _count
+    let d = Buckets::default();
+    assert_eq!(series("tokenmeter_time_to_first_token_seconds"), 7 * buckets(&d.ttft));
+    assert_eq!(series("tokenmeter_time_to_first_output_seconds"), 3 * buckets(&d.ttft));
+    assert_eq!(series("tokenmeter_tokens_per_event"), buckets(&d.per_event));
+    assert_eq!(series("tokenmeter_request_max_stall_seconds"), buckets(&d.stall));
+    assert_eq!(series("tokenmeter_reasoning_tokens_total"), 1);
+    assert_eq!(series("tokenmeter_cached_input_tokens_total"), 2);
+    // TTFT had one band's worth before the `prompt` label: 150 more; the new families 108.
+    assert_eq!(6 * buckets(&d.ttft), 150);
+    assert_eq!(3 * buckets(&d.ttft) + buckets(&d.per_event) + buckets(&d.stall) + 3, 108);
+}
