@@ -16,6 +16,7 @@
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
+//! - [`ui`]: the page on the metrics listener (`/`, `/api/summary`), drawn from the registry.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
@@ -44,6 +45,7 @@ pub mod signal;
 pub mod sim;
 pub mod slo;
 pub mod tap;
+pub mod ui;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
 pub mod drain;

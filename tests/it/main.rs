@@ -13,5 +13,6 @@ mod props;
 mod proxy;
 mod sim;
 mod tls;
+mod ui;
 mod upgrade;
 mod wire;
