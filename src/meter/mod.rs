@@ -26,7 +26,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::metrics::{
-    CachedInput, FirstOutput, Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase,
+    CachedInput, Finished, FirstOutput, Metrics, ModelMetrics, Outcome, ParseErrors, Phase,
 };
 use crate::protocol::request::RequestInfo;
 use crate::protocol::{Api, OutputKind};

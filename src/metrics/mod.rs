@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use self::rate::RateWindow;
@@ -715,7 +714,10 @@ impl Metrics {
                 .with_label_values(&[model])
                 .inc_by(r);
         }
-        for (kind, n) in [("read", f.cached_input.read), ("write", f.cached_input.write)] {
+        for (kind, n) in [
+            ("read", f.cached_input.read),
+            ("write", f.cached_input.write),
+        ] {
             if let Some(n) = n {
                 self.cached_input_tokens_total
                     .with_label_values(&[model, kind])

@@ -235,11 +235,17 @@ fn the_final_count_settles_what_streamed_and_never_takes_back() {
     assert_eq!(sum(&text, "tokenmeter_tokens_per_event_count"), 4.0);
     assert_eq!(sum(&text, "tokenmeter_tokens_per_event_sum"), 9.0);
     assert_eq!(
-        sum(&text, "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"1\"}"),
+        sum(
+            &text,
+            "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"1\"}"
+        ),
         2.0
     );
     assert_eq!(
-        sum(&text, "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"3\"}"),
+        sum(
+            &text,
+            "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"3\"}"
+        ),
         3.0
     );
 }
@@ -269,17 +275,35 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
         let got = sum(&text, l);
         assert!((got - want).abs() < 1e-9, "{l}: {got} != {want}");
     };
-    close("tokenmeter_request_max_stall_seconds_count{model=\"m\"}", 1.0);
-    close("tokenmeter_request_max_stall_seconds_sum{model=\"m\"}", 0.12);
+    close(
+        "tokenmeter_request_max_stall_seconds_count{model=\"m\"}",
+        1.0,
+    );
+    close(
+        "tokenmeter_request_max_stall_seconds_sum{model=\"m\"}",
+        0.12,
+    );
     let first = "tokenmeter_time_to_first_output_seconds_sum{kind=";
     close(&format!("{first}\"reasoning\",model=\"m\"}}"), 0.1);
     close(&format!("{first}\"content\",model=\"m\"}}"), 0.9 + 0.1);
-    close("tokenmeter_time_to_first_output_seconds_count{kind=\"tool_call\"", 0.0);
+    close(
+        "tokenmeter_time_to_first_output_seconds_count{kind=\"tool_call\"",
+        0.0,
+    );
     close("tokenmeter_reasoning_tokens_total{model=\"m\"}", 40.0);
-    close("tokenmeter_cached_input_tokens_total{kind=\"read\",model=\"m\"}", 1165.0);
-    close("tokenmeter_cached_input_tokens_total{kind=\"write\",model=\"m\"}", 0.0);
+    close(
+        "tokenmeter_cached_input_tokens_total{kind=\"read\",model=\"m\"}",
+        1165.0,
+    );
+    close(
+        "tokenmeter_cached_input_tokens_total{kind=\"write\",model=\"m\"}",
+        0.0,
+    );
     // A request that reported no reasoning and no cache leaves those counters alone.
-    assert_eq!(text.matches("tokenmeter_reasoning_tokens_total{").count(), 1);
+    assert_eq!(
+        text.matches("tokenmeter_reasoning_tokens_total{").count(),
+        1
+    );
 }
 
 /// The series issue 12's per-event families add per model, at most (every prompt band and every
@@ -288,7 +312,15 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
 fn series_added_per_model_are_counted() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
     let h = m.model(m.model_label(Some("m")));
-    for n in [None, Some(1), Some(300), Some(2000), Some(5000), Some(20000), Some(70000)] {
+    for n in [
+        None,
+        Some(1),
+        Some(300),
+        Some(2000),
+        Some(5000),
+        Some(20000),
+        Some(70000),
+    ] {
         h.first_token(Duration::from_millis(100), n);
     }
     h.event(1);
@@ -309,13 +341,25 @@ fn series_added_per_model_are_counted() {
     };
     let buckets = |b: &[f64]| b.len() + 3; // each boundary, +Inf, _sum, _count
     let d = Buckets::default();
-    assert_eq!(series("tokenmeter_time_to_first_token_seconds"), 7 * buckets(&d.ttft));
-    assert_eq!(series("tokenmeter_time_to_first_output_seconds"), 3 * buckets(&d.ttft));
+    assert_eq!(
+        series("tokenmeter_time_to_first_token_seconds"),
+        7 * buckets(&d.ttft)
+    );
+    assert_eq!(
+        series("tokenmeter_time_to_first_output_seconds"),
+        3 * buckets(&d.ttft)
+    );
     assert_eq!(series("tokenmeter_tokens_per_event"), buckets(&d.per_event));
-    assert_eq!(series("tokenmeter_request_max_stall_seconds"), buckets(&d.stall));
+    assert_eq!(
+        series("tokenmeter_request_max_stall_seconds"),
+        buckets(&d.stall)
+    );
     assert_eq!(series("tokenmeter_reasoning_tokens_total"), 1);
     assert_eq!(series("tokenmeter_cached_input_tokens_total"), 2);
     // TTFT had one band's worth before the `prompt` label: 150 more; the new families 108.
     assert_eq!(6 * buckets(&d.ttft), 150);
-    assert_eq!(3 * buckets(&d.ttft) + buckets(&d.per_event) + buckets(&d.stall) + 3, 108);
+    assert_eq!(
+        3 * buckets(&d.ttft) + buckets(&d.per_event) + buckets(&d.stall) + 3,
+        108
+    );
 }

@@ -241,7 +241,11 @@ mod tests {
                 r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
             ),
         ] {
-            if x.on_message(&Message { event, data: data.as_bytes() }) > 0 {
+            if x.on_message(&Message {
+                event,
+                data: data.as_bytes(),
+            }) > 0
+            {
                 kinds.push(x.kinds());
             }
         }

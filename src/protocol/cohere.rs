@@ -198,13 +198,22 @@ mod tests {
             r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"text":"Ar"}}}}"#,
             r#"{"type":"tool-call-delta","index":0,"delta":{"message":{"tool_calls":{"function":{"arguments":"{"}}}}}"#,
         ] {
-            if x.on_message(&Message { event: "", data: data.as_bytes() }) > 0 {
+            if x.on_message(&Message {
+                event: "",
+                data: data.as_bytes(),
+            }) > 0
+            {
                 kinds.push(x.kinds());
             }
         }
         assert_eq!(
             kinds,
-            [Kinds::REASONING, Kinds::REASONING, Kinds::CONTENT, Kinds::TOOL_CALL]
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
         );
     }
 

@@ -109,9 +109,7 @@ impl Gemini {
         let mut bearing = 0usize;
         for c in chunk.candidates.unwrap_or_default() {
             let parts = c.content.and_then(|c| c.parts).unwrap_or_default();
-            let kinds = parts
-                .iter()
-                .fold(Kinds::NONE, |k, p| k.union(p.kinds()));
+            let kinds = parts.iter().fold(Kinds::NONE, |k, p| k.union(p.kinds()));
             self.kinds = self.kinds.union(kinds);
             bearing += usize::from(!kinds.is_empty());
         }
@@ -169,12 +167,19 @@ mod tests {
             r#"{"candidates":[{"content":{"parts":[{"text":"Hi"}]}}],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"thoughtsTokenCount":12,"cachedContentTokenCount":5}}"#,
             r#"{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":{}}}]}}],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":4,"thoughtsTokenCount":12,"cachedContentTokenCount":5}}"#,
         ] {
-            let n = x.on_message(&Message { event: "", data: data.as_bytes() });
+            let n = x.on_message(&Message {
+                event: "",
+                data: data.as_bytes(),
+            });
             seen.push((n, x.kinds()));
         }
         assert_eq!(
             seen,
-            [(12, Kinds::REASONING), (3, Kinds::CONTENT), (1, Kinds::TOOL_CALL)]
+            [
+                (12, Kinds::REASONING),
+                (3, Kinds::CONTENT),
+                (1, Kinds::TOOL_CALL)
+            ]
         );
         let s = x.summary();
         assert_eq!((s.reasoning_tokens, s.cached_read), (Some(12), Some(5)));

@@ -99,13 +99,22 @@ mod tests {
             r#"{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},"done":false}"#,
             r#"{"model":"m","message":{"role":"assistant","content":""},"done":true,"eval_count":4}"#,
         ] {
-            if x.on_message(&Message { event: "", data: l.as_bytes() }) > 0 {
+            if x.on_message(&Message {
+                event: "",
+                data: l.as_bytes(),
+            }) > 0
+            {
                 kinds.push(x.kinds());
             }
         }
         assert_eq!(
             kinds,
-            [Kinds::REASONING, Kinds::REASONING, Kinds::CONTENT, Kinds::TOOL_CALL]
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
         );
     }
 

@@ -164,7 +164,10 @@ impl Extractor for OpenAi {
             if reported.is_some() {
                 self.summary.output_tokens = reported;
             }
-            if let Some(r) = u.completion_tokens_details.and_then(|d| d.reasoning_tokens.0) {
+            if let Some(r) = u
+                .completion_tokens_details
+                .and_then(|d| d.reasoning_tokens.0)
+            {
                 self.summary.reasoning_tokens = Some(r);
             }
             if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens.0) {

@@ -182,14 +182,22 @@ mod tests {
             r#"{"type":"response.output_text.delta","delta":""}"#,
             r#"{"type":"response.completed","response":{"model":"o4","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}"#,
         ] {
-            let msg = Message { event: "", data: data.as_bytes() };
+            let msg = Message {
+                event: "",
+                data: data.as_bytes(),
+            };
             if x.on_message(&msg) > 0 {
                 kinds.push(x.kinds());
             }
         }
         assert_eq!(
             kinds,
-            [Kinds::REASONING, Kinds::REASONING, Kinds::CONTENT, Kinds::TOOL_CALL]
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
         );
         let s = x.summary();
         assert_eq!((s.reasoning_tokens, s.cached_read), (Some(20), Some(4)));

@@ -636,7 +636,11 @@ fn reasoning_and_cached_tokens_equal_what_usage_states() {
         let reasoning = usage_states(&msgs, &["reasoning_tokens", "thoughtsTokenCount"]);
         let read_ = usage_states(
             &msgs,
-            &["cached_tokens", "cache_read_input_tokens", "cachedContentTokenCount"],
+            &[
+                "cached_tokens",
+                "cache_read_input_tokens",
+                "cachedContentTokenCount",
+            ],
         );
         let write = usage_states(&msgs, &["cache_creation_input_tokens"]);
         let mut check = |what: &str, want: Option<u64>, got: Option<u64>| {
@@ -673,9 +677,21 @@ fn reasoning_and_cached_tokens_equal_what_usage_states() {
     );
     // Spot checks against the values the manifest's notes state in words.
     for (file, what, want) in [
-        ("anthropic/openllmetry-prompt-caching-read.sse", "read", 1165),
-        ("anthropic/openllmetry-prompt-caching-write.sse", "write", 1165),
-        ("gemini/pydantic-ai-flash-usage-every-chunk.sse", "reasoning", 35),
+        (
+            "anthropic/openllmetry-prompt-caching-read.sse",
+            "read",
+            1165,
+        ),
+        (
+            "anthropic/openllmetry-prompt-caching-write.sse",
+            "write",
+            1165,
+        ),
+        (
+            "gemini/pydantic-ai-flash-usage-every-chunk.sse",
+            "reasoning",
+            35,
+        ),
     ] {
         let e = entries.iter().find(|e| e.path == file).expect(file);
         let mut r = read::Reader::new(&request_path(&e.endpoint), content_type(e), None, MAX_LINE);
@@ -706,7 +722,11 @@ fn no_stream_shows_more_tokens_than_its_usage_states() {
         if let Some(usage) = r.summary.output_tokens {
             checked += 1;
             if r.counted() > usage {
-                over.push(format!("{}: events {} > usage {usage}", e.path, r.counted()));
+                over.push(format!(
+                    "{}: events {} > usage {usage}",
+                    e.path,
+                    r.counted()
+                ));
             }
         }
     }

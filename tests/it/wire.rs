@@ -181,7 +181,11 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
     let live = proxy
         .eventually(|s| m("tokenmeter_output_tokens_total").sum(s) == 3.0)
         .await;
-    assert_eq!(metric("tokenmeter_requests_total").sum(&live), 0.0, "{live}");
+    assert_eq!(
+        metric("tokenmeter_requests_total").sum(&live),
+        0.0,
+        "{live}"
+    );
     assert_eq!(m("tokenmeter_output_tokens_total").value(&live), 3.0);
     assert_eq!(
         m("tokenmeter_time_to_first_token_seconds_count")
@@ -189,7 +193,11 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
             .value(&live),
         1.0
     );
-    assert!(task.await.expect("join").body.ends_with(b"{\"type\":\"message_stop\"}\n\n"));
+    assert!(task
+        .await
+        .expect("join")
+        .body
+        .ends_with(b"{\"type\":\"message_stop\"}\n\n"));
     let s = proxy.settled(1.0).await;
     // Usage's 7 settles the 3 that streamed; the two thinking deltas are the reasoning count
     // (Anthropic reports no reasoning count of its own).
@@ -218,7 +226,10 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
     let content = m("tokenmeter_time_to_first_output_seconds_sum")
         .label("kind", "content")
         .value(&s);
-    assert!(reasoning >= 0.05 && content >= reasoning, "{reasoning} {content}");
+    assert!(
+        reasoning >= 0.05 && content >= reasoning,
+        "{reasoning} {content}"
+    );
     assert_eq!(
         m("tokenmeter_time_to_first_output_seconds_count")
             .label("kind", "tool_call")
@@ -255,7 +266,13 @@ async fn token_ids_give_tokens_per_event_and_no_usage_is_unknown_band() {
             .value(&s)
     };
     assert_eq!(
-        [bucket("1"), bucket("2"), bucket("3"), bucket("4"), bucket("+Inf")],
+        [
+            bucket("1"),
+            bucket("2"),
+            bucket("3"),
+            bucket("4"),
+            bucket("+Inf")
+        ],
         [1.0, 2.0, 3.0, 4.0, 4.0]
     );
     assert_eq!(m("tokenmeter_tokens_per_event_sum").value(&s), 10.0);
