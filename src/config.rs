@@ -466,6 +466,12 @@ impl ProxyArgs {
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
+                gpu_source: gpus.source,
+                gpu_hour_cost,
+                slo_objectives: slo
+                    .iter()
+                    .map(|(name, t)| (name.to_string(), t.objective))
+                    .collect(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,

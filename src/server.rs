@@ -87,8 +87,11 @@ impl Server {
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
         let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-        let recorder =
-            Arc::new(Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes).with_api(cfg.api));
+        let recorder = Arc::new(
+            Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+                .with_api(cfg.api)
+                .with_classes(Arc::clone(&cfg.slo)),
+        );
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,

@@ -16,18 +16,20 @@
 mod rate;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use self::rate::RateWindow;
+use crate::gpus;
 use crate::protocol::Api;
 pub use crate::protocol::{OutputKind, TokenSource};
+use crate::slo::Verdict;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -286,6 +288,18 @@ pub struct Finished {
     pub cached_input: CachedInput,
     /// What could not be parsed.
     pub parse_errors: ParseErrors,
+    /// The request's SLO class and result.
+    pub slo: Option<SloResult>,
+}
+
+/// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloResult {
+    /// The `class` label: a declared class name (see [`crate::slo::Classes`]).
+    pub class: Arc<str>,
+    pub verdict: Verdict,
+    /// The `concurrency` band: the decode window's, else the request's whole life's.
+    pub band: &'static str,
 }
 
 /// Cached prompt tokens a stream's usage reported: the `kind` label of
@@ -390,6 +404,8 @@ pub struct Metrics {
     parse_errors: IntCounterVec,
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
+    slo_requests: IntCounterVec,
+    goodput_tokens: IntCounterVec,
 }
 
 /// Settings the metrics need.
@@ -399,6 +415,12 @@ pub struct MetricsConfig {
     pub max_models: usize,
     pub rate_window: Duration,
     pub gpus: f64,
+    /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
+    pub gpu_source: gpus::Source,
+    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
+    pub gpu_hour_cost: Option<f64>,
+    /// Each SLO class with its objective, for `tokenmeter_slo_objective`.
+    pub slo_objectives: Vec<(String, f64)>,
 }
 
 impl Default for MetricsConfig {
@@ -408,6 +430,12 @@ impl Default for MetricsConfig {
             max_models: 32,
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
+            gpu_source: gpus::Source::Default,
+            gpu_hour_cost: None,
+            slo_objectives: crate::slo::Classes::default()
+                .iter()
+                .map(|(name, t)| (name.to_string(), t.objective))
+                .collect(),
         }
     }
 }
@@ -461,8 +489,35 @@ impl Metrics {
         for p in [Phase::Prefill, Phase::Decode] {
             in_flight.with_label_values(&[p.as_str()]).set(0);
         }
-        let gpus = gauge(&r, "tokenmeter_gpus", "GPUs behind this proxy (--gpus).")?;
-        gpus.set(cfg.gpus);
+        let gpus = GaugeVec::new(
+            Opts::new(
+                "tokenmeter_gpus",
+                "GPUs behind this proxy (--gpus); source says where the number came from.",
+            ),
+            &["source"],
+        )?;
+        r.register(Box::new(gpus.clone()))?;
+        gpus.with_label_values(&[cfg.gpu_source.as_str()])
+            .set(cfg.gpus);
+        if let Some(cost) = cfg.gpu_hour_cost {
+            gauge(
+                &r,
+                "tokenmeter_gpu_hour_cost",
+                "What one GPU costs per hour, in USD (--gpu-hour-cost).",
+            )?
+            .set(cost);
+        }
+        let objective = GaugeVec::new(
+            Opts::new(
+                "tokenmeter_slo_objective",
+                "The share of an SLO class's requests that must meet its targets (--slo objective).",
+            ),
+            &["class"],
+        )?;
+        r.register(Box::new(objective.clone()))?;
+        for (class, o) in &cfg.slo_objectives {
+            objective.with_label_values(&[class]).set(*o);
+        }
         let build = IntGaugeVec::new(
             Opts::new(
                 "tokenmeter_build_info",
@@ -624,6 +679,18 @@ impl Metrics {
                 "tokenmeter_output_tokens_per_second_per_gpu",
                 "tokenmeter_output_tokens_per_second / tokenmeter_gpus.",
             )?,
+            slo_requests: counter(
+                &r,
+                "tokenmeter_slo_requests_total",
+                "Requests by SLO class, model, concurrency band and result (met, the first target missed, error, or the client gone first), counted once when they end.",
+                &["class", "model", "concurrency", "result"],
+            )?,
+            goodput_tokens: counter(
+                &r,
+                "tokenmeter_goodput_output_tokens_total",
+                "Output tokens of requests that met their SLO class's targets.",
+                &["class", "model"],
+            )?,
             registry: r,
         })
     }
@@ -679,6 +746,23 @@ impl Metrics {
         self.parse_error(ParseError::InvalidJson, e.invalid_json);
         self.parse_error(ParseError::LineTooLong, e.line_too_long);
         self.parse_error(ParseError::ContentEncoding, e.content_encoding);
+        if let Some(slo) = &f.slo {
+            self.slo_requests
+                .with_label_values(&[&slo.class, model, slo.band, slo.verdict.as_str()])
+                .inc();
+            // Every request that met its targets has a goodput series, 0 tokens or more, so
+            // goodput is never absent where requests were met.
+            if slo.verdict == Verdict::Met {
+                let good = if f.api == Api::Unknown {
+                    0
+                } else {
+                    f.output_tokens
+                };
+                self.goodput_tokens
+                    .with_label_values(&[&slo.class, model])
+                    .inc_by(good);
+            }
+        }
         self.duration
             .with_label_values(&[model])
             .observe(f.duration.as_secs_f64());
