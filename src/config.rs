@@ -22,7 +22,8 @@ use crate::tls::KeyPair;
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
-    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (a path prefix is kept).
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
+    /// path prefix is kept).
     #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
 

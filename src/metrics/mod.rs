@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -870,8 +871,10 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the windowed gauges and renders the Prometheus text exposition.
-    pub fn render(&self) -> Vec<u8> {
+    /// Refreshes the windowed gauges and gathers every family. `render` encodes exactly this,
+    /// and the page (`crate::ui`) reads it, so both show the same values: a gauge refreshed at
+    /// read time belongs here, not in `render`.
+    pub fn gather(&self) -> Vec<MetricFamily> {
         let tps = self.rate.rate(Instant::now());
         self.output_tps.set(tps);
         self.output_tps_per_gpu.set(if self.gpus > 0.0 {
@@ -879,9 +882,14 @@ impl Metrics {
         } else {
             0.0
         });
+        self.registry.gather()
+    }
+
+    /// Renders the Prometheus text exposition of [`Metrics::gather`].
+    pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for families we built ourselves.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&self.gather(), &mut out);
         out
     }
 }

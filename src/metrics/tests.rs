@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::exposition::Scrape;
 
 #[test]
 fn bands_match_the_documented_edges() {
@@ -62,11 +63,9 @@ fn finished() -> Finished {
     }
 }
 
-fn sum(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+/// The sum of the series `selector` picks in an exposition.
+fn sum(text: &str, selector: &str) -> f64 {
+    Scrape::parse(text).sum_of(selector)
 }
 
 #[test]
