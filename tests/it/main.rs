@@ -16,3 +16,4 @@ mod slo;
 mod tls;
 mod ui;
 mod upgrade;
+mod wire;
