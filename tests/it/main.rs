@@ -17,3 +17,4 @@ mod slo;
 mod tls;
 mod ui;
 mod upgrade;
+mod wire;
