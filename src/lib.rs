@@ -14,6 +14,9 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //!
+//! - [`capacity`]: the live capacity model fitted from the stream's own timing;
+//!   [`capacity_metrics`] exports its answers.
+//!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
 //! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
@@ -33,3 +36,8 @@ pub mod signal;
 pub mod sim;
 pub mod sse;
 pub mod tap;
+
+// The live capacity model (issue 15); its metric families move under `metrics` once that
+// module is a directory.
+pub mod capacity;
+pub mod capacity_metrics;
