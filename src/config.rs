@@ -109,6 +109,16 @@ pub struct ProxyArgs {
     /// Prompt/output length buckets in tokens (default: 1, 2, 5, 10, ... 1,000,000).
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
+
+    // --- The live capacity model (issue 15). ---
+    /// Sliding window of the live capacity fit (e.g. 15m, 1h; at least 10s).
+    #[arg(long, env = "TOKENMETER_CAPACITY_WINDOW", default_value = "15m", value_parser = parse_duration)]
+    pub capacity_window: Duration,
+
+    /// Inference replicas behind this proxy (a gateway in front of N engines): the decoding
+    /// concurrency it sees is divided by N, since the capacity model is per engine.
+    #[arg(long, env = "TOKENMETER_REPLICAS", default_value_t = 1)]
+    pub replicas: u32,
 }
 
 /// Where requests go.
@@ -139,6 +149,10 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
+    /// `--capacity-window`.
+    pub capacity_window: Duration,
+    /// `--replicas`.
+    pub replicas: u32,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -154,6 +168,8 @@ pub enum ConfigError {
     BadGpus(f64),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--capacity-window must be at least 10s, got {0:?}")]
+    ShortCapacityWindow(Duration),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -261,6 +277,12 @@ impl ProxyArgs {
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        if self.capacity_window < crate::capacity::summary::MIN_WINDOW {
+            return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
+        }
+        if self.replicas == 0 {
+            return Err(ConfigError::Zero("replicas"));
+        }
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -289,6 +311,8 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
+            capacity_window: self.capacity_window,
+            replicas: self.replicas,
         })
     }
 }
@@ -375,5 +399,28 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
+    }
+
+    #[test]
+    fn capacity_window_and_replicas_are_checked() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(
+            (c.capacity_window, c.replicas),
+            (Duration::from_secs(900), 1)
+        );
+        let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
+        let c = c.validate().expect("valid");
+        assert_eq!(
+            (c.capacity_window, c.replicas),
+            (Duration::from_secs(3600), 4)
+        );
+        let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::ShortCapacityWindow(Duration::from_secs(5)))
+        );
+        let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
     }
 }
