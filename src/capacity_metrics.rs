@@ -23,6 +23,7 @@ pub mod names {
     pub const COST_PER_MILLION: &str = "tokenmeter_capacity_cost_per_million_output_tokens";
     pub const CURVE_TPS: &str = "tokenmeter_capacity_curve_tokens_per_second";
     pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
+    pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
 }
 
 /// The `term` label of [`names::STEP_SECONDS`].
@@ -63,6 +64,19 @@ impl CapacityMetrics {
             "Token samples in the capacity window at the concurrencies the fit can use.",
         ))?;
         r.register(Box::new(samples.clone()))?;
+        // The floors are the classes' own: constant, set once, so a chart can draw them beside
+        // the curve without knowing the configuration.
+        let floor = vec(
+            r,
+            TPS_FLOOR,
+            "Per-request tokens/s floor of the SLO class the capacity answers are for.",
+            &["class"],
+        )?;
+        for c in classes {
+            if let Some(f) = c.tps_floor {
+                floor.with_label_values(&[&c.name]).set(f);
+            }
+        }
         Ok(CapacityMetrics {
             step: vec(
                 r,
@@ -240,6 +254,7 @@ mod tests {
             "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"256\",kind=\"aggregate\"} ",
             "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"1\",kind=\"per_request\"} ",
             "tokenmeter_capacity_utilization{class=\"interactive\"} ",
+            "tokenmeter_capacity_tps_floor{class=\"interactive\"} 40",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }

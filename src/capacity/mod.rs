@@ -11,6 +11,7 @@
 //! - [`busy`]: the mean decoding concurrency over the last minute, for utilization.
 //! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
 //! - [`plan`]: the answers per class, the curve, and the cost.
+//! - [`command`]: `tokenmeter capacity`, which reads the answers back from `/metrics`.
 //!
 //! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
 //! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
@@ -19,6 +20,7 @@
 
 pub mod bins;
 pub mod busy;
+pub mod command;
 pub mod fit;
 pub mod plan;
 pub mod summary;
