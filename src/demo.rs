@@ -2,31 +2,38 @@
 //!
 //! One process runs the simulator ([`crate::sim`]) on a free loopback port, the proxy in front of
 //! it (`--listen`, default 127.0.0.1:8080) with its metrics endpoint (`--metrics-listen`, default
-//! 127.0.0.1:9090; the same flags and `TOKENMETER_*` variables as the proxy), and a load
-//! ([`load`]) that ramps concurrency 1, 2, 4 ... `--max-concurrency` and back down, through the
-//! proxy. Once a second it prints a row: concurrency, per-request TPS (p50/p90), aggregate TPS,
-//! per-GPU TPS, TTFT (p50/p99), and tokenmeter's own aggregate gauge beside them.
+//! 127.0.0.1:9090; the same flags and `TOKENMETER_*` variables as the proxy), and a load that
+//! ramps concurrency 1, 2, 4 ... `--max-concurrency` and back down, through the proxy. Once a
+//! second it prints a row: concurrency, per-request TPS (p50/p90), aggregate TPS, per-GPU TPS,
+//! TTFT (p50/p99), and tokenmeter's own aggregate gauge beside them.
 //!
-//! The table's figures are measured by the demo's clients (exact values, not histogram buckets);
-//! the last column is what tokenmeter exports, and the closing summary sets the two token totals
-//! side by side. Ctrl-C stops everything cleanly; `--duration` stops on its own and exits 0.
+//! The load is the bench's: its client measures every request ([`crate::bench::client`]), its
+//! closed loop follows the ramp ([`crate::bench::load::Ramp`]), and its statistics give the
+//! percentiles ([`crate::bench::stats`]), so the demo and `tokenmeter bench` define TTFT,
+//! per-request tokens/s and a percentile the same way. The table's figures are measured by the
+//! clients (exact values, not histogram buckets); the last column is what tokenmeter exports, and
+//! the closing summary sets the two token totals side by side. Ctrl-C stops everything cleanly;
+//! `--duration` stops on its own and exits 0.
 
-pub mod load;
-
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
 use prometheus::core::Collector;
 use tokio::sync::oneshot;
 
+use crate::bench::client::{Client, Sample};
+use crate::bench::load::{Driver, Ramp, RampCounts};
+use crate::bench::prompt::{Endpoint, RequestBuilder};
+use crate::bench::stats::Summary;
 use crate::config::{parse_duration, ConfigError, ProxyArgs};
 use crate::metrics::Metrics;
 use crate::server::{Server, ServerError};
-use crate::sim::text::Lengths;
+use crate::sim::text::{Lengths, Rng};
 use crate::sim::{Sim, SimConfig, SimError};
-use load::{Load, LoadConfig, Sample};
 
 /// The demo's flags.
 #[derive(Debug, Clone, Args)]
@@ -149,16 +156,6 @@ pub fn ramp(max: usize) -> Vec<usize> {
     up
 }
 
-/// The nearest-rank percentile `p` (0 < p <= 1) of `v`, which it sorts.
-pub fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let rank = (p * v.len() as f64).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
-}
-
 /// A URL for an address: an unspecified IP (0.0.0.0, ::) is shown as loopback.
 fn url(addr: SocketAddr) -> String {
     let ip = if addr.ip().is_unspecified() {
@@ -175,8 +172,73 @@ const WINDOW: Duration = Duration::from_secs(5);
 /// After --duration, requests in flight get this long to finish before they are cut off.
 const FINISH_GRACE: Duration = Duration::from_secs(10);
 
+/// Finished requests older than this are forgotten, which bounds memory whatever the run length.
+const KEEP: Duration = Duration::from_secs(30);
+
+/// Longest time one demo request may take: the bench's default. The longest default request
+/// (256 tokens at the simulator's ~24 tok/s at concurrency 128) takes about 11 s.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Characters per prompt token, as `--prompt-chars` states and the simulator estimates.
+const CHARS_PER_TOKEN: u32 = 4;
+
 /// The model name the demo's clients send.
 const DEMO_MODEL: &str = "sim-llama-8b";
+
+/// What one finished request adds to the table: when it ended, its TTFT and its decode speed.
+type Done = (Instant, Option<f64>, Option<f64>);
+
+/// The requests that finished within the last [`KEEP`], oldest first.
+#[derive(Default)]
+struct Recent(Mutex<VecDeque<Done>>);
+
+impl Recent {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Done>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, s: &Sample) {
+        if !s.is_ok() {
+            return;
+        }
+        let now = Instant::now();
+        let mut q = self.lock();
+        forget_before(&mut q, now);
+        q.push_back((now, s.ttft_secs(), s.request_tps()));
+    }
+
+    /// The TTFT and per-request tokens/s of the requests that ended within `window` of `now`.
+    fn window(&self, now: Instant, window: Duration) -> Window {
+        let q = self.lock();
+        let recent = q
+            .iter()
+            .filter(|(t, _, _)| now.saturating_duration_since(*t) <= window);
+        let (mut ttft, mut tps) = (Vec::new(), Vec::new());
+        for &(_, f, r) in recent {
+            ttft.extend(f);
+            tps.extend(r);
+        }
+        Window {
+            ttft: Summary::of(&mut ttft),
+            tps: Summary::of(&mut tps),
+        }
+    }
+}
+
+fn forget_before(q: &mut VecDeque<Done>, now: Instant) {
+    while q
+        .front()
+        .is_some_and(|(t, _, _)| now.saturating_duration_since(*t) > KEEP)
+    {
+        q.pop_front();
+    }
+}
+
+/// The percentiles of one row.
+struct Window {
+    ttft: Option<Summary>,
+    tps: Option<Summary>,
+}
 
 const HEADER: &str = "  time   conc target  tps p50  tps p90  agg tok/s  per GPU  ttft p50  ttft p99  tokenmeter tok/s";
 
@@ -189,8 +251,9 @@ fn fmt_opt(v: Option<f64>, scale: f64, width: usize, prec: usize) -> String {
 
 fn row(
     elapsed: Duration,
+    in_flight: usize,
     target: usize,
-    s: &mut Sample,
+    w: &Window,
     agg: f64,
     gpus: f64,
     proxy: f64,
@@ -198,14 +261,14 @@ fn row(
     format!(
         "{:>5}s {:>6} {:>6} {} {} {:>10.0} {:>8.0} {}ms {}ms {:>17.0}",
         elapsed.as_secs(),
-        s.in_flight,
+        in_flight,
         target,
-        fmt_opt(percentile(&mut s.tps, 0.5), 1.0, 8, 1),
-        fmt_opt(percentile(&mut s.tps, 0.9), 1.0, 8, 1),
+        fmt_opt(w.tps.map(|s| s.p50), 1.0, 8, 1),
+        fmt_opt(w.tps.map(|s| s.p90), 1.0, 8, 1),
         agg,
         agg / gpus,
-        fmt_opt(percentile(&mut s.ttft, 0.5), 1000.0, 7, 0),
-        fmt_opt(percentile(&mut s.ttft, 0.99), 1000.0, 7, 0),
+        fmt_opt(w.ttft.map(|s| s.p50), 1000.0, 7, 0),
+        fmt_opt(w.ttft.map(|s| s.p99), 1000.0, 7, 0),
         proxy,
     )
 }
@@ -297,17 +360,32 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
         WINDOW.as_secs()
     );
 
-    let load = Load::start(LoadConfig {
-        url: format!("{}/v1/chat/completions", url(proxy_addr))
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| DemoError::ProxyFlags(e.to_string()))?,
+    let requests = RequestBuilder {
+        endpoint: Endpoint::Chat,
         model: DEMO_MODEL.to_string(),
-        output_tokens: args.output_tokens,
-        prompt_chars: args.prompt_chars,
+        prompt_tokens: 0,
+        output_tokens: 0,
         seed: args.seed,
-        workers: top,
-    });
-    let interrupted = drive(&load, &levels, step, args, &metrics).await;
+    };
+    let driver = Driver {
+        client: Arc::new(Client::new(
+            format!("{}/v1", url(proxy_addr)),
+            None,
+            REQUEST_TIMEOUT,
+        )),
+        requests: Arc::new(requests),
+        next_id: Arc::new(AtomicU64::new(0)),
+        interrupted: Default::default(),
+    };
+    let (output_tokens, prompt_chars, seed) = (args.output_tokens, args.prompt_chars, args.seed);
+    let recent = Arc::new(Recent::default());
+    let on_done = Arc::clone(&recent);
+    let load = driver.ramp(
+        top,
+        Arc::new(move |n| sizes(seed, n, output_tokens, prompt_chars)),
+        Arc::new(move |s| on_done.push(s)),
+    );
+    let interrupted = drive(&load, &recent, &levels, step, args, &metrics).await;
 
     if !interrupted {
         println!("Waiting for the requests in flight to finish...");
@@ -330,7 +408,8 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
 /// Runs the ramp and prints a row a second (the target shown is the one of the second just
 /// past); returns true when stopped by a signal.
 async fn drive(
-    load: &Load,
+    load: &Ramp,
+    recent: &Recent,
     levels: &[usize],
     step: Duration,
     args: &DemoArgs,
@@ -360,9 +439,10 @@ async fn drive(
         }
         let now = Instant::now();
         let elapsed = now - start;
-        let mut s = load.sample(WINDOW);
-        let agg = (s.tokens - last_tokens) as f64 / now.duration_since(last_at).as_secs_f64();
-        (last_tokens, last_at) = (s.tokens, now);
+        let counts = load.counts();
+        let tokens = counts.tokens.load(Ordering::Relaxed);
+        let agg = (tokens - last_tokens) as f64 / now.duration_since(last_at).as_secs_f64();
+        (last_tokens, last_at) = (tokens, now);
         if rows % 20 == 0 {
             println!("{HEADER}");
         }
@@ -371,8 +451,9 @@ async fn drive(
             "{}",
             row(
                 elapsed,
+                counts.in_flight.load(Ordering::Relaxed),
                 target,
-                &mut s,
+                &recent.window(now, WINDOW),
                 agg,
                 args.gpus,
                 metrics.rate.rate(now)
@@ -383,13 +464,26 @@ async fn drive(
     }
 }
 
-fn summary(client: &Sample, metrics: &Metrics) {
-    let cut = client
-        .started
-        .saturating_sub(client.completed + client.errors);
+/// The `(prompt tokens, output tokens)` of request `n`: drawn from the flags' ranges by a
+/// generator seeded with `--seed` and `n`, so a run is repeatable.
+fn sizes(seed: u64, n: u64, output_tokens: Lengths, prompt_chars: Lengths) -> (usize, u64) {
+    let mut rng = Rng::new(seed ^ n.wrapping_mul(0xA076_1D64_78BD_642F));
+    let max_tokens = output_tokens.sample(&mut rng);
+    let chars = prompt_chars.sample(&mut rng);
+    (
+        chars.div_ceil(CHARS_PER_TOKEN) as usize,
+        u64::from(max_tokens),
+    )
+}
+
+fn summary(client: &RampCounts, metrics: &Metrics) {
+    let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let (started, completed, errors) =
+        (n(&client.started), n(&client.completed), n(&client.errors));
+    let cut = started.saturating_sub(completed + errors);
     println!(
-        "The clients sent {} requests ({} complete, {} failed, {cut} cut off) and received {} output tokens.",
-        client.started, client.completed, client.errors, client.tokens
+        "The clients sent {started} requests ({completed} complete, {errors} failed, {cut} cut off) and received {} output tokens.",
+        n(&client.tokens)
     );
     let tokens = counter_sum(&metrics.output_tokens_total, |_| true);
     let complete = counter_sum(&metrics.requests, |m| {
@@ -416,12 +510,31 @@ mod tests {
     }
 
     #[test]
-    fn nearest_rank_percentiles() {
-        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
-        assert_eq!(percentile(&mut v, 0.5), Some(3.0));
-        assert_eq!(percentile(&mut v, 0.9), Some(5.0));
-        assert_eq!(percentile(&mut v, 0.2), Some(1.0));
-        assert_eq!(percentile(&mut [], 0.5), None);
+    fn sizes_follow_the_flags_and_the_seed() {
+        let out = Lengths { min: 64, max: 256 };
+        let chars = Lengths {
+            min: 200,
+            max: 1000,
+        };
+        for n in 0..100 {
+            let (p, o) = sizes(7, n, out, chars);
+            assert!((50..=250).contains(&p), "{p}");
+            assert!((64..=256).contains(&o), "{o}");
+            assert_eq!((p, o), sizes(7, n, out, chars));
+        }
+        let fixed = Lengths { min: 9, max: 9 };
+        assert_eq!(sizes(0, 1, fixed, fixed), (3, 9));
+    }
+
+    #[test]
+    fn old_requests_are_forgotten() {
+        let mut q = VecDeque::new();
+        let t0 = Instant::now();
+        q.push_back((t0, Some(1.0), None));
+        q.push_back((t0 + Duration::from_secs(10), Some(2.0), None));
+        forget_before(&mut q, t0 + KEEP + Duration::from_secs(5));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q[0].1, Some(2.0));
     }
 
     #[test]

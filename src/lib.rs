@@ -4,7 +4,9 @@
 //!
 //! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown.
-//! - [`proxy`]: forwards one request upstream with a pooled client and wraps the response body.
+//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::inspect`] (the
+//!   request body, the model), [`proxy::metering`] (one meter per request, the tap),
+//!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
 //! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
@@ -19,12 +21,14 @@
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
-//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server.
+//! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server. The tools
+//! and the tests read a `/metrics` scrape back with [`exposition`]; the proxy never does.
 
 pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod exposition;
 pub mod inject;
 pub mod meter;
 pub mod metrics;

@@ -70,6 +70,9 @@ pub enum Outcome {
     UpstreamError,
     /// The upstream took longer than `--upstream-timeout` or `--idle-timeout`.
     Timeout,
+    /// The proxy refused the request itself (an unreadable request body, a URI it cannot
+    /// forward): a 400 that never reached the upstream.
+    BadRequest,
 }
 
 impl Outcome {
@@ -79,6 +82,7 @@ impl Outcome {
             Outcome::ClientDisconnect => "client_disconnect",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
+            Outcome::BadRequest => "bad_request",
         }
     }
 }

@@ -18,6 +18,7 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
@@ -25,7 +26,7 @@ use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{self, Proxy};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +45,7 @@ pub enum ServerError {
 pub struct Server {
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
-    proxy: Arc<Proxy>,
+    proxy: Proxy,
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
     drain_timeout: Duration,
@@ -66,7 +67,7 @@ impl Server {
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
-            proxy: Arc::new(Proxy::new(cfg, recorder)),
+            proxy: proxy::stack(cfg, recorder),
             metrics,
             ready: Arc::new(Readiness::default()),
             drain_timeout: cfg.drain_timeout,
@@ -172,7 +173,7 @@ impl Drop for ConnGuard {
 
 async fn accept_loop(
     listener: TcpListener,
-    proxy: Arc<Proxy>,
+    proxy: Proxy,
     conns: Arc<Connections>,
     drain: watch::Receiver<bool>,
     header_read_timeout: Duration,
@@ -191,7 +192,7 @@ async fn accept_loop(
         let guard = ConnGuard(Arc::clone(&conns));
         tokio::spawn(serve_proxy_conn(
             stream,
-            Arc::clone(&proxy),
+            proxy.clone(),
             drain.clone(),
             header_read_timeout,
             guard,
@@ -201,7 +202,7 @@ async fn accept_loop(
 
 async fn serve_proxy_conn(
     stream: TcpStream,
-    proxy: Arc<Proxy>,
+    proxy: Proxy,
     mut drain: watch::Receiver<bool>,
     header_read_timeout: Duration,
     _guard: ConnGuard,
@@ -216,11 +217,8 @@ async fn serve_proxy_conn(
         .header_read_timeout(header_read_timeout)
         .keep_alive(!draining);
     builder.http2().timer(TokioTimer::new());
-    let service = service_fn(move |req: Request<Incoming>| {
-        let proxy = Arc::clone(&proxy);
-        async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-    });
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    // Each request gets its own clone of the stack (tower's one-shot call).
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(proxy));
     tokio::pin!(conn);
     if !draining {
         tokio::select! {

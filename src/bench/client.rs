@@ -10,6 +10,7 @@
 //! request of a worker no connection setup lands in TTFT, and idle connections are dropped before
 //! a server's keep-alive timeout (vLLM's is 5 s) could close them under a new request.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -190,6 +191,12 @@ impl Client {
 
     /// Sends one streaming request to `path` (under the base) and measures its response.
     pub async fn send(&self, path: &str, body: Vec<u8>) -> Sample {
+        self.send_counting(path, body, &AtomicU64::new(0)).await
+    }
+
+    /// As [`Client::send`], and adds each event's tokens to `arrived` as it comes, for a live
+    /// throughput figure while the request is still streaming (the demo's table).
+    pub async fn send_counting(&self, path: &str, body: Vec<u8>, arrived: &AtomicU64) -> Sample {
         let mut sample = Sample {
             sent: Instant::now(),
             ttft: None,
@@ -237,9 +244,11 @@ impl Client {
                 Ok(Some(Ok(frame))) => {
                     let at = sent.elapsed();
                     if let Some(data) = frame.data_ref() {
+                        let before = events.len();
                         decoder.feed(data, &mut |m| {
                             on_message(&mut extractor, &mut events, m, at)
                         });
+                        count(&events[before..], arrived);
                     }
                 }
                 Ok(None) => break None,
@@ -248,7 +257,9 @@ impl Client {
             }
         };
         let end = sent.elapsed();
+        let before = events.len();
         decoder.finish(&mut |m| on_message(&mut extractor, &mut events, m, end));
+        count(&events[before..], arrived);
 
         let summary = extractor.summary();
         sample.usage_output = summary.output_tokens;
@@ -316,6 +327,13 @@ fn on_message(x: &mut OpenAi, events: &mut Vec<(Duration, u32)>, m: Message<'_>,
     let n = x.on_message(&m);
     if n > 0 {
         events.push((at, n));
+    }
+}
+
+fn count(new: &[(Duration, u32)], arrived: &AtomicU64) {
+    let n: u64 = new.iter().map(|&(_, n)| u64::from(n)).sum();
+    if n > 0 {
+        arrived.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -8,12 +8,17 @@
 //! a proxy's counters), but the aggregate throughput counts only the output tokens that arrived
 //! inside the window, divided by the window: the server's throughput at N, not a blend of N and
 //! the drain.
+//!
+//! [`Ramp`] is the same closed loop with a target that moves while it runs (the demo's ramp):
+//! worker `i` sends while the target is above `i`, so when the target drops, the workers above it
+//! finish the request they are on and then wait; no request is cut off by the ramp.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinSet;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::client::{Client, Sample};
 use super::progress::Live;
@@ -162,6 +167,143 @@ impl Driver {
             window_end,
             finished,
             samples,
+        }
+    }
+}
+
+/// After a failed request a ramp worker waits this long, so an unreachable server is not
+/// hammered in a tight loop.
+const RAMP_ERROR_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The `(prompt tokens, output tokens)` of request number `n` of a ramp.
+pub type Sizes = Arc<dyn Fn(u64) -> (usize, u64) + Send + Sync>;
+
+/// Called with every request a ramp finished (complete or failed, not cut off by an abort).
+pub type OnDone = Arc<dyn Fn(&Sample) + Send + Sync>;
+
+/// What a ramp's workers count as they go.
+#[derive(Debug, Default)]
+pub struct RampCounts {
+    pub in_flight: AtomicUsize,
+    /// Requests sent (complete, failed, or cut off by an abort).
+    pub started: AtomicU64,
+    pub completed: AtomicU64,
+    pub errors: AtomicU64,
+    /// Output tokens received, counted event by event as they arrive.
+    pub tokens: AtomicU64,
+}
+
+/// A running closed loop whose concurrency follows [`Ramp::set_target`].
+pub struct Ramp {
+    target: watch::Sender<usize>,
+    counts: Arc<RampCounts>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Driver {
+    /// Starts `workers` workers (idle until [`Ramp::set_target`]), sending requests sized by
+    /// `sizes` and reporting each finished one to `on_done`.
+    pub fn ramp(&self, workers: usize, sizes: Sizes, on_done: OnDone) -> Ramp {
+        let (target, rx) = watch::channel(0usize);
+        let counts = Arc::new(RampCounts::default());
+        let workers = (0..workers)
+            .map(|i| {
+                tokio::spawn(ramp_worker(
+                    i,
+                    self.clone(),
+                    rx.clone(),
+                    Arc::clone(&counts),
+                    Arc::clone(&sizes),
+                    Arc::clone(&on_done),
+                ))
+            })
+            .collect();
+        Ramp {
+            target,
+            counts,
+            workers,
+        }
+    }
+}
+
+impl Ramp {
+    /// Sets how many requests should be in flight.
+    pub fn set_target(&self, n: usize) {
+        self.target.send_replace(n);
+    }
+
+    pub fn counts(&self) -> &RampCounts {
+        &self.counts
+    }
+
+    /// Sends no new request and waits for those in flight to finish.
+    pub async fn finish(&self) {
+        self.set_target(0);
+        while self.counts.in_flight.load(Ordering::Relaxed) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Cancels every request still in flight (the clients hang up) and stops the workers; returns
+    /// the counts, final.
+    pub async fn abort(mut self) -> Arc<RampCounts> {
+        for w in &self.workers {
+            w.abort();
+        }
+        for w in self.workers.iter_mut() {
+            let _ = w.await;
+        }
+        self.counts
+    }
+}
+
+/// Counts a request in flight for as long as it lives, however it ends (even when aborted).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::Relaxed);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn ramp_worker(
+    i: usize,
+    d: Driver,
+    mut target: watch::Receiver<usize>,
+    counts: Arc<RampCounts>,
+    sizes: Sizes,
+    on_done: OnDone,
+) {
+    loop {
+        if target.wait_for(|&t| t > i).await.is_err() {
+            return;
+        }
+        let id = d.next_id.fetch_add(1, Ordering::Relaxed);
+        let (prompt_tokens, output_tokens) = sizes(id);
+        let body = d.requests.body_sized(id, prompt_tokens, output_tokens);
+        let sample = {
+            let _guard = InFlight::new(&counts.in_flight);
+            counts.started.fetch_add(1, Ordering::Relaxed);
+            d.client
+                .send_counting(d.requests.endpoint.path(), body, &counts.tokens)
+                .await
+        };
+        on_done(&sample);
+        if sample.is_ok() {
+            counts.completed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counts.errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(e) = &sample.error {
+                tracing::debug!(error = %e, "ramp request failed");
+            }
+            tokio::time::sleep(RAMP_ERROR_BACKOFF).await;
         }
     }
 }

@@ -32,7 +32,7 @@ use self::client::{Client, RequestError};
 use self::load::{Driver, LevelRun, Stop};
 use self::progress::{Live, Progress};
 use self::prompt::{Endpoint, RequestBuilder};
-use self::proxy_view::{ProxyViewError, Scraper, Snapshot};
+use self::proxy_view::{ProxyTotals, ProxyViewError, Scraper};
 use self::report::{LevelReport, Report};
 use crate::config::parse_duration;
 
@@ -308,7 +308,7 @@ pub async fn run(
     // The proxy's counters as of the last request the bench sent; every stretch of traffic
     // (probe, warmup, level) is settled against it, so none leaks into the next level's figures.
     let mut proxy_last = match &scraper {
-        Some(s) => Some(s.snapshot().await?),
+        Some(s) => Some(s.totals().await?),
         None => None,
     };
     // One short request first, so a wrong model or path fails in a second with the server's
@@ -323,7 +323,7 @@ pub async fn run(
         });
     }
     if let (Some(s), Some(last)) = (&scraper, &proxy_last) {
-        proxy_last = Some(settled_snapshot(s, last, 1.0).await?);
+        proxy_last = Some(settled_totals(s, last, 1.0).await?);
     }
 
     let driver = Driver {
@@ -362,7 +362,7 @@ pub async fn run(
             );
             let warm = driver.run_level(n, Stop::Requests(n as u64), live).await;
             if let (Some(s), Some(last)) = (&scraper, &proxy_last) {
-                proxy_last = Some(settled_snapshot(s, last, warm.samples.len() as f64).await?);
+                proxy_last = Some(settled_totals(s, last, warm.samples.len() as f64).await?);
             }
         }
         let before = proxy_last.take();
@@ -373,7 +373,7 @@ pub async fn run(
         };
         let mut level = LevelReport::from_run(&run);
         if let (Some(s), Some(before)) = (&scraper, before) {
-            let after = settled_snapshot(s, &before, run.samples.len() as f64).await?;
+            let after = settled_totals(s, &before, run.samples.len() as f64).await?;
             let ttft: Vec<f64> = run.samples.iter().filter_map(|s| s.ttft_secs()).collect();
             level.proxy = Some(proxy_view::delta(&before, &after, &ttft));
             proxy_last = Some(after);
@@ -450,14 +450,14 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 /// Scrapes until the proxy has counted all `requests` of the level (it records a request when
 /// the stream ends, which can be a moment after the client saw the end), or [`SETTLE`] passes.
-async fn settled_snapshot(
+async fn settled_totals(
     s: &Scraper,
-    before: &Snapshot,
+    before: &ProxyTotals,
     requests: f64,
-) -> Result<Snapshot, BenchError> {
+) -> Result<ProxyTotals, BenchError> {
     let give_up = tokio::time::Instant::now() + SETTLE;
     loop {
-        let after = s.snapshot().await?;
+        let after = s.totals().await?;
         if after.requests - before.requests >= requests || tokio::time::Instant::now() >= give_up {
             return Ok(after);
         }

@@ -57,14 +57,19 @@ pub struct RequestBuilder {
 impl RequestBuilder {
     /// The prompt of request number `n`: `prompt_tokens` words, different for every `n`.
     pub fn prompt(&self, n: u64) -> String {
+        self.prompt_of(n, self.prompt_tokens)
+    }
+
+    /// The prompt of request number `n` with `words` words (about as many tokens).
+    fn prompt_of(&self, n: u64, words: usize) -> String {
         // splitmix64 of (seed, n) seeds a xorshift64*; both are tiny and good enough to make
         // prompts differ, which is all we need of them.
         let mut z = self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         let mut x = (z ^ (z >> 31)) | 1;
-        let mut out = String::with_capacity(self.prompt_tokens * 6);
-        for i in 0..self.prompt_tokens {
+        let mut out = String::with_capacity(words * 6);
+        for i in 0..words {
             x ^= x >> 12;
             x ^= x << 25;
             x ^= x >> 27;
@@ -79,7 +84,13 @@ impl RequestBuilder {
 
     /// The JSON body of request number `n`, asking for `max_tokens` output tokens.
     pub fn body(&self, n: u64, max_tokens: u64) -> Vec<u8> {
-        let prompt = self.prompt(n);
+        self.body_sized(n, self.prompt_tokens, max_tokens)
+    }
+
+    /// As [`RequestBuilder::body`] with a prompt of `prompt_tokens` words instead of the
+    /// builder's, for a load whose requests vary in length (the demo's).
+    pub fn body_sized(&self, n: u64, prompt_tokens: usize, max_tokens: u64) -> Vec<u8> {
+        let prompt = self.prompt_of(n, prompt_tokens);
         let mut body = json!({
             "model": self.model,
             "max_tokens": max_tokens,
@@ -137,5 +148,10 @@ mod tests {
             };
             assert_eq!(prompt.as_str().unwrap().split(' ').count(), 100);
         }
+        let b = builder(Endpoint::Chat);
+        let v: serde_json::Value = serde_json::from_slice(&b.body_sized(0, 12, 3)).unwrap();
+        assert_eq!(v["max_tokens"], 3);
+        let words = v["messages"][0]["content"].as_str().unwrap().split(' ');
+        assert_eq!(words.count(), 12);
     }
 }

@@ -24,6 +24,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
+use crate::exposition::{histogram_quantile, Scrape};
+
 const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
 const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
 const REQUESTS: &str = "tokenmeter_requests_total";
@@ -47,7 +49,7 @@ pub enum ProxyViewError {
 
 /// The families the comparison needs, each summed over its label sets.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
+pub struct ProxyTotals {
     /// Cumulative TTFT bucket counts by upper bound (`+Inf` last), ascending.
     pub ttft_buckets: Vec<(f64, f64)>,
     pub ttft_sum: f64,
@@ -56,33 +58,20 @@ pub struct Snapshot {
     pub requests: f64,
 }
 
-impl Snapshot {
+impl ProxyTotals {
     /// Reads a Prometheus text exposition; `None` when it is not tokenmeter's.
-    pub fn parse(text: &str) -> Option<Snapshot> {
-        let mut s = Snapshot::default();
-        let mut tokenmeter = false;
-        for line in text.lines() {
-            let Some(sample) = parse_line(line) else {
-                continue;
-            };
-            match sample.name {
-                BUILD_INFO => tokenmeter = true,
-                OUTPUT_TOKENS => s.output_tokens += sample.value,
-                REQUESTS => s.requests += sample.value,
-                n if n.strip_prefix(TTFT) == Some("_sum") => s.ttft_sum += sample.value,
-                n if n.strip_prefix(TTFT) == Some("_count") => s.ttft_count += sample.value,
-                n if n.strip_prefix(TTFT) == Some("_bucket") => {
-                    let Some(le) = sample.le else { continue };
-                    match s.ttft_buckets.iter_mut().find(|(b, _)| *b == le) {
-                        Some((_, c)) => *c += sample.value,
-                        None => s.ttft_buckets.push((le, sample.value)),
-                    }
-                }
-                _ => {}
-            }
+    pub fn parse(text: &str) -> Option<ProxyTotals> {
+        let scrape = Scrape::parse(text);
+        if !scrape.contains(BUILD_INFO) {
+            return None;
         }
-        s.ttft_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        tokenmeter.then_some(s)
+        Some(ProxyTotals {
+            ttft_buckets: scrape.buckets(TTFT, &[]),
+            ttft_sum: scrape.sum(&format!("{TTFT}_sum"), &[]),
+            ttft_count: scrape.sum(&format!("{TTFT}_count"), &[]),
+            output_tokens: scrape.sum(OUTPUT_TOKENS, &[]),
+            requests: scrape.sum(REQUESTS, &[]),
+        })
     }
 }
 
@@ -102,7 +91,7 @@ pub struct ProxyLevel {
 }
 
 /// What happened between two scrapes, next to the client's TTFT samples (seconds) of the level.
-pub fn delta(before: &Snapshot, after: &Snapshot, client_ttft: &[f64]) -> ProxyLevel {
+pub fn delta(before: &ProxyTotals, after: &ProxyTotals, client_ttft: &[f64]) -> ProxyLevel {
     let buckets: Vec<(f64, f64)> = after
         .ttft_buckets
         .iter()
@@ -136,98 +125,6 @@ pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The `q`-quantile of a cumulative histogram, interpolated linearly inside its bucket (as
-/// PromQL's `histogram_quantile`: the first bucket starts at 0, and a quantile in the `+Inf`
-/// bucket is the highest finite bound). Returns the value and its bucket's bounds.
-pub fn histogram_quantile(q: f64, cumulative: &[(f64, f64)]) -> Option<(f64, (f64, f64))> {
-    let total = cumulative.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q.clamp(0.0, 1.0) * total;
-    let mut lower = (0.0, 0.0);
-    for &(le, cum) in cumulative {
-        if cum >= rank && cum > lower.1 {
-            if le.is_infinite() {
-                return Some((lower.0, (lower.0, le)));
-            }
-            let frac = (rank - lower.1) / (cum - lower.1);
-            return Some((lower.0 + (le - lower.0) * frac, (lower.0, le)));
-        }
-        lower = (le, cum);
-    }
-    None
-}
-
-/// One sample line of the text format.
-struct Line<'a> {
-    name: &'a str,
-    le: Option<f64>,
-    value: f64,
-}
-
-/// Parses `name{labels} value [timestamp]`, keeping only the `le` label; `None` for comments,
-/// blank lines and anything malformed.
-fn parse_line(line: &str) -> Option<Line<'_>> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
-    let name = &line[..name_end];
-    let mut rest = &line[name_end..];
-    let mut le = None;
-    if let Some(labels) = rest.strip_prefix('{') {
-        let (pairs, after) = split_labels(labels)?;
-        for (k, v) in pairs {
-            if k == "le" {
-                le = Some(parse_value(&v)?);
-            }
-        }
-        rest = after;
-    }
-    let value = parse_value(rest.split_whitespace().next()?)?;
-    Some(Line { name, le, value })
-}
-
-/// Splits `k="v",k2="v2"}` into unescaped pairs and the text after the closing brace.
-fn split_labels(s: &str) -> Option<(Vec<(&str, String)>, &str)> {
-    let mut pairs = Vec::new();
-    let mut rest = s.trim_start();
-    loop {
-        if let Some(after) = rest.strip_prefix('}') {
-            return Some((pairs, after));
-        }
-        let eq = rest.find('=')?;
-        let key = rest[..eq].trim();
-        let quoted = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let mut value = String::new();
-        let mut chars = quoted.char_indices();
-        let end = loop {
-            let (i, c) = chars.next()?;
-            match c {
-                '"' => break i,
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                c => value.push(c),
-            }
-        };
-        pairs.push((key, value));
-        rest = quoted[end + 1..].trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest).trim_start();
-    }
-}
-
-fn parse_value(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        _ => s.parse().ok(),
-    }
-}
-
 /// Scrapes one `/metrics` URL.
 pub struct Scraper {
     client: Client<HttpConnector, Empty<Bytes>>,
@@ -251,7 +148,7 @@ impl Scraper {
         })
     }
 
-    pub async fn snapshot(&self) -> Result<Snapshot, ProxyViewError> {
+    pub async fn totals(&self) -> Result<ProxyTotals, ProxyViewError> {
         let fail = |reason: String| ProxyViewError::Fetch {
             url: self.url.clone(),
             reason,
@@ -269,7 +166,7 @@ impl Scraper {
             .map_err(|e| fail(e.to_string()))?
             .to_bytes();
         let text = String::from_utf8_lossy(&body);
-        Snapshot::parse(&text).ok_or_else(|| ProxyViewError::NotTokenmeter {
+        ProxyTotals::parse(&text).ok_or_else(|| ProxyViewError::NotTokenmeter {
             url: self.url.clone(),
         })
     }
@@ -304,8 +201,8 @@ tokenmeter_time_to_first_token_seconds_sum{model="b \"q\" {x=1}, y"} 0.6
 tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
 "#
         );
-        let a = Snapshot::parse(BEFORE).unwrap();
-        let b = Snapshot::parse(&after).unwrap();
+        let a = ProxyTotals::parse(BEFORE).unwrap();
+        let b = ProxyTotals::parse(&after).unwrap();
         assert_eq!(
             b.ttft_buckets,
             [(0.1, 1.0), (0.2, 6.0), (f64::INFINITY, 6.0)]
@@ -323,7 +220,7 @@ tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
 
     #[test]
     fn not_tokenmeter_is_refused() {
-        assert_eq!(Snapshot::parse("up 1\n"), None);
+        assert_eq!(ProxyTotals::parse("up 1\n"), None);
     }
 
     #[test]
@@ -338,17 +235,5 @@ tokenmeter_time_to_first_token_seconds_count{model="b \"q\" {x=1}, y"} 4
             &[(0.05, 0.0), (1.0, 0.0), (f64::INFINITY, 0.0)],
         );
         assert_eq!(histogram_quantile(0.5, &h).map(|p| p.0), Some(0.05));
-    }
-
-    #[test]
-    fn quantile_follows_promql() {
-        let h = [(1.0, 10.0), (2.0, 20.0), (f64::INFINITY, 30.0)];
-        assert_eq!(histogram_quantile(0.5, &h), Some((1.5, (1.0, 2.0))));
-        assert_eq!(histogram_quantile(0.1, &h), Some((0.3, (0.0, 1.0))));
-        assert_eq!(histogram_quantile(0.9, &h).map(|x| x.0), Some(2.0));
-        assert_eq!(
-            histogram_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]),
-            None
-        );
     }
 }

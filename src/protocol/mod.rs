@@ -226,8 +226,10 @@ pub fn extractor(api: Api) -> Box<dyn Extractor> {
     }
 }
 
-/// The framing a content type names, if it names one we read.
-fn content_framing(content_type: &str) -> Option<Framing> {
+/// The framing a content type names, if it names one we read. Media types are case-insensitive
+/// (RFC 9110 section 8.3.1), and parameters such as `charset` are ignored. The one test of "is this
+/// SSE" in the crate: the meter's framing and `--inject-usage`'s filter both ask it.
+pub fn content_framing(content_type: &str) -> Option<Framing> {
     let mime = content_type
         .split(';')
         .next()

@@ -211,7 +211,7 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
                 break;
             };
             if s.wake.is_closed() {
-                stats.finish(&s, Outcome::Cancelled);
+                stats.finish(&s, SeqOutcome::Cancelled);
                 continue;
             }
             s.admitted = Some(start);
@@ -239,14 +239,14 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             s.last_token = Some(t);
             s.progress.emitted.store(s.emitted, Ordering::Release);
             if s.wake.is_closed() {
-                stats.finish(s, Outcome::Cancelled);
+                stats.finish(s, SeqOutcome::Cancelled);
                 return false;
             }
             // Recorded before the body is woken, so a client that has its last token can already
             // find the request in /sim/stats.
             let done = s.emitted >= s.job.output_tokens;
             if done {
-                stats.finish(s, Outcome::Complete);
+                stats.finish(s, SeqOutcome::Complete);
             }
             // Full: a wake-up is already pending. Closed: seen at the next step.
             let _ = s.wake.try_send(());
@@ -260,7 +260,7 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
 /// How a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum SeqOutcome {
     /// Every requested token was emitted.
     Complete,
     /// The client went away first; the sequence left the batch at the next step.
@@ -271,7 +271,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
     pub id: u64,
-    pub outcome: Outcome,
+    pub outcome: SeqOutcome,
     pub prompt_tokens: u32,
     /// Tokens requested.
     pub target_tokens: u32,
@@ -315,9 +315,9 @@ struct StatsInner {
     records: VecDeque<Record>,
 }
 
-/// A snapshot of [`Stats`].
+/// What [`Stats`] holds at one moment: the body of `/sim/stats` (with the settings).
 #[derive(Debug, Clone, Serialize)]
-pub struct Snapshot {
+pub struct StatsReport {
     #[serde(flatten)]
     pub counters: Counters,
     /// The most recent finished requests, oldest first.
@@ -361,7 +361,7 @@ impl Stats {
         s.counters.output_tokens += tokens;
     }
 
-    fn finish(&self, seq: &Seq, outcome: Outcome) {
+    fn finish(&self, seq: &Seq, outcome: SeqOutcome) {
         let record = Record {
             id: seq.id,
             outcome,
@@ -379,8 +379,8 @@ impl Stats {
         };
         let mut s = self.lock();
         match outcome {
-            Outcome::Complete => s.counters.completed += 1,
-            Outcome::Cancelled => s.counters.cancelled += 1,
+            SeqOutcome::Complete => s.counters.completed += 1,
+            SeqOutcome::Cancelled => s.counters.cancelled += 1,
         }
         if s.keep > 0 {
             if s.records.len() == s.keep {
@@ -391,9 +391,9 @@ impl Stats {
     }
 
     /// The counters and the kept records.
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn report(&self) -> StatsReport {
         let s = self.lock();
-        Snapshot {
+        StatsReport {
             counters: s.counters.clone(),
             requests: s.records.iter().cloned().collect(),
         }
@@ -454,11 +454,11 @@ mod tests {
         // runs on the exact model times, so the error never accumulates past that one grid step.
         let grid = Duration::from_millis(1);
         assert!(t0.elapsed() >= expect && t0.elapsed() < expect + grid);
-        let snap = e.stats().snapshot();
+        let snap = e.stats().report();
         assert_eq!(snap.counters.completed, 1);
         assert_eq!(snap.counters.output_tokens, 10);
         let r = &snap.requests[0];
-        assert_eq!((r.output_tokens, r.outcome), (10, Outcome::Complete));
+        assert_eq!((r.output_tokens, r.outcome), (10, SeqOutcome::Complete));
         assert!((r.model_decode_s - 9.0 * 0.0162).abs() < 1e-9);
         let ttft = r.ttft_s.expect("ttft");
         assert!((0.0212..0.0222).contains(&ttft), "{r:?}");
@@ -520,7 +520,7 @@ mod tests {
         for t in &mut tickets {
             assert_eq!(drain(t).await, 5);
         }
-        let snap = e.stats().snapshot();
+        let snap = e.stats().report();
         assert_eq!(snap.counters.max_running, 2);
         let third = snap.requests.iter().find(|r| r.id == 3).expect("third");
         // It waited for the first two to finish their five steps of 16.4 ms.
@@ -552,10 +552,10 @@ mod tests {
         }
         drop(gone);
         assert_eq!(drain(&mut keep).await, 50);
-        let snap = e.stats().snapshot();
+        let snap = e.stats().report();
         assert_eq!((snap.counters.completed, snap.counters.cancelled), (1, 1));
         let c = snap.requests.iter().find(|r| r.id == 2).expect("cancelled");
-        assert_eq!(c.outcome, Outcome::Cancelled);
+        assert_eq!(c.outcome, SeqOutcome::Cancelled);
         assert!(c.output_tokens < 50);
         assert_eq!(snap.counters.output_tokens, 50 + u64::from(c.output_tokens));
     }

@@ -27,9 +27,9 @@ use hyper_util::server::conn::auto;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
-use super::engine::{Engine, Job, Snapshot, Ticket};
+use super::engine::{Engine, Job, StatsReport, Ticket};
 use super::text::{estimate_tokens, Lengths, Rng, Words};
-use super::wire::{self, Api, Endpoint, Parsed, RequestError, Timings};
+use super::wire::{self, BodyError, Dialect, Parsed, Reply, Route, Timings};
 
 /// Request bodies larger than this are refused (413): far above any real prompt we simulate, and
 /// it bounds what a client can make the simulator hold.
@@ -47,7 +47,7 @@ pub struct Interrupted;
 #[derive(Debug)]
 pub struct State {
     pub engine: Engine,
-    pub api: Api,
+    pub dialect: Dialect,
     /// Reported when the request names no model.
     pub model: String,
     pub seed: u64,
@@ -110,24 +110,9 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response<SimBody> {
     }
 }
 
-/// An error body in the shape the endpoint's API uses.
-fn error(endpoint: Option<Endpoint>, status: StatusCode, message: &str) -> Response<SimBody> {
-    let v = match endpoint {
-        Some(Endpoint::Messages) => serde_json::json!({
-            "type": "error",
-            "error": {"type": "invalid_request_error", "message": message},
-        }),
-        Some(Endpoint::OllamaChat | Endpoint::OllamaGenerate) => {
-            serde_json::json!({ "error": message })
-        }
-        Some(Endpoint::TgiGenerate | Endpoint::TgiGenerateStream) => {
-            serde_json::json!({"error": message, "error_type": "validation"})
-        }
-        _ => serde_json::json!({
-            "error": {"message": message, "type": "invalid_request_error", "code": status.as_u16()},
-        }),
-    };
-    json(status, &v)
+/// An error body in the shape the route's API uses.
+fn error(route: Option<Route>, status: StatusCode, message: &str) -> Response<SimBody> {
+    json(status, &wire::error_body(route, status.as_u16(), message))
 }
 
 async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
@@ -142,7 +127,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
                     "data": [{"id": state.model, "object": "model", "created": 0, "owned_by": "tokenmeter-sim"}],
                 }),
             ),
-            "/api/tags" if state.api == Api::Ollama => json(
+            "/api/tags" if state.dialect == Dialect::Ollama => json(
                 StatusCode::OK,
                 &serde_json::json!({"models": [{"name": state.model, "model": state.model, "size": 0}]}),
             ),
@@ -150,7 +135,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
             _ => error(None, StatusCode::NOT_FOUND, "no such route"),
         };
     }
-    let Some(endpoint) = Endpoint::route(state.api, &path).filter(|_| req.method() == Method::POST)
+    let Some(route) = Route::find(state.dialect, &path).filter(|_| req.method() == Method::POST)
     else {
         return error(None, StatusCode::NOT_FOUND, "no such route");
     };
@@ -161,7 +146,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return error(
-                Some(endpoint),
+                Some(route),
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "request body too large",
             );
@@ -169,16 +154,16 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
         // The client went away or sent a broken body: nobody will read the answer.
         Err(_) => {
             return error(
-                Some(endpoint),
+                Some(route),
                 StatusCode::BAD_REQUEST,
                 "cannot read the request body",
             )
         }
     };
-    match wire::parse(endpoint, &body) {
-        Ok(parsed) => generate(state, endpoint, parsed).await,
-        Err(e @ (RequestError::NotJson | RequestError::BadLimit(_))) => {
-            error(Some(endpoint), StatusCode::BAD_REQUEST, &e.to_string())
+    match wire::parse(route, &body) {
+        Ok(parsed) => generate(state, route, parsed).await,
+        Err(e @ (BodyError::NotJson | BodyError::BadLimit(_))) => {
+            error(Some(route), StatusCode::BAD_REQUEST, &e.to_string())
         }
     }
 }
@@ -193,29 +178,24 @@ struct StatsBody<'a> {
     prefill_per_token_s: f64,
     max_batch: usize,
     #[serde(flatten)]
-    snapshot: Snapshot,
+    report: StatsReport,
 }
 
 fn stats(state: &State) -> StatsBody<'_> {
     let m = state.engine.model();
     StatsBody {
-        api: match state.api {
-            Api::Openai => "openai",
-            Api::Anthropic => "anthropic",
-            Api::Ollama => "ollama",
-            Api::Tgi => "tgi",
-        },
+        api: state.dialect.name(),
         model: &state.model,
         seed: state.seed,
         step_base_s: m.step_base.as_secs_f64(),
         step_per_seq_s: m.step_per_seq.as_secs_f64(),
         prefill_per_token_s: m.prefill_per_token.as_secs_f64(),
         max_batch: m.max_batch,
-        snapshot: state.engine.stats().snapshot(),
+        report: state.engine.stats().report(),
     }
 }
 
-async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimBody> {
+async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
     let received = Instant::now();
     // Length first, then the words, from one stream: a request's text is the same whatever its
     // limit, only cut shorter.
@@ -228,14 +208,14 @@ async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimB
         output_tokens,
     }) else {
         return error(
-            Some(endpoint),
+            Some(route),
             StatusCode::SERVICE_UNAVAILABLE,
             "the simulator is stopping",
         );
     };
     let model = p.model.as_deref().unwrap_or(&state.model);
-    let response = wire::Response {
-        endpoint,
+    let response = Reply {
+        route,
         stream: p.stream,
         include_usage: p.include_usage,
         model: serde_json::to_string(model).unwrap_or_else(|_| "\"\"".into()),
@@ -254,7 +234,7 @@ async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimB
         words: Words::new(rng),
         ticket,
         rendered: 0,
-        keep_text: !p.stream || endpoint == Endpoint::TgiGenerateStream,
+        keep_text: !p.stream || route == Route::TgiGenerateStream,
         text: String::new(),
         buf: String::new(),
         head_sent: false,
@@ -277,7 +257,7 @@ async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimB
             Ok(text) => full(StatusCode::OK, "application/json", text),
             Err(Interrupted) => {
                 return error(
-                    Some(endpoint),
+                    Some(route),
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the simulator is stopping",
                 )
@@ -292,7 +272,7 @@ async fn generate(state: &State, endpoint: Endpoint, p: Parsed) -> Response<SimB
 
 /// A response that writes tokens as the engine emits them.
 struct TokenBody {
-    response: wire::Response,
+    response: Reply,
     words: Words,
     ticket: Ticket,
     /// Tokens written so far.

@@ -10,7 +10,7 @@
 //!
 //! - [`engine`]: the decode loop and its performance [`Model`].
 //! - [`http`]: routes, request handling, the streaming body.
-//! - [`wire`]: reading requests and writing responses per API.
+//! - [`wire`]: reading requests and writing responses, one file per [`Dialect`].
 //! - [`text`]: the seeded generator, vocabulary and length distribution.
 
 pub mod engine;
@@ -30,7 +30,7 @@ use crate::config::parse_duration;
 pub use engine::Model;
 use engine::{Engine, Stats};
 use text::Lengths;
-pub use wire::Api;
+pub use wire::Dialect;
 
 /// The simulator's flags. Every one also reads a `TOKENMETER_SIM_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -40,8 +40,8 @@ pub struct SimArgs {
     pub listen: String,
 
     /// The API to speak besides OpenAI's (which is always served).
-    #[arg(long, env = "TOKENMETER_SIM_API", value_enum, default_value_t = Api::Openai)]
-    pub api: Api,
+    #[arg(long, env = "TOKENMETER_SIM_API", value_enum, default_value_t = Dialect::Openai)]
+    pub api: Dialect,
 
     /// Model name reported when a request names none (a request's own `model` is echoed).
     #[arg(long, env = "TOKENMETER_SIM_MODEL", default_value = "tokenmeter-sim")]
@@ -85,7 +85,7 @@ pub struct SimArgs {
 #[derive(Debug, Clone)]
 pub struct SimConfig {
     pub listen: SocketAddr,
-    pub api: Api,
+    pub api: Dialect,
     pub model_name: String,
     pub model: Model,
     pub lengths: Lengths,
@@ -127,7 +127,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            api: Api::Openai,
+            api: Dialect::Openai,
             model_name: "tokenmeter-sim".to_string(),
             model: Model {
                 step_base: Duration::from_millis(16),
@@ -198,7 +198,7 @@ impl Sim {
             listener,
             state: Arc::new(http::State {
                 engine: Engine::start(cfg.model, cfg.stats_keep),
-                api: cfg.api,
+                dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
                 lengths: cfg.lengths,

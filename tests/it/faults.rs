@@ -484,3 +484,69 @@ async fn request_bodies_over_the_limit_stream_through_unchanged() {
         1.0
     );
 }
+
+// Regression: a request the proxy refused itself (the 400 for a request body it could not read)
+// was never metered, so `tokenmeter_requests_total` undercounted what clients sent.
+#[tokio::test]
+async fn a_request_body_the_proxy_cannot_read_is_a_metered_400() {
+    let up = upstream::spawn(|_| Reply::json(200, "{}")).await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let addr = proxy.addr;
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        // A chunked JSON body whose first chunk size is not hexadecimal: hyper's body fails.
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+            .expect("write");
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+    .await
+    .expect("client");
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains(r#""type":"request_body""#), "{reply}");
+    let s = proxy.settled(1.0).await;
+    assert_eq!(
+        metric("tokenmeter_requests_total")
+            .label("outcome", "bad_request")
+            .label("code", "400")
+            .value(&s),
+        1.0
+    );
+    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 1.0, "{s}");
+    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(up.opened(), 0, "a refused request reached the upstream");
+}
+
+#[tokio::test]
+async fn a_client_gone_in_the_middle_of_its_request_body_is_recorded_once() {
+    let up = upstream::spawn(|_| Reply::json(200, "{}")).await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let addr = proxy.addr;
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":")
+            .expect("write");
+        std::thread::sleep(Duration::from_millis(100));
+    })
+    .await
+    .expect("client");
+    let s = proxy.settled(1.0).await;
+    // hyper either reports the short body (a refusal) or drops the request with its connection.
+    let gone = metric("tokenmeter_requests_total")
+        .label("outcome", "client_disconnect")
+        .sum(&s);
+    let refused = metric("tokenmeter_requests_total")
+        .label("outcome", "bad_request")
+        .sum(&s);
+    assert_eq!(gone + refused, 1.0, "{s}");
+    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 1.0, "{s}");
+    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(
+        up.opened(),
+        0,
+        "a request without its body reached the upstream"
+    );
+}

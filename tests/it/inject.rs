@@ -53,13 +53,22 @@ fn body(usage: bool, eol: &str) -> Vec<u8> {
 
 /// An upstream that streams [`body`] in random pieces of up to `max` bytes.
 async fn vllm_like(max: usize, eol: &'static str) -> upstream::Upstream {
+    vllm_like_as(max, eol, "text/event-stream").await
+}
+
+/// [`vllm_like`], with the response's content type spelt `content_type`.
+async fn vllm_like_as(
+    max: usize,
+    eol: &'static str,
+    content_type: &'static str,
+) -> upstream::Upstream {
     upstream::spawn(move |req| {
         let bytes = body(asks_for_usage(req), eol);
         let mut rng = Rng::new(max as u64 * 31 + bytes.len() as u64);
         Reply {
             head_delay: Duration::ZERO,
             status: 200,
-            headers: vec![("content-type".into(), "text/event-stream".into())],
+            headers: vec![("content-type".into(), content_type.into())],
             steps: rng
                 .pieces(&bytes, 1, max)
                 .into_iter()
@@ -197,4 +206,29 @@ async fn what_is_not_an_openai_stream_is_left_alone() {
     let request = chat_request(true, false);
     let seen = client::post(&format!("{}/v1/chat/completions", proxy.url()), &request).await;
     assert_eq!(seen.body, request.as_bytes());
+}
+
+// Regression: the filter's SSE test was case-sensitive (`starts_with("text/event-stream")`)
+// while the meter's framing test is not, so a server spelling its media type in capitals had
+// the injected usage chunk metered and also passed on to a client that never asked for it.
+#[tokio::test]
+async fn the_usage_chunk_is_removed_whatever_the_media_type_case() {
+    let up = vllm_like_as(29, "\n", "Text/Event-Stream; charset=utf-8").await;
+    let proxy = spawn_proxy(&up.url(), &["--inject-usage"]).await;
+    let seen = client::post(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &chat_request(true, false),
+    )
+    .await;
+    assert_eq!(seen.status, 200);
+    assert!(
+        seen.body == body(false, "\n"),
+        "the client sees the stream without the usage chunk:\n{}",
+        String::from_utf8_lossy(&seen.body)
+    );
+    let s = proxy.settled(1.0).await;
+    assert_eq!(
+        metric("tokenmeter_output_tokens_total").sum(&s),
+        OUTPUT as f64
+    );
 }

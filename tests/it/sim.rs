@@ -15,8 +15,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
-use tokenmeter::protocol::{self, Api as ParserApi, Extractor, Framing, Message, Summary};
-use tokenmeter::sim::{Api, Model, Sim, SimConfig};
+use tokenmeter::protocol::{self, Api, Extractor, Framing, Message, Summary};
+use tokenmeter::sim::{Dialect, Model, Sim, SimConfig};
 use tokenmeter::{ndjson, sse};
 
 use crate::support::metrics::metric;
@@ -468,7 +468,7 @@ async fn sim_client_disconnect_frees_the_batch_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_refuses_bad_requests_in_the_api_s_own_shape() {
     let addr = start_sim(SimConfig {
-        api: Api::Anthropic,
+        api: Dialect::Anthropic,
         ..SimConfig::default()
     })
     .await;
@@ -490,7 +490,7 @@ async fn sim_refuses_bad_requests_in_the_api_s_own_shape() {
 
 /// One endpoint of one simulator API, and where the corpus keeps real bodies of it.
 struct Format {
-    api: Api,
+    api: Dialect,
     path: &'static str,
     /// A streaming request for 7 tokens.
     body: String,
@@ -505,7 +505,7 @@ fn formats() -> Vec<Format> {
     let n = 7;
     vec![
         Format {
-            api: Api::Anthropic,
+            api: Dialect::Anthropic,
             path: "/v1/messages",
             body: serde_json::json!({"model": "claude-sim", "max_tokens": n, "stream": true, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
             framing: Framing::Sse,
@@ -513,7 +513,7 @@ fn formats() -> Vec<Format> {
             required: &["message.usage.input_tokens", "delta.text", "usage.output_tokens", "delta.stop_reason"],
         },
         Format {
-            api: Api::Ollama,
+            api: Dialect::Ollama,
             path: "/api/chat",
             body: serde_json::json!({"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": n}}).to_string(),
             framing: Framing::Ndjson,
@@ -521,7 +521,7 @@ fn formats() -> Vec<Format> {
             required: &["message.content", "done", "eval_count", "prompt_eval_count", "eval_duration"],
         },
         Format {
-            api: Api::Ollama,
+            api: Dialect::Ollama,
             path: "/api/generate",
             body: serde_json::json!({"model": "llama3", "prompt": "hi", "options": {"num_predict": n}}).to_string(),
             framing: Framing::Ndjson,
@@ -529,7 +529,7 @@ fn formats() -> Vec<Format> {
             required: &["response", "done", "eval_count", "prompt_eval_count", "eval_duration"],
         },
         Format {
-            api: Api::Tgi,
+            api: Dialect::Tgi,
             path: "/generate_stream",
             body: serde_json::json!({"inputs": "hi", "parameters": {"max_new_tokens": n}}).to_string(),
             framing: Framing::Sse,
@@ -537,7 +537,7 @@ fn formats() -> Vec<Format> {
             required: &["token.text", "token.id", "details.generated_tokens", "details.input_length", "generated_text"],
         },
         Format {
-            api: Api::Openai,
+            api: Dialect::Openai,
             path: "/v1/chat/completions",
             body: chat(Some(n), true),
             framing: Framing::Sse,
@@ -545,7 +545,7 @@ fn formats() -> Vec<Format> {
             required: &["choices[].delta.content", "choices[].finish_reason", "usage.completion_tokens", "usage.prompt_tokens", "model"],
         },
         Format {
-            api: Api::Openai,
+            api: Dialect::Openai,
             path: "/v1/completions",
             body: chat(Some(n), true).replace("\"messages\"", "\"prompt\":\"x\",\"m\""),
             framing: Framing::Sse,
@@ -673,7 +673,7 @@ async fn sim_formats_are_read_by_tokenmeter_extractors() {
         let r = post(addr, path, &body).await;
         let ct = r.headers["content-type"].to_str().expect("content-type");
         let (framing, mut x) = protocol::select(path, ct, None);
-        assert_ne!(x.api(), ParserApi::Unknown, "{path}: no extractor");
+        assert_ne!(x.api(), Api::Unknown, "{path}: no extractor");
         let mut tokens = 0u64;
         for (event, data) in messages(&r.body, framing) {
             tokens += u64::from(x.on_message(&Message {

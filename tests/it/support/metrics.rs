@@ -1,6 +1,10 @@
-//! Reading values out of a Prometheus text exposition, with failures that print the scrape.
+//! Assertions on a live proxy's `/metrics`, with failures that print the scrape. The text is
+//! read by the library's own exposition reader ([`tokenmeter::exposition`]), the one the bench
+//! uses, so the tests and the tools agree on what a scrape says.
 
-/// Selects one sample: `metric("name").label("k", "v").value(&scrape)`.
+use tokenmeter::exposition::{self, Scrape};
+
+/// Selects samples by name and labels: `metric("name").label("k", "v").value(&scrape)`.
 pub struct MetricMatch {
     name: String,
     labels: Vec<(String, String)>,
@@ -19,83 +23,41 @@ impl MetricMatch {
         self
     }
 
-    /// The sum of all samples of this name whose labels include the given ones.
-    pub fn sum(&self, scrape: &str) -> f64 {
-        self.samples(scrape).iter().sum()
+    fn pairs(&self) -> Vec<(&str, &str)> {
+        self.labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
     }
 
-    /// The one value, panicking with the scrape when it is missing.
+    /// The sum of all samples of this name whose labels include the given ones (0 if none).
+    pub fn sum(&self, scrape: &str) -> f64 {
+        Scrape::parse(scrape).sum(&self.name, &self.pairs())
+    }
+
+    /// The sum of the selected samples, panicking with the scrape when there is none.
     pub fn value(&self, scrape: &str) -> f64 {
-        let s = self.samples(scrape);
+        let parsed = Scrape::parse(scrape);
+        let pairs = self.pairs();
         assert!(
-            !s.is_empty(),
+            parsed.select(&self.name, &pairs).next().is_some(),
             "no sample {}{:?} in scrape:\n{scrape}",
             self.name,
             self.labels
         );
-        s.iter().sum()
+        parsed.sum(&self.name, &pairs)
     }
 
-    fn samples(&self, scrape: &str) -> Vec<f64> {
-        scrape
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (head, value) = l.rsplit_once(' ')?;
-                let (name, labels) = match head.split_once('{') {
-                    Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                    None => (head, ""),
-                };
-                if name != self.name {
-                    return None;
-                }
-                let ok = self
-                    .labels
-                    .iter()
-                    .all(|(k, v)| labels.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
-                ok.then(|| value.parse::<f64>().ok()).flatten()
-            })
-            .collect()
-    }
-}
-
-/// Estimates a quantile from a histogram's cumulative buckets (as PromQL's histogram_quantile).
-pub fn histogram_quantile(q: f64, name: &str, labels: &[(&str, &str)], scrape: &str) -> f64 {
-    let mut buckets: Vec<(f64, f64)> = scrape
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| {
-            let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            let v: f64 = l.rsplit_once(' ')?.1.parse().ok()?;
-            Some((le, v))
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    assert!(
-        total > 0.0,
-        "no observations in {name}{labels:?}:\n{scrape}"
-    );
-    let rank = q * total;
-    let mut prev = (0.0, 0.0);
-    for &(le, c) in &buckets {
-        if c >= rank {
-            if le.is_infinite() {
-                return prev.0;
-            }
-            return prev.0 + (le - prev.0) * (rank - prev.1) / (c - prev.1).max(f64::MIN_POSITIVE);
+    /// The `q`-quantile of this histogram (name without `_bucket`) over the selected series, as
+    /// PromQL's `histogram_quantile` reads it; panics with the scrape when it has no observation.
+    pub fn quantile(&self, q: f64, scrape: &str) -> f64 {
+        let buckets = Scrape::parse(scrape).buckets(&self.name, &self.pairs());
+        match exposition::histogram_quantile(q, &buckets) {
+            Some((v, _)) => v,
+            None => panic!(
+                "no observations in {}{:?}:\n{scrape}",
+                self.name, self.labels
+            ),
         }
-        prev = (le, c);
     }
-    prev.0
 }

@@ -1,0 +1,448 @@
+//! Request inspection, the outermost layer: what the client asked for.
+//!
+//! The request head has arrived when this layer is called: that instant is when the client's wait
+//! starts, and every time the meter reports runs from it. A JSON body up to `--max-request-body`
+//! is read whole, to learn the model (an inference server needs the whole body before it starts,
+//! so this costs no latency); `--inject-usage` rewrites it here
+//! ([`crate::inject::add_usage`]). Anything else, and anything larger, streams through as it
+//! comes ([`Prefixed`] forwards what was read before the limit was crossed).
+//!
+//! What was learnt goes down the stack as an [`Inspected`] request extension. A body that fails
+//! while it is read is refused here, 400 `request_body`, and metered as `bad_request`: no meter
+//! exists yet, and no request leaves unrecorded.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap};
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use pin_project::pin_project;
+use tower::{Layer, Service};
+
+use super::{full, metering, BoxFuture, ProxyBody, ProxyError};
+use crate::inject;
+use crate::meter::Recorder;
+use crate::protocol::request::{self, RequestInfo};
+use crate::tap::BoxError;
+
+/// What inspection learnt about a request, for the layers below.
+#[derive(Debug, Clone)]
+pub struct Inspected {
+    /// When the request head arrived at the proxy.
+    pub arrived: Instant,
+    /// What the body says (model, streaming, usage asked for or injected).
+    pub info: RequestInfo,
+}
+
+/// Builds [`Inspect`] services.
+#[derive(Clone)]
+pub struct InspectLayer {
+    recorder: Arc<Recorder>,
+    max_request_body: usize,
+    inject_usage: bool,
+}
+
+/// Reads and notes the request, then calls the stack below.
+#[derive(Clone)]
+pub struct Inspect<S> {
+    inner: S,
+    recorder: Arc<Recorder>,
+    max_request_body: usize,
+    inject_usage: bool,
+}
+
+// === impl InspectLayer ===
+
+impl InspectLayer {
+    /// `recorder` meters the requests this layer refuses itself.
+    pub fn new(recorder: Arc<Recorder>, max_request_body: usize, inject_usage: bool) -> Self {
+        InspectLayer {
+            recorder,
+            max_request_body,
+            inject_usage,
+        }
+    }
+}
+
+impl<S> Layer<S> for InspectLayer {
+    type Service = Inspect<S>;
+
+    fn layer(&self, inner: S) -> Inspect<S> {
+        Inspect {
+            inner,
+            recorder: Arc::clone(&self.recorder),
+            max_request_body: self.max_request_body,
+            inject_usage: self.inject_usage,
+        }
+    }
+}
+
+// === impl Inspect ===
+
+impl<S, B> Service<Request<B>> for Inspect<S>
+where
+    S: Service<Request<ProxyBody>, Response = Response<ProxyBody>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The client's wait starts when its request head has arrived, before its body.
+        let arrived = Instant::now();
+        // The clone that was made ready is the one that is called (tower's contract).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let recorder = Arc::clone(&self.recorder);
+        let (max, inject_usage) = (self.max_request_body, self.inject_usage);
+        Box::pin(async move {
+            // Until the body is read, no meter exists: a client that goes away now (hyper drops
+            // this future with its connection) is recorded by the guard.
+            let guard = Unread {
+                recorder: Some(Arc::clone(&recorder)),
+                arrived,
+            };
+            let (mut parts, body) = req.into_parts();
+            let path = parts.uri.path();
+            let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
+            guard.disarm();
+            let (body, info) = match read {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::debug!(error = %e, "client request body failed");
+                    let err = ProxyError::RequestBody(e);
+                    metering::record_refusal(&recorder, arrived, &err);
+                    return Ok(err.to_response());
+                }
+            };
+            parts.extensions.insert(Inspected { arrived, info });
+            let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
+            sent.await
+        })
+    }
+}
+
+/// Records, when dropped armed, a request whose client went away while its body was read.
+struct Unread {
+    recorder: Option<Arc<Recorder>>,
+    arrived: Instant,
+}
+
+impl Unread {
+    fn disarm(mut self) {
+        self.recorder = None;
+    }
+}
+
+impl Drop for Unread {
+    fn drop(&mut self) {
+        if let Some(recorder) = self.recorder.take() {
+            metering::record_gone(&recorder, self.arrived);
+        }
+    }
+}
+
+/// Reads a JSON body up to `max`; anything else, or anything larger, streams through.
+async fn read_body<B>(
+    headers: &mut HeaderMap,
+    path: &str,
+    mut body: B,
+    max: usize,
+    inject_usage: bool,
+) -> Result<(ProxyBody, RequestInfo), hyper::Error>
+where
+    B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+{
+    let is_json = super::header_str(headers, header::CONTENT_TYPE).contains("json");
+    let declared = body.size_hint().upper().unwrap_or(0) as usize;
+    if !is_json || declared > max || body.is_end_stream() {
+        return Ok((
+            BodyExt::boxed(body.map_err(BoxError::from)),
+            RequestInfo::default(),
+        ));
+    }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        if let Some(data) = frame.data_ref() {
+            buf.extend_from_slice(data);
+        }
+        if buf.len() > max {
+            // Too large to read: forward what we have, then the rest as it comes.
+            let prefixed = Prefixed {
+                prefix: Some(buf.freeze()),
+                rest: body,
+            };
+            return Ok((BodyExt::boxed(prefixed), RequestInfo::default()));
+        }
+    }
+    let mut bytes = buf.freeze();
+    let mut info = request::inspect(&bytes);
+    if inject_usage && info.stream && !info.include_usage {
+        if let Some(rewritten) = inject::add_usage(path, &bytes) {
+            headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+            bytes = Bytes::from(rewritten);
+            info.usage_injected = true;
+        }
+    }
+    Ok((full(bytes), info))
+}
+
+/// A body that yields bytes already read, then the rest of the client's body.
+#[pin_project]
+pub struct Prefixed<B> {
+    prefix: Option<Bytes>,
+    #[pin]
+    rest: B,
+}
+
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Some(p) = this.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(p))));
+        }
+        this.rest.poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut h = self.rest.size_hint();
+        let p = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        h.set_lower(h.lower() + p);
+        if let Some(u) = h.upper() {
+            h.set_upper(u + p);
+        }
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use std::collections::VecDeque;
+
+    use http_body_util::Full;
+    use tower::{service_fn, ServiceExt};
+
+    use super::*;
+    use crate::metrics::{Metrics, MetricsConfig};
+
+    /// What the stub below the layer received.
+    #[derive(Default)]
+    struct Seen {
+        body: Vec<u8>,
+        content_length: Option<String>,
+        info: Option<RequestInfo>,
+        calls: usize,
+    }
+
+    fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
+        let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
+        (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
+    }
+
+    /// Runs one request through `Inspect` over a stub that records what reached it.
+    async fn run<B>(req: Request<B>, max: usize, inject: bool) -> (Response<ProxyBody>, Seen)
+    where
+        B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+    {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let stub = {
+            let seen = Arc::clone(&seen);
+            service_fn(move |req: Request<ProxyBody>| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let (parts, body) = req.into_parts();
+                    let bytes = body.collect().await.expect("body").to_bytes();
+                    let mut s = seen.lock().expect("lock");
+                    s.calls += 1;
+                    s.body = bytes.to_vec();
+                    s.content_length = parts
+                        .headers
+                        .get(header::CONTENT_LENGTH)
+                        .map(|v| v.to_str().expect("ascii").to_string());
+                    s.info = parts.extensions.get::<Inspected>().map(|i| i.info.clone());
+                    Ok::<_, Infallible>(Response::new(full(Bytes::from_static(b"ok"))))
+                }
+            })
+        };
+        let (_, rec) = recorder();
+        let svc = InspectLayer::new(rec, max, inject).layer(stub);
+        let resp = svc.oneshot(req).await.expect("infallible");
+        let seen = std::mem::take(&mut *seen.lock().expect("lock"));
+        (resp, seen)
+    }
+
+    /// A body of one data frame with the error type the server's `Incoming` has.
+    fn body(
+        bytes: &'static [u8],
+    ) -> impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin {
+        Full::new(Bytes::from_static(bytes)).map_err(|e: Infallible| match e {})
+    }
+
+    fn json(
+        uri: &str,
+        b: &'static [u8],
+    ) -> Request<impl Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static>
+    {
+        Request::post(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body(b))
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn a_json_body_is_read_for_its_model_and_forwarded_unchanged() {
+        let raw: &[u8] = br#"{"model":"llama","stream":true,"messages":[]}"#;
+        let (resp, seen) = run(json("/v1/chat/completions", raw), 1024, false).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(seen.body, raw);
+        let info = seen.info.expect("inspected");
+        assert_eq!(
+            (info.model.as_deref(), info.stream, info.usage_injected),
+            (Some("llama"), true, false)
+        );
+    }
+
+    #[tokio::test]
+    async fn inject_usage_rewrites_the_body_and_its_length() {
+        let raw: &[u8] = br#"{"model":"m","stream":true}"#;
+        let (_, seen) = run(json("/v1/chat/completions", raw), 1024, true).await;
+        let want = r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#;
+        assert_eq!(String::from_utf8(seen.body).expect("utf8"), want);
+        assert_eq!(seen.content_length, Some(want.len().to_string()));
+        assert!(seen.info.expect("inspected").usage_injected);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_streams_through_whole_and_unread() {
+        // Two frames: the first alone is over the limit, so the second is never read here.
+        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = vec![
+            Ok(Frame::data(Bytes::from_static(br#"{"model":"big","#))),
+            Ok(Frame::data(Bytes::from_static(br#""stream":true}"#))),
+        ];
+        let req = Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Frames(frames.into()))
+            .expect("request");
+        let (_, seen) = run(req, 8, true).await;
+        assert_eq!(seen.body, br#"{"model":"big","stream":true}"#);
+        assert_eq!(seen.info.expect("inspected"), RequestInfo::default());
+    }
+
+    #[tokio::test]
+    async fn a_body_that_fails_is_refused_and_metered_once() {
+        let (metrics, rec) = recorder();
+        let stub = service_fn(|_req: Request<ProxyBody>| async {
+            Ok::<_, Infallible>(Response::new(full(Bytes::new())))
+        });
+        let svc = InspectLayer::new(rec, 1024, false).layer(stub);
+        let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = vec![Err(hyper_error().await)];
+        let req = Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Frames(frames.into()))
+            .expect("request");
+        let resp = svc.oneshot(req).await.expect("infallible");
+        assert_eq!(resp.status(), 400);
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        let want = r#"tokenmeter_requests_total{api="unknown",code="400",model="unknown",outcome="bad_request"} 1"#;
+        assert!(text.contains(want), "missing {want} in\n{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_gone_while_its_body_is_read_is_metered_once() {
+        let (metrics, rec) = recorder();
+        let stub = service_fn(|_req: Request<ProxyBody>| async {
+            Ok::<_, Infallible>(Response::new(full(Bytes::new())))
+        });
+        let svc = InspectLayer::new(rec, 1024, false).layer(stub);
+        let req = Request::post("/v1/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Silent)
+            .expect("request");
+        // What hyper does when the connection closes: the service future is dropped.
+        let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), svc.oneshot(req));
+        assert!(gave_up.await.is_err(), "the body never ends");
+        let text = String::from_utf8(metrics.render()).expect("utf8");
+        let want = r#"tokenmeter_requests_total{api="unknown",code="502",model="unknown",outcome="client_disconnect"} 1"#;
+        assert!(text.contains(want), "missing {want} in\n{text}");
+        assert!(!text.contains("bad_request"), "{text}");
+    }
+
+    /// A client body that never sends anything.
+    struct Silent;
+
+    impl Body for Silent {
+        type Data = Bytes;
+        type Error = hyper::Error;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+            Poll::Pending
+        }
+    }
+
+    /// A client body of the given frames (or errors), each ready at once, and no size hint.
+    struct Frames(VecDeque<Result<Frame<Bytes>, hyper::Error>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = hyper::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+            Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    /// A real `hyper::Error` (they cannot be built directly): a connection that sends no head.
+    async fn hyper_error() -> hyper::Error {
+        let (client, server) = tokio::io::duplex(64);
+        drop(server);
+        let io = hyper_util::rt::TokioIo::new(client);
+        match hyper::client::conn::http1::handshake::<_, Full<Bytes>>(io).await {
+            Ok((mut send, conn)) => {
+                tokio::spawn(conn);
+                let req = Request::get("/")
+                    .body(Full::new(Bytes::new()))
+                    .expect("request");
+                send.send_request(req).await.expect_err("peer is gone")
+            }
+            Err(e) => e,
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Metering: one [`Meter`] per request, started before the request goes upstream.
+//!
+//! The meter's clock starts at the request head's arrival (noted by [`inspect`](super::inspect)),
+//! and the request enters the in-flight gauges as it is sent. Whatever the layers below return
+//! ends here:
+//! - an error ([`ProxyError`]): the meter finishes at once with the error's status and outcome,
+//!   and the client gets the error's JSON response;
+//! - a response head: the meter learns the status and content type, and the body is wrapped in a
+//!   [`TapBody`], which finishes the meter when the body ends, fails or is dropped. When
+//!   `--inject-usage` asked for usage and the response is SSE, [`StripUsage`] wraps the tap, so
+//!   the meter still sees the usage chunk the client does not.
+//!
+//! [`record_refusal`] and [`record_gone`] are the only other places a request is recorded: for
+//! the requests [`inspect`](super::inspect) refuses, or whose client leaves, before a meter
+//! exists.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tower::{Layer, Service};
+
+use super::inspect::Inspected;
+use super::{header_str, BoxFuture, ProxyBody, ProxyError};
+use crate::inject::StripUsage;
+use crate::meter::{Meter, Recorder};
+use crate::metrics::Outcome;
+use crate::protocol::request::RequestInfo;
+use crate::protocol::{content_framing, Framing};
+use crate::tap::{BoxError, TapBody};
+
+/// Builds [`Metering`] services.
+#[derive(Clone)]
+pub struct MeteringLayer {
+    recorder: Arc<Recorder>,
+    idle_timeout: Option<Duration>,
+}
+
+/// Meters every request that passes, whichever way it ends.
+#[derive(Clone)]
+pub struct Metering<S> {
+    inner: S,
+    recorder: Arc<Recorder>,
+    idle_timeout: Option<Duration>,
+}
+
+/// Records a request the proxy refused before it had a meter: status and outcome from `err`.
+pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    finish_with_error(&mut meter, err);
+}
+
+/// Records a request whose client went away before the proxy had a meter for it (while its
+/// body was read): outcome `client_disconnect`, as for a client gone before the response head.
+pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.finish(Outcome::ClientDisconnect);
+}
+
+fn finish_with_error(meter: &mut Meter, err: &ProxyError) {
+    meter.set_status(err.status().as_u16());
+    meter.finish(err.outcome());
+}
+
+// === impl MeteringLayer ===
+
+impl MeteringLayer {
+    /// `idle_timeout` is `--idle-timeout`, the tap's limit on silence between body frames.
+    pub fn new(recorder: Arc<Recorder>, idle_timeout: Option<Duration>) -> Self {
+        MeteringLayer {
+            recorder,
+            idle_timeout,
+        }
+    }
+}
+
+impl<S> Layer<S> for MeteringLayer {
+    type Service = Metering<S>;
+
+    fn layer(&self, inner: S) -> Metering<S> {
+        Metering {
+            inner,
+            recorder: Arc::clone(&self.recorder),
+            idle_timeout: self.idle_timeout,
+        }
+    }
+}
+
+// === impl Metering ===
+
+impl<S, B> Service<Request<ProxyBody>> for Metering<S>
+where
+    S: Service<Request<ProxyBody>, Response = Response<B>, Error = ProxyError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The layers below never refuse a request: readiness errors would be theirs to map.
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
+        let Inspected { arrived, info } = req
+            .extensions_mut()
+            .remove::<Inspected>()
+            .unwrap_or_else(|| Inspected {
+                arrived: Instant::now(),
+                info: RequestInfo::default(),
+            });
+        let strip_usage = info.usage_injected;
+        // The client's path: the one the wire format is told by, before any base path.
+        let path = req.uri().path().to_owned();
+        let idle_timeout = self.idle_timeout;
+        let mut meter = self.recorder.start_at(info, arrived);
+        let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
+        Box::pin(async move {
+            match sent.await {
+                Ok(resp) => Ok(tap(resp, meter, &path, strip_usage, idle_timeout)),
+                Err(err) => {
+                    finish_with_error(&mut meter, &err);
+                    Ok(err.to_response())
+                }
+            }
+        })
+    }
+}
+
+/// Shows the response to the meter and wraps its body in the tap (and the usage filter).
+fn tap<B>(
+    resp: Response<B>,
+    mut meter: Meter,
+    path: &str,
+    strip_usage: bool,
+    idle_timeout: Option<Duration>,
+) -> Response<ProxyBody>
+where
+    B: Body<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (mut parts, body) = resp.into_parts();
+    let content_type = header_str(&parts.headers, header::CONTENT_TYPE);
+    let encoded = parts
+        .headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity");
+    meter.on_response(parts.status.as_u16(), path, content_type, encoded);
+    // The same test of "is this SSE" as the meter's framing (case-insensitive, parameters aside).
+    let strip_usage = strip_usage && content_framing(content_type) == Some(Framing::Sse);
+    let body = TapBody::new(body, meter, idle_timeout);
+    if strip_usage {
+        // The body loses the usage chunk: its length is no longer the upstream's.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, BodyExt::boxed(StripUsage::new(body)));
+    }
+    Response::from_parts(parts, BodyExt::boxed(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::Full;
+    use tower::{service_fn, ServiceExt};
+
+    use super::*;
+    use crate::metrics::{Metrics, MetricsConfig};
+
+    const CONTENT: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
+    const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
+        let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
+        (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
+    }
+
+    /// A request as inspection leaves it: model `m`, usage injected or not.
+    fn request(usage_injected: bool) -> Request<ProxyBody> {
+        let mut req = Request::post("/v1/chat/completions")
+            .body(super::super::full(Bytes::new()))
+            .expect("request");
+        req.extensions_mut().insert(Inspected {
+            arrived: Instant::now(),
+            info: RequestInfo {
+                model: Some("m".into()),
+                stream: true,
+                include_usage: false,
+                usage_injected,
+            },
+        });
+        req
+    }
+
+    /// Runs `req` over a stub upstream that answers `content_type` with `body`.
+    async fn run(
+        req: Request<ProxyBody>,
+        content_type: &'static str,
+        body: String,
+    ) -> (Arc<Metrics>, Response<ProxyBody>, Bytes) {
+        let (metrics, rec) = recorder();
+        let stub = service_fn(move |_req: Request<ProxyBody>| {
+            let body = body.clone();
+            async move {
+                let resp = Response::builder()
+                    .header(header::CONTENT_TYPE, content_type)
+                    .header(header::CONTENT_LENGTH, body.len())
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("response");
+                Ok::<_, ProxyError>(resp)
+            }
+        });
+        let svc = MeteringLayer::new(rec, None).layer(stub);
+        let resp = svc.oneshot(req).await.expect("infallible");
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.expect("body").to_bytes();
+        (
+            metrics,
+            Response::from_parts(parts, super::super::full(Bytes::new())),
+            bytes,
+        )
+    }
+
+    fn scrape(metrics: &Metrics) -> String {
+        String::from_utf8(metrics.render()).expect("utf8")
+    }
+
+    fn assert_has(text: &str, line: &str) {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+
+    // Regression: the usage filter's SSE test was `starts_with("text/event-stream")`, so a
+    // server that spelt its content type in capitals leaked the injected chunk to the client.
+    #[tokio::test]
+    async fn the_usage_chunk_is_stripped_whatever_the_content_type_case() {
+        let stream = format!("{CONTENT}{USAGE}{DONE}");
+        let ct = "Text/Event-Stream; charset=utf-8";
+        let (metrics, resp, body) = run(request(true), ct, stream).await;
+        assert_eq!(&body[..], format!("{CONTENT}{DONE}").as_bytes());
+        assert!(resp.headers().get(header::CONTENT_LENGTH).is_none());
+        // The meter read the chunk the client did not get.
+        let text = scrape(&metrics);
+        assert_has(&text, r#"tokenmeter_output_tokens_total{model="m"} 7"#);
+        assert_has(
+            &text,
+            r#"tokenmeter_token_count_source_total{source="usage"} 1"#,
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_stripped_unless_usage_was_injected_into_sse() {
+        let stream = format!("{CONTENT}{USAGE}{DONE}");
+        let (_, resp, body) = run(request(false), "text/event-stream", stream.clone()).await;
+        assert_eq!(&body[..], stream.as_bytes());
+        assert_eq!(
+            resp.headers()[header::CONTENT_LENGTH],
+            stream.len().to_string()
+        );
+        let (_, _, body) = run(request(true), "application/x-ndjson", stream.clone()).await;
+        assert_eq!(&body[..], stream.as_bytes());
+    }
+
+    #[tokio::test]
+    async fn a_complete_response_is_recorded_once() {
+        let stream = format!("{CONTENT}{CONTENT}{DONE}");
+        let (metrics, resp, _) = run(request(false), "text/event-stream", stream).await;
+        assert_eq!(resp.status(), 200);
+        let text = scrape(&metrics);
+        assert_has(
+            &text,
+            r#"tokenmeter_requests_total{api="openai",code="200",model="m",outcome="complete"} 1"#,
+        );
+        assert_has(&text, "tokenmeter_requests_in_flight{phase=\"decode\"} 0");
+    }
+
+    #[tokio::test]
+    async fn an_error_from_below_is_answered_and_recorded_once() {
+        let bad_uri = http::Uri::builder()
+            .path_and_query("no spaces")
+            .build()
+            .expect_err("invalid");
+        let cases = [
+            (
+                ProxyError::UpstreamTimeout(Duration::from_secs(2)),
+                504,
+                "timeout",
+            ),
+            (ProxyError::BadUri(bad_uri), 400, "bad_request"),
+        ];
+        for (err, code, outcome) in cases {
+            let (metrics, rec) = recorder();
+            let err = Arc::new(std::sync::Mutex::new(Some(err)));
+            let stub = service_fn(move |_req: Request<ProxyBody>| {
+                let err = err.lock().expect("lock").take().expect("called once");
+                async move { Err::<Response<Full<Bytes>>, _>(err) }
+            });
+            let svc = MeteringLayer::new(rec, None).layer(stub);
+            let resp = svc.oneshot(request(false)).await.expect("infallible");
+            assert_eq!(resp.status(), code);
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+            let text = scrape(&metrics);
+            let line = format!(
+                r#"tokenmeter_requests_total{{api="unknown",code="{code}",model="m",outcome="{outcome}"}} 1"#
+            );
+            assert_has(&text, &line);
+            assert_has(&text, "tokenmeter_requests_in_flight{phase=\"prefill\"} 0");
+        }
+    }
+}

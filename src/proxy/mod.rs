@@ -1,0 +1,189 @@
+//! The request path: a `tower` service stack, composed in one place, [`stack`].
+//!
+//! Read [`stack`] top to bottom to follow a request. Each layer is one file and one idea:
+//!
+//! 1. [`inspect`]: notes the request head's arrival, reads a JSON body up to
+//!    `--max-request-body` to learn the model (an inference server cannot start before it has the
+//!    whole body anyway, so this costs no latency), and applies `--inject-usage`'s request
+//!    rewrite. A body it cannot read is refused here: 400, outcome `bad_request`.
+//! 2. [`metering`]: starts the request's [`Meter`](crate::meter::Meter), turns every error from
+//!    below into its JSON response and outcome, and wraps a response body in the
+//!    [`TapBody`](crate::tap::TapBody) (and, when usage was injected into an SSE stream, in
+//!    [`StripUsage`](crate::inject::StripUsage) outside it).
+//! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
+//! 4. [`upstream`]: the pooled hyper-util client. It rewrites the head for the upstream (origin,
+//!    base path, HTTP version, hop-by-hop headers and `Host` dropped) and maps a connection
+//!    failure to 502 `upstream_unavailable`.
+//!
+//! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
+//! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
+//! [`inspect`] when it refuses the request before a meter exists, otherwise by the one
+//! [`Meter`](crate::meter::Meter) [`metering`] starts. The proxy never fails a request for a
+//! reason of its own other than those in [`ProxyError`], and never answers 400 for an upstream's
+//! failure.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use tower::ServiceBuilder;
+
+use crate::config::Config;
+use crate::meter::Recorder;
+use crate::metrics::Outcome;
+use crate::tap::BoxError;
+
+pub mod inspect;
+pub mod metering;
+pub mod timeout;
+pub mod upstream;
+
+/// The body type on both sides of the proxy.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// The future every layer returns. Boxing the inner future before an `async` block awaits it
+/// also keeps the compiler from asking that future to be `Send` for every lifetime.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The whole request path, outermost layer first (what [`stack`] builds).
+pub type Proxy = inspect::Inspect<metering::Metering<timeout::Timeout<upstream::Upstream>>>;
+
+/// Builds the request path. It reads top to bottom, the order a request passes the layers.
+///
+/// The result is a `tower::Service<Request<Incoming>>` that never fails (every error is a
+/// response) and is cheap to clone (one clone per request; the client pool is shared).
+pub fn stack(cfg: &Config, recorder: Arc<Recorder>) -> Proxy {
+    ServiceBuilder::new()
+        .layer(inspect::InspectLayer::new(
+            Arc::clone(&recorder),
+            cfg.max_request_body,
+            cfg.inject_usage,
+        ))
+        .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
+        .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
+        .service(upstream::Upstream::new(cfg))
+}
+
+/// Why the proxy answered a request itself instead of forwarding the upstream's response.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The client's request body failed while it was read (a reset, a framing error).
+    #[error("{0}")]
+    RequestBody(#[source] hyper::Error),
+    /// The request's URI cannot be forwarded to the upstream.
+    #[error("{0}")]
+    BadUri(#[source] http::Error),
+    /// No response head within `--upstream-timeout`.
+    #[error("upstream sent no response headers within {0:?}")]
+    UpstreamTimeout(Duration),
+    /// The upstream could not be reached, or failed before its response head.
+    #[error("upstream unavailable: {}", error_chain(.0))]
+    Unavailable(#[source] hyper_util::client::legacy::Error),
+}
+
+// === impl ProxyError ===
+
+impl ProxyError {
+    /// The status code the client gets, and the `code` label.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::RequestBody(_) | ProxyError::BadUri(_) => StatusCode::BAD_REQUEST,
+            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Unavailable(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The `type` field of the JSON error body.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::RequestBody(_) => "request_body",
+            ProxyError::BadUri(_) => "bad_uri",
+            ProxyError::UpstreamTimeout(_) => "upstream_timeout",
+            ProxyError::Unavailable(_) => "upstream_unavailable",
+        }
+    }
+
+    /// The `outcome` label: the client's fault, the upstream's slowness, or its failure.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::RequestBody(_) | ProxyError::BadUri(_) => Outcome::BadRequest,
+            ProxyError::UpstreamTimeout(_) => Outcome::Timeout,
+            ProxyError::Unavailable(_) => Outcome::UpstreamError,
+        }
+    }
+
+    /// The JSON error response the client gets.
+    pub fn to_response(&self) -> Response<ProxyBody> {
+        error_response(self.status(), self.kind(), &self.to_string())
+    }
+}
+
+/// The error and its sources, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// An OpenAI-style JSON error, so SDKs show the message.
+pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "error": {"message": message, "type": kind, "code": status.as_u16(), "source": "tokenmeter"}
+    });
+    let mut resp = Response::new(full(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A header's value as text, or "" when it is absent or not visible ASCII.
+fn header_str(headers: &http::HeaderMap, name: header::HeaderName) -> &str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// A body of bytes already in hand.
+fn full(bytes: Bytes) -> ProxyBody {
+    BodyExt::boxed(Full::new(bytes).map_err(|e: Infallible| match e {}))
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_error_response_is_openai_shaped_json() {
+        let err = ProxyError::UpstreamTimeout(Duration::from_millis(1500));
+        assert_eq!(err.outcome(), Outcome::Timeout);
+        let resp = err.to_response();
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {
+                "message": "upstream sent no response headers within 1.5s",
+                "type": "upstream_timeout", "code": 504, "source": "tokenmeter"}})
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! The simulator's wire formats: reading a request and writing its response, per dialect.
+//!
+//! Each format follows what the real servers send, as recorded in the corpus
+//! (`../shared/corpus/`), and lives in its own file, as the proxy's extractors do in `protocol/`:
+//!
+//! - `openai.rs`: chat and completions as vLLM streams them (a role chunk first, `finish_reason`
+//!   on the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage`
+//!   is set, then `[DONE]`).
+//! - `anthropic.rs`: Messages events (`message_start` ... `message_stop`, with `ping`).
+//! - `ollama.rs`: NDJSON (`/api/chat`, `/api/generate`, a final line with `eval_count` and
+//!   durations in ns).
+//! - `tgi.rs`: `/generate_stream` (`data:` without a space, `details` on the last token) and
+//!   `/generate`.
+//!
+//! This file holds what they share: the [`Dialect`] (`--api`), the [`Route`] a POST path reaches,
+//! the request fields every format reads ([`parse`]), and the [`Reply`] that dispatches to the
+//! format's writers. Adding a format takes a file here and, in this one, a `Dialect` variant, its
+//! `Route`s and an arm in each dispatching `match` (the compiler lists the ones missing).
+//!
+//! One token is one event (one NDJSON line), so a client can count tokens by counting events. The
+//! writers append to a `String` the body reuses, so a token costs no allocation.
+
+mod anthropic;
+mod ollama;
+mod openai;
+#[cfg(test)]
+mod tests;
+mod tgi;
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use super::text::{Fnv, Token};
+
+/// The API family the simulator imitates (`--api`). OpenAI's endpoints are served in every mode,
+/// as vLLM, TGI, Ollama and llama.cpp all serve them; the others add their native API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Dialect {
+    /// `/v1/chat/completions`, `/v1/completions` (vLLM, SGLang, llama.cpp, OpenAI).
+    #[default]
+    Openai,
+    /// Adds `/v1/messages` (Anthropic Messages API).
+    Anthropic,
+    /// Adds `/api/chat`, `/api/generate`, `/api/tags` (Ollama's native NDJSON API).
+    Ollama,
+    /// Adds `/generate`, `/generate_stream` (Hugging Face TGI's native API).
+    Tgi,
+}
+
+impl Dialect {
+    /// The `--api` value, as `/sim/stats` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Openai => "openai",
+            Dialect::Anthropic => "anthropic",
+            Dialect::Ollama => "ollama",
+            Dialect::Tgi => "tgi",
+        }
+    }
+}
+
+/// What a POST path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completions,
+    Messages,
+    OllamaChat,
+    OllamaGenerate,
+    TgiGenerate,
+    TgiGenerateStream,
+}
+
+impl Route {
+    /// The route a POST to `path` reaches when the simulator speaks `dialect`, if any.
+    pub fn find(dialect: Dialect, path: &str) -> Option<Route> {
+        let route = match path {
+            "/v1/chat/completions" => Route::Chat,
+            "/v1/completions" => Route::Completions,
+            "/v1/messages" if dialect == Dialect::Anthropic => Route::Messages,
+            "/api/chat" if dialect == Dialect::Ollama => Route::OllamaChat,
+            "/api/generate" if dialect == Dialect::Ollama => Route::OllamaGenerate,
+            "/generate" if dialect == Dialect::Tgi => Route::TgiGenerate,
+            "/generate_stream" if dialect == Dialect::Tgi => Route::TgiGenerateStream,
+            _ => return None,
+        };
+        Some(route)
+    }
+
+    /// The format that reads and writes this route.
+    pub fn dialect(self) -> Dialect {
+        match self {
+            Route::Chat | Route::Completions => Dialect::Openai,
+            Route::Messages => Dialect::Anthropic,
+            Route::OllamaChat | Route::OllamaGenerate => Dialect::Ollama,
+            Route::TgiGenerate | Route::TgiGenerateStream => Dialect::Tgi,
+        }
+    }
+}
+
+/// The most output tokens one request may ask for. A request's limit is honoured exactly, so a
+/// typo of a few extra zeros would otherwise hold a batch slot for hours.
+pub const MAX_OUTPUT_TOKENS: u64 = 1_000_000;
+
+/// Why a request body was refused (the client gets a 400 saying so).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BodyError {
+    #[error("the request body is not a JSON object")]
+    NotJson,
+    #[error("{0} must be an integer from 1 to {MAX_OUTPUT_TOKENS}")]
+    BadLimit(&'static str),
+}
+
+/// What the simulator needs from a request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub stream: bool,
+    pub include_usage: bool,
+    /// The request's output limit, honoured exactly (as with vLLM's `ignore_eos`).
+    pub max_tokens: Option<u32>,
+    pub model: Option<String>,
+    /// Characters of prompt text (messages, prompt, system, inputs), for the prompt token estimate.
+    pub prompt_chars: usize,
+    /// A hash of that text and the request's `seed`: what makes the output deterministic.
+    pub prompt_hash: u64,
+    /// TGI `parameters.details`.
+    pub details: bool,
+}
+
+/// What a format reads from a request besides the prompt and the model.
+#[derive(Debug, Clone, Copy, Default)]
+struct Options<'a> {
+    stream: bool,
+    include_usage: bool,
+    max_tokens: Option<u32>,
+    /// The request's `seed`, wherever the format puts it.
+    seed: Option<&'a Value>,
+    details: bool,
+}
+
+/// The fields whose text is the prompt, in every API we speak.
+const PROMPT_FIELDS: [&str; 4] = ["messages", "prompt", "system", "inputs"];
+
+fn walk_text(v: &Value, chars: &mut usize, hash: &mut Fnv) {
+    match v {
+        Value::String(s) => {
+            *chars += s.chars().count();
+            hash.write(s.as_bytes());
+            hash.write(&[0]);
+        }
+        Value::Array(a) => a.iter().for_each(|x| walk_text(x, chars, hash)),
+        Value::Object(o) => o.values().for_each(|x| walk_text(x, chars, hash)),
+        _ => {}
+    }
+}
+
+/// An output limit field: absent or null is no limit; anything but 1..=MAX is refused.
+fn limit(
+    obj: &Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<Option<u32>, BodyError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_OUTPUT_TOKENS).contains(&n) => Ok(Some(n as u32)),
+            _ => Err(BodyError::BadLimit(name)),
+        },
+    }
+}
+
+fn flag(obj: Option<&Map<String, Value>>, key: &str) -> Option<bool> {
+    obj?.get(key)?.as_bool()
+}
+
+fn object<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Map<String, Value>> {
+    obj.get(key)?.as_object()
+}
+
+/// Reads a request body for `route`.
+pub fn parse(route: Route, body: &[u8]) -> Result<Parsed, BodyError> {
+    let v: Value = serde_json::from_slice(body).map_err(|_| BodyError::NotJson)?;
+    let obj = v.as_object().ok_or(BodyError::NotJson)?;
+    let mut chars = 0;
+    let mut hash = Fnv::default();
+    for f in PROMPT_FIELDS {
+        if let Some(x) = obj.get(f) {
+            walk_text(x, &mut chars, &mut hash);
+        }
+    }
+    let o = match route.dialect() {
+        Dialect::Openai => openai::options(route, obj)?,
+        Dialect::Anthropic => anthropic::options(obj)?,
+        Dialect::Ollama => ollama::options(obj)?,
+        Dialect::Tgi => tgi::options(route, obj)?,
+    };
+    if let Some(s) = o.seed.and_then(Value::as_i64) {
+        hash.write(&s.to_le_bytes());
+    }
+    Ok(Parsed {
+        stream: o.stream,
+        include_usage: o.include_usage,
+        max_tokens: o.max_tokens,
+        model: obj
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .map(str::to_string),
+        prompt_chars: chars,
+        prompt_hash: hash.finish(),
+        details: o.details,
+    })
+}
+
+/// An error body in the shape the route's API uses (OpenAI's when there is no route).
+pub fn error_body(route: Option<Route>, status: u16, message: &str) -> Value {
+    match route.map(Route::dialect) {
+        Some(Dialect::Anthropic) => anthropic::error(message),
+        Some(Dialect::Ollama) => ollama::error(message),
+        Some(Dialect::Tgi) => tgi::error(message),
+        Some(Dialect::Openai) | None => openai::error(status, message),
+    }
+}
+
+/// How long the parts of a request took, for the formats that report it (Ollama).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    /// Request received to first token.
+    pub prefill: Duration,
+    /// First token to last token.
+    pub decode: Duration,
+}
+
+/// Everything needed to write one response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub route: Route,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// The model name as a JSON string literal (quoted and escaped).
+    pub model: String,
+    /// The request's number (as in `/sim/stats`).
+    pub id: u64,
+    /// Unix seconds, for `created`.
+    pub created: u64,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// The length came from the request's limit: finish reason "length" rather than "stop".
+    pub limited: bool,
+    pub details: bool,
+}
+
+fn json_string(s: &str) -> String {
+    // Serializing a &str cannot fail.
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+impl Reply {
+    /// The `Content-Type` of the body.
+    pub fn content_type(&self) -> &'static str {
+        match (self.stream, self.route.dialect()) {
+            (false, _) => "application/json",
+            (true, Dialect::Ollama) => "application/x-ndjson",
+            (true, _) => "text/event-stream",
+        }
+    }
+
+    /// Token `index` (0-based) is the last one.
+    fn is_last(&self, index: u32) -> bool {
+        index + 1 >= self.output_tokens
+    }
+
+    /// What a stream sends before its first token (right away, with the headers).
+    pub fn head(&self, out: &mut String) {
+        match self.route.dialect() {
+            Dialect::Openai => openai::head(self, out),
+            Dialect::Anthropic => anthropic::head(self, out),
+            Dialect::Ollama | Dialect::Tgi => {}
+        }
+    }
+
+    /// The event for token number `index` (0-based). `text` is the whole output so far, this
+    /// token included; only TGI reads it (it repeats the text on the last token).
+    pub fn token(&self, index: u32, tok: Token, text: &str, out: &mut String) {
+        match self.route.dialect() {
+            Dialect::Openai => openai::token(self, index, tok, out),
+            Dialect::Anthropic => anthropic::token(tok, out),
+            Dialect::Ollama => ollama::token(self, tok, out),
+            Dialect::Tgi => tgi::token(self, index, tok, text, out),
+        }
+    }
+
+    /// What a stream sends after its last token.
+    pub fn tail(&self, t: &Timings, out: &mut String) {
+        match self.route.dialect() {
+            Dialect::Openai => openai::tail(self, out),
+            Dialect::Anthropic => anthropic::tail(self, out),
+            Dialect::Ollama => ollama::tail(self, t, out),
+            // TGI's last token event carries the summary.
+            Dialect::Tgi => {}
+        }
+    }
+
+    /// A non-streaming response: one JSON document with the whole `text`.
+    pub fn whole(&self, text: &str, t: &Timings) -> String {
+        let text = json_string(text);
+        let mut out = String::with_capacity(text.len() + 256);
+        match self.route.dialect() {
+            Dialect::Openai => openai::whole(self, &text, &mut out),
+            Dialect::Anthropic => anthropic::whole(self, &text, &mut out),
+            Dialect::Ollama => ollama::whole(self, &text, t, &mut out),
+            Dialect::Tgi => tgi::whole(self, &text, &mut out),
+        }
+        out
+    }
+}

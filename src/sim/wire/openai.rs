@@ -1,0 +1,110 @@
+//! OpenAI chat and completions (`/v1/chat/completions`, `/v1/completions`), as vLLM streams
+//! them: a role chunk first, `finish_reason` on the last token's chunk, a `choices: []` usage
+//! chunk when `stream_options.include_usage` is set, then `data: [DONE]`.
+
+use std::fmt::Write as _;
+
+use serde_json::{Map, Value};
+
+use super::{flag, limit, object, BodyError, Options, Reply, Route};
+use crate::sim::text::Token;
+
+pub(super) fn options(route: Route, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
+    let max_tokens = match route {
+        // The newer name wins over the deprecated one.
+        Route::Chat => match limit(obj, "max_completion_tokens", "max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => limit(obj, "max_tokens", "max_tokens")?,
+        },
+        _ => limit(obj, "max_tokens", "max_tokens")?,
+    };
+    Ok(Options {
+        stream: flag(Some(obj), "stream").unwrap_or(false),
+        include_usage: flag(object(obj, "stream_options"), "include_usage").unwrap_or(false),
+        max_tokens,
+        seed: obj.get("seed"),
+        details: false,
+    })
+}
+
+pub(super) fn error(status: u16, message: &str) -> Value {
+    serde_json::json!({
+        "error": {"message": message, "type": "invalid_request_error", "code": status},
+    })
+}
+
+fn finish_reason(r: &Reply) -> &'static str {
+    if r.limited {
+        "length"
+    } else {
+        "stop"
+    }
+}
+
+fn prefix(r: &Reply, out: &mut String) {
+    let (prefix, object) = match r.route {
+        Route::Completions => ("cmpl", "text_completion"),
+        _ => ("chatcmpl", "chat.completion.chunk"),
+    };
+    let _ = write!(
+        out,
+        "data: {{\"id\":\"{prefix}-sim-{}\",\"object\":\"{object}\",\"created\":{},\"model\":{},",
+        r.id, r.created, r.model
+    );
+}
+
+fn usage_json(r: &Reply) -> String {
+    format!(
+        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+        r.prompt_tokens,
+        r.output_tokens,
+        u64::from(r.prompt_tokens) + u64::from(r.output_tokens)
+    )
+}
+
+pub(super) fn head(r: &Reply, out: &mut String) {
+    if r.route != Route::Chat {
+        return;
+    }
+    prefix(r, out);
+    out.push_str("\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]");
+    if r.include_usage {
+        out.push_str(",\"usage\":null");
+    }
+    out.push_str("}\n\n");
+}
+
+pub(super) fn token(r: &Reply, index: u32, tok: Token, out: &mut String) {
+    prefix(r, out);
+    let finish = if r.is_last(index) {
+        format!("\"{}\"", finish_reason(r))
+    } else {
+        "null".to_string()
+    };
+    if r.route == Route::Chat {
+        let _ = write!(out, "\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
+    } else {
+        let _ = write!(out, "\"choices\":[{{\"index\":0,\"text\":\"{}\",\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
+    }
+    if r.include_usage {
+        out.push_str(",\"usage\":null");
+    }
+    out.push_str("}\n\n");
+}
+
+pub(super) fn tail(r: &Reply, out: &mut String) {
+    if r.include_usage {
+        prefix(r, out);
+        let _ = write!(out, "\"choices\":[],\"usage\":{}}}\n\n", usage_json(r));
+    }
+    out.push_str("data: [DONE]\n\n");
+}
+
+/// `text` is already a JSON string literal.
+pub(super) fn whole(r: &Reply, text: &str, out: &mut String) {
+    if r.route == Route::Chat {
+        let _ = write!(out, "{{\"id\":\"chatcmpl-sim-{}\",\"object\":\"chat.completion\",\"created\":{},\"model\":{},\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{text}}},\"logprobs\":null,\"finish_reason\":\"{}\"}}],\"usage\":{}}}", r.id, r.created, r.model, finish_reason(r), usage_json(r));
+    } else {
+        let _ = write!(out, "{{\"id\":\"cmpl-sim-{}\",\"object\":\"text_completion\",\"created\":{},\"model\":{},\"choices\":[{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":\"{}\"}}],\"usage\":{}}}", r.id, r.created, r.model, finish_reason(r), usage_json(r));
+    }
+}
