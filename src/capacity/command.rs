@@ -7,32 +7,21 @@
 //! is exact at every concurrency, not only at the nine the metrics carry.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytes::Bytes;
 use clap::Args;
+use http::Uri;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 
 use crate::bench::chart::{self, Axis, Chart, Series};
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
 use crate::capacity_metrics::{names, BOUNDS, KINDS, TERMS};
-
-/// One sample of a text exposition.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: Vec<(String, String)>,
-    pub value: f64,
-}
-
-impl Sample {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-}
+use crate::exposition::{Sample, Scrape};
 
 /// The command's flags.
 #[derive(Debug, Clone, Args)]
@@ -54,7 +43,9 @@ pub struct CapacityArgs {
 /// Why the command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
-    #[error("--metrics {url:?}: {reason}")]
+    #[error("--metrics {0:?} is not an http:// URL")]
+    BadUrl(String),
+    #[error("cannot scrape {url}: {reason}")]
     Fetch { url: String, reason: String },
     #[error("{0} has no tokenmeter capacity metrics (is it tokenmeter's /metrics, version with the capacity model?)")]
     NotCapacity(String),
@@ -68,7 +59,7 @@ pub enum CommandError {
 impl CommandError {
     /// True for errors the user fixes by changing the flags.
     pub fn is_usage(&self) -> bool {
-        matches!(self, CommandError::Fetch { reason, .. } if reason.starts_with("not a URL"))
+        matches!(self, CommandError::BadUrl(_))
     }
 }
 
@@ -243,14 +234,27 @@ impl Reading {
                 opt(c.cost_per_million, 4),
                 opt(c.utilization, 2),
             );
+            if c.max_concurrency
+                .is_some_and(|b| b >= 1.0 && self.extrapolated(b))
+            {
+                let _ = writeln!(
+                    s,
+                    "{:<16} (max streams outside the observed concurrency: an extrapolation)",
+                    ""
+                );
+            }
         }
         let _ = writeln!(
             s,
             "\n{:>11} {:>18} {:>16}",
             "concurrency", "per-request tok/s", "aggregate tok/s"
         );
-        for &(b, per_request, aggregate) in &self.curve {
-            let mark = if self.extrapolated(f64::from(b)) && per_request.is_some() {
+        for &(b, exported_per_request, exported_aggregate) in &self.curve {
+            // The fitted line gives the curve exactly; the exported points are the fallback.
+            let x = f64::from(b);
+            let per_request = self.step(x).map(|t| 1.0 / t).or(exported_per_request);
+            let aggregate = self.step(x).map(|t| x / t).or(exported_aggregate);
+            let mark = if per_request.is_some() && self.extrapolated(x) {
                 "  (extrapolated)"
             } else {
                 ""
@@ -331,12 +335,9 @@ impl Reading {
     }
 }
 
-/// Reads the capacity families from a scrape's samples, prints them and writes the chart.
-pub fn report(
-    samples: &[Sample],
-    source: &str,
-    svg: &std::path::Path,
-) -> Result<String, CommandError> {
+/// Reads the capacity families from a scrape's samples, writes the chart to `svg` and returns
+/// the text to print.
+pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, CommandError> {
     let reading =
         Reading::from_samples(samples).ok_or_else(|| CommandError::NotCapacity(source.into()))?;
     std::fs::write(svg, chart::render(&reading.chart())).map_err(|source| CommandError::Write {
@@ -347,7 +348,54 @@ pub fn report(
 }
 
 /// How long the scrape may take.
-pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest exposition read: tokenmeter's is tens of KiB, so this only stops a wrong URL that
+/// streams forever.
+const MAX_SCRAPE: usize = 16 << 20;
+
+/// Fetches the exposition at `url`.
+async fn scrape(url: &str) -> Result<Scrape, CommandError> {
+    let uri: Uri = url
+        .parse()
+        .ok()
+        .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+        .ok_or_else(|| CommandError::BadUrl(url.to_string()))?;
+    let fail = |reason: String| CommandError::Fetch {
+        url: url.to_string(),
+        reason,
+    };
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = tokio::time::timeout(SCRAPE_TIMEOUT, client.get(uri))
+        .await
+        .map_err(|_| fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
+        .map_err(|e| fail(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fail(format!("HTTP status {}", resp.status())));
+    }
+    let body = Limited::new(resp.into_body(), MAX_SCRAPE)
+        .collect()
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .to_bytes();
+    Ok(Scrape::parse(&String::from_utf8_lossy(&body)))
+}
+
+/// `tokenmeter capacity`: scrape, print, write the chart.
+pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CommandError::Fetch {
+            url: args.metrics.clone(),
+            reason: format!("cannot start the runtime: {e}"),
+        })?;
+    let scrape = runtime.block_on(scrape(&args.metrics))?;
+    let text = report(scrape.samples(), &args.metrics, &args.svg)?;
+    print!("{text}");
+    println!("\nchart written to {}", args.svg.display());
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {
@@ -423,6 +471,21 @@ mod tests {
         );
         assert_eq!(svg.matches("class=\"point operating-point\"").count(), 1);
         assert_eq!(svg.matches("class=\"point floor\"").count(), 11);
+    }
+
+    #[test]
+    fn an_exposition_of_the_families_reads_back() {
+        let text =
+            "# TYPE tokenmeter_capacity_fit_samples gauge\ntokenmeter_capacity_fit_samples 99\n\
+                    tokenmeter_capacity_step_seconds{term=\"base\"} 0.02\n\
+                    tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.00025\n\
+                    tokenmeter_capacity_max_concurrency{class=\"agent\"} 20\n";
+        let r = Reading::from_samples(Scrape::parse(text).samples()).expect("present");
+        assert_eq!(
+            (r.base, r.per_seq, r.samples),
+            (Some(0.02), Some(0.00025), 99.0)
+        );
+        assert_eq!(r.classes[0].max_concurrency, Some(20.0));
     }
 
     #[test]
