@@ -11,6 +11,7 @@
 //! - [`busy`]: the mean decoding concurrency over the last minute, for utilization.
 //! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
 //! - [`plan`]: the answers per class, the curve, and the cost.
+//! - [`stream`]: one stream's observations, the events of one network read grouped.
 //! - [`command`]: `tokenmeter capacity`, which reads the answers back from `/metrics`.
 //!
 //! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
@@ -23,6 +24,7 @@ pub mod busy;
 pub mod command;
 pub mod fit;
 pub mod plan;
+pub mod stream;
 pub mod summary;
 
 use std::sync::Mutex;
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 pub use fit::Fit;
 pub use plan::{Answer, Class, CurvePoint, Fleet};
+pub use stream::StreamGaps;
 
 /// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
 /// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
