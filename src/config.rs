@@ -4,13 +4,19 @@
 //! testable with plain values.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use http::Uri;
 
+use crate::capacity::{self, CapacityConfig};
+use crate::gpus::{GpuError, Gpus};
+use crate::host::{Host, System};
 use crate::metrics::{Buckets, MetricsConfig};
 use crate::protocol::Api;
+use crate::slo::{self, Classes, SloError};
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -31,9 +37,48 @@ pub struct ProxyArgs {
     )]
     pub metrics_listen: String,
 
-    /// GPUs behind the upstream, for tokenmeter_output_tokens_per_second_per_gpu.
-    #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
-    pub gpus: f64,
+    /// GPUs behind the upstream, for tokens/s per GPU and cost: a number, or "auto" (the
+    /// entries of NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else --gpus-file, else 1).
+    #[arg(
+        long,
+        env = "TOKENMETER_GPUS",
+        default_value = "auto",
+        value_name = "N|auto"
+    )]
+    pub gpus: String,
+
+    /// With --gpus auto and no *_VISIBLE_DEVICES: a file holding the GPU count (e.g. a pod
+    /// annotation mounted with the Downward API).
+    #[arg(long, env = "TOKENMETER_GPUS_FILE", value_name = "FILE")]
+    pub gpus_file: Option<PathBuf>,
+
+    /// What one GPU costs per hour, in USD: exported as tokenmeter_gpu_hour_cost for the cost
+    /// per million output (and goodput) tokens.
+    #[arg(long, env = "TOKENMETER_GPU_HOUR_COST", value_name = "USD")]
+    pub gpu_hour_cost: Option<String>,
+
+    /// An SLO class, NAME:ttft=DUR,tps=RATE,e2e=DUR,objective=RATIO with each target optional
+    /// (repeatable; ';'-separated in the variable). Default: interactive:ttft=1s,tps=20 and batch.
+    #[arg(
+        long,
+        env = "TOKENMETER_SLO",
+        value_name = "SPEC",
+        value_delimiter = ';'
+    )]
+    pub slo: Vec<String>,
+
+    /// SLO classes and path-prefix / model rules from a YAML or TOML file (added to --slo).
+    #[arg(long, env = "TOKENMETER_SLO_FILE", value_name = "FILE")]
+    pub slo_file: Option<PathBuf>,
+
+    /// The request header that names a request's SLO class.
+    #[arg(long, env = "TOKENMETER_SLO_CLASS_HEADER", default_value = slo::DEFAULT_CLASS_HEADER, value_name = "NAME")]
+    pub slo_class_header: String,
+
+    /// The class of requests that name none, or an unknown one (default: interactive when
+    /// declared, else the first class).
+    #[arg(long, env = "TOKENMETER_SLO_DEFAULT_CLASS", value_name = "NAME")]
+    pub slo_default_class: Option<String>,
 
     /// Distinct model label values kept; further models are counted as "other".
     #[arg(long, env = "TOKENMETER_MAX_MODELS", default_value_t = 32)]
@@ -149,10 +194,15 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
-    /// `--capacity-window`.
-    pub capacity_window: Duration,
-    /// `--replicas`.
-    pub replicas: u32,
+    /// The live capacity model: `--capacity-window`, `--replicas`, and the classes' floors,
+    /// the GPUs and their cost from the flags above.
+    pub capacity: CapacityConfig,
+    /// `--gpus` (and where the number came from).
+    pub gpus: Gpus,
+    /// `--gpu-hour-cost`, USD.
+    pub gpu_hour_cost: Option<f64>,
+    /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
+    pub slo: Arc<Classes>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -164,8 +214,14 @@ pub enum ConfigError {
     BadUpstream(String, String),
     #[error("--{0} {1:?} is not a valid address (expected HOST:PORT, e.g. 0.0.0.0:8080)")]
     BadAddress(&'static str, String),
-    #[error("--gpus must be a positive number, got {0}")]
-    BadGpus(f64),
+    #[error(transparent)]
+    Gpus(#[from] GpuError),
+    #[error("--gpu-hour-cost must be a number of USD (0 or more), got {0:?}")]
+    BadCost(String),
+    #[error(transparent)]
+    Slo(#[from] SloError),
+    #[error("--slo-file {0}: cannot read it: {1}")]
+    SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
     #[error("--capacity-window must be at least 10s, got {0:?}")]
@@ -261,23 +317,38 @@ fn nonzero(d: Duration) -> Option<Duration> {
 }
 
 impl ProxyArgs {
-    /// Validates the flags.
+    /// Validates the flags, reading what `--gpus auto` and `--slo-file` need from this process's
+    /// environment and filesystem.
     pub fn validate(&self) -> Result<Config, ConfigError> {
+        self.validate_on(&System)
+    }
+
+    /// Validates the flags, reading the environment and files only through `host`.
+    pub fn validate_on(&self, host: &dyn Host) -> Result<Config, ConfigError> {
         let upstream = parse_upstream(
             self.upstream
                 .as_deref()
                 .ok_or(ConfigError::MissingUpstream)?,
         )?;
-        if !(self.gpus.is_finite() && self.gpus > 0.0) {
-            return Err(ConfigError::BadGpus(self.gpus));
-        }
+        let gpus = crate::gpus::detect(&self.gpus, self.gpus_file.as_deref(), host)?;
+        let gpu_hour_cost = match &self.gpu_hour_cost {
+            None => None,
+            Some(s) => Some(
+                s.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|c| c.is_finite() && *c >= 0.0)
+                    .ok_or_else(|| ConfigError::BadCost(s.clone()))?,
+            ),
+        };
+        let slo = self.slo_classes(host)?;
         if self.max_models == 0 {
             return Err(ConfigError::Zero("max-models"));
         }
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
-        if self.capacity_window < crate::capacity::summary::MIN_WINDOW {
+        if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
         if self.replicas == 0 {
@@ -298,7 +369,7 @@ impl ProxyArgs {
                 },
                 max_models: self.max_models,
                 rate_window: self.rate_window,
-                gpus: self.gpus,
+                gpus: gpus.count,
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -311,9 +382,46 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
-            capacity_window: self.capacity_window,
-            replicas: self.replicas,
+            capacity: CapacityConfig {
+                window: self.capacity_window,
+                classes: slo
+                    .iter()
+                    .map(|(name, t)| capacity::Class {
+                        name: name.to_string(),
+                        tps_floor: t.tps,
+                    })
+                    .collect(),
+                fleet: capacity::Fleet {
+                    replicas: self.replicas,
+                    gpus: gpus.count,
+                    gpu_hour_cost,
+                },
+            },
+            gpus,
+            gpu_hour_cost,
+            slo: Arc::new(slo),
         })
+    }
+
+    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
+    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, ConfigError> {
+        let file = match &self.slo_file {
+            None => None,
+            Some(path) => {
+                let name = path.display().to_string();
+                let text = host
+                    .read_file(path)
+                    .map_err(|e| ConfigError::SloFile(name.clone(), e.to_string()))?;
+                Some(slo::spec::FileText { name, text })
+            }
+        };
+        let settings = slo::spec::Settings {
+            flags: self.slo.clone(),
+            file,
+            header: self.slo_class_header.clone(),
+            default_class: self.slo_default_class.clone(),
+        };
+        Ok(settings.build()?)
     }
 }
 
@@ -378,7 +486,10 @@ mod tests {
             Some(ConfigError::BadAddress("listen", "nope".into()))
         );
         let e = args(&[&up[..], &["--gpus", "0"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::BadGpus(0.0)));
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::Gpus(GpuError::BadFlag("0".into())))
+        );
         assert_eq!(parse_buckets("1,2,3"), Ok(BucketList(vec![1.0, 2.0, 3.0])));
         let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
         assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
@@ -386,6 +497,78 @@ mod tests {
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
         assert_eq!(c.expect("valid").idle_timeout, None);
+    }
+
+    #[test]
+    fn gpus_auto_reads_only_the_host_it_is_given() {
+        use crate::gpus::Source;
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let host = MapHost::default().var("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b");
+        let c = args(&up).validate_on(&host).expect("valid");
+        assert_eq!(
+            (c.gpus.count, c.gpus.source),
+            (2.0, Source::NvidiaVisibleDevices)
+        );
+        assert_eq!(c.metrics.gpus, 2.0);
+        let c = args(&[&up[..], &["--gpus", "8"]].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (8.0, Source::Flag));
+        let host = MapHost::default().file("/podinfo/gpus", "4");
+        let c = args(&[&up[..], &["--gpus-file", "/podinfo/gpus"]].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (4.0, Source::File));
+        let c = args(&up).validate_on(&MapHost::default()).expect("valid");
+        assert_eq!((c.gpus.count, c.gpus.source), (1.0, Source::Default));
+    }
+
+    #[test]
+    fn gpu_hour_cost_is_a_number() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&[&up[..], &["--gpu-hour-cost", "2.49"]].concat()).validate();
+        assert_eq!(c.expect("valid").gpu_hour_cost, Some(2.49));
+        assert_eq!(args(&up).validate().expect("valid").gpu_hour_cost, None);
+        for bad in ["cheap", "-1", "inf"] {
+            let flag = format!("--gpu-hour-cost={bad}");
+            let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
+            assert_eq!(e.err(), Some(ConfigError::BadCost(bad.into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn slo_classes_come_from_flags_and_the_file() {
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        let names: Vec<_> = c.slo.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["interactive", "batch"]);
+        // One --slo value may hold several classes separated by ';' (as TOKENMETER_SLO does).
+        let c = args(
+            &[
+                &up[..],
+                &["--slo", "chat:ttft=300ms;bulk", "--slo", "agent:tps=50"],
+            ]
+            .concat(),
+        )
+        .validate()
+        .expect("valid");
+        let names: Vec<_> = c.slo.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["chat", "bulk", "agent"]);
+        let host = MapHost::default().file("/etc/slo.yaml", "classes: [{name: gold, ttft: 250ms}]");
+        let flags = ["--slo-file", "/etc/slo.yaml", "--slo-default-class", "gold"];
+        let c = args(&[&up[..], &flags].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert_eq!(c.slo.default_class(), "gold");
+        let e = args(&[&up[..], &["--slo-file", "/nope.yaml"]].concat()).validate_on(&host);
+        assert!(
+            matches!(e, Err(ConfigError::SloFile(ref f, _)) if f == "/nope.yaml"),
+            "{e:?}"
+        );
+        let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
+        assert!(matches!(e, Err(ConfigError::Slo(_))), "{e:?}");
     }
 
     #[test]
@@ -404,17 +587,18 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid");
-        assert_eq!(
-            (c.capacity_window, c.replicas),
-            (Duration::from_secs(900), 1)
-        );
+        let c = args(&up).validate().expect("valid").capacity;
+        assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
+        // The default classes: interactive has a 20 tok/s floor, batch none.
+        let floors: Vec<_> = c
+            .classes
+            .iter()
+            .map(|c| (c.name.as_str(), c.tps_floor))
+            .collect();
+        assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid");
-        assert_eq!(
-            (c.capacity_window, c.replicas),
-            (Duration::from_secs(3600), 4)
-        );
+        let c = c.validate().expect("valid").capacity;
+        assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(
             e.err(),

@@ -15,6 +15,9 @@
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
+//! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing;
 //!   [`capacity_metrics`] exports its answers.
@@ -29,6 +32,8 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod exposition;
+pub mod gpus;
+pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
@@ -38,6 +43,7 @@ pub mod proxy;
 pub mod server;
 pub mod signal;
 pub mod sim;
+pub mod slo;
 pub mod sse;
 pub mod tap;
 

@@ -19,6 +19,8 @@ struct Cli {
     proxy: ProxyArgs,
 }
 
+// Parsed once per process: boxing the proxy's flags would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the proxy (the default when no subcommand is given).
@@ -73,6 +75,13 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    for note in &cfg.gpus.notes {
+        if note.warn {
+            tracing::warn!("{}", note.text);
+        } else {
+            tracing::info!("{}", note.text);
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

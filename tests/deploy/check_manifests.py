@@ -13,6 +13,10 @@
    to, ports that exist, probes on the right endpoints, the GPU count carried to --gpus, a
    grace period long enough for the drain, non-root tokenmeter containers with requests and a
    memory limit.
+   The sidecar overlay's one GPU number: with the vLLM container's nvidia.com/gpu limit changed
+   to 4 in a copy of deploy/, the built tokenmeter TOKENMETER_GPUS and vLLM's
+   TENSOR_PARALLEL_SIZE must both read 4 (the kustomize replacement carries it; the equality
+   check alone would pass with both left at 1).
 4. Alerts: every alert has a runbook_url whose anchor is a heading of docs/runbook.md.
 5. The plain scrape config example passes `promtool check config`.
 6. Autoscaling (overlays autoscale-keda and autoscale-hpa): the KEDA ScaledObject against KEDA's
@@ -479,6 +483,43 @@ def check_promql(exprs, known):
         print(f"  {len(exprs)} autoscaling queries: promtool check rules ok")
 
 
+def check_gpu_replacement():
+    """The sidecar overlay copies the vLLM container's nvidia.com/gpu limit into tokenmeter's
+    TOKENMETER_GPUS (and vLLM's TENSOR_PARALLEL_SIZE): change the limit in a copy and build."""
+    overlay = "deploy/overlays/sidecar-vllm"
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(REPO / "deploy", Path(tmp) / "deploy")
+        dep_path = Path(tmp) / overlay / "deployment.yaml"
+        text = dep_path.read_text()
+        limit = 'nvidia.com/gpu: "1"'
+        if text.count(limit) != 1:
+            problem(f"{overlay}/deployment.yaml: expected one {limit!r} to change, found {text.count(limit)}")
+            return
+        dep_path.write_text(text.replace(limit, 'nvidia.com/gpu: "4"'))
+        builds = []
+        try:
+            builds.append(("kustomize_lite", kustomize_lite.build(Path(tmp) / overlay)))
+        except kustomize_lite.Error as e:
+            problem(f"{overlay} with 4 GPUs: kustomize_lite: {e}")
+        tool = real_kustomize()
+        if tool:
+            r = subprocess.run(tool + [str(Path(tmp) / overlay)], capture_output=True, text=True)
+            if r.returncode != 0:
+                problem(f"{overlay} with 4 GPUs: {' '.join(tool)} failed: {r.stderr.strip()}")
+            else:
+                builds.append((" ".join(tool), [x for x in yaml.safe_load_all(r.stdout) if x]))
+    for name, docs in builds:
+        for w, tpl in pod_templates(docs):
+            containers = {c["name"]: c for c, _ in all_containers(tpl)}
+            got = (env(containers.get("tokenmeter", {}), "TOKENMETER_GPUS"),
+                   env(containers.get("vllm", {}), "TENSOR_PARALLEL_SIZE"))
+            if got != ("4", "4"):
+                problem(f"{overlay} built by {name} with nvidia.com/gpu 4: TOKENMETER_GPUS and "
+                        f"TENSOR_PARALLEL_SIZE are {got}, not ('4', '4'): the replacement does not carry the limit")
+            else:
+                print(f"  {overlay} ({name}): nvidia.com/gpu 4 reaches TOKENMETER_GPUS and TENSOR_PARALLEL_SIZE")
+
+
 # === plain scrape config ===
 
 
@@ -568,6 +609,7 @@ def main():
         check_wiring(d, docs)
         check_autoscaling(d, docs, exprs, known)
     check_promql(exprs, known)
+    check_gpu_replacement()
     check_runbooks()
     check_scrape_config()
     if problems:

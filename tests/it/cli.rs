@@ -69,6 +69,12 @@ fn every_flag_reads_an_environment_variable_and_is_explained() {
         "--rate-window",
         "--drain-timeout",
         "--max-line-bytes",
+        "--gpus-file",
+        "--gpu-hour-cost",
+        "--slo",
+        "--slo-file",
+        "--slo-class-header",
+        "--slo-default-class",
     ] {
         let env = format!(
             "TOKENMETER_{}",
@@ -349,4 +355,80 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
             );
         }
     }
+}
+
+// === SLO classes and GPUs ===
+
+/// Runs the binary with these flags and environment, expecting a configuration error.
+fn run_err_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut c = tokenmeter();
+    for var in ["TOKENMETER_SLO", "TOKENMETER_SLO_FILE", "TOKENMETER_GPUS"] {
+        c.env_remove(var);
+    }
+    let out = c
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_slo_strings_exit_64_with_one_line_naming_the_problem() {
+    let up = ["--upstream", "http://127.0.0.1:1"];
+    for (slo, want) in [
+        (
+            "chat:ttft=soon",
+            "--slo \"chat:ttft=soon\": \"soon\" is not a duration",
+        ),
+        (
+            "chat:tps=0",
+            "--slo \"chat:tps=0\": tps must be a positive number",
+        ),
+        ("Chat", "--slo \"Chat\": class name \"Chat\" must be"),
+        (
+            "chat:objective=1.5",
+            "objective must be a share between 0 and 1",
+        ),
+        ("chat:speed=9", "unknown target \"speed\""),
+    ] {
+        let (code, err) = run_err_env(&[&up[..], &["--slo", slo]].concat(), &[]);
+        assert_eq!(code, 64, "{slo}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{slo}: {err}");
+    }
+    // The variable holds several classes, ';'-separated: the second one is named.
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_SLO", "chat:ttft=1s;bulk:tps=x")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo \"bulk:tps=x\": tps: \"x\" is not a number"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_SLO", "chat;chat")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("class \"chat\" is declared twice"), "{err}");
+    let (code, err) = run_err_env(&[&up[..], &["--slo-default-class", "vip"]].concat(), &[]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo-default-class \"vip\" is not a declared class"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(
+        &[&up[..], &["--slo-file", "/no/such/slo.yaml"]].concat(),
+        &[],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--slo-file /no/such/slo.yaml: cannot read it"),
+        "{err}"
+    );
+    let (code, err) = run_err_env(&[&up[..], &["--gpus", "lots"]].concat(), &[]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("--gpus must be auto or a positive number"),
+        "{err}"
+    );
 }
