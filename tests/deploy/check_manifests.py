@@ -377,13 +377,15 @@ def adapter_rules(docs, where):
     return out
 
 
-def fill_adapter_template(query, series_query):
+def fill_adapter_template(query, series_query, namespace="inference", pod="vllm-0", extra=""):
     # What the adapter substitutes for one pod of one namespace: <<.Series>> is the series' name
-    # (not the whole seriesQuery), <<.LabelMatchers>> the namespace and pod matchers.
+    # (not the whole seriesQuery), <<.LabelMatchers>> the namespace and pod matchers (plus the
+    # HPA's metric selector, `extra`).
     m = re.match(r"[A-Za-z_:][\w:]*", series_query.strip())
     series = m.group(0) if m else series_query
+    matchers = f'namespace="{namespace}",pod="{pod}"' + (f",{extra}" if extra else "")
     return (query.replace("<<.Series>>", series)
-                 .replace("<<.LabelMatchers>>", 'namespace="inference",pod="vllm-0"')
+                 .replace("<<.LabelMatchers>>", matchers)
                  .replace("<<.GroupBy>>", "pod"))
 
 
