@@ -6,9 +6,15 @@
 
 use std::path::PathBuf;
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use tokenmeter::protocol::{self, openai::OpenAi, Api, Extractor, Message};
-use tokenmeter::sse;
+use tokenmeter::meter::Recorder;
+use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::protocol::request::RequestInfo;
+use tokenmeter::protocol::{openai::OpenAi, Api, Extractor, Message};
+use tokenmeter::read::{self, sse};
 
 /// Network frames as a server flushes them: small pieces, most of an event or less.
 const FRAME: usize = 256;
@@ -73,7 +79,7 @@ fn bench(c: &mut Criterion) {
         .iter()
         .filter(|b| b.sse)
         .filter(|b| {
-            let (_, mut x) = protocol::select(&b.path, "text/event-stream", None);
+            let (_, mut x) = read::select(&b.path, "text/event-stream", None);
             feed_sse(&b.bytes, usize::MAX, &mut *x);
             x.api() == Api::OpenAi
         })
@@ -126,10 +132,29 @@ fn bench(c: &mut Criterion) {
             sse_bodies
                 .iter()
                 .map(|b| {
-                    let (_, mut x) = protocol::select(&b.path, "text/event-stream", None);
+                    let (_, mut x) = read::select(&b.path, "text/event-stream", None);
                     feed_sse(black_box(&b.bytes), FRAME, &mut *x)
                 })
                 .sum::<u64>()
+        })
+    });
+    // The proxy's whole per-frame path short of the socket: the meter (timing, gauges, the
+    // rate window) over the reader (framing, detection, extraction), then the record at the end.
+    let rec = Arc::new(Recorder::new(
+        Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics")),
+        1 << 20,
+    ));
+    g.bench_function("meter_256_byte_frames", |bench| {
+        bench.iter(|| {
+            for b in &sse_bodies {
+                let mut meter = rec.start(RequestInfo::default());
+                meter.on_response(200, &b.path, "text/event-stream", false);
+                let t0 = Instant::now();
+                for (i, piece) in black_box(&b.bytes).chunks(FRAME).enumerate() {
+                    meter.on_data(piece, t0 + Duration::from_micros(i as u64));
+                }
+                meter.finish(Outcome::Complete);
+            }
         })
     });
     g.finish();

@@ -17,6 +17,8 @@ use crate::host::{Host, System};
 use crate::metrics::{Buckets, MetricsConfig};
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
+use crate::tls::client::UpstreamTls;
+use crate::tls::KeyPair;
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -164,6 +166,41 @@ pub struct ProxyArgs {
     /// concurrency it sees is divided by N, since the capacity model is per engine.
     #[arg(long, env = "TOKENMETER_REPLICAS", default_value_t = 1)]
     pub replicas: u32,
+    // --- TLS, connect timeout (issue 13) ---
+    /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
+    /// limit); then 502, outcome "upstream_error".
+    #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// PEM file of the CAs that sign an https upstream's certificate, instead of the system's
+    /// CA bundle.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+
+    /// PEM certificate (chain) presented to an https upstream that asks for one (mutual TLS).
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_CERT", value_name = "FILE")]
+    pub upstream_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --upstream-client-cert.
+    #[arg(long, env = "TOKENMETER_UPSTREAM_CLIENT_KEY", value_name = "FILE")]
+    pub upstream_client_key: Option<PathBuf>,
+
+    /// Serve TLS on the proxy listener with this PEM certificate (chain); HTTP/2 and HTTP/1.1
+    /// by ALPN. Reloaded when the file changes.
+    #[arg(long, env = "TOKENMETER_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "TOKENMETER_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Serve TLS on the metrics listener with this PEM certificate (chain).
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_CERT", value_name = "FILE")]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --metrics-tls-cert.
+    #[arg(long, env = "TOKENMETER_METRICS_TLS_KEY", value_name = "FILE")]
+    pub metrics_tls_key: Option<PathBuf>,
 }
 
 /// Where requests go.
@@ -197,6 +234,15 @@ pub struct Config {
     /// The live capacity model: `--capacity-window`, `--replicas`, and the classes' floors,
     /// the GPUs and their cost from the flags above.
     pub capacity: CapacityConfig,
+    // --- TLS, connect timeout (issue 13) ---
+    /// `--connect-timeout`: `None` for no limit.
+    pub connect_timeout: Option<Duration>,
+    /// How an https upstream is trusted, and the client certificate.
+    pub upstream_tls: UpstreamTls,
+    /// `--tls-cert/--tls-key`: TLS on the proxy listener.
+    pub tls: Option<KeyPair>,
+    /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
+    pub metrics_tls: Option<KeyPair>,
     /// `--gpus` (and where the number came from).
     pub gpus: Gpus,
     /// `--gpu-hour-cost`, USD.
@@ -210,7 +256,7 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--upstream is required (or TOKENMETER_UPSTREAM)")]
     MissingUpstream,
-    #[error("--upstream {0:?} is not a valid http:// URL: {1}")]
+    #[error("--upstream {0:?} is not a valid http:// or https:// URL: {1}")]
     BadUpstream(String, String),
     #[error("--{0} {1:?} is not a valid address (expected HOST:PORT, e.g. 0.0.0.0:8080)")]
     BadAddress(&'static str, String),
@@ -226,6 +272,10 @@ pub enum ConfigError {
     Zero(&'static str),
     #[error("--capacity-window must be at least 10s, got {0:?}")]
     ShortCapacityWindow(Duration),
+    #[error("--{0} needs --{1} as well")]
+    Unpaired(&'static str, &'static str),
+    #[error("--{0} applies to an https:// upstream only")]
+    NotHttps(&'static str),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -281,11 +331,10 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
     let uri: Uri = s
         .parse()
         .map_err(|e: http::uri::InvalidUri| bad(&e.to_string()))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err(bad("https upstreams are not supported; use http://")),
-        _ => return Err(bad("it needs the http:// scheme")),
-    }
+    let scheme = match uri.scheme_str() {
+        Some(s @ ("http" | "https")) => s,
+        _ => return Err(bad("it needs the http:// or https:// scheme")),
+    };
     let Some(authority) = uri.authority() else {
         return Err(bad("it has no host"));
     };
@@ -293,7 +342,7 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
         return Err(bad("it may not have a query"));
     }
     let origin = Uri::builder()
-        .scheme("http")
+        .scheme(scheme)
         .authority(authority.clone())
         .path_and_query("/")
         .build()
@@ -310,6 +359,32 @@ fn parse_addr(flag: &'static str, s: &str) -> Result<SocketAddr, ConfigError> {
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| ConfigError::BadAddress(flag, s.to_string()))
+}
+
+/// Two flags that only make sense together.
+fn pair(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    (cert_flag, key_flag): (&'static str, &'static str),
+) -> Result<Option<KeyPair>, ConfigError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(ConfigError::Unpaired(cert_flag, key_flag)),
+        (None, Some(_)) => Err(ConfigError::Unpaired(key_flag, cert_flag)),
+        (Some(c), Some(k)) => Ok(Some(KeyPair {
+            cert: c.clone(),
+            key: k.clone(),
+            cert_flag,
+            key_flag,
+        })),
+    }
+}
+
+impl Upstream {
+    /// True for an `https://` upstream.
+    pub fn is_https(&self) -> bool {
+        self.origin.scheme_str() == Some("https")
+    }
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -354,6 +429,28 @@ impl ProxyArgs {
         if self.replicas == 0 {
             return Err(ConfigError::Zero("replicas"));
         }
+        let upstream_tls = UpstreamTls {
+            ca: self.upstream_ca.clone(),
+            client: pair(
+                &self.upstream_client_cert,
+                &self.upstream_client_key,
+                ("upstream-client-cert", "upstream-client-key"),
+            )?,
+        };
+        if !upstream.is_https() {
+            if upstream_tls.ca.is_some() {
+                return Err(ConfigError::NotHttps("upstream-ca"));
+            }
+            if upstream_tls.client.is_some() {
+                return Err(ConfigError::NotHttps("upstream-client-cert"));
+            }
+        }
+        let tls = pair(&self.tls_cert, &self.tls_key, ("tls-cert", "tls-key"))?;
+        let metrics_tls = pair(
+            &self.metrics_tls_cert,
+            &self.metrics_tls_key,
+            ("metrics-tls-cert", "metrics-tls-key"),
+        )?;
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -397,6 +494,10 @@ impl ProxyArgs {
                     gpu_hour_cost,
                 },
             },
+            connect_timeout: nonzero(self.connect_timeout),
+            upstream_tls,
+            tls,
+            metrics_tls,
             gpus,
             gpu_hour_cost,
             slo: Arc::new(slo),
@@ -458,13 +559,12 @@ mod tests {
         let u = c.expect("valid").upstream;
         assert_eq!(u.origin.to_string(), "http://127.0.0.1:8000/");
         assert_eq!(u.base_path, "/v1");
-        for bad in [
-            "127.0.0.1:8000",
-            "ftp://x",
-            "http://",
-            "https://api.openai.com",
-            "::",
-        ] {
+        let c = args(&["--upstream", "https://api.openai.com/v1"]).validate();
+        let u = c.expect("valid").upstream;
+        assert_eq!(u.origin.to_string(), "https://api.openai.com/");
+        assert!(u.is_https());
+        assert_eq!(u.base_path, "/v1");
+        for bad in ["127.0.0.1:8000", "ftp://x", "http://", "https://", "::"] {
             let e = args(&["--upstream", bad]).validate();
             assert!(
                 matches!(e, Err(ConfigError::BadUpstream(..))),
@@ -606,5 +706,60 @@ mod tests {
         );
         let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
         assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs_and_upstream_ones_need_https() {
+        let https = ["--upstream", "https://u:1"];
+        let c = args(&https).validate().expect("valid");
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!((c.tls, c.metrics_tls), (None, None));
+        assert_eq!(c.upstream_tls, UpstreamTls::default());
+        let c = args(&[&https[..], &["--connect-timeout", "0"]].concat()).validate();
+        assert_eq!(c.expect("valid").connect_timeout, None);
+        let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let c = args(&[&https[..], &both].concat()).validate();
+        let tls = c.expect("valid").tls.expect("tls");
+        assert_eq!(
+            (tls.cert_flag, tls.key.to_str()),
+            ("tls-cert", Some("k.pem"))
+        );
+        let cases: [(&[&str], ConfigError); 5] = [
+            (
+                &["--upstream", "https://u:1", "--tls-cert", "c.pem"],
+                ConfigError::Unpaired("tls-cert", "tls-key"),
+            ),
+            (
+                &["--upstream", "https://u:1", "--metrics-tls-key", "k.pem"],
+                ConfigError::Unpaired("metrics-tls-key", "metrics-tls-cert"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://u:1",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::Unpaired("upstream-client-key", "upstream-client-cert"),
+            ),
+            (
+                &["--upstream", "http://u:1", "--upstream-ca", "ca.pem"],
+                ConfigError::NotHttps("upstream-ca"),
+            ),
+            (
+                &[
+                    "--upstream",
+                    "http://u:1",
+                    "--upstream-client-cert",
+                    "c.pem",
+                    "--upstream-client-key",
+                    "k.pem",
+                ],
+                ConfigError::NotHttps("upstream-client-cert"),
+            ),
+        ];
+        for (extra, want) in cases {
+            assert_eq!(args(extra).validate().err(), Some(want));
+        }
     }
 }

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser};
-use prometheus::core::Collector;
 use tokio::sync::oneshot;
 
 use crate::bench::client::{Client, Sample};
@@ -274,18 +273,6 @@ fn row(
 }
 
 /// Sums a counter family over the label sets that pass `keep`.
-fn counter_sum(
-    c: &prometheus::IntCounterVec,
-    keep: impl Fn(&prometheus::proto::Metric) -> bool,
-) -> f64 {
-    c.collect()
-        .iter()
-        .flat_map(|f| f.get_metric())
-        .filter(|m| keep(m))
-        .map(|m| m.get_counter().get_value())
-        .sum()
-}
-
 /// `tokenmeter demo`.
 pub fn run(args: &DemoArgs) -> Result<(), DemoError> {
     if args.max_concurrency == 0 {
@@ -456,7 +443,7 @@ async fn drive(
                 &recent.window(now, WINDOW),
                 agg,
                 args.gpus,
-                metrics.rate.rate(now)
+                metrics.output_rate(now)
             )
         );
         target = level_at(elapsed);
@@ -485,15 +472,10 @@ fn summary(client: &RampCounts, metrics: &Metrics) {
         "The clients sent {started} requests ({completed} complete, {errors} failed, {cut} cut off) and received {} output tokens.",
         n(&client.tokens)
     );
-    let tokens = counter_sum(&metrics.output_tokens_total, |_| true);
-    let complete = counter_sum(&metrics.requests, |m| {
-        m.get_label()
-            .iter()
-            .any(|l| l.name() == "outcome" && l.value() == "complete")
-    });
-    let all = counter_sum(&metrics.requests, |_| true);
+    let tokens = metrics.output_tokens_total();
+    let (all, complete) = metrics.request_totals();
     println!(
-        "tokenmeter counted {all:.0} requests ({complete:.0} complete) and {tokens:.0} output tokens (tokenmeter_output_tokens_total)."
+        "tokenmeter counted {all} requests ({complete} complete) and {tokens} output tokens (tokenmeter_output_tokens_total)."
     );
 }
 

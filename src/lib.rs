@@ -9,9 +9,11 @@
 //!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
-//! - [`sse`] / [`ndjson`]: sans-IO decoders that split a byte stream into messages.
+//! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band),
+//!   ending in one [`metrics::Finished`] record.
+//! - [`read`]: the body reader: sans-IO framing (SSE, NDJSON, a JSON document) and the choice of
+//!   extractor; takes bytes, returns the token-bearing events they completed.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
-//! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band).
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
@@ -37,17 +39,22 @@ pub mod host;
 pub mod inject;
 pub mod meter;
 pub mod metrics;
-pub mod ndjson;
 pub mod protocol;
 pub mod proxy;
+pub mod read;
 pub mod server;
 pub mod signal;
 pub mod sim;
 pub mod slo;
-pub mod sse;
 pub mod tap;
 
 // The live capacity model (issue 15); its metric families move under `metrics` once that
 // module is a directory.
 pub mod capacity;
 pub mod capacity_metrics;
+
+// Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
+pub mod drain;
+pub mod ratelog;
+pub mod tls;
+pub mod upgrade;

@@ -94,7 +94,11 @@ fn main() -> ExitCode {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("tokenmeter: error: {e}");
-                return ExitCode::FAILURE;
+                return if e.is_usage() {
+                    ExitCode::from(EXIT_USAGE)
+                } else {
+                    ExitCode::FAILURE
+                };
             }
         };
         tracing::info!(

@@ -5,11 +5,15 @@
 //! `/readyz` turns 503 at once, open connections finish their current response (keep-alive is
 //! switched off), new connections are still served (without keep-alive) while the drain lasts,
 //! and after `--drain-timeout` whatever is left is cut and `serve` returns.
+//!
+//! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first (within
+//! `--header-read-timeout`, like the request head it precedes), and the certificate's files are
+//! watched for a rotation ([`crate::tls::listener`]). Connections are served with upgrades on;
+//! an upgraded connection counts as open while it is joined ([`crate::drain`]).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,13 +24,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
+use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::proxy::{self, Proxy};
+use crate::tls::listener::{ServerTls, Stream};
+use crate::tls::TlsError;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +46,15 @@ pub enum ServerError {
     },
     #[error("invalid metric configuration: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+}
+
+impl ServerError {
+    /// A configuration the user must fix (exit 64), not a failure of the machine.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, ServerError::Tls(_))
+    }
 }
 
 /// A proxy with its listeners bound, ready to serve.
@@ -46,6 +62,8 @@ pub struct Server {
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
     proxy: Proxy,
+    tls: Option<ServerTls>,
+    metrics_tls: Option<ServerTls>,
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
     drain_timeout: Duration,
@@ -59,15 +77,21 @@ async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 }
 
 impl Server {
-    /// Builds the metrics and binds both listeners.
+    /// Reads the TLS files, builds the metrics and binds both listeners.
     pub async fn bind(cfg: &Config) -> Result<Self, ServerError> {
+        // Files first: a missing certificate is reported before a port is taken.
+        let tls = cfg.tls.clone().map(ServerTls::load).transpose()?;
+        let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
+        let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
         let recorder =
             Arc::new(Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes).with_api(cfg.api));
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
-            proxy: proxy::stack(cfg, recorder),
+            proxy: proxy::stack(cfg, recorder, &client_tls),
+            tls,
+            metrics_tls,
             metrics,
             ready: Arc::new(Readiness::default()),
             drain_timeout: cfg.drain_timeout,
@@ -96,19 +120,30 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let watchers: Vec<_> = [("proxy", &self.tls), ("metrics", &self.metrics_tls)]
+            .into_iter()
+            .filter_map(|(name, t)| t.as_ref().map(|t| t.cert.watch(name)))
+            .collect();
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
             Arc::clone(&self.metrics),
             Arc::clone(&self.ready),
+            self.metrics_tls,
+            self.header_read_timeout,
         ));
         let conns = Arc::new(Connections::default());
         let (drain_tx, drain_rx) = watch::channel(false);
+        let (cut_tx, cut_rx) = watch::channel(false);
         let accept = accept_loop(
             self.proxy_listener,
-            self.proxy,
+            Conn {
+                proxy: self.proxy,
+                tls: self.tls,
+                drain: drain_rx,
+                lent: Drain::new(Arc::clone(&conns), cut_rx),
+                header_read_timeout: self.header_read_timeout,
+            },
             Arc::clone(&conns),
-            drain_rx,
-            self.header_read_timeout,
         );
         tokio::pin!(accept);
         tokio::select! {
@@ -133,51 +168,27 @@ impl Server {
                 "drain timeout: closing what is left"
             );
         }
+        // Joined upgrades end here; the connection tasks end with the process.
+        let _ = cut_tx.send(true);
         admin.abort();
-    }
-}
-
-/// Counts open proxy connections, and wakes the drain when the last one closes.
-#[derive(Default)]
-struct Connections {
-    open: AtomicUsize,
-    closed: Notify,
-}
-
-impl Connections {
-    fn open(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
-    }
-
-    async fn all_closed(&self) {
-        loop {
-            let notified = self.closed.notified();
-            if self.open() == 0 {
-                return;
-            }
-            notified.await;
+        for w in watchers {
+            w.abort();
         }
     }
 }
 
-/// Decrements the open count when a connection task ends, however it ends.
-struct ConnGuard(Arc<Connections>);
-
-impl Drop for ConnGuard {
-    fn drop(&mut self) {
-        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.closed.notify_waiters();
-        }
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
+/// What every proxy connection is served with.
+#[derive(Clone)]
+struct Conn {
     proxy: Proxy,
-    conns: Arc<Connections>,
+    tls: Option<ServerTls>,
     drain: watch::Receiver<bool>,
+    /// Lent to each request, for an upgrade to stay counted while it is joined.
+    lent: Drain,
     header_read_timeout: Duration,
-) {
+}
+
+async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>) {
     loop {
         let (stream, _peer) = match listener.accept().await {
             Ok(s) => s,
@@ -188,27 +199,44 @@ async fn accept_loop(
                 continue;
             }
         };
-        conns.open.fetch_add(1, Ordering::SeqCst);
-        let guard = ConnGuard(Arc::clone(&conns));
-        tokio::spawn(serve_proxy_conn(
-            stream,
-            proxy.clone(),
-            drain.clone(),
-            header_read_timeout,
-            guard,
-        ));
+        let guard = conns.hold();
+        tokio::spawn(serve_proxy_conn(stream, conn.clone(), guard));
     }
 }
 
-async fn serve_proxy_conn(
-    stream: TcpStream,
-    proxy: Proxy,
-    mut drain: watch::Receiver<bool>,
-    header_read_timeout: Duration,
-    _guard: ConnGuard,
-) {
+/// Completes the TLS handshake when the listener has TLS.
+async fn handshake(
+    tcp: TcpStream,
+    tls: Option<&ServerTls>,
+    limit: Duration,
+) -> Option<TokioIo<Stream>> {
     // Small SSE writes must leave at once.
-    let _ = stream.set_nodelay(true);
+    let _ = tcp.set_nodelay(true);
+    let stream = match tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => match tls.accept(tcp, limit).await {
+            Ok(s) => s,
+            Err(e) => {
+                // A scanner, a client that does not trust us, plain HTTP on a TLS port.
+                tracing::debug!(error = %e, "TLS handshake with a client failed");
+                return None;
+            }
+        },
+    };
+    Some(TokioIo::new(stream))
+}
+
+async fn serve_proxy_conn(stream: TcpStream, c: Conn, _guard: Held) {
+    let Conn {
+        proxy,
+        tls,
+        mut drain,
+        lent,
+        header_read_timeout,
+    } = c;
+    let Some(io) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+        return;
+    };
     let draining = *drain.borrow();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -217,8 +245,13 @@ async fn serve_proxy_conn(
         .header_read_timeout(header_read_timeout)
         .keep_alive(!draining);
     builder.http2().timer(TokioTimer::new());
-    // Each request gets its own clone of the stack (tower's one-shot call).
-    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(proxy));
+    // Each request gets its own clone of the stack (tower's one-shot call), and the drain's
+    // handle for an upgrade to hold.
+    let service = tower::util::MapRequest::new(proxy, move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(lent.clone());
+        req
+    });
+    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
@@ -236,20 +269,29 @@ async fn serve_proxy_conn(
     }
 }
 
-async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<Readiness>) {
+async fn serve_admin(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    ready: Arc<Readiness>,
+    tls: Option<ServerTls>,
+    header_read_timeout: Duration,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (metrics, ready) = (Arc::clone(&metrics), Arc::clone(&ready));
+        let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
         tokio::spawn(async move {
+            let Some(io) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+                return;
+            };
             let service = service_fn(move |req: Request<Incoming>| {
                 let resp = admin::handle(&req, &metrics, &ready);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(io, service)
                 .await;
         });
     }

@@ -3,7 +3,7 @@
 //! set whatever follows. The request inspector gets the raw body too.
 //!
 //! Input: one byte that picks the path and content type for the auto-detecting extractor
-//! (`protocol::select` without `--api`), then messages separated by NUL bytes; a message with a
+//! (`read::select` without `--api`), then messages separated by NUL bytes; a message with a
 //! 0x1F byte has the part before it as its SSE event name. Every pinned extractor
 //! (`protocol::extractor` for each of `Api::KNOWN`, so a new format is covered as soon as it is
 //! listed there) reads the same messages.
@@ -12,6 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tokenmeter::protocol::{self, request, Api, Extractor, Message, Summary};
+use tokenmeter::read;
 
 /// Paths the formats serve (and some they do not), each tried with every framing.
 const PATHS: &[&str] = &[
@@ -81,8 +82,8 @@ fuzz_target!(|data: &[u8]| {
 
     let path = PATHS[usize::from(pick) % PATHS.len()];
     let ct = TYPES[usize::from(pick / 16) % TYPES.len()];
-    let (_, mut a) = protocol::select(path, ct, None);
-    let (_, mut b) = protocol::select(path, ct, None);
+    let (_, mut a) = read::select(path, ct, None);
+    let (_, mut b) = read::select(path, ct, None);
     let first = run(a.as_mut(), &msgs);
     assert_eq!(
         first,

@@ -8,13 +8,13 @@ mod common;
 
 use common::{pieces, Header, Owned};
 use libfuzzer_sys::fuzz_target;
-use tokenmeter::ndjson::Decoder;
-use tokenmeter::sse::DecodeErrors;
+use tokenmeter::read::ndjson::Decoder;
+use tokenmeter::read::DecodeErrors;
 
 fn decode(parts: &[&[u8]], limit: usize) -> (Vec<Owned>, DecodeErrors) {
     let mut d = Decoder::new(limit);
     let mut out = Vec::new();
-    let mut on = |m: tokenmeter::protocol::Message<'_>| {
+    let mut on = |m: tokenmeter::read::Message<'_>| {
         assert!(m.data.len() <= limit, "a line over the limit was emitted");
         assert!(!m.data.contains(&b'\n'), "a line holds a newline");
         out.push((m.event.to_owned(), m.data.to_vec()));

@@ -8,13 +8,14 @@ mod common;
 
 use common::{pieces, Header, Owned};
 use libfuzzer_sys::fuzz_target;
-use tokenmeter::sse::{DecodeErrors, Decoder};
+use tokenmeter::read::sse::Decoder;
+use tokenmeter::read::DecodeErrors;
 
 fn decode(parts: &[&[u8]], limit: usize) -> (Vec<Owned>, DecodeErrors) {
     let mut d = Decoder::new(limit);
     let mut out = Vec::new();
     let mut on =
-        |m: tokenmeter::protocol::Message<'_>| out.push((m.event.to_owned(), m.data.to_vec()));
+        |m: tokenmeter::read::Message<'_>| out.push((m.event.to_owned(), m.data.to_vec()));
     for p in parts {
         d.feed(p, &mut on);
         // The line, the data and the event name are each bounded by the limit (the name up to 3x

@@ -25,7 +25,7 @@ use tokio::time::timeout_at;
 use super::stats;
 use crate::protocol::openai::OpenAi;
 use crate::protocol::{Extractor, Message};
-use crate::sse;
+use crate::read::sse;
 
 /// Longest SSE line or event kept while parsing. OpenAI chunks are a few hundred bytes; a line
 /// over this is skipped (its tokens go uncounted) rather than buffered without bound.

@@ -1,13 +1,15 @@
 //! Wire formats: one extractor per API, behind one trait.
 //!
-//! A decoder ([`crate::sse`], [`crate::ndjson`], or the whole body for plain JSON) splits the
+//! A framing decoder (in `read`: SSE, NDJSON, or the whole body for plain JSON) splits the
 //! response into [`Message`]s; an [`Extractor`] reads each message and says how many output tokens
 //! it carries, and keeps what the stream reports about itself (model, usage) in a [`Summary`].
 //! Extractors never fail: a message they cannot read is counted in [`Summary::malformed`].
 //!
-//! [`select`] picks the framing from the response content type and, unless `--api` pins one, an
-//! [`detect::Auto`] extractor that recognises the format from the first message (the request path
-//! is the tie-breaker). Adding a format is one file here, one [`Api`] variant, plus corpus tests.
+//! [`detect::Auto`] recognises the format from the first message (the request path is the
+//! tie-breaker). This module imports nothing above it: the reader chooses an extractor from
+//! here, and the metrics take only the label enums ([`Api`], [`TokenSource`]). Adding a format
+//! is one file here, one [`Api`] variant (with its arms in [`Api::as_str`] and [`extractor`]),
+//! its shapes in `detect`, plus corpus tests.
 
 pub mod anthropic;
 pub mod cohere;
@@ -25,8 +27,6 @@ pub mod sglang;
 pub mod tgi;
 pub mod triton;
 pub mod watsonx;
-
-use crate::metrics::TokenSource;
 
 /// One unit of a streamed body: an SSE event, one NDJSON line, or a whole JSON document.
 #[derive(Debug, Clone, Copy)]
@@ -107,28 +107,34 @@ impl Api {
     pub fn from_name(name: &str) -> Option<Api> {
         Api::KNOWN.into_iter().find(|a| a.as_str() == name)
     }
-
-    /// How this API frames a stream when the content type does not say.
-    fn stream_framing(self) -> Framing {
-        match self {
-            Api::Ollama => Framing::Ndjson,
-            Api::Unknown => Framing::Opaque,
-            _ => Framing::Sse,
-        }
-    }
 }
 
-/// How a response body is split into messages.
+/// Where a request's token counts came from: the `source` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// `text/event-stream`.
-    Sse,
-    /// Newline-delimited JSON (Ollama).
-    Ndjson,
-    /// One JSON document: a non-streaming response, parsed once at the end.
-    Json,
-    /// Not something we can read: forwarded and timed only.
-    Opaque,
+pub enum TokenSource {
+    /// The stream's own usage report.
+    Usage,
+    /// Per-event token ids or counts the format carries.
+    TokenIds,
+    /// Counting token-bearing events.
+    Counted,
+}
+
+impl TokenSource {
+    /// Every variant, in exposition order.
+    pub const ALL: [TokenSource; 3] = [
+        TokenSource::Usage,
+        TokenSource::TokenIds,
+        TokenSource::Counted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenSource::Usage => "usage",
+            TokenSource::TokenIds => "token_ids",
+            TokenSource::Counted => "counted",
+        }
+    }
 }
 
 /// What a stream has said about itself so far.
@@ -226,52 +232,6 @@ pub fn extractor(api: Api) -> Box<dyn Extractor> {
     }
 }
 
-/// The framing a content type names, if it names one we read. Media types are case-insensitive
-/// (RFC 9110 section 8.3.1), and parameters such as `charset` are ignored. The one test of "is this
-/// SSE" in the crate: the meter's framing and `--inject-usage`'s filter both ask it.
-pub fn content_framing(content_type: &str) -> Option<Framing> {
-    let mime = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    match mime.as_str() {
-        "text/event-stream" => Some(Framing::Sse),
-        "application/x-ndjson"
-        | "application/ndjson"
-        | "application/jsonl"
-        | "application/x-jsonlines" => Some(Framing::Ndjson),
-        "application/json" => Some(Framing::Json),
-        m if m.ends_with("+json") => Some(Framing::Json),
-        _ => None,
-    }
-}
-
-/// Chooses the framing and extractor for a response.
-///
-/// `pin` is `--api` (`None`: auto). A stream (SSE or NDJSON) is read whatever its path, since
-/// the first message tells its format; a plain JSON body only when the path or the pin says it
-/// is an inference API, so that large JSON bodies of other endpoints are not buffered. A content
-/// type we do not know is read only when the format is pinned or the path names one.
-pub fn select(path: &str, content_type: &str, pin: Option<Api>) -> (Framing, Box<dyn Extractor>) {
-    let hint = pin.or_else(|| detect::path_hint(path));
-    let framing = match (content_framing(content_type), hint) {
-        (Some(Framing::Json), None) => Framing::Opaque,
-        (Some(f), _) => f,
-        (None, Some(api)) => api.stream_framing(),
-        (None, None) => Framing::Opaque,
-    };
-    if framing == Framing::Opaque {
-        return (framing, Box::<Opaque>::default());
-    }
-    let extractor = match pin {
-        Some(api) => extractor(api),
-        None => Box::new(detect::Auto::new(hint)),
-    };
-    (framing, extractor)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,56 +247,6 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), Api::KNOWN.len());
-    }
-
-    #[test]
-    fn framing_follows_content_type_then_path() {
-        let f = |path, ct, pin| select(path, ct, pin).0;
-        assert_eq!(
-            f("/x", "text/event-stream; charset=utf-8", None),
-            Framing::Sse
-        );
-        assert_eq!(f("/x", "Text/Event-Stream", None), Framing::Sse);
-        assert_eq!(
-            f("/api/chat", "application/x-ndjson", None),
-            Framing::Ndjson
-        );
-        assert_eq!(
-            f("/v1/chat/completions", "application/json", None),
-            Framing::Json
-        );
-        // Plain JSON of an endpoint that is not inference is not buffered.
-        assert_eq!(
-            f("/v1/embeddings", "application/json", None),
-            Framing::Opaque
-        );
-        assert_eq!(
-            f("/v1/embeddings", "application/json", Some(Api::OpenAi)),
-            Framing::Json
-        );
-        // No usable content type: the path's format decides how to read it, else nothing.
-        assert_eq!(f("/api/generate", "", None), Framing::Ndjson);
-        assert_eq!(f("/v1/messages", "text/plain", None), Framing::Sse);
-        assert_eq!(f("/x", "text/plain", None), Framing::Opaque);
-        assert_eq!(f("/x", "", Some(Api::Triton)), Framing::Sse);
-    }
-
-    #[test]
-    fn pin_skips_detection() {
-        let (_, x) = select(
-            "/v1/chat/completions",
-            "text/event-stream",
-            Some(Api::Anthropic),
-        );
-        assert_eq!(x.api(), Api::Anthropic);
-        let (_, x) = select("/v1/chat/completions", "text/event-stream", None);
-        assert_eq!(
-            x.api(),
-            Api::OpenAi,
-            "auto reports the path's format before any message"
-        );
-        let (_, x) = select("/x", "text/event-stream", None);
-        assert_eq!(x.api(), Api::Unknown);
     }
 
     #[test]

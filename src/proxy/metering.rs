@@ -10,6 +10,11 @@
 //!   `--inject-usage` asked for usage and the response is SSE, [`StripUsage`] wraps the tap, so
 //!   the meter still sees the usage chunk the client does not.
 //!
+//! - a `101 Switching Protocols` carrying both halves of an upgrade
+//!   ([`Pending`]): the meter leaves the in-flight gauges, a task joins
+//!   the two connections ([`crate::upgrade::join`]) while holding a place in the drain's count,
+//!   and the meter finishes with outcome `upgraded` when they close (or at the drain's deadline).
+//!
 //! [`record_refusal`] and [`record_gone`] are the only other places a request is recorded: for
 //! the requests [`inspect`](super::inspect) refuses, or whose client leaves, before a meter
 //! exists.
@@ -27,13 +32,16 @@ use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
 use super::inspect::Inspected;
-use super::{header_str, BoxFuture, ProxyBody, ProxyError};
+use super::upstream::Pending;
+use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
+use crate::drain::Drain;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
 use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
-use crate::protocol::{content_framing, Framing};
+use crate::read::{content_framing, Framing};
 use crate::tap::{BoxError, TapBody};
+use crate::upgrade::{self, UpgradeError};
 
 /// Builds [`Metering`] services.
 #[derive(Clone)]
@@ -52,18 +60,18 @@ pub struct Metering<S> {
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
 pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
-    finish_with_error(&mut meter, err);
+    let meter = recorder.start_at(RequestInfo::default(), arrived);
+    finish_with_error(meter, err);
 }
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
 pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    let meter = recorder.start_at(RequestInfo::default(), arrived);
     meter.finish(Outcome::ClientDisconnect);
 }
 
-fn finish_with_error(meter: &mut Meter, err: &ProxyError) {
+fn finish_with_error(mut meter: Meter, err: &ProxyError) {
     meter.set_status(err.status().as_u16());
     meter.finish(err.outcome());
 }
@@ -128,18 +136,70 @@ where
         // The client's path: the one the wire format is told by, before any base path.
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
-        let mut meter = self.recorder.start_at(info, arrived);
+        let drain = req.extensions().get::<Drain>().cloned();
+        let meter = self.recorder.start_at(info, arrived);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
-                Ok(resp) => Ok(tap(resp, meter, &path, strip_usage, idle_timeout)),
+                Ok(resp) => match resp.extensions().get::<Pending>().and_then(Pending::take) {
+                    Some(halves) => Ok(join(resp, meter, halves, drain)),
+                    None => Ok(tap(resp, meter, &path, strip_usage, idle_timeout)),
+                },
                 Err(err) => {
-                    finish_with_error(&mut meter, &err);
+                    finish_with_error(meter, &err);
                     Ok(err.to_response())
                 }
             }
         })
     }
+}
+
+/// Joins an upgraded connection in a task of its own and answers the client's 101.
+fn join<B>(
+    resp: Response<B>,
+    mut meter: Meter,
+    (client, upstream): (hyper::upgrade::OnUpgrade, hyper::upgrade::OnUpgrade),
+    drain: Option<Drain>,
+) -> Response<ProxyBody> {
+    meter.upgraded(Instant::now());
+    // Counted as an open connection while joined: the drain waits for it.
+    let held = drain.as_ref().map(Drain::hold);
+    tokio::spawn(async move {
+        let _held = held;
+        let deadline = async move {
+            match drain {
+                Some(d) => d.deadline().await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = match upgrade::join(client, upstream, deadline).await {
+            Ok(bytes) => {
+                tracing::debug!(
+                    from_client = bytes.from_client,
+                    from_upstream = bytes.from_upstream,
+                    "upgraded connection closed"
+                );
+                Outcome::Upgraded
+            }
+            // Joined, then ended by a reset or the drain's deadline: it was an upgrade.
+            Err(e @ (UpgradeError::Io(_) | UpgradeError::Stopped)) => {
+                tracing::debug!(error = %e, "upgraded connection ended");
+                Outcome::Upgraded
+            }
+            Err(e @ UpgradeError::Client(_)) => {
+                tracing::debug!(error = %e, "client gone before the upgrade");
+                Outcome::ClientDisconnect
+            }
+            Err(e @ UpgradeError::Upstream(_)) => {
+                tracing::debug!(error = %e, "upstream gone before the upgrade");
+                Outcome::UpstreamError
+            }
+        };
+        meter.finish(outcome);
+    });
+    // A 101 has no body; what follows it is the joined connection.
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, full(Bytes::new()))
 }
 
 /// Shows the response to the meter and wraps its body in the tap (and the usage filter).

@@ -11,9 +11,11 @@
 //!    [`TapBody`](crate::tap::TapBody) (and, when usage was injected into an SSE stream, in
 //!    [`StripUsage`](crate::inject::StripUsage) outside it).
 //! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
-//! 4. [`upstream`]: the pooled hyper-util client. It rewrites the head for the upstream (origin,
-//!    base path, HTTP version, hop-by-hop headers and `Host` dropped) and maps a connection
-//!    failure to 502 `upstream_unavailable`.
+//! 4. [`upstream`]: the pooled hyper-util client over the `http://`/`https://` connector
+//!    ([`crate::tls::client`]). It rewrites the head for the upstream (origin, base path, HTTP
+//!    version, hop-by-hop headers and `Host` dropped; an upgrade keeps its two) and maps a
+//!    connection failure to a 502 whose `cause` names it (`unavailable`, `connect_timeout`, a
+//!    certificate's problem).
 //!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
 //! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
@@ -39,6 +41,7 @@ use crate::config::Config;
 use crate::meter::Recorder;
 use crate::metrics::Outcome;
 use crate::tap::BoxError;
+use crate::tls::client::{self as tls_client, ClientTls, Failure};
 
 pub mod inspect;
 pub mod metering;
@@ -59,7 +62,7 @@ pub type Proxy = inspect::Inspect<metering::Metering<timeout::Timeout<upstream::
 ///
 /// The result is a `tower::Service<Request<Incoming>>` that never fails (every error is a
 /// response) and is cheap to clone (one clone per request; the client pool is shared).
-pub fn stack(cfg: &Config, recorder: Arc<Recorder>) -> Proxy {
+pub fn stack(cfg: &Config, recorder: Arc<Recorder>, tls: &ClientTls) -> Proxy {
     ServiceBuilder::new()
         .layer(inspect::InspectLayer::new(
             Arc::clone(&recorder),
@@ -68,7 +71,7 @@ pub fn stack(cfg: &Config, recorder: Arc<Recorder>) -> Proxy {
         ))
         .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
         .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
-        .service(upstream::Upstream::new(cfg))
+        .service(upstream::Upstream::new(cfg, tls))
 }
 
 /// Why the proxy answered a request itself instead of forwarding the upstream's response.
@@ -84,7 +87,7 @@ pub enum ProxyError {
     #[error("upstream sent no response headers within {0:?}")]
     UpstreamTimeout(Duration),
     /// The upstream could not be reached, or failed before its response head.
-    #[error("upstream unavailable: {}", error_chain(.0))]
+    #[error("{}", tls_client::message(Failure::classify(.0), .0))]
     Unavailable(#[source] hyper_util::client::legacy::Error),
 }
 
@@ -106,7 +109,15 @@ impl ProxyError {
             ProxyError::RequestBody(_) => "request_body",
             ProxyError::BadUri(_) => "bad_uri",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
-            ProxyError::Unavailable(_) => "upstream_unavailable",
+            ProxyError::Unavailable(e) => Failure::classify(e).kind(),
+        }
+    }
+
+    /// Why the upstream could not be reached (the JSON body's `cause`), for a 502.
+    pub fn cause(&self) -> Option<&'static str> {
+        match self {
+            ProxyError::Unavailable(e) => Some(Failure::classify(e).as_str()),
+            _ => None,
         }
     }
 
@@ -121,27 +132,26 @@ impl ProxyError {
 
     /// The JSON error response the client gets.
     pub fn to_response(&self) -> Response<ProxyBody> {
-        error_response(self.status(), self.kind(), &self.to_string())
+        let mut body = error_body(self.status(), self.kind(), &self.to_string());
+        if let (Some(cause), Some(e)) = (self.cause(), body.get_mut("error")) {
+            e["cause"] = cause.into();
+        }
+        json_response(self.status(), &body)
     }
-}
-
-/// The error and its sources, on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// An OpenAI-style JSON error, so SDKs show the message.
 pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
+    json_response(status, &error_body(status, kind, message))
+}
+
+fn error_body(status: StatusCode, kind: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
         "error": {"message": message, "type": kind, "code": status.as_u16(), "source": "tokenmeter"}
-    });
+    })
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
     let mut resp = Response::new(full(Bytes::from(body.to_string())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(

@@ -6,27 +6,60 @@
 //! (the client sets `Host` from the URI). The response's hop-by-hop headers are dropped too;
 //! everything else passes both ways as it is. A URI that cannot be rewritten is
 //! [`ProxyError::BadUri`] (400); a connection that fails before the response head is
-//! [`ProxyError::Unavailable`] (502).
+//! [`ProxyError::Unavailable`] (502), logged once per cause and minute ([`RateLimited`]): an
+//! upstream whose certificate expired fails every request the same way.
+//!
+//! The connector is [`crate::tls::client::Connector`]: `http://` or `https://` (ALPN decides
+//! between HTTP/2 and HTTP/1.1), within `--connect-timeout`. An upgrade request
+//! ([`crate::upgrade::requested`]) keeps `Connection: upgrade` and `Upgrade`, and goes over a
+//! client of its own that speaks only HTTP/1.1 (HTTP/2 has no `Upgrade`, and an upgraded
+//! connection never returns to a pool). On a `101` both sides' pending connections travel up in
+//! the response's extensions as [`Pending`], for the metering layer to join.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use http::header::{self, HeaderMap, HeaderName};
-use http::{Request, Response, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::config::{Config, Upstream as Target};
+use crate::ratelog::RateLimited;
+use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
+use crate::upgrade;
 
 /// Sends requests to the one upstream over a shared connection pool.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<Connector, ProxyBody>,
+    /// HTTP/1.1 only, for upgrade requests.
+    upgrades: Client<Connector, ProxyBody>,
     target: Target,
     http2: bool,
+    failures: Arc<RateLimited<Failure>>,
+}
+
+/// Both halves of a connection the upstream agreed to upgrade (`101`), waiting to be joined:
+/// the client's, then the upstream's. (Extensions must be `Clone`, the halves are not: hence
+/// the shared slot, emptied by the one [`Pending::take`].)
+#[derive(Debug, Clone)]
+pub struct Pending(Arc<std::sync::Mutex<Option<(OnUpgrade, OnUpgrade)>>>);
+
+impl Pending {
+    fn new(client: OnUpgrade, upstream: OnUpgrade) -> Self {
+        Pending(Arc::new(std::sync::Mutex::new(Some((client, upstream)))))
+    }
+
+    /// The client's and the upstream's halves, once.
+    pub fn take(&self) -> Option<(OnUpgrade, OnUpgrade)> {
+        self.0.lock().ok().and_then(|mut p| p.take())
+    }
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
@@ -43,35 +76,52 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 // === impl Upstream ===
 
 impl Upstream {
-    pub fn new(cfg: &Config) -> Self {
-        let mut connector = HttpConnector::new();
-        // Off by default in hyper-util: Nagle would hold back small SSE writes.
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
+    /// `tls` is the loaded `--upstream-ca`/client certificate (unused for `http://`).
+    pub fn new(cfg: &Config, tls: &ClientTls) -> Self {
+        let alpn = if cfg.upstream_http2 {
+            Alpn::Http2
+        } else {
+            Alpn::Negotiate
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(cfg.pool_idle_timeout)
             .http2_only(cfg.upstream_http2)
-            .build(connector);
+            .build(tls.connector(alpn, cfg.connect_timeout));
+        let upgrades = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(cfg.pool_idle_timeout)
+            .build(tls.connector(Alpn::Http1, cfg.connect_timeout));
         Upstream {
             client,
+            upgrades,
             target: cfg.upstream.clone(),
             http2: cfg.upstream_http2,
+            failures: Arc::default(),
         }
     }
 
-    /// The client's request as the upstream gets it.
-    fn rewrite(&self, req: Request<ProxyBody>) -> Result<Request<ProxyBody>, ProxyError> {
+    /// The client's request as the upstream gets it. `upgrade` is the `Upgrade` value of an
+    /// upgrade request, kept with `Connection: upgrade`.
+    fn rewrite(
+        &self,
+        req: Request<ProxyBody>,
+        upgrade: Option<&http::HeaderValue>,
+    ) -> Result<Request<ProxyBody>, ProxyError> {
         let (mut parts, body) = req.into_parts();
         parts.uri = upstream_uri(&self.target, &parts.uri).map_err(ProxyError::BadUri)?;
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
-        parts.version = if self.http2 {
+        parts.version = if self.http2 && upgrade.is_none() {
             http::Version::HTTP_2
         } else {
             http::Version::HTTP_11
         };
+        if let Some(u) = upgrade {
+            upgrade::restore(&mut parts.headers, u.clone());
+        }
         Ok(Request::from_parts(parts, body))
     }
 }
@@ -86,23 +136,47 @@ impl Service<Request<ProxyBody>> for Upstream {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
-        let req = match self.rewrite(req) {
+    fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
+        let asked = upgrade::requested(req.headers());
+        // The client's half of an upgrade: hyper resolves it once our 101 is written.
+        let client_half = asked.as_ref().map(|_| hyper::upgrade::on(&mut req));
+        let req = match self.rewrite(req, asked.as_ref()) {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let sent = self.client.request(req);
+        let sent = match asked {
+            Some(_) => self.upgrades.request(req),
+            None => self.client.request(req),
+        };
+        let failures = Arc::clone(&self.failures);
         Box::pin(async move {
             match sent.await {
-                Ok(resp) => {
+                Ok(mut resp) => {
+                    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                    let pending = match client_half {
+                        Some(c) if switching => Some((c, hyper::upgrade::on(&mut resp))),
+                        _ => None,
+                    };
                     let (mut parts, body) = resp.into_parts();
+                    let agreed = parts.headers.get(header::UPGRADE).cloned();
                     strip_hop_by_hop(&mut parts.headers);
+                    if let (Some((c, u)), Some(agreed)) = (pending, agreed) {
+                        upgrade::restore(&mut parts.headers, agreed);
+                        parts.extensions.insert(Pending::new(c, u));
+                    }
                     Ok(Response::from_parts(parts, body))
                 }
                 Err(e) => {
-                    let err = ProxyError::Unavailable(e);
-                    tracing::warn!(error = %err, "upstream request failed");
-                    Err(err)
+                    let failure = Failure::classify(&e);
+                    if let Some(held_back) = failures.check(failure, Instant::now()) {
+                        tracing::warn!(
+                            cause = failure.as_str(),
+                            held_back,
+                            error = %error_chain(&e),
+                            "upstream request failed (logged once a minute per cause)"
+                        );
+                    }
+                    Err(ProxyError::Unavailable(e))
                 }
             }
         })
@@ -162,7 +236,8 @@ mod tests {
             .proxy
             .validate()
             .expect("valid config");
-        Upstream::new(&cfg)
+        let tls = cfg.upstream_tls.load(cfg.upstream.is_https()).expect("tls");
+        Upstream::new(&cfg, &tls)
     }
 
     #[test]
@@ -212,7 +287,7 @@ mod tests {
                 .header(header::AUTHORIZATION, "Bearer k")
                 .body(super::super::full(Bytes::new()))
                 .expect("request");
-            let out = up.rewrite(req).expect("rewritten");
+            let out = up.rewrite(req, None).expect("rewritten");
             assert_eq!(
                 out.uri(),
                 "http://10.0.0.7:8000/base/v1/chat/completions?x=1"

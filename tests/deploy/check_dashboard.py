@@ -6,7 +6,7 @@
   (datasource, namespace, pod, model, gpu_hour_price), every panel with a datasource (rows, which
   hold no query, excepted), unique panel ids, every query target with a unique refId, a datasource
   and an expression, panels inside the 24-column grid and not overlapping;
-- every metric name used in a panel, a variable or a rule is one that src/metrics.rs registers
+- every metric name used in a panel, a variable or a rule is one that src/metrics/mod.rs registers
   (the metric contract), so a renamed metric cannot leave a panel silently empty;
 - grafana/provisioning points at the folder the dashboard is in.
 
@@ -28,11 +28,11 @@ def problem(msg):
 
 
 def contract_metrics():
-    """Metric family names registered in src/metrics.rs, with histogram series suffixes."""
-    src = (REPO / "src" / "metrics.rs").read_text()
+    """Metric family names registered in src/metrics/mod.rs, with histogram series suffixes."""
+    src = (REPO / "src" / "metrics" / "mod.rs").read_text()
     names = set(re.findall(r'"(tokenmeter_[a-z0-9_]+)"', src))
     if not names:
-        problem("found no metric names in src/metrics.rs")
+        problem("found no metric names in src/metrics/mod.rs")
     series = set(names)
     for n in names:
         series |= {n + "_bucket", n + "_sum", n + "_count"}
@@ -74,7 +74,7 @@ def check_structure(d, known):
             problem(f"${name} lists values of label {label!r}")
         for n in names_in(sel or ""):
             if n not in known:
-                problem(f"${name} queries {n}, which src/metrics.rs does not register")
+                problem(f"${name} queries {n}, which src/metrics/mod.rs does not register")
         if v.get("datasource", {}).get("uid") != "${datasource}":
             problem(f"${name} does not use the $datasource variable")
     price = vs.get("gpu_hour_price", {})
@@ -132,7 +132,7 @@ def check_structure(d, known):
             if not used:
                 problem(f"panel {title!r} target {t.get('refId')}: uses no tokenmeter metric")
             for n in used - known:
-                problem(f"panel {title!r} uses {n}, which src/metrics.rs does not register")
+                problem(f"panel {title!r} uses {n}, which src/metrics/mod.rs does not register")
         if not p.get("description"):
             problem(f"panel {title!r} has no description")
 
@@ -142,7 +142,7 @@ def check_rules(known):
     for n in names_in(text):
         # Recorded series are named level:metric:operation; only raw names must be in the contract.
         if n not in known:
-            problem(f"deploy/prometheus/rules.yml uses {n}, which src/metrics.rs does not register")
+            problem(f"deploy/prometheus/rules.yml uses {n}, which src/metrics/mod.rs does not register")
 
 
 def check_provisioning():

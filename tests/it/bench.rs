@@ -5,10 +5,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
+use tokenmeter::bench::client::{Client, Sample};
+use tokenmeter::bench::load::{Driver, Ramp};
 use tokenmeter::bench::progress::Progress;
+use tokenmeter::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::bench::report::{self, LevelReport, Report};
 use tokenmeter::bench::stats::Summary;
 use tokenmeter::bench::{self, BenchArgs, BenchConfig, BenchError};
@@ -566,6 +571,73 @@ fn the_table_shows_every_level_and_the_proxy_line() {
         "{proxy}"
     );
     assert!(proxy.contains("requests 101 vs client 100"), "{proxy}");
+}
+
+// === The ramp (the demo's closed loop) ===
+
+/// The most requests in flight seen while polling for `over`.
+async fn peak_in_flight(ramp: &Ramp, over: Duration) -> usize {
+    let end = std::time::Instant::now() + over;
+    let mut peak = 0;
+    while std::time::Instant::now() < end {
+        peak = peak.max(ramp.counts().in_flight.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    peak
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ramp_follows_its_target_and_cuts_no_request() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let driver = Driver {
+        client: Arc::new(Client::new(
+            format!("{}/v1", up.url()),
+            None,
+            Duration::from_secs(30),
+        )),
+        requests: Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "test-model".into(),
+            prompt_tokens: 0,
+            output_tokens: 0,
+            seed: 0,
+        }),
+        next_id: Default::default(),
+        interrupted: Default::default(),
+    };
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&done);
+    // 20 tokens a request: 40 ms to the first, 10 ms apart, about 230 ms in all.
+    let ramp = driver.ramp(
+        4,
+        Arc::new(|_| (8, 20)),
+        Arc::new(move |s: &Sample| {
+            seen.lock()
+                .unwrap()
+                .push((s.error.clone(), s.output_tokens()))
+        }),
+    );
+    assert_eq!(peak_in_flight(&ramp, Duration::from_millis(300)).await, 0);
+    ramp.set_target(2);
+    assert_eq!(peak_in_flight(&ramp, Duration::from_millis(600)).await, 2);
+    ramp.set_target(4);
+    assert_eq!(peak_in_flight(&ramp, Duration::from_millis(600)).await, 4);
+    // Workers above the new target finish the request they are on, then wait.
+    ramp.set_target(1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(peak_in_flight(&ramp, Duration::from_millis(300)).await, 1);
+    ramp.finish().await;
+    let counts = ramp.abort().await;
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let done = done.lock().unwrap().clone();
+    assert!(n(&counts.started) >= 8, "{}", n(&counts.started));
+    assert_eq!(n(&counts.completed), n(&counts.started), "none cut off");
+    assert_eq!(n(&counts.errors), 0);
+    assert_eq!(done.len() as u64, n(&counts.completed));
+    assert!(done.iter().all(|d| *d == (None, 20)), "{done:?}");
+    // Counted event by event as they arrived, and equal to the usage reports.
+    assert_eq!(n(&counts.tokens), 20 * n(&counts.completed));
 }
 
 // === Against the simulator ===

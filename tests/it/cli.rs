@@ -69,6 +69,14 @@ fn every_flag_reads_an_environment_variable_and_is_explained() {
         "--rate-window",
         "--drain-timeout",
         "--max-line-bytes",
+        "--connect-timeout",
+        "--upstream-ca",
+        "--upstream-client-cert",
+        "--upstream-client-key",
+        "--tls-cert",
+        "--tls-key",
+        "--metrics-tls-cert",
+        "--metrics-tls-key",
         "--gpus-file",
         "--gpu-hour-cost",
         "--slo",
@@ -355,6 +363,126 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
             );
         }
     }
+}
+
+// --- TLS (issue 13) ---
+
+#[test]
+fn a_missing_or_unreadable_certificate_or_key_is_one_line_and_exit_64() {
+    let dir = crate::support::tls::Dir::new("cli-tls");
+    let ca = crate::support::tls::Ca::new("cli ca");
+    let leaf = ca.leaf(&["127.0.0.1"], crate::support::tls::Validity::Now);
+    let cert = dir.write("tls.crt", &leaf.cert_pem);
+    let key = dir.write("tls.key", &leaf.key_pem);
+    let garbage = dir.write("garbage.pem", "not a certificate\n");
+    let missing = dir.0.join("missing.pem");
+    let (c, k, g, m) = (
+        cert.to_str().expect("utf-8"),
+        key.to_str().expect("utf-8"),
+        garbage.to_str().expect("utf-8"),
+        missing.to_str().expect("utf-8"),
+    );
+    // `--gpus 1`: no start-up warning about the GPU count beside the one error line.
+    let http = [
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--gpus",
+        "1",
+    ];
+    let https = [
+        "--upstream",
+        "https://127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--gpus",
+        "1",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&http[..], &["--tls-cert", m, "--tls-key", k]].concat(),
+            "--tls-cert",
+        ),
+        (
+            [&http[..], &["--tls-cert", c, "--tls-key", m]].concat(),
+            "--tls-key",
+        ),
+        (
+            [&http[..], &["--tls-cert", g, "--tls-key", k]].concat(),
+            "--tls-cert",
+        ),
+        (
+            [&http[..], &["--tls-cert", c, "--tls-key", c]].concat(),
+            "--tls-key",
+        ),
+        ([&http[..], &["--tls-cert", c]].concat(), "--tls-cert"),
+        (
+            [
+                &http[..],
+                &["--metrics-tls-cert", c, "--metrics-tls-key", m],
+            ]
+            .concat(),
+            "--metrics-tls-key",
+        ),
+        (
+            [&https[..], &["--upstream-ca", m]].concat(),
+            "--upstream-ca",
+        ),
+        (
+            [&https[..], &["--upstream-ca", g]].concat(),
+            "--upstream-ca",
+        ),
+        (
+            [
+                &https[..],
+                &["--upstream-client-cert", c, "--upstream-client-key", m],
+            ]
+            .concat(),
+            "--upstream-client-key",
+        ),
+    ];
+    for (args, flag) in cases {
+        let (code, err) = run_err(&args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(flag), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_failure_is_logged_once_per_cause_not_per_request() {
+    let ca = crate::support::tls::Ca::new("untrusted ca");
+    let leaf = ca.leaf(&["127.0.0.1"], crate::support::tls::Validity::Now);
+    let up = upstream::spawn_tls(
+        crate::support::tls::acceptor(&leaf, &[b"http/1.1"], None),
+        |_| Reply::json(200, "{}"),
+    )
+    .await;
+    let (mut child, port, _) = start_binary(&up.https_url(), &[], "info").await;
+    for _ in 0..8 {
+        let seen = client::post(
+            &format!("http://127.0.0.1:{port}/v1/chat/completions"),
+            &chat_request(true, true),
+        )
+        .await;
+        assert_eq!(seen.status, 502);
+    }
+    sigterm(&child);
+    let out = tokio::task::spawn_blocking(move || {
+        let _ = child.wait();
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut s);
+        s
+    })
+    .await
+    .expect("join");
+    let lines = out
+        .lines()
+        .filter(|l| l.contains("certificate_untrusted"))
+        .count();
+    assert_eq!(lines, 1, "{out}");
 }
 
 // === SLO classes and GPUs ===

@@ -2,8 +2,8 @@
 //! however the body is cut into pieces, the manifest's exact token counts, format detection with
 //! and without the request path, and the SSE conformance cases byte for byte.
 
-use tokenmeter::protocol::{self, Api, Message, Summary};
-use tokenmeter::{ndjson, sse};
+use tokenmeter::protocol::{Api, Message, Summary};
+use tokenmeter::read::{self, ndjson, sse};
 
 use crate::support::corpus::{self, Entry};
 use crate::support::metrics::metric;
@@ -162,7 +162,7 @@ impl Read {
 
 /// Runs the messages through the extractor `select` picks for this path and pin, as the meter does.
 fn read(e: &Entry, path: &str, pin: Option<Api>, msgs: &[Msg]) -> Read {
-    let (_, mut x) = protocol::select(path, content_type(e), pin);
+    let (_, mut x) = read::select(path, content_type(e), pin);
     let tokens = msgs
         .iter()
         .map(|(event, data)| x.on_message(&Message { event, data }))
@@ -396,7 +396,7 @@ fn ends_with_done(api: Api) -> bool {
 /// The index of the message after which the extractor `select` picks first said the stream
 /// ended (`None`: never), checking that it then stays said.
 fn ended_at(e: &Entry, path: &str, pin: Option<Api>, msgs: &[Msg]) -> Option<usize> {
-    let (_, mut x) = protocol::select(path, content_type(e), pin);
+    let (_, mut x) = read::select(path, content_type(e), pin);
     let mut at = None;
     for (i, (event, data)) in msgs.iter().enumerate() {
         x.on_message(&Message { event, data });

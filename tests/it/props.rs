@@ -17,8 +17,7 @@ use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
 use tokenmeter::protocol::request::RequestInfo;
 use tokenmeter::protocol::Message;
-use tokenmeter::sse::DecodeErrors;
-use tokenmeter::{ndjson, sse};
+use tokenmeter::read::{ndjson, sse, DecodeErrors};
 
 use crate::support::client;
 use crate::support::metrics::metric;
@@ -473,7 +472,6 @@ proptest! {
             meter.on_data(piece, t0 + Duration::from_millis(i as u64));
         }
         meter.finish(Outcome::Complete);
-        drop(meter);
 
         let content = chunks.iter().filter(|c| c.bearing()).count() as u64;
         // The model label is the one the response names (every JSON chunk does), else the request's.
@@ -483,14 +481,15 @@ proptest! {
             Some((_, completion)) => (completion, "usage"),
             None => (content, "counted"),
         };
-        let output = metrics.output_tokens_total.with_label_values(&[model]).get();
-        prop_assert_eq!(output, want, "{} content chunks, usage {:?}", content, usage);
-        prop_assert_eq!(metrics.token_source.with_label_values(&[source]).get(), 1);
+        let s = String::from_utf8(metrics.render()).expect("utf-8");
+        let output = metric("tokenmeter_output_tokens_total").label("model", model).value(&s);
+        prop_assert_eq!(output, want as f64, "{} content chunks, usage {:?}", content, usage);
+        prop_assert_eq!(metric("tokenmeter_token_count_source_total").label("source", source).value(&s), 1.0);
         if let Some((prompt, _)) = usage {
-            prop_assert_eq!(metrics.input_tokens_total.with_label_values(&[model]).get(), prompt);
+            prop_assert_eq!(metric("tokenmeter_input_tokens_total").label("model", model).value(&s), prompt as f64);
         }
-        prop_assert_eq!(metrics.in_flight.with_label_values(&["prefill"]).get(), 0);
-        prop_assert_eq!(metrics.in_flight.with_label_values(&["decode"]).get(), 0);
+        prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "prefill").value(&s), 0.0);
+        prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "decode").value(&s), 0.0);
         prop_assert_eq!(recorder.concurrency.current(), 0);
     }
 }

@@ -15,9 +15,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
-use tokenmeter::protocol::{self, Api, Extractor, Framing, Message, Summary};
+use tokenmeter::protocol::{Api, Extractor, Message, Summary};
+use tokenmeter::read::{self, ndjson, sse, Framing};
 use tokenmeter::sim::{Dialect, Model, Sim, SimConfig};
-use tokenmeter::{ndjson, sse};
 
 use crate::support::metrics::metric;
 use crate::support::{client, client::Seen, corpus};
@@ -672,7 +672,7 @@ async fn sim_formats_are_read_by_tokenmeter_extractors() {
         .await;
         let r = post(addr, path, &body).await;
         let ct = r.headers["content-type"].to_str().expect("content-type");
-        let (framing, mut x) = protocol::select(path, ct, None);
+        let (framing, mut x) = read::select(path, ct, None);
         assert_ne!(x.api(), Api::Unknown, "{path}: no extractor");
         let mut tokens = 0u64;
         for (event, data) in messages(&r.body, framing) {

@@ -6,7 +6,9 @@
 pub mod client;
 pub mod corpus;
 pub mod metrics;
+pub mod tls;
 pub mod upstream;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -68,6 +68,8 @@ impl Reply {
 /// What the upstream received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    pub version: String,
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
@@ -89,6 +91,11 @@ pub struct Upstream {
 impl Upstream {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `https://127.0.0.1:PORT`, for an upstream from [`spawn_tls`].
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.addr)
     }
 
     pub fn opened(&self) -> usize {
@@ -115,6 +122,25 @@ impl Body for ChannelBody {
 
 /// Starts an upstream that answers every request with `script(request)`.
 pub async fn spawn<F>(script: F) -> Upstream
+where
+    F: Fn(&Received) -> Reply + Send + Sync + 'static,
+{
+    spawn_on(None, script).await
+}
+
+/// The same over TLS (`https://127.0.0.1:PORT`); ALPN and client auth are the acceptor's.
+pub async fn spawn_tls<F>(tls: tokio_rustls::TlsAcceptor, script: F) -> Upstream
+where
+    F: Fn(&Received) -> Reply + Send + Sync + 'static,
+{
+    spawn_on(Some(tls), script).await
+}
+
+/// A connection of either kind, for the one serve loop.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+async fn spawn_on<F>(tls: Option<tokio_rustls::TlsAcceptor>, script: F) -> Upstream
 where
     F: Fn(&Received) -> Reply + Send + Sync + 'static,
 {
@@ -145,14 +171,25 @@ where
             };
             let _ = stream.set_nodelay(true);
             opened.fetch_add(1, Ordering::SeqCst);
-            let (closed, abandoned, received, script, sent) = (
+            let (closed, abandoned, received, script, sent, tls) = (
                 closed.clone(),
                 abandoned.clone(),
                 received.clone(),
                 script.clone(),
                 sent.clone(),
+                tls.clone(),
             );
             tokio::spawn(async move {
+                let stream: Box<dyn Io> = match tls {
+                    None => Box::new(stream),
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(s) => Box::new(s),
+                        Err(_) => {
+                            closed.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    },
+                };
                 let service = service_fn(move |req: Request<Incoming>| {
                     let (abandoned, received, script, sent) = (
                         abandoned.clone(),
@@ -168,6 +205,7 @@ where
                             .map(|b| b.to_bytes())
                             .unwrap_or_default();
                         let rec = Received {
+                            version: format!("{:?}", parts.version),
                             method: parts.method.to_string(),
                             path: parts
                                 .uri
@@ -272,4 +310,47 @@ pub fn openai_chat(ttft: Duration, tokens: usize, gap: Duration, usage: bool) ->
     }
     steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
     steps
+}
+
+/// A listening socket that never accepts, with its accept queue filled: further SYNs are
+/// dropped by the kernel, so a connect to `addr` hangs as it does to a black-holed host.
+/// Keep the value alive while the test runs (it holds the socket and the queued connections).
+pub struct BlackHole {
+    pub addr: SocketAddr,
+    _listener: TcpListener,
+    _queued: Vec<tokio::net::TcpStream>,
+}
+
+/// Makes a [`BlackHole`] on loopback.
+pub async fn black_hole() -> BlackHole {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = socket.listen(0).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut queued = Vec::new();
+    // Linux queues backlog + 1 connections; a few more attempts in case a kernel queues more.
+    for _ in 0..16 {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => queued.push(s),
+            Ok(Err(e)) => panic!("connect to the black hole failed outright: {e}"),
+            Err(_) => {
+                return BlackHole {
+                    addr,
+                    _listener: listener,
+                    _queued: queued,
+                }
+            }
+        }
+    }
+    panic!(
+        "the accept queue never filled after {} connections",
+        queued.len()
+    );
 }

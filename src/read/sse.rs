@@ -10,14 +10,7 @@
 //! discarded, as the standard says and browsers do: a body cut off mid-event would otherwise be
 //! read as a truncated, unparsable message. Real servers end every event with a blank line.
 
-use crate::protocol::Message;
-
-/// Errors a decoder counts instead of failing.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct DecodeErrors {
-    /// Lines (or events) longer than the limit, skipped unparsed.
-    pub line_too_long: u64,
-}
+use super::{DecodeErrors, Message};
 
 /// Splits an SSE byte stream into events.
 #[derive(Debug, Clone, PartialEq, Eq)]

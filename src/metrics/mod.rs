@@ -1,21 +1,33 @@
 //! Every metric tokenmeter exports, and the rules that keep their labels bounded.
 //!
-//! This is the only module that names a metric. The families live in a [`Metrics`] struct built
-//! around its own [`Registry`] (never a global), so every test can build a fresh one. Label values
-//! come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`], [`Api`]), from
-//! [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which admits at most
-//! `--max-models` distinct model names and folds the rest into `other`.
+//! This is the only module that names a metric. The families are private fields of a
+//! [`Metrics`] struct built around its own [`Registry`] (never a global), so every test can build
+//! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
+//! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
+//! while it streams (once per request), and [`Metrics::phase`] and [`Metrics::tokens`] move the
+//! live gauges. No caller passes a label value by position.
+//!
+//! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
+//! [`Api`]), from [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which
+//! admits at most `--max-models` distinct model names and folds the rest into `other`. This
+//! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
+//! the [`Finished`] record defined here.
+
+mod rate;
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
+pub use self::rate::RateWindow;
 use crate::protocol::Api;
+pub use crate::protocol::TokenSource;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +85,9 @@ pub enum Outcome {
     /// The proxy refused the request itself (an unreadable request body, a URI it cannot
     /// forward): a 400 that never reached the upstream.
     BadRequest,
+    /// The upstream switched protocols (`101`, a WebSocket): the two connections were joined
+    /// until they closed.
+    Upgraded,
 }
 
 impl Outcome {
@@ -83,6 +98,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::Timeout => "timeout",
             Outcome::BadRequest => "bad_request",
+            Outcome::Upgraded => "upgraded",
         }
     }
 }
@@ -105,27 +121,6 @@ impl Phase {
     }
 }
 
-/// Where a request's token counts came from: the `source` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenSource {
-    /// The stream's own usage report.
-    Usage,
-    /// Per-event token ids or counts the format carries.
-    TokenIds,
-    /// Counting token-bearing events.
-    Counted,
-}
-
-impl TokenSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TokenSource::Usage => "usage",
-            TokenSource::TokenIds => "token_ids",
-            TokenSource::Counted => "counted",
-        }
-    }
-}
-
 /// Why part of a body could not be parsed: the `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParseError {
@@ -138,6 +133,13 @@ pub enum ParseError {
 }
 
 impl ParseError {
+    /// Every variant, in exposition order.
+    pub const ALL: [ParseError; 3] = [
+        ParseError::LineTooLong,
+        ParseError::InvalidJson,
+        ParseError::ContentEncoding,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ParseError::LineTooLong => "line_too_long",
@@ -209,79 +211,106 @@ impl ModelLabels {
     }
 }
 
-/// Output tokens counted over a sliding window, for the aggregate tokens/s gauges.
-#[derive(Debug)]
-pub struct RateWindow {
-    origin: Instant,
-    window: Duration,
-    slot: Duration,
-    /// (slot number, tokens) ring; a slot is reused once its number is out of the window.
-    slots: Mutex<Vec<(u64, u64)>>,
+/// The record of one finished request: everything the metrics take from it, built by the meter
+/// when the request ends. Durations run from the request's arrival at the proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// The `model` label (already bounded by [`Metrics::model_label`]).
+    pub model: String,
+    /// The status code the client got (the upstream's, or the proxy's own 400/502/504).
+    pub code: u16,
+    pub outcome: Outcome,
+    /// The parser that read the body (`unknown`: none did, and no token metric is recorded).
+    pub api: Api,
+    /// Arrival to the end of the response.
+    pub duration: Duration,
+    /// Arrival to the first byte of the response body.
+    pub first_byte: Option<Duration>,
+    /// Arrival to the first and to the last token-bearing event.
+    pub first_token: Option<Duration>,
+    pub last_token: Option<Duration>,
+    /// Output tokens by the order of truth, and where the count came from.
+    pub output_tokens: u64,
+    pub token_source: TokenSource,
+    /// Prompt tokens, where the stream reported them.
+    pub input_tokens: Option<u64>,
+    /// The time-weighted mean number of requests in flight over the decode window (from the
+    /// first to the last token), when there was one.
+    pub mean_in_flight: Option<f64>,
+    /// What could not be parsed.
+    pub parse_errors: ParseErrors,
 }
 
-/// The window is kept in this many slots: the gauge moves in steps of window / SLOTS.
-const RATE_SLOTS: u32 = 50;
+/// A request's parse-error tallies, by `reason`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParseErrors {
+    pub line_too_long: u64,
+    pub invalid_json: u64,
+    pub content_encoding: u64,
+}
 
-impl RateWindow {
-    pub fn new(window: Duration) -> Self {
-        let window = window.max(Duration::from_millis(RATE_SLOTS as u64));
-        RateWindow {
-            origin: Instant::now(),
-            window,
-            slot: window / RATE_SLOTS,
-            slots: Mutex::new(vec![(u64::MAX, 0); RATE_SLOTS as usize]),
+impl Finished {
+    /// From the first to the last token, when both were seen.
+    pub fn decode_time(&self) -> Option<Duration> {
+        Some(self.last_token?.saturating_sub(self.first_token?))
+    }
+
+    /// The concurrency band of the decode window (our own request was in flight throughout:
+    /// the mean is at least 1).
+    pub fn band(&self) -> &'static str {
+        concurrency_band(self.mean_in_flight.unwrap_or(1.0).max(1.0))
+    }
+}
+
+/// The per-model families a request observes while it streams, resolved once per request.
+#[derive(Clone)]
+pub struct ModelMetrics {
+    label: String,
+    ttft: Histogram,
+    itl: Histogram,
+}
+
+impl ModelMetrics {
+    /// The `model` label value these handles carry.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The first token came `since_arrival` after the request arrived.
+    pub fn first_token(&self, since_arrival: Duration) {
+        self.ttft.observe(since_arrival.as_secs_f64());
+    }
+
+    /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
+    /// is spread over its tokens and observed once per token.
+    pub fn inter_token(&self, gap: Duration, tokens: u32) {
+        let per_token = gap.as_secs_f64() / f64::from(tokens);
+        for _ in 0..tokens {
+            self.itl.observe(per_token);
         }
-    }
-
-    fn slot_of(&self, at: Instant) -> u64 {
-        (at.saturating_duration_since(self.origin).as_nanos() / self.slot.as_nanos()) as u64
-    }
-
-    /// Counts `tokens` produced at `at`.
-    pub fn add(&self, tokens: u64, at: Instant) {
-        let n = self.slot_of(at);
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let cell = &mut slots[(n % RATE_SLOTS as u64) as usize];
-        if cell.0 != n {
-            *cell = (n, 0);
-        }
-        cell.1 += tokens;
-    }
-
-    /// Tokens per second over the window that ends at `now`.
-    pub fn rate(&self, now: Instant) -> f64 {
-        let n = self.slot_of(now);
-        let oldest = n.saturating_sub(RATE_SLOTS as u64 - 1);
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let total: u64 = slots
-            .iter()
-            .filter(|(s, _)| *s != u64::MAX && *s >= oldest && *s <= n)
-            .map(|(_, t)| t)
-            .sum();
-        total as f64 / self.window.as_secs_f64()
     }
 }
 
 /// All metric families, registered in one registry.
 pub struct Metrics {
     registry: Registry,
-    pub models: ModelLabels,
-    pub rate: RateWindow,
+    models: ModelLabels,
+    rate: RateWindow,
     gpus: f64,
-    pub ttft: HistogramVec,
-    pub ttfb: HistogramVec,
-    pub itl: HistogramVec,
-    pub tpot: HistogramVec,
-    pub request_tps: HistogramVec,
-    pub duration: HistogramVec,
-    pub output_tokens: HistogramVec,
-    pub input_tokens: HistogramVec,
-    pub output_tokens_total: IntCounterVec,
-    pub input_tokens_total: IntCounterVec,
-    pub token_source: IntCounterVec,
-    pub requests: IntCounterVec,
-    pub in_flight: IntGaugeVec,
-    pub parse_errors: IntCounterVec,
+    ttft: HistogramVec,
+    ttfb: HistogramVec,
+    itl: HistogramVec,
+    tpot: HistogramVec,
+    request_tps: HistogramVec,
+    duration: HistogramVec,
+    output_tokens: HistogramVec,
+    input_tokens: HistogramVec,
+    output_tokens_total: IntCounterVec,
+    input_tokens_total: IntCounterVec,
+    token_source: IntCounterVec,
+    requests: IntCounterVec,
+    in_flight: IntGaugeVec,
+    parse_errors: IntCounterVec,
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
 }
@@ -382,11 +411,7 @@ impl Metrics {
             "Parts of response bodies that could not be parsed (they are still forwarded untouched).",
             &["reason"],
         )?;
-        for e in [
-            ParseError::LineTooLong,
-            ParseError::InvalidJson,
-            ParseError::ContentEncoding,
-        ] {
+        for e in ParseError::ALL {
             parse_errors.with_label_values(&[e.as_str()]);
         }
         let token_source = counter(
@@ -395,11 +420,7 @@ impl Metrics {
             "Requests by where their token counts came from.",
             &["source"],
         )?;
-        for s in [
-            TokenSource::Usage,
-            TokenSource::TokenIds,
-            TokenSource::Counted,
-        ] {
+        for s in TokenSource::ALL {
             token_source.with_label_values(&[s.as_str()]);
         }
         Ok(Metrics {
@@ -497,20 +518,17 @@ impl Metrics {
         })
     }
 
-    /// Counts one request's outcome.
-    pub fn count_request(&self, model: &str, code: u16, outcome: Outcome, api: Api) {
-        let code = code.to_string();
-        self.requests
-            .with_label_values(&[model, &code, outcome.as_str(), api.as_str()])
-            .inc();
+    /// The `model` label value for a model name (bounded: see [`ModelLabels`]).
+    pub fn model_label(&self, model: Option<&str>) -> String {
+        self.models.label(model)
     }
 
-    /// Counts a parse problem.
-    pub fn parse_error(&self, reason: ParseError, n: u64) {
-        if n > 0 {
-            self.parse_errors
-                .with_label_values(&[reason.as_str()])
-                .inc_by(n);
+    /// The per-model handles for one request's live observations.
+    pub fn model(&self, label: String) -> ModelMetrics {
+        ModelMetrics {
+            ttft: self.ttft.with_label_values(&[&label]),
+            itl: self.itl.with_label_values(&[&label]),
+            label,
         }
     }
 
@@ -519,6 +537,113 @@ impl Metrics {
         self.in_flight
             .with_label_values(&[phase.as_str()])
             .add(delta);
+    }
+
+    /// Requests in a phase right now.
+    pub fn in_phase(&self, phase: Phase) -> i64 {
+        self.in_flight.with_label_values(&[phase.as_str()]).get()
+    }
+
+    /// Counts `n` output tokens produced at `at` in the aggregate rate.
+    pub fn tokens(&self, n: u64, at: Instant) {
+        if n > 0 {
+            self.rate.add(n, at);
+        }
+    }
+
+    /// Aggregate output tokens per second over the window ending at `now`.
+    pub fn output_rate(&self, now: Instant) -> f64 {
+        self.rate.rate(now)
+    }
+
+    /// Records one finished request: every end-of-request family, once.
+    pub fn record(&self, f: &Finished) {
+        let model = f.model.as_str();
+        let code = f.code.to_string();
+        self.requests
+            .with_label_values(&[model, &code, f.outcome.as_str(), f.api.as_str()])
+            .inc();
+        let e = &f.parse_errors;
+        self.parse_error(ParseError::InvalidJson, e.invalid_json);
+        self.parse_error(ParseError::LineTooLong, e.line_too_long);
+        self.parse_error(ParseError::ContentEncoding, e.content_encoding);
+        self.duration
+            .with_label_values(&[model])
+            .observe(f.duration.as_secs_f64());
+        if let Some(fb) = f.first_byte {
+            self.ttfb
+                .with_label_values(&[model])
+                .observe(fb.as_secs_f64());
+        }
+        if f.api == Api::Unknown {
+            return;
+        }
+        let output = f.output_tokens;
+        self.token_source
+            .with_label_values(&[f.token_source.as_str()])
+            .inc();
+        self.output_tokens_total
+            .with_label_values(&[model])
+            .inc_by(output);
+        self.output_tokens
+            .with_label_values(&[model])
+            .observe(output as f64);
+        if let Some(input) = f.input_tokens {
+            self.input_tokens_total
+                .with_label_values(&[model])
+                .inc_by(input);
+            self.input_tokens
+                .with_label_values(&[model])
+                .observe(input as f64);
+        }
+        let decode = f.decode_time().map_or(0.0, |d| d.as_secs_f64());
+        if output >= 2 && decode > 0.0 {
+            self.tpot
+                .with_label_values(&[model])
+                .observe(decode / (output - 1) as f64);
+            self.request_tps
+                .with_label_values(&[model, f.band()])
+                .observe((output - 1) as f64 / decode);
+        }
+    }
+
+    /// Request counts summed over every label but `outcome`: (all, complete). For the demo's
+    /// closing line.
+    pub fn request_totals(&self) -> (u64, u64) {
+        let mut all = 0;
+        let mut complete = 0;
+        for mf in self.requests.collect() {
+            for m in mf.get_metric() {
+                let n = m.get_counter().get_value() as u64;
+                all += n;
+                let ok = m
+                    .get_label()
+                    .iter()
+                    .any(|l| l.name() == "outcome" && l.value() == Outcome::Complete.as_str());
+                if ok {
+                    complete += n;
+                }
+            }
+        }
+        (all, complete)
+    }
+
+    /// Output tokens summed over every model. For the demo's closing line.
+    pub fn output_tokens_total(&self) -> u64 {
+        self.output_tokens_total
+            .collect()
+            .iter()
+            .flat_map(|mf| mf.get_metric())
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
+    }
+
+    fn parse_error(&self, reason: ParseError, n: u64) {
+        if n > 0 {
+            self.parse_errors
+                .with_label_values(&[reason.as_str()])
+                .inc_by(n);
+        }
     }
 
     /// Refreshes the windowed gauges and renders the Prometheus text exposition.
@@ -538,69 +663,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bands_match_the_documented_edges() {
-        let cases = [
-            (1.0, "1"),
-            (1.4, "1"),
-            (2.0, "2-4"),
-            (4.0, "2-4"),
-            (5.0, "5-8"),
-            (8.0, "5-8"),
-            (16.0, "9-16"),
-            (17.0, "17-32"),
-            (64.0, "33-64"),
-            (128.0, "65-128"),
-            (256.0, "129-256"),
-            (257.0, "257+"),
-            (5000.0, "257+"),
-        ];
-        for (x, band) in cases {
-            assert_eq!(concurrency_band(x), band, "{x}");
-        }
-    }
-
-    #[test]
-    fn model_labels_are_bounded_and_sanitised() {
-        let m = ModelLabels::new(2);
-        assert_eq!(m.label(Some("a")), "a");
-        assert_eq!(m.label(Some("b\n")), "b");
-        assert_eq!(m.label(Some("c")), "other");
-        assert_eq!(m.label(Some("a")), "a");
-        assert_eq!(m.label(None), "unknown");
-        assert_eq!(m.label(Some(" ")), "unknown");
-        let long = "x".repeat(1000);
-        let m = ModelLabels::new(5);
-        assert_eq!(m.label(Some(&long)).len(), MAX_MODEL_LABEL_LEN);
-    }
-
-    #[test]
-    fn rate_window_forgets_old_tokens() {
-        let w = RateWindow::new(Duration::from_secs(10));
-        let t0 = w.origin;
-        w.add(100, t0);
-        w.add(100, t0 + Duration::from_secs(5));
-        assert_eq!(w.rate(t0 + Duration::from_secs(5)), 20.0);
-        assert_eq!(w.rate(t0 + Duration::from_millis(10_100)), 10.0);
-        assert_eq!(w.rate(t0 + Duration::from_secs(30)), 0.0);
-    }
-
-    #[test]
-    fn exposition_has_every_family() {
-        let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
-        m.count_request("m", 200, Outcome::Complete, Api::OpenAi);
-        let text = String::from_utf8(m.render()).expect("utf8");
-        for name in [
-            "tokenmeter_requests_in_flight{phase=\"prefill\"} 0",
-            "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"} 1",
-            "tokenmeter_gpus 1",
-            "tokenmeter_output_tokens_per_second 0",
-            "tokenmeter_token_count_source_total{source=\"usage\"} 0",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
-    }
-}
+mod tests;

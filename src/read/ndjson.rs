@@ -4,8 +4,7 @@
 //! final line without a newline is completed by [`Decoder::finish`], and a line longer than the limit
 //! is skipped and counted, so memory stays bounded whatever the upstream sends.
 
-use crate::protocol::Message;
-use crate::sse::DecodeErrors;
+use super::{DecodeErrors, Message};
 
 /// Splits an NDJSON byte stream into lines.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,361 @@
+//! Per-request timing: the state machine that turns what a response's body says into one
+//! [`Finished`] record.
+//!
+//! A [`Meter`] is created when a request is sent upstream ([`Recorder::start_at`]), is told about
+//! the response ([`Meter::on_response`]), sees every body frame as it passes ([`Meter::on_data`])
+//! and ends once, when [`Meter::finish`] consumes it: the tap calls it at the end of the stream,
+//! on an error, on the idle timeout, or when the client went away. A request is recorded there
+//! and only there, so it is counted once and the in-flight gauges can never leak. Decoding is the
+//! [`Reader`]'s: the meter hands it bytes and times the token-bearing events it returns.
+//!
+//! Times are measured from the request's arrival at the proxy (its head was read), not from the
+//! moment it is sent upstream: reading the body is part of what the client waits for, and a
+//! client that writes its head and body separately (httpx does) starts its own clock at the head.
+//! A request leaves the in-flight gauges at its stream's end marker (`[DONE]`, `message_stop`,
+//! ...) rather than at the end of the HTTP body: a client may send its next request the moment
+//! it reads that marker, and counting the old one until its body's last chunk passes would show
+//! more requests in flight than the client has open.
+//!
+//! Concurrency is measured, not sampled: [`Concurrency`] keeps the integral over time of the
+//! number of requests in flight, so the mean over any request's decode window is a subtraction.
+
+pub mod concurrency;
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+pub use self::concurrency::{Concurrency, Snapshot};
+use crate::metrics::{Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase};
+use crate::protocol::request::RequestInfo;
+use crate::protocol::Api;
+use crate::read::Reader;
+
+/// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
+pub struct Recorder {
+    pub metrics: Arc<Metrics>,
+    pub concurrency: Concurrency,
+    /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
+    pub max_line: usize,
+    /// `--api`: the wire format every response is read as (`None`: detected per response).
+    pub api: Option<Api>,
+}
+
+impl Recorder {
+    pub fn new(metrics: Arc<Metrics>, max_line: usize) -> Self {
+        Recorder {
+            metrics,
+            concurrency: Concurrency::default(),
+            max_line,
+            api: None,
+        }
+    }
+
+    /// Reads every response as `api` instead of detecting its format (`--api`).
+    pub fn with_api(mut self, api: Option<Api>) -> Self {
+        self.api = api;
+        self
+    }
+
+    /// A request that arrived just now is being sent upstream.
+    pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
+        self.start_at(request, Instant::now())
+    }
+
+    /// A request that arrived at `arrived` is being sent upstream now.
+    pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
+        let now = Instant::now();
+        self.metrics.phase(Phase::Prefill, 1);
+        self.concurrency.update(now, 1);
+        Meter {
+            state: Some(State {
+                reader: Reader::opaque(),
+                clock: Clock {
+                    recorder: Arc::clone(self),
+                    request,
+                    start: arrived.min(now),
+                    status: 0,
+                    encoded: false,
+                    model: None,
+                    first_byte: None,
+                    first_token: None,
+                    last_token: None,
+                    at_first: None,
+                    at_last: None,
+                    left: false,
+                },
+            }),
+        }
+    }
+}
+
+/// The measurement of one request.
+///
+/// [`Meter::finish`] consumes it, so a request is recorded once by construction. Dropping a meter
+/// that was never finished records it as [`Outcome::ClientDisconnect`]: that is the request whose
+/// client went away before the response head, when the service future holding the meter is
+/// dropped before any tap exists. Once a tap holds the meter, the tap finishes it explicitly.
+pub struct Meter {
+    /// `None` only inside `finish` and `drop`, after the state was taken to be recorded.
+    state: Option<State>,
+}
+
+struct State {
+    reader: Reader,
+    clock: Clock,
+}
+
+/// Everything but the reader, so the reader's returned events can be timed while it is borrowed.
+struct Clock {
+    recorder: Arc<Recorder>,
+    request: RequestInfo,
+    /// When the request arrived at the proxy.
+    start: Instant,
+    status: u16,
+    /// The body is compressed: forwarded, not read.
+    encoded: bool,
+    /// The `model` handles, fixed at the first token so live and final observations agree.
+    model: Option<ModelMetrics>,
+    first_byte: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// The concurrency tracker at the first and at the latest token.
+    at_first: Option<Snapshot>,
+    at_last: Option<Snapshot>,
+    /// The request has left the in-flight gauges (at its end marker, or when finished).
+    left: bool,
+}
+
+// === impl Meter ===
+
+impl Meter {
+    /// The response head arrived: choose how to read the body.
+    pub fn on_response(&mut self, status: u16, path: &str, content_type: &str, encoded: bool) {
+        let Some(s) = &mut self.state else { return };
+        s.clock.status = status;
+        if encoded {
+            // A compressed body cannot be read without decompressing it; we forward it untouched.
+            s.clock.encoded = true;
+            return;
+        }
+        let rec = &s.clock.recorder;
+        s.reader = Reader::new(path, content_type, rec.api, rec.max_line);
+    }
+
+    /// The proxy answered itself (400, 502, 504): there is no upstream response head.
+    pub fn set_status(&mut self, status: u16) {
+        if let Some(s) = &mut self.state {
+            s.clock.status = status;
+        }
+    }
+
+    /// The upstream switched protocols (`101`): what follows is no inference stream. The
+    /// request leaves the in-flight gauges now, so a WebSocket held open for an hour does not
+    /// count as an hour-long prefill nor weigh on the concurrency of the requests beside it;
+    /// [`Meter::finish`] with [`Outcome::Upgraded`] records it when the connection closes.
+    pub fn upgraded(&mut self, now: Instant) {
+        if let Some(s) = &mut self.state {
+            s.clock.status = 101;
+            s.clock.leave(now);
+        }
+    }
+
+    /// A body frame is passing through to the client now.
+    pub fn on_data(&mut self, data: &[u8], now: Instant) {
+        let Some(State { reader, clock }) = &mut self.state else {
+            return;
+        };
+        if data.is_empty() {
+            return;
+        }
+        clock.first_byte.get_or_insert(now);
+        let chunk = reader.feed(data);
+        for e in chunk.events {
+            clock.on_tokens(e.tokens, chunk.model, now);
+        }
+        if chunk.ended {
+            clock.leave(now);
+        }
+    }
+
+    /// Ends the measurement and records it.
+    pub fn finish(mut self, outcome: Outcome) {
+        if let Some(s) = self.state.take() {
+            s.finish(outcome);
+        }
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        // Never finished: the client went away before a tap took the meter (hyper dropped the
+        // service future before the response head).
+        if let Some(s) = self.state.take() {
+            s.finish(Outcome::ClientDisconnect);
+        }
+    }
+}
+
+// === impl State ===
+
+impl State {
+    fn finish(mut self, outcome: Outcome) {
+        let now = Instant::now();
+        // The wall clock beside `now`, read only for the per-request debug line.
+        let wall = tracing::enabled!(tracing::Level::DEBUG).then(SystemTime::now);
+        let (reader, clock) = (&mut self.reader, &mut self.clock);
+        let chunk = reader.finish(outcome == Outcome::Complete);
+        for e in chunk.events {
+            clock.on_tokens(e.tokens, chunk.model, now);
+        }
+        // A non-streaming response: its tokens count, but it has no first token.
+        clock
+            .recorder
+            .metrics
+            .tokens(u64::from(chunk.document), now);
+        // Leave the in-flight gauges first: nothing below may return before this.
+        clock.leave(now);
+        let s = &self.clock;
+        let summary = self.reader.summary();
+        // A client may hang up once the stream's own end marker has passed, before the HTTP
+        // body's end (GuideLLM stops reading at `[DONE]`): it received the whole response.
+        let outcome = if outcome == Outcome::ClientDisconnect && summary.ended {
+            Outcome::Complete
+        } else {
+            outcome
+        };
+        let m = &s.recorder.metrics;
+        let api = self.reader.api();
+        let model = match &s.model {
+            Some(h) => h.label().to_owned(),
+            None => s.model_label(summary.model.as_deref()),
+        };
+        let code = if s.status == 0 { 502 } else { s.status };
+        let (output, token_source) = self.reader.output();
+        let counted = self.reader.counted();
+        if api != Api::Unknown && output > counted {
+            // The usage report corrects the windowed rate for tokens no event showed.
+            m.tokens(output - counted, now);
+        }
+        let since = |t: Instant| t.saturating_duration_since(s.start);
+        let f = Finished {
+            model,
+            code,
+            outcome,
+            api,
+            duration: since(now),
+            first_byte: s.first_byte.map(since),
+            first_token: s.first_token.map(since),
+            last_token: s.last_token.map(since),
+            output_tokens: output,
+            token_source,
+            input_tokens: summary.input_tokens,
+            mean_in_flight: match (&s.at_first, &s.at_last) {
+                (Some(a), Some(b)) => Some(a.mean_until(b)),
+                _ => None,
+            },
+            parse_errors: ParseErrors {
+                line_too_long: self.reader.errors().line_too_long,
+                invalid_json: summary.malformed,
+                content_encoding: u64::from(s.encoded),
+            },
+        };
+        debug_lines(&f, now, wall, s.last_token);
+        m.record(&f);
+    }
+}
+
+/// One `debug` line per request, and one more per decoded request (TTFT, decode time, mean,
+/// band) so the real-server check can pair each request with the client's record of it. Never
+/// the body, the path or headers: only bounded, non-secret facts.
+fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Option<Instant>) {
+    tracing::debug!(
+        code = f.code,
+        outcome = f.outcome.as_str(),
+        api = f.api.as_str(),
+        model = %f.model,
+        duration_ms = f.duration.as_millis() as u64,
+        "request finished"
+    );
+    if f.api == Api::Unknown {
+        return;
+    }
+    let (Some(first), Some(decode), Some(last)) = (f.first_token, f.decode_time(), last) else {
+        return;
+    };
+    let decode = decode.as_secs_f64();
+    if f.output_tokens < 2 || decode <= 0.0 {
+        return;
+    }
+    // `last_token_unix_ms` places the decode window on the wall clock, read beside `now` (the
+    // line's own timestamp comes later, by however long the thread was preempted in between).
+    let last_token_unix_ms = wall
+        .and_then(|w| w.checked_sub(now - last))
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    tracing::debug!(
+        output = f.output_tokens,
+        ttft_ms = first.as_secs_f64() * 1e3,
+        decode_ms = decode * 1e3,
+        last_token_unix_ms,
+        mean_in_flight = f.mean_in_flight.unwrap_or(1.0),
+        band = f.band(),
+        "request decoded"
+    );
+}
+
+// === impl Clock ===
+
+impl Clock {
+    /// The `model` label: the name the stream gave (by its first token, when called then), else
+    /// the request's.
+    fn model_label(&self, named: Option<&str>) -> String {
+        let m = &self.recorder.metrics;
+        m.model_label(named.or(self.request.model.as_deref()))
+    }
+
+    /// A token-bearing event carrying `tokens` passed at `now`; `named` is the model the stream
+    /// had named by its first token-bearing event.
+    fn on_tokens(&mut self, tokens: u32, named: Option<&str>, now: Instant) {
+        match self.last_token {
+            None => {
+                let h = self.recorder.metrics.model(self.model_label(named));
+                h.first_token(now.saturating_duration_since(self.start));
+                self.model = Some(h);
+                self.first_token = Some(now);
+                let rec = &self.recorder;
+                self.at_first = Some(rec.concurrency.snapshot(now));
+                // A token after the end marker (a broken upstream) must not re-enter the gauges.
+                if !self.left {
+                    rec.metrics.phase(Phase::Prefill, -1);
+                    rec.metrics.phase(Phase::Decode, 1);
+                }
+            }
+            Some(last) => {
+                if let Some(h) = &self.model {
+                    h.inter_token(now.saturating_duration_since(last), tokens);
+                }
+            }
+        }
+        let rec = &self.recorder;
+        self.last_token = Some(now);
+        self.at_last = Some(rec.concurrency.snapshot(now));
+        rec.metrics.tokens(u64::from(tokens), now);
+    }
+
+    /// Takes the request out of the in-flight gauges, once.
+    fn leave(&mut self, now: Instant) {
+        if std::mem::replace(&mut self.left, true) {
+            return;
+        }
+        let phase = if self.first_token.is_some() {
+            Phase::Decode
+        } else {
+            Phase::Prefill
+        };
+        self.recorder.metrics.phase(phase, -1);
+        self.recorder.concurrency.update(now, -1);
+    }
+}
+
+#[cfg(test)]
+mod tests;
