@@ -231,9 +231,6 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
-    /// The live capacity model: `--capacity-window`, `--replicas`, and the classes' floors,
-    /// the GPUs and their cost from the flags above.
-    pub capacity: CapacityConfig,
     // --- TLS, connect timeout (issue 13) ---
     /// `--connect-timeout`: `None` for no limit.
     pub connect_timeout: Option<Duration>,
@@ -467,6 +464,21 @@ impl ProxyArgs {
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
+                capacity: CapacityConfig {
+                    window: self.capacity_window,
+                    classes: slo
+                        .iter()
+                        .map(|(name, t)| capacity::Class {
+                            name: name.to_string(),
+                            tps_floor: t.tps,
+                        })
+                        .collect(),
+                    fleet: capacity::Fleet {
+                        replicas: self.replicas,
+                        gpus: gpus.count,
+                        gpu_hour_cost,
+                    },
+                },
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -479,21 +491,6 @@ impl ProxyArgs {
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
-            capacity: CapacityConfig {
-                window: self.capacity_window,
-                classes: slo
-                    .iter()
-                    .map(|(name, t)| capacity::Class {
-                        name: name.to_string(),
-                        tps_floor: t.tps,
-                    })
-                    .collect(),
-                fleet: capacity::Fleet {
-                    replicas: self.replicas,
-                    gpus: gpus.count,
-                    gpu_hour_cost,
-                },
-            },
             connect_timeout: nonzero(self.connect_timeout),
             upstream_tls,
             tls,
@@ -687,7 +684,7 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid").capacity;
+        let c = args(&up).validate().expect("valid").metrics.capacity;
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
         // The default classes: interactive has a 20 tok/s floor, batch none.
         let floors: Vec<_> = c
@@ -697,7 +694,7 @@ mod tests {
             .collect();
         assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid").capacity;
+        let c = c.validate().expect("valid").metrics.capacity;
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(

@@ -21,8 +21,8 @@
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
-//! - [`capacity`]: the live capacity model fitted from the stream's own timing;
-//!   [`capacity_metrics`] exports its answers.
+//! - [`capacity`]: the live capacity model fitted from the stream's own timing (its answers are
+//!   exported by [`metrics::capacity`]).
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
@@ -48,10 +48,8 @@ pub mod sim;
 pub mod slo;
 pub mod tap;
 
-// The live capacity model (issue 15); its metric families move under `metrics` once that
-// module is a directory.
+// The live capacity model (issue 15); its metric families are `metrics::capacity`.
 pub mod capacity;
-pub mod capacity_metrics;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
 pub mod drain;

@@ -20,8 +20,8 @@ use hyper_util::rt::TokioExecutor;
 use crate::bench::chart::{self, Axis, Chart, Series};
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
-use crate::capacity_metrics::{names, BOUNDS, KINDS, TERMS};
 use crate::exposition::{Sample, Scrape};
+use crate::metrics::capacity::{names, BOUNDS, KINDS, TERMS};
 
 /// The command's flags.
 #[derive(Debug, Clone, Args)]

@@ -28,8 +28,9 @@ pub struct Fit {
     pub base: f64,
     /// Seconds added per sequence in the batch, the slope.
     pub per_seq: f64,
-    /// 1 - (residual / total) sum of squares over the medians the fit used; 1 is a perfect line,
-    /// 0 no better than a flat one, negative worse (a robust line is not the least-squares one).
+    /// 1 - (residual / total) sum of squares over the medians the fit used, each weighted by its
+    /// samples; 1 is a perfect line, 0 no better than a flat one, negative worse (a robust line
+    /// is not the least-squares one).
     pub r2: f64,
     /// Token samples behind the medians the fit used.
     pub samples: u64,
@@ -61,11 +62,20 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
         .map(|c| (f64::from(c.concurrency), c.median))
         .collect();
     let (base, per_seq) = theil_sen(&xy)?;
-    let mean = xy.iter().map(|p| p.1).sum::<f64>() / xy.len() as f64;
-    let ss_tot: f64 = xy.iter().map(|p| (p.1 - mean).powi(2)).sum();
+    // r² weighted by each concurrency's samples: a level seen for a moment while clients joined
+    // counts for little, the levels the traffic lived at for much, as they do for the answers.
+    let w: Vec<f64> = used.iter().map(|c| c.samples as f64).collect();
+    let total: f64 = w.iter().sum();
+    let mean = xy.iter().zip(&w).map(|(p, w)| p.1 * w).sum::<f64>() / total;
+    let ss_tot: f64 = xy
+        .iter()
+        .zip(&w)
+        .map(|(p, w)| w * (p.1 - mean).powi(2))
+        .sum();
     let ss_res: f64 = xy
         .iter()
-        .map(|p| (p.1 - (base + per_seq * p.0)).powi(2))
+        .zip(&w)
+        .map(|(p, w)| w * (p.1 - (base + per_seq * p.0)).powi(2))
         .sum();
     let r2 = if ss_tot > 0.0 {
         1.0 - ss_res / ss_tot

@@ -159,6 +159,12 @@ impl Capacity {
         }
     }
 
+    /// The window's samples per concurrency (its medians), for a reader that wants to see what
+    /// the fit was drawn through.
+    pub fn columns(&self, now: Instant) -> Vec<summary::Column> {
+        self.summary.columns(now)
+    }
+
     /// Samples dropped for a concurrency above [`summary::MAX_CONCURRENCY`].
     pub fn dropped(&self) -> u64 {
         self.summary.dropped()

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
+use crate::capacity::StreamGaps;
 use crate::metrics::{Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase};
 use crate::protocol::request::RequestInfo;
 use crate::protocol::Api;
@@ -81,6 +82,7 @@ impl Recorder {
                     last_token: None,
                     at_first: None,
                     at_last: None,
+                    gaps: StreamGaps::default(),
                     left: false,
                 },
             }),
@@ -121,6 +123,8 @@ struct Clock {
     /// The concurrency tracker at the first and at the latest token.
     at_first: Option<Snapshot>,
     at_last: Option<Snapshot>,
+    /// The gaps between this stream's tokens, for the live capacity model.
+    gaps: StreamGaps,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
 }
@@ -340,6 +344,13 @@ impl Clock {
         self.last_token = Some(now);
         self.at_last = Some(rec.concurrency.snapshot(now));
         rec.metrics.tokens(u64::from(tokens), now);
+        if !self.left {
+            // The gap since this stream's last tokens was one decode step (or several, for an
+            // event that carries several tokens) at the number of streams decoding now.
+            let m = &rec.metrics;
+            self.gaps
+                .on_tokens(m.capacity(), tokens, m.decoding() as f64, now);
+        }
     }
 
     /// Takes the request out of the in-flight gauges, once.
@@ -347,6 +358,7 @@ impl Clock {
         if std::mem::replace(&mut self.left, true) {
             return;
         }
+        self.gaps.finish(self.recorder.metrics.capacity());
         let phase = if self.first_token.is_some() {
             Phase::Decode
         } else {

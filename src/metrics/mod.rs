@@ -5,7 +5,9 @@
 //! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
 //! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
 //! while it streams (once per request), and [`Metrics::phase`] and [`Metrics::tokens`] move the
-//! live gauges. No caller passes a label value by position.
+//! live gauges; [`Metrics::capacity`] is the live capacity model the meter feeds on every
+//! token-bearing event, whose answers ([`capacity`]) are refreshed when the exposition is
+//! rendered. No caller passes a label value by position.
 //!
 //! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
 //! [`Api`]), from [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which
@@ -13,6 +15,7 @@
 //! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
 //! the [`Finished`] record defined here.
 
+pub mod capacity;
 mod rate;
 
 use std::collections::HashSet;
@@ -26,6 +29,7 @@ use prometheus::{
 };
 
 pub use self::rate::RateWindow;
+use crate::capacity::{Capacity, CapacityConfig};
 use crate::protocol::Api;
 pub use crate::protocol::TokenSource;
 
@@ -313,6 +317,10 @@ pub struct Metrics {
     parse_errors: IntCounterVec,
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
+    /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
+    decoding: IntGauge,
+    capacity: Capacity,
+    capacity_families: capacity::CapacityMetrics,
 }
 
 /// Settings the metrics need.
@@ -322,6 +330,8 @@ pub struct MetricsConfig {
     pub max_models: usize,
     pub rate_window: Duration,
     pub gpus: f64,
+    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' floors).
+    pub capacity: CapacityConfig,
 }
 
 impl Default for MetricsConfig {
@@ -331,6 +341,7 @@ impl Default for MetricsConfig {
             max_models: 32,
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -502,6 +513,9 @@ impl Metrics {
                 "Requests by model, HTTP status code, outcome and the API parser that ran.",
                 &["model", "code", "outcome", "api"],
             )?,
+            decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
+            capacity_families: capacity::CapacityMetrics::register(&r, &cfg.capacity.classes)?,
+            capacity: Capacity::new(cfg.capacity.clone(), Instant::now()),
             in_flight,
             parse_errors,
             output_tps: gauge(
@@ -537,6 +551,16 @@ impl Metrics {
         self.in_flight
             .with_label_values(&[phase.as_str()])
             .add(delta);
+    }
+
+    /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
+    pub fn decoding(&self) -> i64 {
+        self.decoding.get()
+    }
+
+    /// The live capacity model, which the meter feeds as tokens pass.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
     }
 
     /// Requests in a phase right now.
@@ -646,9 +670,12 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the windowed gauges and renders the Prometheus text exposition.
+    /// Refreshes the windowed gauges and the capacity answers, and renders the Prometheus text exposition.
     pub fn render(&self) -> Vec<u8> {
-        let tps = self.rate.rate(Instant::now());
+        let now = Instant::now();
+        // Refitted at most every capacity::REFIT_INTERVAL, however often it is scraped.
+        self.capacity_families.update(&self.capacity.report(now));
+        let tps = self.rate.rate(now);
         self.output_tps.set(tps);
         self.output_tps_per_gpu.set(if self.gpus > 0.0 {
             tps / self.gpus

@@ -336,7 +336,7 @@ def main():
             procs.start(f"tokenmeter-{pod}", [
                 tm_bin, "--upstream", upstream, "--listen", f"127.0.0.1:{listen}",
                 "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus),
-                "--upstream-timeout", "2s", "--rate-window", "5s",
+                "--upstream-timeout", "2s", "--rate-window", "5s", "--gpu-hour-cost", PRICE,
             ])
             targets.append((pod, listen, metrics, models, steps))
         for pod, _, metrics, _, _ in targets:
