@@ -5,11 +5,13 @@
 //! whatever hits fewer than half of its tokens: a stalled stream, the step that admitted a long
 //! prompt, a client that read late and got ten tokens at once. Across concurrencies, Theil-Sen
 //! (the median of the slopes between every pair of points, then the median intercept) ignores
-//! up to 29% of whole points that are wrong, for instance a concurrency seen only during a
-//! prefill burst. It needs no scale estimate and no tuning constant, unlike Huber's loss, and no
-//! iteration: with at most 256 points it is 32,640 slopes, well under a millisecond every few
-//! seconds. Each concurrency counts once however many samples it has, so the busiest level does
-//! not decide the slope alone; levels with too few samples to have a stable median are left out.
+//! whole points that are wrong, for instance a concurrency seen only during a prefill burst. It
+//! needs no scale estimate and no tuning constant, unlike Huber's loss, and no iteration: with at
+//! most 256 points it is 32,640 slopes, well under a millisecond every few seconds. The pairwise
+//! slopes are weighted by the inverse of their variance ([`weighted_theil_sen`]): a median of
+//! many samples is precise, one of twenty is not, and two levels far apart give a better slope
+//! than two neighbours. Unweighted, the levels a ramp passes through for a moment outvoted the
+//! levels it held, and the slope moved by 10% from one run to the next against the simulator.
 
 use super::summary::Column;
 
@@ -61,7 +63,11 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
         .iter()
         .map(|c| (f64::from(c.concurrency), c.median))
         .collect();
-    let (base, per_seq) = theil_sen(&xy)?;
+    let weighted: Vec<(f64, f64, f64)> = used
+        .iter()
+        .map(|c| (f64::from(c.concurrency), c.median, c.samples as f64))
+        .collect();
+    let (base, per_seq) = weighted_theil_sen(&weighted)?;
     // r² weighted by each concurrency's samples: a level seen for a moment while clients joined
     // counts for little, the levels the traffic lived at for much, as they do for the answers.
     let w: Vec<f64> = used.iter().map(|c| c.samples as f64).collect();
@@ -96,33 +102,56 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
 }
 
 /// The Theil-Sen line `(intercept, slope)` through points with distinct x; `None` for fewer
-/// than two.
+/// than two. Every point counts once.
 pub fn theil_sen(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let weighted: Vec<(f64, f64, f64)> = points.iter().map(|&(x, y)| (x, y, 1.0)).collect();
+    weighted_theil_sen(&weighted)
+}
+
+/// Theil-Sen over points `(x, y, n)` whose `y` is a median of `n` samples: the slope is the
+/// weighted median of the pairwise slopes, each weighted by the inverse of its variance,
+/// `(x_j - x_i)² / (1/n_i + 1/n_j)` (a median of `n` samples has a variance proportional to
+/// `1/n`), and the intercept the median of `y - slope x` weighted by `n`. Points far apart and
+/// well sampled decide the slope; a level seen for a moment (a few dozen samples while clients
+/// joined) barely moves it, and wrong points are still outvoted as long as they carry less than
+/// about a third of the weight.
+pub fn weighted_theil_sen(points: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
     let mut slopes = Vec::with_capacity(points.len() * points.len().saturating_sub(1) / 2);
     for (i, a) in points.iter().enumerate() {
         for b in &points[i + 1..] {
-            if b.0 != a.0 {
-                slopes.push((b.1 - a.1) / (b.0 - a.0));
+            let dx = b.0 - a.0;
+            if dx != 0.0 && a.2 > 0.0 && b.2 > 0.0 {
+                slopes.push(((b.1 - a.1) / dx, dx * dx / (1.0 / a.2 + 1.0 / b.2)));
             }
         }
     }
-    let slope = median(slopes)?;
-    let intercepts: Vec<f64> = points.iter().map(|p| p.1 - slope * p.0).collect();
-    Some((median(intercepts)?, slope))
+    let slope = weighted_median(slopes)?;
+    let intercepts: Vec<(f64, f64)> = points.iter().map(|p| (p.1 - slope * p.0, p.2)).collect();
+    Some((weighted_median(intercepts)?, slope))
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
+/// The weighted median of `(value, weight)`: the value where the cumulative weight reaches half
+/// (the mean of the two values on either side when it lands exactly on a boundary, so equal
+/// weights give the ordinary median).
+fn weighted_median(mut v: Vec<(f64, f64)>) -> Option<f64> {
+    v.retain(|(x, w)| x.is_finite() && w.is_finite() && *w > 0.0);
     if v.is_empty() {
         return None;
     }
-    v.sort_unstable_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    v.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let half = v.iter().map(|p| p.1).sum::<f64>() / 2.0;
+    let mut below = 0.0;
+    for (i, &(x, w)) in v.iter().enumerate() {
+        below += w;
+        // Relative slack, so sums of equal weights that should meet half exactly do.
+        if (below - half).abs() <= half * 1e-12 {
+            return Some(v.get(i + 1).map_or(x, |next| (x + next.0) / 2.0));
+        }
+        if below > half {
+            return Some(x);
+        }
+    }
+    v.last().map(|p| p.0)
 }
 
 #[cfg(test)]
@@ -205,6 +234,22 @@ mod tests {
         let (a, b) = theil_sen(&pts).expect("a line");
         assert!((a - 1.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9, "{a} {b}");
         assert_eq!(theil_sen(&[(1.0, 1.0)]), None);
+        // Weighted: a well-sampled line outweighs three noisy points off it; equal weights give
+        // the plain estimate.
+        let mut w: Vec<(f64, f64, f64)> = (1..=10)
+            .map(|x| (f64::from(x), 1.0 + 2.0 * f64::from(x), 1000.0))
+            .collect();
+        w.extend([(2.5, 40.0, 20.0), (5.5, -9.0, 20.0), (7.5, 60.0, 20.0)]);
+        let (a, b) = weighted_theil_sen(&w).expect("a line");
+        assert!((a - 1.0).abs() < 1e-9 && (b - 2.0).abs() < 1e-9, "{a} {b}");
+        assert_eq!(
+            weighted_median(vec![(1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (4.0, 1.0)]),
+            Some(2.5)
+        );
+        assert_eq!(
+            weighted_median(vec![(1.0, 1.0), (2.0, 5.0), (3.0, 1.0)]),
+            Some(2.0)
+        );
         assert_eq!(theil_sen(&[(1.0, 1.0), (1.0, 2.0)]), None);
     }
 

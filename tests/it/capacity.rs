@@ -6,7 +6,7 @@
 //! pause for 1 s moves them by less than 5%.
 //!
 //! Each run is a real simulator, a real proxy in front of it (the same process, port 0) and the
-//! bench's closed-loop clients: 8.5 s of ramp, so the whole file takes about 40 s of wall time.
+//! bench's closed-loop clients: 17 s of ramp, so the whole file takes about 75 s of wall time.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -42,11 +42,11 @@ impl Fitted {
 }
 
 /// The ramp's levels: every concurrency up to 6, then wider steps. A level is held long enough
-/// (half a second: 12 to 50 steps) for the batch to settle at it, so most of its tokens are
+/// (a second: 24 to 100 steps) for the batch to settle at it, so most of its tokens are
 /// observed at the concurrency they were produced at; the moments in between, while clients
 /// join, land on the neighbouring concurrencies, where they are minorities.
 const LEVELS: [usize; 17] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 56, 64];
-const HOLD: Duration = Duration::from_millis(500);
+const HOLD: Duration = Duration::from_millis(1000);
 
 async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
     let sim = Sim::bind(&SimConfig {
@@ -157,6 +157,7 @@ async fn check_pair(base_us: u64, per_seq_us: u64) {
     };
     let stalled = fitted(model(base_us, per_seq_us), Some(stall)).await;
     let why = format!("{why}; with stalls: {stalled:?}");
+    eprintln!("capacity fit, {why}");
     assert!(
         off(stalled.base, clean.base) < 0.05,
         "stalls moved base: {why}"
