@@ -181,12 +181,50 @@ FAILED_RATIO_ALL = (
     f" / sum({rate('tokenmeter_requests_total')})"
 )
 # Unit economics: what the selected GPUs cost per million output tokens. GPUs are paid for
-# whether they are busy or not, so idle capacity raises the figure, as it should.
+# whether they are busy or not, so idle capacity raises the figure, as it should. Each pod's
+# GPU-hour price is its own tokenmeter_gpu_hour_cost (--gpu-hour-cost) where it exports one, else
+# the gpu_hour_price variable.
+def gpu_cost_per_hour(gpus, price):
+    """USD per hour of the selected pods' GPUs: per pod, its price times its GPUs, summed."""
+    return (f"sum(({price} or 0 * {gpus} + $gpu_hour_price) * {gpus})")
+
+
+GPUS_NOW = f"sum by (namespace, pod) (tokenmeter_gpus{{{F}}})"
+GPUS_RANGE = f"sum by (namespace, pod) (avg_over_time(tokenmeter_gpus{{{F}}}[$__range]))"
+PRICE_NOW = f"sum by (namespace, pod) (tokenmeter_gpu_hour_cost{{{F}}})"
+PRICE_RANGE = f"sum by (namespace, pod) (avg_over_time(tokenmeter_gpu_hour_cost{{{F}}}[$__range]))"
+COST_PER_HOUR = gpu_cost_per_hour(GPUS_NOW, PRICE_NOW)
+COST_RANGE_USD = f"{gpu_cost_per_hour(GPUS_RANGE, PRICE_RANGE)} * $__range_s / 3600"
 COST_RANGE = (
-    f"$gpu_hour_price * sum(avg_over_time(tokenmeter_gpus{{{F}}}[$__range])) * $__range_s / 3600"
+    f"{COST_RANGE_USD}"
     f" / (sum(increase(tokenmeter_output_tokens_total{{{FM}}}[$__range])) / 1e6 > 0)"
 )
-COST_RATE = f"$gpu_hour_price * sum(tokenmeter_gpus{{{F}}}) / ({OUT_RATE} * 3600 / 1e6 > 0)"
+COST_RATE = f"{COST_PER_HOUR} / ({OUT_RATE} * 3600 / 1e6 > 0)"
+
+# SLO classes (--slo). Judged: every result but client_disconnect (a client that left before any
+# target was missed). Missed: ttft_missed, tps_missed, e2e_missed, error. `or 0 * judged` keeps
+# the ratio defined when nothing missed.
+SLO = "tokenmeter_slo_requests_total"
+JUDGED = 'result!="client_disconnect"'
+MISSED = 'result!~"met|client_disconnect"'
+
+
+def attainment(by, window=RI):
+    judged = f"sum by ({by}) ({rate(SLO, FM + ', ' + JUDGED, window)})"
+    missed = f"sum by ({by}) ({rate(SLO, FM + ', ' + MISSED, window)})"
+    return f"1 - ({missed} or 0 * {judged}) / {judged}"
+
+
+GOOD_RATE = f"sum({rate('tokenmeter_goodput_output_tokens_total')})"
+GOOD_RANGE = f"sum(increase(tokenmeter_goodput_output_tokens_total{{{FM}}}[$__range]))"
+COST_GOOD_RANGE = f"{COST_RANGE_USD} / ({GOOD_RANGE} / 1e6 > 0)"
+COST_GOOD_RATE = f"{COST_PER_HOUR} / ({GOOD_RATE} * 3600 / 1e6 > 0)"
+SLO_NOTE = (
+    "Each request is counted once, when it ends, in its SLO class (--slo; the x-tokenmeter-class "
+    "header, a rule of --slo-file, else the default class): met, or the first target it missed "
+    "(ttft_missed, tps_missed, e2e_missed), error (upstream failure, timeout, non-2xx), or "
+    "client_disconnect (left before any target was missed; not judged)."
+)
 
 SPEED_NOTE = (
     "Per-request decode speed: (output tokens - 1) / (last token time - first token time), what "
@@ -212,8 +250,9 @@ def layout():
         (stat("Per-request tok/s p50", SPEED_NOTE, quantile(0.5, "tokenmeter_request_tokens_per_second"), TOKS, 1), 3, 4),
         (stat("In flight", "Requests in flight now: prefill (waiting for the first token) plus decode (streaming).",
               f"sum(tokenmeter_requests_in_flight{{{F}}})", "short", 0), 3, 4),
-        (stat("Cost per 1M output tokens", "GPU cost of the selected pods over the time range (GPUs x hours x the "
-              "gpu_hour_price variable) divided by the output tokens they produced, in millions.",
+        (stat("Cost per 1M output tokens", "GPU cost of the selected pods over the time range (GPUs x hours x each "
+              "pod's --gpu-hour-cost, else the gpu_hour_price variable) divided by the output tokens they produced, "
+              "in millions.",
               COST_RANGE, "currencyUSD", 2, instant=True), 3, 4),
 
         (row("Speed: per request vs aggregate"), 24, 1),
@@ -248,9 +287,40 @@ def layout():
                     targets((f"sum by (namespace, pod) ({rate('tokenmeter_output_tokens_total')})"
                              f" / sum by (namespace, pod) (tokenmeter_gpus{{{F}}})", "{{namespace}}/{{pod}}"),
                             (f"{OUT_RATE} / sum(tokenmeter_gpus{{{F}}})", "all selected pods")), TOKS), 8, 8),
-        (timeseries("Cost per 1M output tokens", "GPU-hour price (variable gpu_hour_price) x GPUs / output tokens per hour "
-                    "x 1e6. Falls as throughput rises; idle GPUs raise it.",
-                    targets((COST_RATE, "USD per 1M output tokens")), "currencyUSD"), 8, 8),
+        (timeseries("Cost per 1M output tokens", "GPU-hour price (each pod's --gpu-hour-cost, else the variable "
+                    "gpu_hour_price) x GPUs / output tokens per hour x 1e6. Falls as throughput rises; idle GPUs raise "
+                    "it. Per goodput token: only the tokens of requests that met their SLO class's targets count.",
+                    targets((COST_RATE, "USD per 1M output tokens"),
+                            (COST_GOOD_RATE, "USD per 1M goodput tokens")), "currencyUSD"), 8, 8),
+
+        (row("SLO classes: did users get the speed they were promised?"), 24, 1),
+        (timeseries("SLO attainment by class", "Share of each class's judged requests that met every target of "
+                    "their class (dashed: the class's objective, tokenmeter_slo_objective). " + SLO_NOTE,
+                    targets((attainment("class"), "{{class}}"),
+                            (f"max by (class) (tokenmeter_slo_objective{{{F}}})", "objective {{class}}")),
+                    "percentunit", overrides=[{
+                        "matcher": {"id": "byRegexp", "options": "objective.*"},
+                        "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}],
+                    }]), 8, 9),
+        (bargauge("SLO attainment by concurrency band", "Over the selected time range, per class and per band of "
+                  "the mean requests in flight during each request (the band of tokenmeter_request_tokens_per_second): "
+                  "the band at which a class's attainment collapses is the concurrency a pod can serve it at. " + SLO_NOTE,
+                  attainment("class, concurrency", "$__range"), "{{class}} @ {{concurrency}}", "percentunit", 2), 8, 9),
+        (timeseries("SLO results/s by result", "Why requests missed: per class, the first target missed "
+                    "(ttft_missed, tps_missed, e2e_missed), error, or met. " + SLO_NOTE,
+                    targets((f"sum by (class, result) ({rate(SLO)})", "{{class}} {{result}}")), "reqps", stack=True), 8, 9),
+        (timeseries("Goodput beside throughput", "Output tokens/s of all requests, and of those that met their "
+                    "class's targets (goodput, tokenmeter_goodput_output_tokens_total), per class. The gap is GPU "
+                    "work that did not serve its purpose.",
+                    targets((OUT_RATE, "all output tokens/s"),
+                            (f"sum by (class) ({rate('tokenmeter_goodput_output_tokens_total')})", "goodput {{class}}")),
+                    TOKS), 12, 8),
+        (stat("Goodput share", "Goodput output tokens over all output tokens, over the selected time range.",
+              f"({GOOD_RANGE} or vector(0)) / (sum(increase(tokenmeter_output_tokens_total{{{FM}}}[$__range])) > 0)",
+              "percentunit", 1, instant=True), 6, 8),
+        (stat("Cost per 1M goodput tokens", "GPU cost of the selected pods over the time range divided by the output "
+              "tokens of requests that met their targets, in millions: what a useful token costs.",
+              COST_GOOD_RANGE, "currencyUSD", 2, instant=True), 6, 8),
 
         (row("Capacity at SLO"), 24, 1),
         (timeseries("Fitted per-request speed by concurrency, each class's floor, and now",
@@ -434,20 +504,21 @@ def capacity_fit_table():
 def table_instances():
     tgts = [
         dict(target(f"max by (namespace, pod, version) (tokenmeter_build_info{{{F}}})", ref="A", fmt="table", instant=True)),
-        dict(target(f"max by (namespace, pod) (tokenmeter_gpus{{{F}}})", ref="B", fmt="table", instant=True)),
+        dict(target(f"max by (namespace, pod, source) (tokenmeter_gpus{{{F}}})", ref="B", fmt="table", instant=True)),
         dict(target(f"time() - max by (namespace, pod) (tokenmeter_start_time_seconds{{{F}}})", ref="C", fmt="table", instant=True)),
     ]
     return {
         "type": "table",
         "title": "tokenmeter instances",
-        "description": "One row per tokenmeter process: version, GPUs (--gpus) and uptime.",
+        "description": "One row per tokenmeter process: version, GPUs (--gpus) and where that number came from "
+                       "(source: flag, nvidia_visible_devices, cuda_visible_devices, file, default), and uptime.",
         "datasource": DS,
         "targets": tgts,
         "transformations": [
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {
                 "excludeByName": {"Time": True, "Value #A": True},
-                "renameByName": {"Value #B": "GPUs", "Value #C": "uptime"},
+                "renameByName": {"Value #B": "GPUs", "source": "GPUs from", "Value #C": "uptime"},
             }},
         ],
         "fieldConfig": {"defaults": {}, "overrides": [
@@ -486,7 +557,8 @@ def variables():
         {"name": "gpu_hour_price", "label": "GPU-hour price (USD)", "type": "textbox", "query": "2.50",
          "current": {"text": "2.50", "value": "2.50"}, "options": [{"selected": True, "text": "2.50", "value": "2.50"}],
          "hide": 0,
-         "description": "What one GPU costs per hour, for the cost per million output tokens."},
+         "description": "What one GPU costs per hour, for the cost per million output tokens of pods that do "
+                        "not export their own (--gpu-hour-cost)."},
     ]
 
 

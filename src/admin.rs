@@ -1,4 +1,5 @@
-//! The metrics listener: `/metrics`, `/healthz` and `/readyz`, and nothing else.
+//! The metrics listener: `/metrics`, `/healthz` and `/readyz`, and the page ([`crate::ui`]:
+//! `/`, `/api/summary`) unless `--no-ui`.
 //!
 //! It is a separate listener from the proxy so that scraping and probing never compete with
 //! (or get forwarded as) inference traffic, and so it can be kept off the public network.
@@ -11,6 +12,7 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Metrics;
+use crate::ui::Ui;
 
 /// Whether the proxy should get new traffic.
 #[derive(Debug, Default)]
@@ -29,11 +31,21 @@ impl Readiness {
     }
 }
 
-/// Answers one admin request.
+/// Answers one admin request (without the page).
 pub fn handle<B>(
     req: &Request<B>,
     metrics: &Metrics,
     ready: &Arc<Readiness>,
+) -> Response<Full<Bytes>> {
+    handle_with_ui(req, metrics, ready, None)
+}
+
+/// Answers one admin request; `ui` serves the page's paths when it is on.
+pub fn handle_with_ui<B>(
+    req: &Request<B>,
+    metrics: &Metrics,
+    ready: &Arc<Readiness>,
+    ui: Option<&Ui>,
 ) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: &'static str| {
         let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
@@ -47,7 +59,11 @@ pub fn handle<B>(
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
-    match req.uri().path() {
+    let path = req.uri().path();
+    if let Some(page) = ui.and_then(|ui| ui.respond(path)) {
+        return page;
+    }
+    match path {
         "/metrics" => {
             let mut r = Response::new(Full::new(Bytes::from(metrics.render())));
             r.headers_mut().insert(
@@ -59,6 +75,10 @@ pub fn handle<B>(
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if ready.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         "/readyz" => text(StatusCode::OK, "ready\n"),
+        _ if ui.is_some() => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /, /api/summary, /metrics, /healthz or /readyz\n",
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz or /readyz\n",

@@ -201,6 +201,16 @@ pub struct ProxyArgs {
     /// PEM private key of --metrics-tls-cert.
     #[arg(long, env = "TOKENMETER_METRICS_TLS_KEY", value_name = "FILE")]
     pub metrics_tls_key: Option<PathBuf>,
+
+    // --- the page on the metrics listener (src/ui/) ---
+    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
+    /// for it: only /metrics, /healthz and /readyz.
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
+
+    /// How often the page's sampler reads the registry for its time series (1s to 60s).
+    #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub ui_sample_period: Duration,
 }
 
 /// Where requests go.
@@ -246,6 +256,8 @@ pub struct Config {
     pub gpu_hour_cost: Option<f64>,
     /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
     pub slo: Arc<Classes>,
+    /// The page's sample period; `None` with `--no-ui`.
+    pub ui: Option<Duration>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -273,6 +285,8 @@ pub enum ConfigError {
     Unpaired(&'static str, &'static str),
     #[error("--{0} applies to an https:// upstream only")]
     NotHttps(&'static str),
+    #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
+    BadUiSamplePeriod(Duration),
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -448,6 +462,10 @@ impl ProxyArgs {
             &self.metrics_tls_key,
             ("metrics-tls-cert", "metrics-tls-key"),
         )?;
+        let ui_period = Duration::from_secs(1)..=Duration::from_secs(60);
+        if !ui_period.contains(&self.ui_sample_period) {
+            return Err(ConfigError::BadUiSamplePeriod(self.ui_sample_period));
+        }
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -479,6 +497,12 @@ impl ProxyArgs {
                         gpu_hour_cost,
                     },
                 },
+                gpu_source: gpus.source,
+                gpu_hour_cost,
+                slo_objectives: slo
+                    .iter()
+                    .map(|(name, t)| (name.to_string(), t.objective))
+                    .collect(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -498,6 +522,7 @@ impl ProxyArgs {
             gpus,
             gpu_hour_cost,
             slo: Arc::new(slo),
+            ui: (!self.no_ui).then_some(self.ui_sample_period),
         })
     }
 
@@ -666,6 +691,21 @@ mod tests {
         );
         let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
         assert!(matches!(e, Err(ConfigError::Slo(_))), "{e:?}");
+    }
+
+    #[test]
+    fn the_page_is_on_unless_no_ui_and_its_period_is_bounded() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.ui, Some(Duration::from_secs(5)));
+        let c = args(&[&up[..], &["--no-ui"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, None);
+        let c = args(&[&up[..], &["--ui-sample-period", "1s"]].concat()).validate();
+        assert_eq!(c.expect("valid").ui, Some(Duration::from_secs(1)));
+        for bad in ["500ms", "61s"] {
+            let e = args(&[&up[..], &["--ui-sample-period", bad]].concat()).validate();
+            assert!(matches!(e, Err(ConfigError::BadUiSamplePeriod(_))), "{bad}");
+        }
     }
 
     #[test]

@@ -93,6 +93,22 @@ impl Scrape {
         self.select(name, labels).map(|s| s.value).sum()
     }
 
+    /// The sum of the samples an instant-vector selector picks: `name` or
+    /// `name{label="value",...}` (equality matchers only; the samples may carry more labels).
+    /// A selector that does not parse selects nothing. Tests and small tools name a series this
+    /// way, as they would in PromQL.
+    pub fn sum_of(&self, selector: &str) -> f64 {
+        let Some(want) = parse_line(&format!("{} 0", selector.trim())) else {
+            return 0.0;
+        };
+        let labels: Vec<(&str, &str)> = want
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        self.sum(&want.name, &labels)
+    }
+
     /// The cumulative buckets of histogram `histogram` (its name without `_bucket`) over the
     /// series that carry `labels`, summed per upper bound: `(le, count)`, ascending, `+Inf` last.
     pub fn buckets(&self, histogram: &str, labels: &[(&str, &str)]) -> Vec<(f64, f64)> {
@@ -247,6 +263,22 @@ ttft_bucket{model="b",le="+Inf"} 3
         assert_eq!(s.sum("tokenmeter_requests", &[]), 0.0);
         assert!(s.contains("tokenmeter_build_info"));
         assert!(!s.contains("tokenmeter_build"));
+    }
+
+    #[test]
+    fn a_selector_sums_what_promql_would_select() {
+        let s = Scrape::parse(TEXT);
+        assert_eq!(s.sum_of("tokenmeter_requests_total"), 7.0);
+        assert_eq!(
+            s.sum_of("tokenmeter_requests_total{outcome=\"complete\"}"),
+            6.0
+        );
+        assert_eq!(
+            s.sum_of("tokenmeter_requests_total{model=\"a\",code=\"502\"}"),
+            1.0
+        );
+        assert_eq!(s.sum_of("tokenmeter_requests"), 0.0);
+        assert_eq!(s.sum_of("tokenmeter_requests_total{model=}"), 0.0);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
 //! - [`metrics`]: the only module that names a metric; every label value is bounded.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener.
+//! - [`ui`]: the page on the metrics listener (`/`, `/api/summary`), drawn from the registry.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future.
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
@@ -47,6 +48,7 @@ pub mod signal;
 pub mod sim;
 pub mod slo;
 pub mod tap;
+pub mod ui;
 
 // The live capacity model (issue 15); its metric families are `metrics::capacity`.
 pub mod capacity;

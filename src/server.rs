@@ -34,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::proxy::{self, Proxy};
 use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
+use crate::ui::Ui;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,8 @@ pub struct Server {
     metrics_tls: Option<ServerTls>,
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
+    /// The page on the metrics listener; `None` with `--no-ui`.
+    ui: Option<Arc<Ui>>,
     drain_timeout: Duration,
     header_read_timeout: Duration,
 }
@@ -84,14 +87,24 @@ impl Server {
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
         let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-        let recorder =
-            Arc::new(Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes).with_api(cfg.api));
+        let recorder = Arc::new(
+            Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+                .with_api(cfg.api)
+                .with_classes(Arc::clone(&cfg.slo)),
+        );
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
             proxy: proxy::stack(cfg, recorder, &client_tls),
             tls,
             metrics_tls,
+            ui: cfg.ui.map(|period| {
+                Arc::new(Ui::new(
+                    Arc::clone(&metrics),
+                    period,
+                    cfg.metrics.rate_window,
+                ))
+            }),
             metrics,
             ready: Arc::new(Readiness::default()),
             drain_timeout: cfg.drain_timeout,
@@ -124,10 +137,12 @@ impl Server {
             .into_iter()
             .filter_map(|(name, t)| t.as_ref().map(|t| t.cert.watch(name)))
             .collect();
+        let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
             Arc::clone(&self.metrics),
             Arc::clone(&self.ready),
+            self.ui.clone(),
             self.metrics_tls,
             self.header_read_timeout,
         ));
@@ -171,6 +186,9 @@ impl Server {
         // Joined upgrades end here; the connection tasks end with the process.
         let _ = cut_tx.send(true);
         admin.abort();
+        if let Some(sampler) = sampler {
+            sampler.abort();
+        }
         for w in watchers {
             w.abort();
         }
@@ -273,6 +291,7 @@ async fn serve_admin(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
+    ui: Option<Arc<Ui>>,
     tls: Option<ServerTls>,
     header_read_timeout: Duration,
 ) {
@@ -282,12 +301,13 @@ async fn serve_admin(
             continue;
         };
         let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
+        let ui = ui.clone();
         tokio::spawn(async move {
             let Some(io) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
                 return;
             };
             let service = service_fn(move |req: Request<Incoming>| {
-                let resp = admin::handle(&req, &metrics, &ready);
+                let resp = admin::handle_with_ui(&req, &metrics, &ready, ui.as_deref());
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = auto::Builder::new(TokioExecutor::new())

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
+use tokenmeter::exposition::Scrape;
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome, Phase};
 use tokenmeter::protocol::request::RequestInfo;
@@ -45,11 +46,7 @@ const STATUSES: &[u16] = &[
 
 /// The sum of every `tokenmeter_requests_total` sample in the exposition.
 fn requests(exposition: &[u8]) -> f64 {
-    String::from_utf8_lossy(exposition)
-        .lines()
-        .filter(|l| l.starts_with("tokenmeter_requests_total{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    Scrape::parse(&String::from_utf8_lossy(exposition)).sum_of("tokenmeter_requests_total")
 }
 
 fn pick<'a>(table: &[&'a str], i: u8, fallback: &'a str) -> &'a str {

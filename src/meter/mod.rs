@@ -26,10 +26,13 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::StreamGaps;
-use crate::metrics::{Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase};
+use crate::metrics::{
+    concurrency_band, Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase, SloResult,
+};
 use crate::protocol::request::RequestInfo;
 use crate::protocol::Api;
 use crate::read::Reader;
+use crate::slo::{self, Choice, Classes};
 
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
 pub struct Recorder {
@@ -39,6 +42,8 @@ pub struct Recorder {
     pub max_line: usize,
     /// `--api`: the wire format every response is read as (`None`: detected per response).
     pub api: Option<Api>,
+    /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
+    pub classes: Arc<Classes>,
 }
 
 impl Recorder {
@@ -48,7 +53,14 @@ impl Recorder {
             concurrency: Concurrency::default(),
             max_line,
             api: None,
+            classes: Arc::new(Classes::default()),
         }
+    }
+
+    /// Judges requests by these SLO classes (`--slo`, `--slo-file`).
+    pub fn with_classes(mut self, classes: Arc<Classes>) -> Self {
+        self.classes = classes;
+        self
     }
 
     /// Reads every response as `api` instead of detecting its format (`--api`).
@@ -66,7 +78,7 @@ impl Recorder {
     pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
         let now = Instant::now();
         self.metrics.phase(Phase::Prefill, 1);
-        self.concurrency.update(now, 1);
+        let at_start = self.concurrency.update(now, 1);
         Meter {
             state: Some(State {
                 reader: Reader::opaque(),
@@ -83,6 +95,9 @@ impl Recorder {
                     at_first: None,
                     at_last: None,
                     gaps: StreamGaps::default(),
+                    at_start,
+                    at_leave: None,
+                    slo: Some(self.classes.default_choice()),
                     left: false,
                 },
             }),
@@ -125,6 +140,12 @@ struct Clock {
     at_last: Option<Snapshot>,
     /// The gaps between this stream's tokens, for the live capacity model.
     gaps: StreamGaps,
+    /// The concurrency tracker as the request entered and left the in-flight gauges: the band of
+    /// a request without a decode window.
+    at_start: Snapshot,
+    at_leave: Option<Snapshot>,
+    /// The SLO class and targets the request is judged against (`None`: not judged).
+    slo: Option<Choice>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
 }
@@ -143,6 +164,14 @@ impl Meter {
         }
         let rec = &s.clock.recorder;
         s.reader = Reader::new(path, content_type, rec.api, rec.max_line);
+    }
+
+    /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
+    /// for a request that is not judged.
+    pub fn set_slo(&mut self, choice: Option<Choice>) {
+        if let Some(s) = &mut self.state {
+            s.clock.slo = choice;
+        }
     }
 
     /// The proxy answered itself (400, 502, 504): there is no upstream response head.
@@ -262,6 +291,11 @@ impl State {
                 invalid_json: summary.malformed,
                 content_encoding: u64::from(s.encoded),
             },
+            slo: None,
+        };
+        let f = Finished {
+            slo: s.judge(&f),
+            ..f
         };
         debug_lines(&f, now, wall, s.last_token);
         m.record(&f);
@@ -310,6 +344,52 @@ fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Optio
 // === impl Clock ===
 
 impl Clock {
+    /// The request's SLO result, judged on its record.
+    fn judge(&self, f: &Finished) -> Option<SloResult> {
+        let choice = self.slo.as_ref()?;
+        // A joined WebSocket has no response to time (its upgrade request is a GET anyway).
+        if f.outcome == Outcome::Upgraded {
+            return None;
+        }
+        let two_xx = (200..300).contains(&self.status);
+        let end = match f.outcome {
+            // Gone before any response head (status 0), or from a 2xx response.
+            Outcome::ClientDisconnect if self.status == 0 || two_xx => slo::End::ClientDisconnect,
+            Outcome::Complete if two_xx => slo::End::Complete,
+            // Upstream errors, timeouts, refusals and every non-2xx answer.
+            _ => slo::End::Failed,
+        };
+        let decode_tps = match (f.api, f.decode_time()) {
+            (Api::Unknown, _) | (_, None) => None,
+            (_, Some(d)) if f.output_tokens >= 2 && !d.is_zero() => {
+                Some((f.output_tokens - 1) as f64 / d.as_secs_f64())
+            }
+            _ => None,
+        };
+        let obs = slo::Observation {
+            ttft: f.first_token,
+            decode_tps,
+            elapsed: f.duration,
+            end,
+        };
+        // With a decode window, the band of tokenmeter_request_tokens_per_second; else the
+        // mean in flight over the request's life, so a request that queued at high load is
+        // not placed in band 1.
+        let band = if decode_tps.is_some() {
+            f.band()
+        } else {
+            let life = self
+                .at_leave
+                .map_or(1.0, |end| self.at_start.mean_until(&end));
+            concurrency_band(life.max(1.0))
+        };
+        Some(SloResult {
+            class: Arc::clone(&choice.class),
+            verdict: slo::judge(&choice.targets, &obs),
+            band,
+        })
+    }
+
     /// The `model` label: the name the stream gave (by its first token, when called then), else
     /// the request's.
     fn model_label(&self, named: Option<&str>) -> String {
@@ -365,7 +445,7 @@ impl Clock {
             Phase::Prefill
         };
         self.recorder.metrics.phase(phase, -1);
-        self.recorder.concurrency.update(now, -1);
+        self.at_leave = Some(self.recorder.concurrency.update(now, -1));
     }
 }
 

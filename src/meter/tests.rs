@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::exposition::Scrape;
 use crate::metrics::MetricsConfig;
 
 fn recorder() -> Arc<Recorder> {
@@ -8,12 +9,10 @@ fn recorder() -> Arc<Recorder> {
     Arc::new(Recorder::new(Arc::new(m), 1 << 20))
 }
 
-fn sample(rec: &Recorder, line_start: &str) -> f64 {
+/// The sum of the series `selector` picks in the recorder's exposition.
+fn sample(rec: &Recorder, selector: &str) -> f64 {
     let text = String::from_utf8(rec.metrics.render()).expect("utf-8");
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    Scrape::parse(&text).sum_of(selector)
 }
 
 const CHUNK: &str = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
@@ -223,4 +222,37 @@ fn a_compressed_body_is_counted_once_at_the_end_and_not_read() {
         1.0
     );
     assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 0.0);
+}
+
+// A request with no decode window (an error, or a client gone while queued) is placed in the
+// band of its whole life's mean in flight: at 12 in flight it is in band 9-16, not band 1.
+#[test]
+fn a_request_without_a_decode_window_takes_the_band_of_its_life() {
+    let rec = recorder();
+    let mut others: Vec<Meter> = (0..11).map(|_| rec.start(RequestInfo::default())).collect();
+    let mut failed = rec.start(RequestInfo::default());
+    failed.set_status(502);
+    failed.finish(Outcome::UpstreamError);
+    let line = |band: &str, result: &str| {
+        format!(
+            "tokenmeter_slo_requests_total{{class=\"interactive\",concurrency=\"{band}\",model=\"unknown\",result=\"{result}\"}}"
+        )
+    };
+    assert_eq!(sample(&rec, &line("9-16", "error")), 1.0);
+    // Not judged at all: a request whose class choice said so (a GET).
+    let mut get = others.pop().expect("one");
+    get.set_slo(None);
+    drop(get);
+    assert_eq!(sample(&rec, "tokenmeter_slo_requests_total"), 1.0);
+    drop(others);
+    // The ten others left while queued, before any target could be missed.
+    assert_eq!(
+        sample(
+            &rec,
+            "tokenmeter_slo_requests_total{class=\"interactive\",result=\"client_disconnect\"}"
+        ),
+        10.0
+    );
+    assert_eq!(sample(&rec, "tokenmeter_slo_requests_total"), 11.0);
+    assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
 }

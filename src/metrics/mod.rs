@@ -19,19 +19,21 @@ pub mod capacity;
 mod rate;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use self::rate::RateWindow;
 use crate::capacity::{Capacity, CapacityConfig};
+use crate::gpus;
 use crate::protocol::Api;
 pub use crate::protocol::TokenSource;
+use crate::slo::Verdict;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -243,6 +245,18 @@ pub struct Finished {
     pub mean_in_flight: Option<f64>,
     /// What could not be parsed.
     pub parse_errors: ParseErrors,
+    /// The request's SLO class and result.
+    pub slo: Option<SloResult>,
+}
+
+/// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloResult {
+    /// The `class` label: a declared class name (see [`crate::slo::Classes`]).
+    pub class: Arc<str>,
+    pub verdict: Verdict,
+    /// The `concurrency` band: the decode window's, else the request's whole life's.
+    pub band: &'static str,
 }
 
 /// A request's parse-error tallies, by `reason`.
@@ -321,6 +335,8 @@ pub struct Metrics {
     decoding: IntGauge,
     capacity: Capacity,
     capacity_families: capacity::CapacityMetrics,
+    slo_requests: IntCounterVec,
+    goodput_tokens: IntCounterVec,
 }
 
 /// Settings the metrics need.
@@ -332,6 +348,12 @@ pub struct MetricsConfig {
     pub gpus: f64,
     /// The live capacity model (`--capacity-window`, `--replicas`, the classes' floors).
     pub capacity: CapacityConfig,
+    /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
+    pub gpu_source: gpus::Source,
+    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
+    pub gpu_hour_cost: Option<f64>,
+    /// Each SLO class with its objective, for `tokenmeter_slo_objective`.
+    pub slo_objectives: Vec<(String, f64)>,
 }
 
 impl Default for MetricsConfig {
@@ -342,6 +364,12 @@ impl Default for MetricsConfig {
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
             capacity: CapacityConfig::default(),
+            gpu_source: gpus::Source::Default,
+            gpu_hour_cost: None,
+            slo_objectives: crate::slo::Classes::default()
+                .iter()
+                .map(|(name, t)| (name.to_string(), t.objective))
+                .collect(),
         }
     }
 }
@@ -395,8 +423,35 @@ impl Metrics {
         for p in [Phase::Prefill, Phase::Decode] {
             in_flight.with_label_values(&[p.as_str()]).set(0);
         }
-        let gpus = gauge(&r, "tokenmeter_gpus", "GPUs behind this proxy (--gpus).")?;
-        gpus.set(cfg.gpus);
+        let gpus = GaugeVec::new(
+            Opts::new(
+                "tokenmeter_gpus",
+                "GPUs behind this proxy (--gpus); source says where the number came from.",
+            ),
+            &["source"],
+        )?;
+        r.register(Box::new(gpus.clone()))?;
+        gpus.with_label_values(&[cfg.gpu_source.as_str()])
+            .set(cfg.gpus);
+        if let Some(cost) = cfg.gpu_hour_cost {
+            gauge(
+                &r,
+                "tokenmeter_gpu_hour_cost",
+                "What one GPU costs per hour, in USD (--gpu-hour-cost).",
+            )?
+            .set(cost);
+        }
+        let objective = GaugeVec::new(
+            Opts::new(
+                "tokenmeter_slo_objective",
+                "The share of an SLO class's requests that must meet its targets (--slo objective).",
+            ),
+            &["class"],
+        )?;
+        r.register(Box::new(objective.clone()))?;
+        for (class, o) in &cfg.slo_objectives {
+            objective.with_label_values(&[class]).set(*o);
+        }
         let build = IntGaugeVec::new(
             Opts::new(
                 "tokenmeter_build_info",
@@ -528,6 +583,18 @@ impl Metrics {
                 "tokenmeter_output_tokens_per_second_per_gpu",
                 "tokenmeter_output_tokens_per_second / tokenmeter_gpus.",
             )?,
+            slo_requests: counter(
+                &r,
+                "tokenmeter_slo_requests_total",
+                "Requests by SLO class, model, concurrency band and result (met, the first target missed, error, or the client gone first), counted once when they end.",
+                &["class", "model", "concurrency", "result"],
+            )?,
+            goodput_tokens: counter(
+                &r,
+                "tokenmeter_goodput_output_tokens_total",
+                "Output tokens of requests that met their SLO class's targets.",
+                &["class", "model"],
+            )?,
             registry: r,
         })
     }
@@ -591,6 +658,23 @@ impl Metrics {
         self.parse_error(ParseError::InvalidJson, e.invalid_json);
         self.parse_error(ParseError::LineTooLong, e.line_too_long);
         self.parse_error(ParseError::ContentEncoding, e.content_encoding);
+        if let Some(slo) = &f.slo {
+            self.slo_requests
+                .with_label_values(&[&slo.class, model, slo.band, slo.verdict.as_str()])
+                .inc();
+            // Every request that met its targets has a goodput series, 0 tokens or more, so
+            // goodput is never absent where requests were met.
+            if slo.verdict == Verdict::Met {
+                let good = if f.api == Api::Unknown {
+                    0
+                } else {
+                    f.output_tokens
+                };
+                self.goodput_tokens
+                    .with_label_values(&[&slo.class, model])
+                    .inc_by(good);
+            }
+        }
         self.duration
             .with_label_values(&[model])
             .observe(f.duration.as_secs_f64());

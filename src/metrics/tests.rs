@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::exposition::Scrape;
 
 #[test]
 fn bands_match_the_documented_edges() {
@@ -53,14 +54,13 @@ fn finished() -> Finished {
         input_tokens: Some(7),
         mean_in_flight: Some(3.0),
         parse_errors: ParseErrors::default(),
+        slo: None,
     }
 }
 
-fn sum(text: &str, line_start: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+/// The sum of the series `selector` picks in an exposition.
+fn sum(text: &str, selector: &str) -> f64 {
+    Scrape::parse(text).sum_of(selector)
 }
 
 #[test]
@@ -167,10 +167,78 @@ fn exposition_has_every_family() {
     for name in [
         "tokenmeter_requests_in_flight{phase=\"prefill\"} 0",
         "tokenmeter_requests_total{api=\"openai\",code=\"200\",model=\"m\",outcome=\"complete\"} 1",
-        "tokenmeter_gpus 1",
+        "tokenmeter_gpus{source=\"default\"} 1",
+        "tokenmeter_slo_objective{class=\"interactive\"} 0.95",
+        "tokenmeter_slo_objective{class=\"batch\"} 0.95",
         "tokenmeter_output_tokens_per_second 0",
         "tokenmeter_token_count_source_total{source=\"usage\"} 0",
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
+}
+
+#[test]
+fn slo_results_count_once_and_goodput_only_for_met() {
+    let cfg = MetricsConfig {
+        gpus: 4.0,
+        gpu_source: gpus::Source::NvidiaVisibleDevices,
+        gpu_hour_cost: Some(2.5),
+        ..MetricsConfig::default()
+    };
+    let m = Metrics::new(&cfg).expect("metrics");
+    let slo = |verdict, band| {
+        Some(SloResult {
+            class: Arc::from("interactive"),
+            verdict,
+            band,
+        })
+    };
+    m.record(&Finished {
+        slo: slo(Verdict::Met, "2-4"),
+        ..finished()
+    });
+    m.record(&Finished {
+        slo: slo(Verdict::TpsMissed, "2-4"),
+        ..finished()
+    });
+    m.record(&Finished {
+        slo: slo(Verdict::Met, "9-16"),
+        output_tokens: 11,
+        ..finished()
+    });
+    // Met, but no parser read it: counted, with no goodput tokens.
+    m.record(&Finished {
+        slo: slo(Verdict::Met, "1"),
+        api: Api::Unknown,
+        ..finished()
+    });
+    m.record(&finished());
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let slo_line = |band: &str, result: &str| {
+        format!("tokenmeter_slo_requests_total{{class=\"interactive\",concurrency=\"{band}\",model=\"m\",result=\"{result}\"}}")
+    };
+    assert_eq!(sum(&text, &slo_line("2-4", "met")), 1.0, "{text}");
+    assert_eq!(sum(&text, &slo_line("2-4", "tps_missed")), 1.0);
+    assert_eq!(sum(&text, &slo_line("9-16", "met")), 1.0);
+    assert_eq!(sum(&text, &slo_line("1", "met")), 1.0);
+    assert_eq!(sum(&text, "tokenmeter_slo_requests_total"), 4.0);
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_goodput_output_tokens_total{class=\"interactive\",model=\"m\"}"
+        ),
+        16.0
+    );
+    assert_eq!(
+        sum(&text, "tokenmeter_gpus{source=\"nvidia_visible_devices\"}"),
+        4.0
+    );
+    assert_eq!(sum(&text, "tokenmeter_gpu_hour_cost"), 2.5);
+}
+
+#[test]
+fn no_gpu_hour_cost_no_series() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    let text = String::from_utf8(m.render()).expect("utf8");
+    assert!(!text.contains("tokenmeter_gpu_hour_cost"), "{text}");
 }

@@ -29,6 +29,7 @@ use super::{full, metering, BoxFuture, ProxyBody, ProxyError};
 use crate::inject;
 use crate::meter::Recorder;
 use crate::protocol::request::{self, RequestInfo};
+use crate::slo::Choice;
 use crate::tap::BoxError;
 
 /// What inspection learnt about a request, for the layers below.
@@ -38,6 +39,9 @@ pub struct Inspected {
     pub arrived: Instant,
     /// What the body says (model, streaming, usage asked for or injected).
     pub info: RequestInfo,
+    /// The request's SLO class and targets, from its headers, path and model; `None` for a
+    /// request that is not judged (not a POST).
+    pub slo: Option<Choice>,
 }
 
 /// Builds [`Inspect`] services.
@@ -113,11 +117,17 @@ where
         Box::pin(async move {
             // Until the body is read, no meter exists: a client that goes away now (hyper drops
             // this future with its connection) is recorded by the guard.
+            let (mut parts, body) = req.into_parts();
+            // The class the head names (or its path); the model may refine it once read.
+            let classes = Arc::clone(&recorder.classes);
+            // Inference is always a POST: a GET of /v1/models or /health is no consumer of speed.
+            let judged = parts.method == http::Method::POST;
+            let head_slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), None));
             let guard = Unread {
                 recorder: Some(Arc::clone(&recorder)),
                 arrived,
+                slo: head_slo.clone(),
             };
-            let (mut parts, body) = req.into_parts();
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
             guard.disarm();
@@ -126,11 +136,13 @@ where
                 Err(e) => {
                     tracing::debug!(error = %e, "client request body failed");
                     let err = ProxyError::RequestBody(e);
-                    metering::record_refusal(&recorder, arrived, &err);
+                    metering::record_refusal(&recorder, arrived, head_slo, &err);
                     return Ok(err.to_response());
                 }
             };
-            parts.extensions.insert(Inspected { arrived, info });
+            let model = info.model.as_deref();
+            let slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), model));
+            parts.extensions.insert(Inspected { arrived, info, slo });
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
         })
@@ -141,6 +153,7 @@ where
 struct Unread {
     recorder: Option<Arc<Recorder>>,
     arrived: Instant,
+    slo: Option<Choice>,
 }
 
 impl Unread {
@@ -152,7 +165,7 @@ impl Unread {
 impl Drop for Unread {
     fn drop(&mut self) {
         if let Some(recorder) = self.recorder.take() {
-            metering::record_gone(&recorder, self.arrived);
+            metering::record_gone(&recorder, self.arrived, self.slo.clone());
         }
     }
 }

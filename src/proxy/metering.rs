@@ -40,6 +40,7 @@ use crate::meter::{Meter, Recorder};
 use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
 use crate::read::{content_framing, Framing};
+use crate::slo::Choice;
 use crate::tap::{BoxError, TapBody};
 use crate::upgrade::{self, UpgradeError};
 
@@ -59,15 +60,22 @@ pub struct Metering<S> {
 }
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
-pub fn record_refusal(recorder: &Arc<Recorder>, arrived: Instant, err: &ProxyError) {
-    let meter = recorder.start_at(RequestInfo::default(), arrived);
+pub fn record_refusal(
+    recorder: &Arc<Recorder>,
+    arrived: Instant,
+    slo: Option<Choice>,
+    err: &ProxyError,
+) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.set_slo(slo);
     finish_with_error(meter, err);
 }
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
-pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant) {
-    let meter = recorder.start_at(RequestInfo::default(), arrived);
+pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant, slo: Option<Choice>) {
+    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
+    meter.set_slo(slo);
     meter.finish(Outcome::ClientDisconnect);
 }
 
@@ -125,19 +133,21 @@ where
     }
 
     fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
-        let Inspected { arrived, info } = req
+        let Inspected { arrived, info, slo } = req
             .extensions_mut()
             .remove::<Inspected>()
             .unwrap_or_else(|| Inspected {
                 arrived: Instant::now(),
                 info: RequestInfo::default(),
+                slo: Some(self.recorder.classes.default_choice()),
             });
         let strip_usage = info.usage_injected;
         // The client's path: the one the wire format is told by, before any base path.
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
         let drain = req.extensions().get::<Drain>().cloned();
-        let meter = self.recorder.start_at(info, arrived);
+        let mut meter = self.recorder.start_at(info, arrived);
+        meter.set_slo(slo);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
@@ -262,6 +272,7 @@ mod tests {
                 include_usage: false,
                 usage_injected,
             },
+            slo: Some(crate::slo::Classes::default().default_choice()),
         });
         req
     }

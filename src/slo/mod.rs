@@ -192,6 +192,15 @@ impl Classes {
         &self.classes[self.default].name
     }
 
+    /// The default class with its own targets: a request's choice until its head is read.
+    pub fn default_choice(&self) -> Choice {
+        let c = &self.classes[self.default];
+        Choice {
+            class: Arc::clone(&c.name),
+            targets: c.targets,
+        }
+    }
+
     /// The header that names a request's class.
     pub fn header(&self) -> &HeaderName {
         &self.header

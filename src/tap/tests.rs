@@ -6,6 +6,7 @@ use http_body_util::{BodyExt, Full};
 
 use super::mock::{End, MockBody, Step};
 use super::*;
+use crate::exposition::Scrape;
 use crate::meter::Recorder;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::protocol::request::RequestInfo;
@@ -27,12 +28,9 @@ fn tap(rec: &Arc<Recorder>, body: MockBody, idle: Option<Duration>) -> TapBody<M
 /// `tokenmeter_requests_total` by outcome: how many requests were recorded, and how.
 fn outcomes(rec: &Recorder) -> Vec<(String, f64)> {
     let text = String::from_utf8(rec.metrics.render()).expect("utf8");
-    text.lines()
-        .filter(|l| l.starts_with("tokenmeter_requests_total{"))
-        .filter_map(|l| {
-            let outcome = l.split("outcome=\"").nth(1)?.split('"').next()?;
-            Some((outcome.to_owned(), l.rsplit_once(' ')?.1.parse().ok()?))
-        })
+    Scrape::parse(&text)
+        .select("tokenmeter_requests_total", &[])
+        .map(|s| (s.label("outcome").unwrap_or("").to_owned(), s.value))
         .collect()
 }
 

@@ -5,12 +5,14 @@ dashboard query and every recording rule must return data.
 On loopback only, in a temporary directory, it starts:
   - the traffic upstream (tests/deploy/traffic.py upstream: OpenAI-style SSE with usage, plus
     error statuses, cut streams, slow headers and malformed events on request),
-  - two tokenmeters in front of it (pods "vllm-llama-0" with --gpus 2 and "vllm-qwen-0" with
-    --gpus 1, in namespace "inference"; Prometheus adds those labels from static_configs, as a
-    PodMonitor does in Kubernetes),
+  - two tokenmeters in front of it (pods "vllm-llama-0" with --gpus 2 and --gpu-hour-cost, and
+    "vllm-qwen-0" with --gpus auto finding one GPU in NVIDIA_VISIBLE_DEVICES and no cost of its
+    own, in namespace "inference"; Prometheus adds those labels from static_configs, as a
+    PodMonitor does in Kubernetes), both with the SLO classes in SLO_CLASSES,
   - Prometheus (the Debian package) with a 1 s scrape and evaluation interval and
     deploy/prometheus/rules.yml loaded,
-  - two load clients sending concurrent streaming requests with every outcome mixed in.
+  - two load clients sending concurrent streaming requests with every outcome mixed in, each
+    naming one of the classes (or an undeclared one, or none) in x-tokenmeter-class.
 After the traffic has run for a while it checks, through Prometheus's HTTP API:
   1. the template variable queries (label_values) list the namespace, pods and models;
   2. every target of every panel, with the template variables substituted both as "All" (.*)
@@ -19,7 +21,10 @@ After the traffic has run for a while it checks, through Prometheus's HTTP API:
   3. every rule Prometheus loaded evaluates without error, and every recording rule's
      expression and recorded series return a finite value; the KEDA trigger's query and the
      Prometheus adapter's query behind the HPA (deploy/overlays/autoscale-*) return one too;
-  4. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
+  4. the SLO and GPU series say what the set-up implies: only declared class labels (the
+     undeclared name counts in the default class), the strict class missing TTFT and TPS, the
+     objectives as declared, and each pod's GPU count with its source (check_slo_and_gpus);
+  5. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
      open through tokenmeter have finished (check_drain_hook).
 Everything started is stopped at the end, also on failure. Exits 1 listing each failure.
 
@@ -47,8 +52,17 @@ import dashboard as dash
 REPO = dash.REPO
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "inference"
-PODS = [("vllm-llama-0", 2, "llama-3.1-8b-instruct", "1,4,10"), ("vllm-qwen-0", 1, "qwen2.5-7b-instruct,mistral-7b", "2,6")]
+# (pod, tokenmeter flags and environment, models, concurrency steps)
+PODS = [
+    ("vllm-llama-0", ["--gpus", "2", "--gpu-hour-cost", "1.80"], {}, "llama-3.1-8b-instruct", "1,4,10"),
+    ("vllm-qwen-0", ["--gpus", "auto"], {"NVIDIA_VISIBLE_DEVICES": "GPU-4e1c7a2b"}, "qwen2.5-7b-instruct,mistral-7b", "2,6"),
+]
 PRICE = "2.50"
+# The upstream's TTFT is 75-225 ms and it streams at 50 tokens/s: interactive and batch are met
+# (unless the request fails), strict misses TTFT on most requests and TPS on the rest.
+SLO_CLASSES = ["interactive:ttft=1s,tps=20", "strict:ttft=100ms,tps=100,objective=0.99", "batch"]
+# The load's class headers: declared ones, an undeclared one (counted in interactive) and none.
+LOAD_CLASSES = "interactive,strict,batch,vip,"
 
 failures = []
 
@@ -264,6 +278,44 @@ def check_rules(prom):
         fail("Prometheus loaded no recording rules or no alerts")
 
 
+def instant(prom, expr):
+    """{frozenset(labels): value} of an instant query."""
+    return {frozenset((k, v) for k, v in r["metric"].items() if k != "__name__"): float(r["value"][1])
+            for r in prom.api("query", query=expr, time=time.time())["result"]}
+
+
+def check_slo_and_gpus(prom):
+    classes = sorted(dict(k)["class"] for k in instant(prom, "count by (class) (tokenmeter_slo_requests_total)"))
+    print(f"  class labels: {classes}")
+    if classes != ["batch", "interactive", "strict"]:
+        fail(f"tokenmeter_slo_requests_total class labels are {classes}, expected the declared batch, interactive, strict")
+    results = instant(prom, "sum by (class, result) (tokenmeter_slo_requests_total)")
+    got = {(dict(k)["class"], dict(k)["result"]): v for k, v in results.items()}
+    print("  results: " + ", ".join(f"{c}/{r}={v:.0f}" for (c, r), v in sorted(got.items())))
+    for want in [("interactive", "met"), ("batch", "met"), ("strict", "ttft_missed"), ("strict", "tps_missed"),
+                 ("interactive", "error")]:
+        if got.get(want, 0) <= 0:
+            fail(f"no {want[0]} request with result {want[1]}")
+    if got.get(("strict", "met"), 0) > got.get(("strict", "ttft_missed"), 0) + got.get(("strict", "tps_missed"), 0):
+        fail("strict met more often than it missed, against a 100 ms TTFT and 100 tok/s floor at 50 tok/s")
+    objectives = {dict(k)["class"]: v for k, v in instant(prom, "max by (class) (tokenmeter_slo_objective)").items()}
+    if objectives != {"interactive": 0.95, "strict": 0.99, "batch": 0.95}:
+        fail(f"tokenmeter_slo_objective is {objectives}")
+    gpus = {(dict(k)["pod"], dict(k)["source"]): v for k, v in instant(prom, "tokenmeter_gpus").items()}
+    print(f"  gpus: {gpus}")
+    if gpus != {("vllm-llama-0", "flag"): 2.0, ("vllm-qwen-0", "nvidia_visible_devices"): 1.0}:
+        fail(f"tokenmeter_gpus is {gpus}, expected 2 from the flag and 1 from NVIDIA_VISIBLE_DEVICES")
+    cost = {dict(k)["pod"]: v for k, v in instant(prom, "tokenmeter_gpu_hour_cost").items()}
+    if cost != {"vllm-llama-0": 1.8}:
+        fail(f"tokenmeter_gpu_hour_cost is {cost}, expected 1.8 on vllm-llama-0 only")
+    good = instant(prom, "sum(tokenmeter_goodput_output_tokens_total)")
+    out = instant(prom, "sum(tokenmeter_output_tokens_total)")
+    g, o = sum(good.values()), sum(out.values())
+    print(f"  goodput {g:.0f} of {o:.0f} output tokens")
+    if not 0 < g < o:
+        fail(f"goodput {g} should be above 0 and below the {o} output tokens (strict misses, errors are cut)")
+
+
 def in_flight(metrics_port):
     _, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
@@ -331,13 +383,15 @@ def main():
 
         # Two tokenmeters, one per "pod".
         targets = []
-        for pod, gpus, models, steps in PODS:
+        for pod, flags, env, models, steps in PODS:
             listen, metrics = free_port(), free_port()
+            clean = {k: v for k, v in os.environ.items() if not k.endswith("_VISIBLE_DEVICES")}
             procs.start(f"tokenmeter-{pod}", [
                 tm_bin, "--upstream", upstream, "--listen", f"127.0.0.1:{listen}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus),
-                "--upstream-timeout", "2s", "--rate-window", "5s", "--gpu-hour-cost", PRICE,
-            ])
+                "--metrics-listen", f"127.0.0.1:{metrics}", *flags,
+                "--upstream-timeout", "2s", "--rate-window", "5s",
+                *[a for c in SLO_CLASSES for a in ("--slo", c)],
+            ], env=dict(clean, **env))
             targets.append((pod, listen, metrics, models, steps))
         for pod, _, metrics, _, _ in targets:
             wait_for(f"tokenmeter {pod}", lambda m=metrics: http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
@@ -369,7 +423,7 @@ def main():
             loads[pod] = procs.start(f"load-{pod}", [
                 sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
                 "--duration", str(traffic_s + 30), "--concurrency", steps, "--models", models,
-                "--seed", str(len(procs.items)),
+                "--seed", str(len(procs.items)), "--classes", LOAD_CLASSES,
             ])
         wait_for("both targets up", lambda: len([r for r in prom.api("query", query="up == 1")["result"]]) == len(targets))
         print(f"live_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
@@ -383,7 +437,7 @@ def main():
         concrete = {
             "namespace": NAMESPACE,
             "pod": PODS[0][0],
-            "model": PODS[0][2].split(",")[0],
+            "model": PODS[0][3].split(",")[0],
         }
         if concrete["model"] not in got.get("model", []):
             fail(f"model {concrete['model']} missing from $model values {got.get('model')}")
@@ -393,6 +447,8 @@ def main():
         check_rules(prom)
         print("live_test: autoscaling queries (deploy/overlays/autoscale-*)", flush=True)
         check_autoscaling(prom)
+        print("live_test: SLO classes and GPU sources", flush=True)
+        check_slo_and_gpus(prom)
         print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)
         pod, listen, metrics, _, _ = targets[0]
         os.killpg(loads[pod].pid, signal.SIGTERM)

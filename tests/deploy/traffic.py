@@ -13,7 +13,9 @@ counts: `ok` (default), `status:NNN` (an error response), `abort` (the connectio
 mid-stream: upstream_error), `slow_headers` (headers after 3 s: a 504 timeout behind
 `--upstream-timeout 2s`), `bad_json` (one malformed event: parse_errors{reason="invalid_json"}).
 The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
-requests and streaming requests without `include_usage` (token_count_source="counted").
+requests and streaming requests without `include_usage` (token_count_source="counted"), and with
+`--classes a,b,` names an SLO class in `x-tokenmeter-class` on each request, picked at random
+(an empty name sends no header: the default class).
 """
 
 import argparse
@@ -190,14 +192,15 @@ def pick(rng, mix):
     return mix[-1][1]
 
 
-async def one_request(host, port, body, hangup, stats):
+async def one_request(host, port, body, hangup, stats, slo_class=""):
     """Sends one request on a new connection and reads the response to its end."""
     data = json.dumps(body).encode()
+    extra = b"x-tokenmeter-class: %s\r\n" % slo_class.encode() if slo_class else b""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (host.encode(), len(data), data)
+            b"%scontent-length: %d\r\nconnection: close\r\n\r\n%s" % (host.encode(), extra, len(data), data)
         )
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
@@ -224,6 +227,7 @@ async def worker(wid, args, deadline, stats, rng):
     u = urlsplit(args.target)
     host, port = u.hostname, u.port or 80
     models = args.models.split(",")
+    classes = args.classes.split(",")
     while time.monotonic() < deadline:
         behaviour = pick(rng, MIX) if args.mix == "mixed" else "ok"
         body = {
@@ -241,7 +245,8 @@ async def worker(wid, args, deadline, stats, rng):
             body["x_test"] = behaviour
         t0 = time.monotonic()
         try:
-            await one_request(host, port, body, behaviour == "hangup", stats)
+            slo_class = classes[rng.randrange(len(classes))]
+            await one_request(host, port, body, behaviour == "hangup", stats, slo_class)
         except OSError:
             stats["errors"] += 1
             await asyncio.sleep(0.1)
@@ -300,6 +305,8 @@ def main():
     ld.add_argument("--ttft-ms", type=float, default=150)
     ld.add_argument("--gap-ms", type=float, default=20)
     ld.add_argument("--seed", type=int, default=1)
+    ld.add_argument("--classes", default="", help="SLO classes for x-tokenmeter-class, e.g. interactive,strict, "
+                    "(an empty entry: no header)")
     args = p.parse_args()
     try:
         asyncio.run(serve_upstream(args) if args.cmd == "upstream" else run_load(args))

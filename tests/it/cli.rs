@@ -485,6 +485,47 @@ async fn a_certificate_failure_is_logged_once_per_cause_not_per_request() {
     assert_eq!(lines, 1, "{out}");
 }
 
+#[tokio::test]
+async fn sigterm_lets_an_open_websocket_finish_within_the_drain_timeout() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let echo = crate::support::ws::spawn_echo(None).await;
+    let (mut child, port, _) = start_binary(
+        &format!("http://{}", echo.addr),
+        &["--drain-timeout", "20s"],
+        "info",
+    )
+    .await;
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut ws = crate::support::ws::connect_plain(addr, "/v1/realtime").await;
+    crate::support::ws::echo_round_trips(&mut ws, &[Message::text("before")]).await;
+    sigterm(&child);
+    // The conversation goes on after SIGTERM, for a second.
+    for i in 0..5 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let m = Message::text(format!("after {i}"));
+        crate::support::ws::echo_round_trips(&mut ws, &[m]).await;
+    }
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "exited while the WebSocket was open"
+    );
+    ws.close(None).await.expect("close");
+    while ws.next().await.is_some() {}
+    drop(ws);
+    let closed = Instant::now();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        closed.elapsed() < Duration::from_secs(5),
+        "it waited for the drain timeout, not for the WebSocket"
+    );
+    assert_eq!(echo.closed_cleanly(), 1);
+}
+
 // === SLO classes and GPUs ===
 
 /// Runs the binary with these flags and environment, expecting a configuration error.

@@ -13,5 +13,7 @@ mod listener;
 mod props;
 mod proxy;
 mod sim;
+mod slo;
 mod tls;
+mod ui;
 mod upgrade;

@@ -53,8 +53,10 @@ async fn alpn_picks_http2_when_offered_and_http1_otherwise() {
     let ca = Ca::new("test ca");
     let leaf = ca.leaf(&["127.0.0.1"], Validity::Now);
     let tls = trusting(&dir, &ca);
-    let cases: [(&[&[u8]], Alpn, &str); 4] = [
+    let cases: [(&[&[u8]], Alpn, &str); 5] = [
         (H2_H1, Alpn::Negotiate, "HTTP/2.0"),
+        // --upstream-http2 asks for h2 alone.
+        (H2_H1, Alpn::Http2, "HTTP/2.0"),
         (&[b"http/1.1"], Alpn::Negotiate, "HTTP/1.1"),
         // An upstream that does no ALPN at all speaks HTTP/1.1.
         (&[], Alpn::Negotiate, "HTTP/1.1"),

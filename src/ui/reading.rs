@@ -1,0 +1,313 @@
+//! One scrape reduced to what the page shows: [`Reading::from_samples`].
+//!
+//! This module reads metric names; it does not define them (that is `crate::metrics`'s job, and
+//! the integration tests check these names against a live proxy's exposition). Series are summed
+//! over the labels the page does not break down by (model, code, api, prompt band), as a PromQL
+//! `sum by (...)` would.
+
+use std::collections::BTreeMap;
+
+use prometheus::proto::{MetricFamily, MetricType};
+
+use crate::exposition::{histogram_quantile, Sample};
+
+pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
+pub(crate) const OUTPUT_TPS: &str = "tokenmeter_output_tokens_per_second";
+pub(crate) const OUTPUT_TPS_PER_GPU: &str = "tokenmeter_output_tokens_per_second_per_gpu";
+pub(crate) const GPUS: &str = "tokenmeter_gpus";
+pub(crate) const BUILD_INFO: &str = "tokenmeter_build_info";
+pub(crate) const START_TIME: &str = "tokenmeter_start_time_seconds";
+pub(crate) const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
+pub(crate) const REQUEST_TPS: &str = "tokenmeter_request_tokens_per_second";
+pub(crate) const REQUESTS: &str = "tokenmeter_requests_total";
+pub(crate) const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
+pub(crate) const INPUT_TOKENS: &str = "tokenmeter_input_tokens_total";
+pub(crate) const TOKEN_SOURCE: &str = "tokenmeter_token_count_source_total";
+pub(crate) const SLO_REQUESTS: &str = "tokenmeter_slo_requests_total";
+pub(crate) const SLO_OBJECTIVE: &str = "tokenmeter_slo_objective";
+pub(crate) const CAPACITY_CURVE: &str = "tokenmeter_capacity_curve_tokens_per_second";
+pub(crate) const CAPACITY_MAX_CONCURRENCY: &str = "tokenmeter_capacity_max_concurrency";
+pub(crate) const CAPACITY_TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
+
+/// A histogram summed over series: cumulative counts by upper bound, ascending, `+Inf` last.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hist {
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl Hist {
+    fn add_bucket(&mut self, le: f64, v: f64) {
+        match self.buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, c)) => *c += v,
+            None => {
+                self.buckets.push((le, v));
+                self.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+        }
+    }
+
+    /// What was observed since `base` (an earlier reading of the same histogram).
+    pub fn since(&self, base: &Hist) -> Hist {
+        let before = |le: f64| {
+            base.buckets
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0.0, |p| p.1)
+        };
+        Hist {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|&(le, c)| (le, (c - before(le)).max(0.0)))
+                .collect(),
+            sum: self.sum - base.sum,
+            count: (self.count - base.count).max(0.0),
+        }
+    }
+
+    /// The `q`-quantile by linear interpolation inside its bucket, as PromQL's
+    /// `histogram_quantile` does ([`histogram_quantile`]); `None` for an empty histogram.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        histogram_quantile(q, &self.buckets).map(|(v, _)| v)
+    }
+}
+
+/// One point of the capacity model's curve.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CurvePoint {
+    pub concurrency: f64,
+    pub tokens_per_second: f64,
+}
+
+/// What one scrape says, in the shape the page needs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub version: Option<String>,
+    pub start_time: Option<f64>,
+    pub in_flight_prefill: f64,
+    pub in_flight_decode: f64,
+    pub output_tps: f64,
+    pub output_tps_per_gpu: f64,
+    pub gpus: f64,
+    pub ttft: Hist,
+    pub request_tps: Hist,
+    /// Per-request tokens/s by concurrency band.
+    pub request_tps_by_band: BTreeMap<String, Hist>,
+    pub outcomes: BTreeMap<String, f64>,
+    pub codes: BTreeMap<String, f64>,
+    pub token_sources: BTreeMap<String, f64>,
+    pub requests: f64,
+    pub output_tokens: f64,
+    pub input_tokens: f64,
+    /// `tokenmeter_slo_requests_total` by (class, result); `None` when the family is absent.
+    pub slo: Option<BTreeMap<(String, String), f64>>,
+    pub slo_objective: BTreeMap<String, f64>,
+    /// The capacity model's curve by kind (`per_request`, `aggregate`); empty when absent.
+    pub capacity_curve: BTreeMap<String, Vec<CurvePoint>>,
+    pub capacity_max_concurrency: BTreeMap<String, f64>,
+    /// Each class's per-request speed floor, as the capacity model uses it.
+    pub capacity_tps_floor: BTreeMap<String, f64>,
+}
+
+fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
+    *map.entry(key.unwrap_or("").to_string()).or_default() += v;
+}
+
+/// Adds one `_bucket`/`_sum`/`_count` sample of histogram family `base` into `h`; false when the
+/// sample is not part of that family.
+fn hist_sample(h: &mut Hist, base: &str, s: &Sample) -> bool {
+    let Some(suffix) = s.name.strip_prefix(base) else {
+        return false;
+    };
+    match suffix {
+        "_bucket" => {
+            if let Some(le) = s.label("le").and_then(parse_bound) {
+                h.add_bucket(le, s.value);
+            }
+        }
+        "_sum" => h.sum += s.value,
+        "_count" => h.count += s.value,
+        _ => return false,
+    }
+    true
+}
+
+fn parse_bound(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        _ => s.parse().ok(),
+    }
+}
+
+impl Reading {
+    /// Reduces the samples of one text exposition.
+    pub fn from_samples(samples: &[Sample]) -> Reading {
+        let mut r = Reading::default();
+        for s in samples {
+            if hist_sample(&mut r.ttft, TTFT, s) {
+                continue;
+            }
+            if s.name.starts_with(REQUEST_TPS) {
+                let band = s.label("concurrency").unwrap_or("").to_string();
+                let by_band = r.request_tps_by_band.entry(band).or_default();
+                if hist_sample(by_band, REQUEST_TPS, s) {
+                    hist_sample(&mut r.request_tps, REQUEST_TPS, s);
+                    continue;
+                }
+            }
+            r.scalar(&s.name, |k| s.label(k), s.value);
+        }
+        r.request_tps_by_band
+            .retain(|_, h| h.count > 0.0 || !h.buckets.is_empty());
+        r
+    }
+
+    /// Reduces the metric families of one gathering of a registry.
+    pub fn from_families(families: &[MetricFamily]) -> Reading {
+        let mut r = Reading::default();
+        for family in families {
+            let name = family.name();
+            for m in family.get_metric() {
+                let label = |k: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == k)
+                        .map(|l| l.value())
+                };
+                let v = match family.get_field_type() {
+                    MetricType::HISTOGRAM => {
+                        let h = m.get_histogram();
+                        let target = match name {
+                            TTFT => &mut r.ttft,
+                            REQUEST_TPS => r
+                                .request_tps_by_band
+                                .entry(label("concurrency").unwrap_or("").to_string())
+                                .or_default(),
+                            _ => continue,
+                        };
+                        add_histogram(target, h);
+                        if name == REQUEST_TPS {
+                            add_histogram(&mut r.request_tps, h);
+                        }
+                        continue;
+                    }
+                    MetricType::COUNTER => m.get_counter().get_value(),
+                    MetricType::GAUGE => m.get_gauge().get_value(),
+                    // tokenmeter registers no untyped or summary families.
+                    MetricType::UNTYPED | MetricType::SUMMARY => continue,
+                };
+                r.scalar(name, label, v);
+            }
+        }
+        r
+    }
+
+    /// Takes one sample of a counter or gauge.
+    fn scalar<'a>(&mut self, name: &str, label: impl Fn(&str) -> Option<&'a str>, v: f64) {
+        let r = self;
+        let class = || label("class").unwrap_or("").to_string();
+        match name {
+            IN_FLIGHT => match label("phase") {
+                Some("prefill") => r.in_flight_prefill += v,
+                Some("decode") => r.in_flight_decode += v,
+                _ => {}
+            },
+            OUTPUT_TPS => r.output_tps = v,
+            OUTPUT_TPS_PER_GPU => r.output_tps_per_gpu = v,
+            GPUS => r.gpus += v,
+            BUILD_INFO => r.version = label("version").map(str::to_string),
+            START_TIME => r.start_time = Some(v),
+            REQUESTS => {
+                r.requests += v;
+                bump(&mut r.outcomes, label("outcome"), v);
+                bump(&mut r.codes, label("code"), v);
+            }
+            OUTPUT_TOKENS => r.output_tokens += v,
+            INPUT_TOKENS => r.input_tokens += v,
+            TOKEN_SOURCE => bump(&mut r.token_sources, label("source"), v),
+            SLO_REQUESTS => {
+                let key = (class(), label("result").unwrap_or("").to_string());
+                *r.slo
+                    .get_or_insert_with(BTreeMap::new)
+                    .entry(key)
+                    .or_default() += v;
+            }
+            SLO_OBJECTIVE => {
+                r.slo_objective.insert(class(), v);
+            }
+            CAPACITY_CURVE => {
+                let (Some(kind), Some(c)) = (
+                    label("kind"),
+                    label("concurrency").and_then(|c| c.parse::<f64>().ok()),
+                ) else {
+                    return;
+                };
+                if v.is_finite() {
+                    let curve = r.capacity_curve.entry(kind.to_string()).or_default();
+                    curve.push(CurvePoint {
+                        concurrency: c,
+                        tokens_per_second: v,
+                    });
+                    curve.sort_by(|a, b| a.concurrency.total_cmp(&b.concurrency));
+                }
+            }
+            CAPACITY_MAX_CONCURRENCY => {
+                r.capacity_max_concurrency.insert(class(), v);
+            }
+            CAPACITY_TPS_FLOOR => {
+                r.capacity_tps_floor.insert(class(), v);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds one series of a gathered histogram (its `+Inf` bucket is the sample count).
+fn add_histogram(target: &mut Hist, h: &prometheus::proto::Histogram) {
+    for b in h.get_bucket() {
+        target.add_bucket(b.upper_bound(), b.cumulative_count() as f64);
+    }
+    target.add_bucket(f64::INFINITY, h.get_sample_count() as f64);
+    target.sum += h.get_sample_sum();
+    target.count += h.get_sample_count() as f64;
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn h(buckets: &[(f64, f64)]) -> Hist {
+        Hist {
+            buckets: buckets.to_vec(),
+            sum: 0.0,
+            count: buckets.last().map_or(0.0, |b| b.1),
+        }
+    }
+
+    #[test]
+    fn quantile_follows_promql() {
+        let x = h(&[(1.0, 10.0), (2.0, 20.0), (f64::INFINITY, 30.0)]);
+        assert_eq!(x.quantile(0.5), Some(1.5));
+        // Rank 3 of 30 is three tenths into the first bucket, which starts at 0.
+        assert!((x.quantile(0.1).unwrap() - 0.3).abs() < 1e-12);
+        // In the +Inf bucket: the highest finite bound.
+        assert_eq!(x.quantile(0.9), Some(2.0));
+        assert_eq!(h(&[(1.0, 0.0), (f64::INFINITY, 0.0)]).quantile(0.5), None);
+        assert_eq!(Hist::default().quantile(0.5), None);
+        // Empty buckets between are skipped: rank 2 of 4 lies in (0.2, 0.4].
+        let y = h(&[(0.1, 1.0), (0.2, 1.0), (0.4, 3.0), (f64::INFINITY, 4.0)]);
+        assert_eq!(y.quantile(0.5), Some(0.2 + 0.2 * 0.5));
+    }
+
+    #[test]
+    fn since_subtracts_bucket_by_bucket() {
+        let a = h(&[(1.0, 1.0), (f64::INFINITY, 2.0)]);
+        let b = h(&[(1.0, 4.0), (f64::INFINITY, 8.0)]);
+        assert_eq!(b.since(&a).buckets, [(1.0, 3.0), (f64::INFINITY, 6.0)]);
+        assert_eq!(b.since(&a).count, 6.0);
+        assert_eq!(b.since(&Hist::default()), b);
+    }
+}

@@ -1,0 +1,272 @@
+//! `/api/summary`: everything the page shows, as one small JSON document (its fields are
+//! documented in the README, section "The page").
+//!
+//! It is computed from one rendering of the registry (the text `/metrics` serves, read back by
+//! [`super::scrape`]) and the sampler's [`History`], so it agrees with `/metrics` by
+//! construction. Percentiles come from histogram buckets by linear interpolation inside the
+//! bucket, as PromQL's `histogram_quantile` does ([`Hist::quantile`]): they are only as fine as
+//! the buckets.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::history::{History, Point};
+use super::reading::{CurvePoint, Hist, Reading};
+
+/// The whole document.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub version: Option<String>,
+    pub generated_unix_ms: u64,
+    pub sample_period_seconds: f64,
+    /// How far back [`Summary::history`] reaches at most.
+    pub history_span_seconds: f64,
+    pub now: Now,
+    /// `None` when `tokenmeter_slo_requests_total` is not exported.
+    pub slo: Option<Vec<SloClass>>,
+    pub tradeoff: Tradeoff,
+    pub history: Vec<Point>,
+    pub outcomes: Vec<Count>,
+    pub codes: Vec<Count>,
+    pub token_sources: Vec<Count>,
+    pub totals: Totals,
+}
+
+/// The window the "now" percentiles and SLO attainment cover.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Window {
+    pub from_unix_ms: u64,
+    pub seconds: f64,
+}
+
+/// The "now" figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Now {
+    pub in_flight_prefill: f64,
+    pub in_flight_decode: f64,
+    pub output_tokens_per_second: f64,
+    pub output_tokens_per_second_per_gpu: f64,
+    pub gpus: f64,
+    pub window: Window,
+    pub ttft_requests: f64,
+    pub ttft_p50_seconds: Option<f64>,
+    pub ttft_p99_seconds: Option<f64>,
+    pub request_tps_requests: f64,
+    pub request_tokens_per_second_p50: Option<f64>,
+}
+
+/// SLO results of one class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SloClass {
+    pub class: String,
+    pub objective: Option<f64>,
+    /// Over [`Now::window`].
+    pub window: Attainment,
+    pub since_start: Attainment,
+}
+
+/// `met / (requests - client_disconnect)`: a request the client abandoned before it had missed
+/// a target says nothing about the speed it got.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attainment {
+    pub requests: f64,
+    pub met: f64,
+    pub attainment: Option<f64>,
+    pub results: BTreeMap<String, f64>,
+}
+
+/// The trade-off chart: per-request against aggregate speed by concurrency.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tradeoff {
+    pub bands: Vec<Band>,
+    /// The capacity model's curve by kind (`per_request`, `aggregate`); empty when absent.
+    pub capacity_curve: BTreeMap<String, Vec<CurvePoint>>,
+    /// `tokenmeter_capacity_max_concurrency{class}`.
+    pub max_concurrency: BTreeMap<String, f64>,
+    /// `tokenmeter_capacity_tps_floor{class}`: each class's per-request speed floor.
+    pub floors: Vec<Floor>,
+}
+
+/// A class's per-request speed floor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Floor {
+    pub class: String,
+    pub tokens_per_second: f64,
+}
+
+/// One concurrency band, since the process started.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Band {
+    pub band: String,
+    /// Where the band is drawn: the geometric middle of its bounds.
+    pub concurrency: f64,
+    pub requests: f64,
+    pub per_request_p50: Option<f64>,
+    pub per_request_p90: Option<f64>,
+    pub aggregate_samples: u64,
+    pub aggregate_tokens_per_second: Option<f64>,
+    pub aggregate_mean_in_flight: Option<f64>,
+}
+
+/// A count by one label value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Count {
+    pub name: String,
+    pub requests: f64,
+}
+
+/// Since the process started.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Totals {
+    pub requests: f64,
+    pub output_tokens: f64,
+    pub input_tokens: f64,
+}
+
+/// The bounds of a band label (`1`, `2-4`, `257+`).
+fn band_bounds(band: &str) -> (f64, f64) {
+    let num = |s: &str| s.trim().parse::<f64>().unwrap_or(0.0);
+    if let Some(lo) = band.strip_suffix('+') {
+        let lo = num(lo);
+        return (lo, lo);
+    }
+    match band.split_once('-') {
+        Some((lo, hi)) => (num(lo), num(hi)),
+        None => (num(band), num(band)),
+    }
+}
+
+fn counts(map: &BTreeMap<String, f64>) -> Vec<Count> {
+    map.iter()
+        .map(|(k, &v)| Count {
+            name: k.clone(),
+            requests: v,
+        })
+        .collect()
+}
+
+fn attainment(by_result: BTreeMap<String, f64>) -> Attainment {
+    let requests: f64 = by_result.values().sum();
+    let met = by_result.get("met").copied().unwrap_or(0.0);
+    let abandoned = by_result.get("client_disconnect").copied().unwrap_or(0.0);
+    let judged = requests - abandoned;
+    Attainment {
+        requests,
+        met,
+        attainment: (judged > 0.0).then(|| met / judged),
+        results: by_result,
+    }
+}
+
+fn per_class(
+    slo: &BTreeMap<(String, String), f64>,
+    base: Option<&BTreeMap<(String, String), f64>>,
+) -> BTreeMap<String, BTreeMap<String, f64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    for ((class, result), &v) in slo {
+        let before = base.and_then(|b| b.get(&(class.clone(), result.clone())));
+        let v = (v - before.copied().unwrap_or(0.0)).max(0.0);
+        *out.entry(class.clone())
+            .or_default()
+            .entry(result.clone())
+            .or_default() += v;
+    }
+    out
+}
+
+impl Summary {
+    /// The summary of reading `r`, taken at `at` (`unix_ms` for display), with the sampler's ring.
+    pub fn compute(r: &Reading, history: &History, at: Instant, unix_ms: u64) -> Summary {
+        let base = history.base_for(at);
+        let start_ms = r.start_time.map_or(0, |s| (s * 1000.0) as u64);
+        let from_unix_ms = base.map_or(start_ms, |b| b.unix_ms);
+        let empty = Hist::default();
+        let ttft = r.ttft.since(base.map_or(&empty, |b| &b.ttft));
+        let tps = r.request_tps.since(base.map_or(&empty, |b| &b.request_tps));
+        let now = Now {
+            in_flight_prefill: r.in_flight_prefill,
+            in_flight_decode: r.in_flight_decode,
+            output_tokens_per_second: r.output_tps,
+            output_tokens_per_second_per_gpu: r.output_tps_per_gpu,
+            gpus: r.gpus,
+            window: Window {
+                from_unix_ms,
+                seconds: unix_ms.saturating_sub(from_unix_ms) as f64 / 1000.0,
+            },
+            ttft_requests: ttft.count,
+            ttft_p50_seconds: ttft.quantile(0.5),
+            ttft_p99_seconds: ttft.quantile(0.99),
+            request_tps_requests: tps.count,
+            request_tokens_per_second_p50: tps.quantile(0.5),
+        };
+        let slo = r.slo.as_ref().map(|slo| {
+            let window = per_class(slo, base.map(|b| &b.slo));
+            let mut since = per_class(slo, None);
+            window
+                .into_iter()
+                .map(|(class, results)| SloClass {
+                    objective: r.slo_objective.get(&class).copied(),
+                    since_start: attainment(since.remove(&class).unwrap_or_default()),
+                    window: attainment(results),
+                    class,
+                })
+                .collect()
+        });
+        let mut names: Vec<&str> = r.request_tps_by_band.keys().map(String::as_str).collect();
+        names.extend(history.bands().keys().copied());
+        names.sort_by(|a, b| band_bounds(a).0.total_cmp(&band_bounds(b).0));
+        names.dedup();
+        let bands = names
+            .into_iter()
+            .map(|band| {
+                let (lo, hi) = band_bounds(band);
+                let h = r.request_tps_by_band.get(band);
+                let acc = history.bands().get(band).copied().unwrap_or_default();
+                let n = acc.samples as f64;
+                Band {
+                    band: band.to_string(),
+                    concurrency: (lo.max(1.0) * hi.max(1.0)).sqrt(),
+                    requests: h.map_or(0.0, |h| h.count),
+                    per_request_p50: h.and_then(|h| h.quantile(0.5)),
+                    per_request_p90: h.and_then(|h| h.quantile(0.9)),
+                    aggregate_samples: acc.samples,
+                    aggregate_tokens_per_second: (acc.samples > 0)
+                        .then(|| acc.tokens_per_second_sum / n),
+                    aggregate_mean_in_flight: (acc.samples > 0).then(|| acc.in_flight_sum / n),
+                }
+            })
+            .collect();
+        Summary {
+            version: r.version.clone(),
+            generated_unix_ms: unix_ms,
+            sample_period_seconds: history.period().as_secs_f64(),
+            history_span_seconds: super::HISTORY_SPAN.as_secs_f64(),
+            now,
+            slo,
+            tradeoff: Tradeoff {
+                bands,
+                capacity_curve: r.capacity_curve.clone(),
+                max_concurrency: r.capacity_max_concurrency.clone(),
+                floors: r
+                    .capacity_tps_floor
+                    .iter()
+                    .map(|(class, &v)| Floor {
+                        class: class.clone(),
+                        tokens_per_second: v,
+                    })
+                    .collect(),
+            },
+            history: history.points().cloned().collect(),
+            outcomes: counts(&r.outcomes),
+            codes: counts(&r.codes),
+            token_sources: counts(&r.token_sources),
+            totals: Totals {
+                requests: r.requests,
+                output_tokens: r.output_tokens,
+                input_tokens: r.input_tokens,
+            },
+        }
+    }
+}
