@@ -1,7 +1,7 @@
 //! The bounded summary of (decoding concurrency, time per token) over a sliding window.
 //!
 //! For each integer concurrency 1..=[`MAX_CONCURRENCY`] it keeps a ring of [`SLOTS`] time slots,
-//! each a fixed histogram of time per token ([`bins`](super::bins)); the window is the sum of the
+//! each a fixed histogram of time per token ([`super::bins`]); the window is the sum of the
 //! slots still inside it, so it slides in steps of window / [`SLOTS`]. A concurrency's slots are
 //! allocated the first time that concurrency is seen and never again: memory depends on how many
 //! distinct concurrencies occurred (at most [`MAX_CONCURRENCY`]), never on how much traffic
