@@ -461,6 +461,8 @@ impl ProxyArgs {
                     tps: self.buckets_tps.clone().map_or(d.tps, |b| b.0),
                     duration: self.buckets_duration.clone().map_or(d.duration, |b| b.0),
                     tokens: self.buckets_tokens.clone().map_or(d.tokens, |b| b.0),
+                    per_event: d.per_event,
+                    stall: d.stall,
                 },
                 max_models: self.max_models,
                 rate_window: self.rate_window,
