@@ -12,7 +12,6 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
     TextEncoder,
 };
-use tokenmeter::exposition::Scrape;
 use tokenmeter::metrics::Buckets;
 use tokenmeter::ui::{Reading, Ui};
 
@@ -98,17 +97,7 @@ fn bench(c: &mut Criterion) {
     c.bench_function("ui/render alone (what /metrics costs)", |b| {
         b.iter(|| black_box(render(&r)))
     });
-    // The two ways to read the registry, side by side.
-    c.bench_function(
-        "ui/read via the text exposition (render + parse + reduce)",
-        |b| {
-            b.iter(|| {
-                let text = render(&r);
-                let scrape = Scrape::parse(&String::from_utf8_lossy(&text));
-                black_box(Reading::from_samples(scrape.samples()))
-            })
-        },
-    );
+    // Beside what /metrics costs: the page's one read of the registry.
     c.bench_function("ui/read via gather (gather + reduce)", |b| {
         b.iter(|| black_box(Reading::from_families(&r.gather())))
     });

@@ -226,6 +226,8 @@ SLO_NOTE = (
     "client_disconnect (left before any target was missed; not judged)."
 )
 
+CACHE_READ = FM + ', kind="read"'
+
 SPEED_NOTE = (
     "Per-request decode speed: (output tokens - 1) / (last token time - first token time), what "
     "one user saw while their answer streamed. Speeds fall as concurrency rises while aggregate "
@@ -260,11 +262,16 @@ def layout():
                     "the time per output token p99 in Latency.",
                     targets((quantile(0.5, "tokenmeter_request_tokens_per_second"), "p50"),
                             (quantile(0.9, "tokenmeter_request_tokens_per_second"), "p90"),
-                            (quantile(0.99, "tokenmeter_request_tokens_per_second"), "p99")), TOKS), 12, 8),
+                            (quantile(0.99, "tokenmeter_request_tokens_per_second"), "p99")), TOKS), 9, 8),
+        (timeseries("Output length (p50 / p90)", "Output tokens per request, beside per-request speed: a speed means "
+                    "little without the length of the answers it was measured on. Speed is decode-only (first to "
+                    "last token, TTFT left out), so short and long answers can be compared.",
+                    targets((quantile(0.5, "tokenmeter_request_output_tokens"), "p50"),
+                            (quantile(0.9, "tokenmeter_request_output_tokens"), "p90")), "short"), 6, 8),
         (timeseries("Aggregate output tokens/s", "Output tokens per second by model (from the counter), and tokenmeter's own "
                     "sliding-window gauge (tokenmeter_output_tokens_per_second, all models).",
                     targets((f"sum by (model) ({rate('tokenmeter_output_tokens_total')})", "{{model}}"),
-                            (f"sum(tokenmeter_output_tokens_per_second{{{F}}})", "window gauge (all models)")), TOKS), 12, 8),
+                            (f"sum(tokenmeter_output_tokens_per_second{{{F}}})", "window gauge (all models)")), TOKS), 9, 8),
         (timeseries("Trade-off: per-request speed by concurrency band vs aggregate throughput",
                     "Lines: median per-request decode speed at each concurrency band (left axis). Dashed: aggregate "
                     "output tokens/s (right axis). Batching raises the aggregate while each request slows: this is "
@@ -375,6 +382,38 @@ def layout():
         (heatmap("Input length distribution", "Requests per second in each prompt-length bucket (tokens; where the "
                  "stream reports usage).",
                  "tokenmeter_request_input_tokens", "short"), 8, 8),
+
+        (row("What the wire shows"), 24, 1),
+        (timeseries("Time to first token by prompt band (p50)", "TTFT is prefill, and prefill grows with the prompt: "
+                    "the median TTFT of each band of prompt tokens (1-256, 257-1k, 1k-4k, 4k-16k, 16k-64k, 64k+; "
+                    "unknown when the stream reports no prompt count). A TTFT is observed once its prompt count is "
+                    "known, which for OpenAI-style streams is at the final usage report.",
+                    targets((quantile(0.5, "tokenmeter_time_to_first_token_seconds", by="prompt"), "{{prompt}}")), "s"), 8, 8),
+        (timeseries("Time to first output by kind (p50)", "The first reasoning, content and tool-call output. TTFT is the "
+                    "first of any kind; a gateway that waits for content reports the content line as its TTFT, which "
+                    "for a reasoning model can be minutes after the first token.",
+                    targets((quantile(0.5, "tokenmeter_time_to_first_output_seconds", by="kind"), "{{kind}}")), "s"), 8, 8),
+        (timeseries("Reasoning share of output tokens", "Reasoning tokens (usage's reasoning details, else counted "
+                    "from reasoning events) over all output tokens, by model.",
+                    targets((f"sum by (model) ({rate('tokenmeter_reasoning_tokens_total')})"
+                             f" / sum by (model) ({rate('tokenmeter_output_tokens_total')})", "{{model}}")), "percentunit"), 8, 8),
+        (timeseries("Tokens per event (p50 / p99)", "Tokens one streamed event carried: above 1 means speculative "
+                    "decoding, a stream interval (vLLM --stream-interval) or coalescing upstream.",
+                    targets((quantile(0.5, "tokenmeter_tokens_per_event"), "p50"),
+                            (quantile(0.99, "tokenmeter_tokens_per_event"), "p99")), "short"), 8, 8),
+        (timeseries("Longest stall per request (p50 / p99)", "Per request, the longest gap between two token-bearing "
+                    "events (TTFT not counted): what a user sees as \"it froze\".",
+                    targets((quantile(0.5, "tokenmeter_request_max_stall_seconds"), "p50"),
+                            (quantile(0.99, "tokenmeter_request_max_stall_seconds"), "p99")), "s"), 8, 8),
+        (timeseries("Prompt cache: cached tokens/s and hit rate", "Cached prompt tokens per second read from and "
+                    "written to the server's prompt cache (where usage reports them), and the read share of all "
+                    "prompt tokens (right axis).",
+                    targets((f"sum by (kind) ({rate('tokenmeter_cached_input_tokens_total')})", "{{kind}} tokens/s"),
+                            (f"sum({rate('tokenmeter_cached_input_tokens_total', CACHE_READ)})"
+                             f" / sum({rate('tokenmeter_input_tokens_total')})", "hit rate")), "short",
+                    overrides=[{"matcher": {"id": "byName", "options": "hit rate"},
+                                "properties": [{"id": "custom.axisPlacement", "value": "right"},
+                                               {"id": "unit", "value": "percentunit"}]}]), 8, 8),
 
         (row("Requests and errors"), 24, 1),
         (timeseries("Requests/s by outcome", "complete, client_disconnect (the client went away), upstream_error "

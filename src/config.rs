@@ -23,7 +23,8 @@ use crate::tls::KeyPair;
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
-    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (a path prefix is kept).
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
+    /// path prefix is kept).
     #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
     pub upstream: Option<String>,
 
@@ -478,6 +479,8 @@ impl ProxyArgs {
                     tps: self.buckets_tps.clone().map_or(d.tps, |b| b.0),
                     duration: self.buckets_duration.clone().map_or(d.duration, |b| b.0),
                     tokens: self.buckets_tokens.clone().map_or(d.tokens, |b| b.0),
+                    per_event: d.per_event,
+                    stall: d.stall,
                 },
                 max_models: self.max_models,
                 rate_window: self.rate_window,

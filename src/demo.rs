@@ -42,13 +42,17 @@ pub struct DemoArgs {
     #[arg(long, env = "TOKENMETER_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
 
-    /// Where /metrics, /healthz and /readyz are served.
+    /// Where the page (/), /metrics, /healthz and /readyz are served.
     #[arg(
         long,
         env = "TOKENMETER_METRICS_LISTEN",
         default_value = "127.0.0.1:9090"
     )]
     pub metrics_listen: String,
+
+    /// Do not serve the live page on the metrics listener (only /metrics, /healthz, /readyz).
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
 
     /// GPUs the simulated server stands for, for the per-GPU figures.
     #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
@@ -130,19 +134,24 @@ struct ProxyFlags {
 
 fn proxy_args(args: &DemoArgs, upstream: SocketAddr) -> Result<ProxyArgs, DemoError> {
     let gpus = args.gpus.to_string();
-    ProxyFlags::try_parse_from([
+    let upstream = format!("http://{upstream}");
+    let mut argv = vec![
         "tokenmeter",
         "--upstream",
-        &format!("http://{upstream}"),
+        &upstream,
         "--listen",
         &args.listen,
         "--metrics-listen",
         &args.metrics_listen,
         "--gpus",
         &gpus,
-    ])
-    .map(|f| f.proxy)
-    .map_err(|e| DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string()))
+    ];
+    if args.no_ui {
+        argv.push("--no-ui");
+    }
+    ProxyFlags::try_parse_from(argv)
+        .map(|f| f.proxy)
+        .map_err(|e| DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string()))
 }
 
 /// The concurrency levels of one ramp: 1, 2, 4, ... max, ... 4, 2, 1.
@@ -324,6 +333,13 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     }
     let m = sim_cfg.model;
     let top = args.max_concurrency;
+    // The page first: it is what a person opens.
+    if cfg.ui.is_some() {
+        println!(
+            "Open {}/ in a browser: tokenmeter's live page.",
+            url(metrics_addr)
+        );
+    }
     println!(
         "tokenmeter demo: a simulated GPU server (~{:.0} tok/s for one user, ~{:.0} tok/s aggregate at {top}) behind tokenmeter,",
         m.request_tps(1),

@@ -27,11 +27,12 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::StreamGaps;
 use crate::metrics::{
-    concurrency_band, Finished, Metrics, ModelMetrics, Outcome, ParseErrors, Phase, SloResult,
+    concurrency_band, CachedInput, Finished, FirstOutput, Metrics, ModelMetrics, Outcome,
+    ParseErrors, Phase, SloResult,
 };
 use crate::protocol::request::RequestInfo;
-use crate::protocol::Api;
-use crate::read::Reader;
+use crate::protocol::{Api, OutputKind};
+use crate::read::{Event, Reader};
 use crate::slo::{self, Choice, Classes};
 
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
@@ -95,6 +96,10 @@ impl Recorder {
                     at_first: None,
                     at_last: None,
                     gaps: StreamGaps::default(),
+                    ttft_pending: None,
+                    max_stall: None,
+                    first_output: FirstOutput::default(),
+                    streamed: 0,
                     at_start,
                     at_leave: None,
                     slo: Some(self.classes.default_choice()),
@@ -140,6 +145,17 @@ struct Clock {
     at_last: Option<Snapshot>,
     /// The gaps between this stream's tokens, for the live capacity model.
     gaps: StreamGaps,
+    /// The TTFT, until it is observed: that waits for the prompt's token count, which gives its
+    /// `prompt` band. Where the stream states the count before or with its first token
+    /// (Anthropic's `message_start`, vLLM's usage in every chunk) that is at once; where usage
+    /// comes last, when it arrives; where it never comes, at the end, as `unknown`.
+    ttft_pending: Option<std::time::Duration>,
+    /// The longest gap between two token-bearing events so far.
+    max_stall: Option<std::time::Duration>,
+    /// Arrival to the first event of each kind of output.
+    first_output: FirstOutput,
+    /// Tokens already counted in the output total as they streamed.
+    streamed: u64,
     /// The concurrency tracker as the request entered and left the in-flight gauges: the band of
     /// a request without a decode window.
     at_start: Snapshot,
@@ -203,10 +219,15 @@ impl Meter {
         clock.first_byte.get_or_insert(now);
         let chunk = reader.feed(data);
         for e in chunk.events {
-            clock.on_tokens(e.tokens, chunk.model, now);
+            clock.on_tokens(*e, chunk.model, now);
         }
         if chunk.ended {
             clock.leave(now);
+        }
+        if clock.ttft_pending.is_some() {
+            if let Some(input) = reader.summary().input_tokens {
+                clock.observe_ttft(Some(input));
+            }
         }
     }
 
@@ -238,13 +259,14 @@ impl State {
         let (reader, clock) = (&mut self.reader, &mut self.clock);
         let chunk = reader.finish(outcome == Outcome::Complete);
         for e in chunk.events {
-            clock.on_tokens(e.tokens, chunk.model, now);
+            clock.on_tokens(*e, chunk.model, now);
         }
         // A non-streaming response: its tokens count, but it has no first token.
         clock
             .recorder
             .metrics
             .tokens(u64::from(chunk.document), now);
+        clock.observe_ttft(reader.summary().input_tokens);
         // Leave the in-flight gauges first: nothing below may return before this.
         clock.leave(now);
         let s = &self.clock;
@@ -285,6 +307,14 @@ impl State {
             mean_in_flight: match (&s.at_first, &s.at_last) {
                 (Some(a), Some(b)) => Some(a.mean_until(b)),
                 _ => None,
+            },
+            streamed_tokens: s.streamed,
+            max_stall: s.max_stall,
+            first_output: s.first_output,
+            reasoning_tokens: self.reader.reasoning(),
+            cached_input: CachedInput {
+                read: summary.cached_read,
+                write: summary.cached_write,
             },
             parse_errors: ParseErrors {
                 line_too_long: self.reader.errors().line_too_long,
@@ -397,13 +427,21 @@ impl Clock {
         m.model_label(named.or(self.request.model.as_deref()))
     }
 
-    /// A token-bearing event carrying `tokens` passed at `now`; `named` is the model the stream
-    /// had named by its first token-bearing event.
-    fn on_tokens(&mut self, tokens: u32, named: Option<&str>, now: Instant) {
+    /// A token-bearing event passed at `now`; `named` is the model the stream had named by its
+    /// first token-bearing event. Allocation-free and lock-free after the first token, whose
+    /// handles are resolved once.
+    fn on_tokens(&mut self, e: Event, named: Option<&str>, now: Instant) {
+        let tokens = e.tokens;
+        let since = now.saturating_duration_since(self.start);
+        for (i, kind) in OutputKind::ALL.into_iter().enumerate() {
+            if e.kinds.contains(kind) && self.first_output[i].is_none() {
+                self.first_output[i] = Some(since);
+            }
+        }
         match self.last_token {
             None => {
                 let h = self.recorder.metrics.model(self.model_label(named));
-                h.first_token(now.saturating_duration_since(self.start));
+                self.ttft_pending = Some(since);
                 self.model = Some(h);
                 self.first_token = Some(now);
                 let rec = &self.recorder;
@@ -415,10 +453,18 @@ impl Clock {
                 }
             }
             Some(last) => {
+                let gap = now.saturating_duration_since(last);
+                if self.max_stall < Some(gap) {
+                    self.max_stall = Some(gap);
+                }
                 if let Some(h) = &self.model {
-                    h.inter_token(now.saturating_duration_since(last), tokens);
+                    h.inter_token(gap, tokens);
                 }
             }
+        }
+        if let Some(h) = &self.model {
+            h.event(tokens);
+            self.streamed += u64::from(tokens);
         }
         let rec = &self.recorder;
         self.last_token = Some(now);
@@ -430,6 +476,13 @@ impl Clock {
             let m = &rec.metrics;
             self.gaps
                 .on_tokens(m.capacity(), tokens, m.decoding() as f64, now);
+        }
+    }
+
+    /// Observes the pending TTFT in the band of `input_tokens` (once: it is taken).
+    fn observe_ttft(&mut self, input_tokens: Option<u64>) {
+        if let (Some(ttft), Some(h)) = (self.ttft_pending.take(), &self.model) {
+            h.first_token(ttft, input_tokens);
         }
     }
 

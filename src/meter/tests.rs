@@ -224,6 +224,36 @@ fn a_compressed_body_is_counted_once_at_the_end_and_not_read() {
     assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 0.0);
 }
 
+// TTFT waits for the prompt count that gives its `prompt` band: observed when usage arrives
+// (here in a later frame), not at the first token, and never twice.
+#[test]
+fn ttft_is_observed_once_when_the_prompt_count_arrives() {
+    let rec = recorder();
+    let mut meter = rec.start(RequestInfo::default());
+    meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
+    let t0 = meter.state.as_ref().expect("unfinished").clock.start;
+    let count = |rec: &Recorder| sample(rec, "tokenmeter_time_to_first_token_seconds_count");
+    meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
+    meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(130));
+    assert_eq!(count(&rec), 0.0);
+    // Counted as they stream, before the request ends.
+    assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 2.0);
+    let usage = "data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":2000,\"completion_tokens\":5}}\n\n";
+    meter.on_data(usage.as_bytes(), t0 + Duration::from_millis(500));
+    let band = "tokenmeter_time_to_first_token_seconds_count{model=\"m\",prompt=\"1k-4k\"}";
+    assert_eq!(sample(&rec, band), 1.0);
+    meter.finish(Outcome::Complete);
+    assert_eq!(count(&rec), 1.0);
+    let ttft = sample(&rec, "tokenmeter_time_to_first_token_seconds_sum");
+    assert!((ttft - 0.1).abs() < 1e-9, "{ttft}");
+    // Usage settles the total; the stall is the one 30 ms gap.
+    assert_eq!(sample(&rec, "tokenmeter_output_tokens_total"), 5.0);
+    let stall = sample(&rec, "tokenmeter_request_max_stall_seconds_sum");
+    assert!((stall - 0.03).abs() < 1e-9, "{stall}");
+    let content = "tokenmeter_time_to_first_output_seconds_sum{kind=\"content\",model=\"m\"}";
+    assert!((sample(&rec, content) - 0.1).abs() < 1e-9);
+}
+
 // A request with no decode window (an error, or a client gone while queued) is placed in the
 // band of its whole life's mean in flight: at 12 in flight it is in band 9-16, not band 1.
 #[test]

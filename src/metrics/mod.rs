@@ -23,16 +23,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use self::rate::RateWindow;
 use crate::capacity::{Capacity, CapacityConfig};
 use crate::gpus;
 use crate::protocol::Api;
-pub use crate::protocol::TokenSource;
+pub use crate::protocol::{OutputKind, TokenSource};
 use crate::slo::Verdict;
 
 /// Histogram bucket boundaries, one set per kind of measure.
@@ -48,6 +49,12 @@ pub struct Buckets {
     pub duration: Vec<f64>,
     /// Prompt and output lengths in tokens: 1-2-5 steps, as vLLM's length histograms.
     pub tokens: Vec<f64>,
+    /// Tokens one event carried: 1 is a plain stream, 2-8 speculative decoding or a stream
+    /// interval, beyond that coalescing (a gateway or a `--stream-interval` of tens).
+    pub per_event: Vec<f64>,
+    /// A request's longest gap between two token-bearing events: from a smooth 10 ms to a
+    /// two-minute freeze.
+    pub stall: Vec<f64>,
 }
 
 impl Default for Buckets {
@@ -72,6 +79,10 @@ impl Default for Buckets {
             tokens: vec![
                 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
                 10000.0, 20000.0, 50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
+            ],
+            per_event: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0],
+            stall: vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
             ],
         }
     }
@@ -173,6 +184,30 @@ pub fn concurrency_band(mean_in_flight: f64) -> &'static str {
         .map_or("257+", |(_, band)| band)
 }
 
+/// The band of a request's prompt length: the `prompt` label of
+/// `tokenmeter_time_to_first_token_seconds` (TTFT is prefill, and prefill grows with the prompt).
+/// `None` (the stream reported no prompt count) is `unknown`. The bands are fixed: at most seven
+/// values per model.
+pub fn prompt_band(input_tokens: Option<u64>) -> &'static str {
+    const BANDS: [(u64, &str); 5] = [
+        (256, "1-256"),
+        (1024, "257-1k"),
+        (4096, "1k-4k"),
+        (16384, "4k-16k"),
+        (65536, "16k-64k"),
+    ];
+    let Some(n) = input_tokens else {
+        return "unknown";
+    };
+    BANDS
+        .iter()
+        .find(|(upper, _)| n <= *upper)
+        .map_or("64k+", |(_, band)| band)
+}
+
+/// Arrival to the first event of each [`OutputKind`], indexed in [`OutputKind::ALL`] order.
+pub type FirstOutput = [Option<Duration>; 3];
+
 /// Admits at most `max` distinct model names as label values; the rest become `other`.
 #[derive(Debug)]
 pub struct ModelLabels {
@@ -243,6 +278,19 @@ pub struct Finished {
     /// The time-weighted mean number of requests in flight over the decode window (from the
     /// first to the last token), when there was one.
     pub mean_in_flight: Option<f64>,
+    /// Output tokens already added to `tokenmeter_output_tokens_total` while the stream ran;
+    /// `record` adds only what the final count has beyond them (a counter never decreases).
+    pub streamed_tokens: u64,
+    /// The longest gap between two token-bearing events (TTFT not counted); `None` with fewer
+    /// than two such events.
+    pub max_stall: Option<Duration>,
+    /// Arrival to the first event of each kind of output.
+    pub first_output: FirstOutput,
+    /// Reasoning tokens (part of `output_tokens`): the usage report's, else counted from
+    /// reasoning events; `None` when the stream showed none.
+    pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens read from and written to the server's prompt cache, where usage says.
+    pub cached_input: CachedInput,
     /// What could not be parsed.
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
@@ -257,6 +305,16 @@ pub struct SloResult {
     pub verdict: Verdict,
     /// The `concurrency` band: the decode window's, else the request's whole life's.
     pub band: &'static str,
+}
+
+/// Cached prompt tokens a stream's usage reported: the `kind` label of
+/// `tokenmeter_cached_input_tokens_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CachedInput {
+    /// Served from the cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`).
+    pub read: Option<u64>,
+    /// Written to the cache (Anthropic `cache_creation_input_tokens`).
+    pub write: Option<u64>,
 }
 
 /// A request's parse-error tallies, by `reason`.
@@ -284,8 +342,11 @@ impl Finished {
 #[derive(Clone)]
 pub struct ModelMetrics {
     label: String,
-    ttft: Histogram,
+    /// By `model` and `prompt`: resolved once, when the band is known (see `first_token`).
+    ttft: HistogramVec,
     itl: Histogram,
+    per_event: Histogram,
+    output_total: IntCounter,
 }
 
 impl ModelMetrics {
@@ -294,9 +355,21 @@ impl ModelMetrics {
         &self.label
     }
 
-    /// The first token came `since_arrival` after the request arrived.
-    pub fn first_token(&self, since_arrival: Duration) {
-        self.ttft.observe(since_arrival.as_secs_f64());
+    /// The first token came `since_arrival` after the request arrived, and the prompt had
+    /// `input_tokens` (`None`: unknown). The meter calls it once per request, as soon as the
+    /// prompt count is known (or at the end, when it never is).
+    pub fn first_token(&self, since_arrival: Duration, input_tokens: Option<u64>) {
+        self.ttft
+            .with_label_values(&[&self.label, prompt_band(input_tokens)])
+            .observe(since_arrival.as_secs_f64());
+    }
+
+    /// A token-bearing event carried `tokens` tokens: counted in the output total at once (so
+    /// `rate()` moves while a long stream runs) and observed in the tokens-per-event histogram.
+    /// Lock-free: two atomic updates on handles resolved once per request.
+    pub fn event(&self, tokens: u32) {
+        self.output_total.inc_by(u64::from(tokens));
+        self.per_event.observe(f64::from(tokens));
     }
 
     /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
@@ -325,6 +398,11 @@ pub struct Metrics {
     input_tokens: HistogramVec,
     output_tokens_total: IntCounterVec,
     input_tokens_total: IntCounterVec,
+    tokens_per_event: HistogramVec,
+    max_stall: HistogramVec,
+    first_output: HistogramVec,
+    reasoning_tokens_total: IntCounterVec,
+    cached_input_tokens_total: IntCounterVec,
     token_source: IntCounterVec,
     requests: IntCounterVec,
     in_flight: IntGaugeVec,
@@ -496,8 +574,8 @@ impl Metrics {
             ttft: histogram(
                 &r,
                 "tokenmeter_time_to_first_token_seconds",
-                "From the request's arrival to the first token-bearing event.",
-                &m,
+                "From the request's arrival to the first token-bearing event (of any kind), by band of the prompt's tokens.",
+                &["model", "prompt"],
                 &b.ttft,
             )?,
             ttfb: histogram(
@@ -561,6 +639,39 @@ impl Metrics {
                 "Prompt tokens processed (where the stream reports them).",
                 &m,
             )?,
+            tokens_per_event: histogram(
+                &r,
+                "tokenmeter_tokens_per_event",
+                "Output tokens per token-bearing event: token ids where sent, the growth of usage repeated in every chunk, else 1.",
+                &m,
+                &b.per_event,
+            )?,
+            max_stall: histogram(
+                &r,
+                "tokenmeter_request_max_stall_seconds",
+                "Per request: the longest gap between two token-bearing events (TTFT not counted).",
+                &m,
+                &b.stall,
+            )?,
+            first_output: histogram(
+                &r,
+                "tokenmeter_time_to_first_output_seconds",
+                "From the request's arrival to the first event of each kind of output (reasoning, content, tool_call).",
+                &["model", "kind"],
+                &b.ttft,
+            )?,
+            reasoning_tokens_total: counter(
+                &r,
+                "tokenmeter_reasoning_tokens_total",
+                "Reasoning tokens (part of the output tokens): usage's reasoning details where reported, else counted from reasoning events.",
+                &m,
+            )?,
+            cached_input_tokens_total: counter(
+                &r,
+                "tokenmeter_cached_input_tokens_total",
+                "Prompt tokens read from (read) or written to (write) the server's prompt cache, where usage reports them.",
+                &["model", "kind"],
+            )?,
             token_source,
             requests: counter(
                 &r,
@@ -607,8 +718,10 @@ impl Metrics {
     /// The per-model handles for one request's live observations.
     pub fn model(&self, label: String) -> ModelMetrics {
         ModelMetrics {
-            ttft: self.ttft.with_label_values(&[&label]),
+            ttft: self.ttft.clone(),
             itl: self.itl.with_label_values(&[&label]),
+            per_event: self.tokens_per_event.with_label_values(&[&label]),
+            output_total: self.output_tokens_total.with_label_values(&[&label]),
             label,
         }
     }
@@ -690,9 +803,10 @@ impl Metrics {
         self.token_source
             .with_label_values(&[f.token_source.as_str()])
             .inc();
+        // Tokens already counted as they streamed stay; the final count settles the rest.
         self.output_tokens_total
             .with_label_values(&[model])
-            .inc_by(output);
+            .inc_by(output.saturating_sub(f.streamed_tokens));
         self.output_tokens
             .with_label_values(&[model])
             .observe(output as f64);
@@ -703,6 +817,33 @@ impl Metrics {
             self.input_tokens
                 .with_label_values(&[model])
                 .observe(input as f64);
+        }
+        if let Some(r) = f.reasoning_tokens {
+            self.reasoning_tokens_total
+                .with_label_values(&[model])
+                .inc_by(r);
+        }
+        for (kind, n) in [
+            ("read", f.cached_input.read),
+            ("write", f.cached_input.write),
+        ] {
+            if let Some(n) = n {
+                self.cached_input_tokens_total
+                    .with_label_values(&[model, kind])
+                    .inc_by(n);
+            }
+        }
+        for (kind, at) in OutputKind::ALL.iter().zip(f.first_output) {
+            if let Some(at) = at {
+                self.first_output
+                    .with_label_values(&[model, kind.as_str()])
+                    .observe(at.as_secs_f64());
+            }
+        }
+        if let Some(stall) = f.max_stall {
+            self.max_stall
+                .with_label_values(&[model])
+                .observe(stall.as_secs_f64());
         }
         let decode = f.decode_time().map_or(0.0, |d| d.as_secs_f64());
         if output >= 2 && decode > 0.0 {
@@ -754,10 +895,12 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the windowed gauges and the capacity answers, and renders the Prometheus text exposition.
-    pub fn render(&self) -> Vec<u8> {
+    /// Refreshes the windowed gauges and the capacity answers, and gathers every family. `render` encodes exactly this,
+    /// and the page (`crate::ui`) reads it, so both show the same values: a gauge refreshed at
+    /// read time belongs here, not in `render`.
+    pub fn gather(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
-        // Refitted at most every capacity::REFIT_INTERVAL, however often it is scraped.
+        // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
         self.capacity_families.update(&self.capacity.report(now));
         let tps = self.rate.rate(now);
         self.output_tps.set(tps);
@@ -766,9 +909,14 @@ impl Metrics {
         } else {
             0.0
         });
+        self.registry.gather()
+    }
+
+    /// Renders the Prometheus text exposition of [`Metrics::gather`].
+    pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         // Encoding into a Vec cannot fail for families we built ourselves.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&self.gather(), &mut out);
         out
     }
 }

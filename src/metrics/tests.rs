@@ -53,6 +53,11 @@ fn finished() -> Finished {
         token_source: TokenSource::Counted,
         input_tokens: Some(7),
         mean_in_flight: Some(3.0),
+        streamed_tokens: 0,
+        max_stall: Some(Duration::from_millis(120)),
+        first_output: [None, Some(Duration::from_millis(100)), None],
+        reasoning_tokens: None,
+        cached_input: CachedInput::default(),
         parse_errors: ParseErrors::default(),
         slo: None,
     }
@@ -135,13 +140,13 @@ fn model_handles_observe_ttft_and_spread_itl_over_tokens() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
     let h = m.model(m.model_label(Some("m")));
     assert_eq!(h.label(), "m");
-    h.first_token(Duration::from_millis(250));
+    h.first_token(Duration::from_millis(250), Some(300));
     h.inter_token(Duration::from_millis(30), 3);
     let text = String::from_utf8(m.render()).expect("utf8");
     assert_eq!(
         sum(
             &text,
-            "tokenmeter_time_to_first_token_seconds_count{model=\"m\"}"
+            "tokenmeter_time_to_first_token_seconds_count{model=\"m\",prompt=\"257-1k\"}"
         ),
         1.0
     );
@@ -175,6 +180,190 @@ fn exposition_has_every_family() {
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
+}
+
+#[test]
+fn prompt_bands_match_the_documented_edges() {
+    let cases = [
+        (None, "unknown"),
+        (Some(0), "1-256"),
+        (Some(1), "1-256"),
+        (Some(256), "1-256"),
+        (Some(257), "257-1k"),
+        (Some(1024), "257-1k"),
+        (Some(1025), "1k-4k"),
+        (Some(4096), "1k-4k"),
+        (Some(4097), "4k-16k"),
+        (Some(16384), "4k-16k"),
+        (Some(16385), "16k-64k"),
+        (Some(65536), "16k-64k"),
+        (Some(65537), "64k+"),
+        (Some(u64::MAX), "64k+"),
+    ];
+    for (n, band) in cases {
+        assert_eq!(prompt_band(n), band, "{n:?}");
+    }
+}
+
+#[test]
+fn the_final_count_settles_what_streamed_and_never_takes_back() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    let h = m.model(m.model_label(Some("m")));
+    for tokens in [1, 1, 3] {
+        h.event(tokens);
+    }
+    let total = |m: &Metrics| {
+        let text = String::from_utf8(m.render()).expect("utf8");
+        sum(&text, "tokenmeter_output_tokens_total{model=\"m\"}")
+    };
+    // Counted as they streamed, before the request ends.
+    assert_eq!(total(&m), 5.0);
+    // Usage says 7: the 2 no event showed are added.
+    m.record(&Finished {
+        output_tokens: 7,
+        streamed_tokens: 5,
+        ..finished()
+    });
+    assert_eq!(total(&m), 7.0);
+    // A final count below what streamed takes nothing back.
+    h.event(4);
+    m.record(&Finished {
+        output_tokens: 3,
+        streamed_tokens: 4,
+        ..finished()
+    });
+    assert_eq!(total(&m), 11.0);
+    let text = String::from_utf8(m.render()).expect("utf8");
+    assert_eq!(sum(&text, "tokenmeter_tokens_per_event_count"), 4.0);
+    assert_eq!(sum(&text, "tokenmeter_tokens_per_event_sum"), 9.0);
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"1\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        sum(
+            &text,
+            "tokenmeter_tokens_per_event_bucket{model=\"m\",le=\"3\"}"
+        ),
+        3.0
+    );
+}
+
+#[test]
+fn record_observes_stall_first_outputs_reasoning_and_cache() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    m.record(&Finished {
+        first_output: [
+            Some(Duration::from_millis(100)),
+            Some(Duration::from_millis(900)),
+            None,
+        ],
+        reasoning_tokens: Some(40),
+        cached_input: CachedInput {
+            read: Some(1165),
+            write: Some(0),
+        },
+        ..finished()
+    });
+    m.record(&Finished {
+        max_stall: None,
+        ..finished()
+    });
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let close = |l: &str, want: f64| {
+        let got = sum(&text, l);
+        assert!((got - want).abs() < 1e-9, "{l}: {got} != {want}");
+    };
+    close(
+        "tokenmeter_request_max_stall_seconds_count{model=\"m\"}",
+        1.0,
+    );
+    close(
+        "tokenmeter_request_max_stall_seconds_sum{model=\"m\"}",
+        0.12,
+    );
+    let first = "tokenmeter_time_to_first_output_seconds_sum{kind=";
+    close(&format!("{first}\"reasoning\",model=\"m\"}}"), 0.1);
+    close(&format!("{first}\"content\",model=\"m\"}}"), 0.9 + 0.1);
+    close(
+        "tokenmeter_time_to_first_output_seconds_count{kind=\"tool_call\"",
+        0.0,
+    );
+    close("tokenmeter_reasoning_tokens_total{model=\"m\"}", 40.0);
+    close(
+        "tokenmeter_cached_input_tokens_total{kind=\"read\",model=\"m\"}",
+        1165.0,
+    );
+    close(
+        "tokenmeter_cached_input_tokens_total{kind=\"write\",model=\"m\"}",
+        0.0,
+    );
+    // A request that reported no reasoning and no cache leaves those counters alone.
+    assert_eq!(
+        text.matches("tokenmeter_reasoning_tokens_total{").count(),
+        1
+    );
+}
+
+/// The series issue 12's per-event families add per model, at most (every prompt band and every
+/// kind seen): the figure the README states.
+#[test]
+fn series_added_per_model_are_counted() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    let h = m.model(m.model_label(Some("m")));
+    for n in [
+        None,
+        Some(1),
+        Some(300),
+        Some(2000),
+        Some(5000),
+        Some(20000),
+        Some(70000),
+    ] {
+        h.first_token(Duration::from_millis(100), n);
+    }
+    h.event(1);
+    m.record(&Finished {
+        first_output: [Some(Duration::from_millis(1)); 3],
+        reasoning_tokens: Some(1),
+        cached_input: CachedInput {
+            read: Some(1),
+            write: Some(1),
+        },
+        ..finished()
+    });
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let series = |family: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(family) && l.contains("model=\"m\""))
+            .count()
+    };
+    let buckets = |b: &[f64]| b.len() + 3; // each boundary, +Inf, _sum, _count
+    let d = Buckets::default();
+    assert_eq!(
+        series("tokenmeter_time_to_first_token_seconds"),
+        7 * buckets(&d.ttft)
+    );
+    assert_eq!(
+        series("tokenmeter_time_to_first_output_seconds"),
+        3 * buckets(&d.ttft)
+    );
+    assert_eq!(series("tokenmeter_tokens_per_event"), buckets(&d.per_event));
+    assert_eq!(
+        series("tokenmeter_request_max_stall_seconds"),
+        buckets(&d.stall)
+    );
+    assert_eq!(series("tokenmeter_reasoning_tokens_total"), 1);
+    assert_eq!(series("tokenmeter_cached_input_tokens_total"), 2);
+    // TTFT had one band's worth before the `prompt` label: 150 more; the new families 108.
+    assert_eq!(6 * buckets(&d.ttft), 150);
+    assert_eq!(
+        3 * buckets(&d.ttft) + buckets(&d.per_event) + buckets(&d.stall) + 3,
+        108
+    );
 }
 
 #[test]

@@ -1,8 +1,12 @@
 //! Anthropic Messages (`/v1/messages`).
 //!
 //! `message_start` names the model and the prompt tokens; `content_block_delta` events carry the
-//! output: a token-bearing one is a non-empty `text_delta`, `thinking_delta` or `input_json_delta`
-//! (a `signature_delta` or `citations_delta` is not generated text). `message_delta` carries the
+//! output: a token-bearing one is a non-empty `text_delta` (content), `thinking_delta`
+//! (reasoning) or `input_json_delta` (a tool call's input) (a `signature_delta` or
+//! `citations_delta` is not generated text). Thinking tokens are not reported apart in usage, so
+//! they are counted from thinking deltas. `cache_read_input_tokens` and
+//! `cache_creation_input_tokens` (in `message_start`, repeated in `message_delta`) are the
+//! cached prompt tokens read and written. `message_delta` carries the
 //! cumulative `output_tokens` (the latest wins) and, on newer API versions, the final
 //! `input_tokens`. The `output_tokens` in `message_start` is a placeholder (usually 1), so it is
 //! not taken for a usage report. `ping` and `error` events carry nothing. `message_stop` is the
@@ -12,12 +16,13 @@
 use serde::Deserialize;
 
 use super::json::{parse, Count, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The Anthropic extractor.
 #[derive(Debug, Default)]
 pub struct Anthropic {
     summary: Summary,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -63,12 +68,22 @@ struct Usage {
     input_tokens: Count,
     #[serde(default)]
     output_tokens: Count,
+    #[serde(default)]
+    cache_read_input_tokens: Count,
+    #[serde(default)]
+    cache_creation_input_tokens: Count,
 }
 
 impl Anthropic {
     fn input(&mut self, usage: &Usage) {
         if usage.input_tokens.0.is_some() {
             self.summary.input_tokens = usage.input_tokens.0;
+        }
+        if usage.cache_read_input_tokens.0.is_some() {
+            self.summary.cached_read = usage.cache_read_input_tokens.0;
+        }
+        if usage.cache_creation_input_tokens.0.is_some() {
+            self.summary.cached_write = usage.cache_creation_input_tokens.0;
         }
     }
 
@@ -109,12 +124,13 @@ impl Extractor for Anthropic {
             }
             "content_block_delta" => {
                 let Some(d) = ev.delta else { return 0 };
-                let output = match d.kind.as_deref() {
-                    Some("text_delta") => d.text.0,
-                    Some("thinking_delta") => d.thinking.0,
-                    Some("input_json_delta") => d.partial_json.0,
-                    _ => false,
+                let (output, kind) = match d.kind.as_deref() {
+                    Some("text_delta") => (d.text.0, OutputKind::Content),
+                    Some("thinking_delta") => (d.thinking.0, OutputKind::Reasoning),
+                    Some("input_json_delta") => (d.partial_json.0, OutputKind::ToolCall),
+                    _ => (false, OutputKind::Content),
                 };
+                self.kinds = Kinds::of(kind);
                 u32::from(output)
             }
             "message_delta" => {
@@ -130,6 +146,7 @@ impl Extractor for Anthropic {
                     self.input(u);
                     self.output(u);
                 }
+                self.kinds = Kinds::CONTENT;
                 u32::from(ev.content.0)
             }
             _ => 0,
@@ -138,6 +155,10 @@ impl Extractor for Anthropic {
 
     fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
     }
 }
 
@@ -196,6 +217,42 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("claude"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(11), Some(6)));
         assert!(s.ended);
+    }
+
+    #[test]
+    fn deltas_are_marked_by_kind_and_cache_usage_is_kept() {
+        let mut x = Anthropic::default();
+        let mut kinds = Vec::new();
+        for (event, data) in [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":1165,"output_tokens":1}}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let"}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+            ),
+        ] {
+            if x.on_message(&Message {
+                event,
+                data: data.as_bytes(),
+            }) > 0
+            {
+                kinds.push(x.kinds());
+            }
+        }
+        assert_eq!(kinds, [Kinds::REASONING, Kinds::CONTENT, Kinds::TOOL_CALL]);
+        let s = x.summary();
+        assert_eq!((s.cached_read, s.cached_write), (Some(1165), Some(0)));
+        assert_eq!(s.input_tokens, Some(4));
     }
 
     #[test]

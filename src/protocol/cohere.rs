@@ -7,17 +7,21 @@
 //! generated); output is the latter, falling back to the former. `message-end` is the last
 //! event ([`Summary::ended`]); the `data: [DONE]` that follows it ends the stream too.
 //!
+//! Kinds: a `content-delta`'s `thinking` and a `tool-plan-delta` (the model's plan for its tool
+//! calls, in its own words) are reasoning, its `text` content, `tool-call-*` a tool call.
+//!
 //! Cohere v1's stream (`event_type`: `text-generation` ... `stream-end`) is not read here.
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Str, Text};
-use super::{is_done, Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The Cohere extractor.
 #[derive(Debug, Default)]
 pub struct Cohere {
     summary: Summary,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -106,17 +110,31 @@ impl Extractor for Cohere {
         };
         let kind = ev.kind.as_deref().unwrap_or(msg.event);
         let delta = ev.delta;
+        self.kinds = Kinds::CONTENT;
         let bearing = match kind {
-            "content-delta" => delta
-                .as_ref()
-                .and_then(|d| d.message.as_ref())
-                .and_then(|m| m.content.as_ref())
-                .is_some_and(|c| c.text.0 || c.thinking.0),
-            "tool-plan-delta" => delta
-                .as_ref()
-                .and_then(|d| d.message.as_ref())
-                .is_some_and(|m| m.tool_plan.0),
-            "tool-call-start" | "tool-call-delta" => true,
+            "content-delta" => {
+                let c = delta
+                    .as_ref()
+                    .and_then(|d| d.message.as_ref())
+                    .and_then(|m| m.content.as_ref());
+                self.kinds = c.map_or(Kinds::NONE, |c| {
+                    Kinds::NONE
+                        .with(OutputKind::Reasoning, c.thinking.0)
+                        .with(OutputKind::Content, c.text.0)
+                });
+                !self.kinds.is_empty()
+            }
+            "tool-plan-delta" => {
+                self.kinds = Kinds::REASONING;
+                delta
+                    .as_ref()
+                    .and_then(|d| d.message.as_ref())
+                    .is_some_and(|m| m.tool_plan.0)
+            }
+            "tool-call-start" | "tool-call-delta" => {
+                self.kinds = Kinds::TOOL_CALL;
+                true
+            }
             "message-end" => {
                 self.summary.ended = true;
                 if let Some(u) = delta.and_then(|d| d.usage) {
@@ -137,6 +155,10 @@ impl Extractor for Cohere {
 
     fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
     }
 }
 
@@ -164,6 +186,35 @@ mod tests {
         assert_eq!(counts, [0, 0, 1, 1, 1, 1, 0, 0]);
         assert_eq!((s.input_tokens, s.output_tokens), (Some(69), Some(110)));
         assert!(s.ended);
+    }
+
+    #[test]
+    fn thinking_plans_text_and_tool_calls_have_their_kinds() {
+        let mut x = Cohere::default();
+        let mut kinds = Vec::new();
+        for data in [
+            r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"thinking":"Hm"}}}}"#,
+            r#"{"type":"tool-plan-delta","delta":{"message":{"tool_plan":"I will"}}}"#,
+            r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"text":"Ar"}}}}"#,
+            r#"{"type":"tool-call-delta","index":0,"delta":{"message":{"tool_calls":{"function":{"arguments":"{"}}}}}"#,
+        ] {
+            if x.on_message(&Message {
+                event: "",
+                data: data.as_bytes(),
+            }) > 0
+            {
+                kinds.push(x.kinds());
+            }
+        }
+        assert_eq!(
+            kinds,
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
+        );
     }
 
     #[test]

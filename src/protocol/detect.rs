@@ -18,7 +18,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{extractor, is_done, Api, Extractor, Message, Summary};
+use super::{extractor, is_done, Api, Extractor, Kinds, Message, Summary};
 
 /// Messages an undecided [`Auto`] inspects before it settles for the path's format (or none).
 /// Real streams decide on their first message; this bounds the work spent on one we cannot read.
@@ -238,6 +238,10 @@ impl Extractor for Auto {
             Some(x) => x.summary(),
             None => &self.none,
         }
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.inner.as_ref().map_or(Kinds::NONE, |x| x.kinds())
     }
 }
 

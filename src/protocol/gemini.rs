@@ -4,7 +4,10 @@
 //! carries generated output: `text` (thought summaries included), `functionCall` or
 //! `executableCode`. `usageMetadata` is cumulative and usually in every event, so its growth is
 //! the exact number of tokens an event carries ([`Cumulative`]). Output counts every generated
-//! token: `candidatesTokenCount + thoughtsTokenCount`. Without `alt=sse` the same responses come
+//! token: `candidatesTokenCount + thoughtsTokenCount`. A part with `"thought": true` is
+//! reasoning, a `functionCall` a tool call, other text and `executableCode` content;
+//! `thoughtsTokenCount` is the reasoning count and `cachedContentTokenCount` the cached prompt
+//! tokens read. Without `alt=sse` the same responses come
 //! as one JSON array, which is read the same way.
 //!
 //! The stream has no end marker, so [`Summary::ended`] is never set: `finishReason` belongs to
@@ -14,14 +17,15 @@
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
-use super::json::{parse, Count, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::json::{parse, Count, Flag, Str, Text};
+use super::{Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The Gemini extractor.
 #[derive(Debug, Default)]
 pub struct Gemini {
     summary: Summary,
     running: Cumulative,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +60,8 @@ struct Part {
     function_call: Text,
     #[serde(default)]
     executable_code: Text,
+    #[serde(default)]
+    thought: Flag,
 }
 
 #[derive(Deserialize)]
@@ -67,11 +73,17 @@ struct UsageMetadata {
     candidates_token_count: Count,
     #[serde(default)]
     thoughts_token_count: Count,
+    #[serde(default)]
+    cached_content_token_count: Count,
 }
 
 impl Part {
-    fn has_output(&self) -> bool {
-        self.text.0 || self.function_call.0 || self.executable_code.0
+    fn kinds(&self) -> Kinds {
+        let text = self.text.0 || self.executable_code.0;
+        Kinds::NONE
+            .with(OutputKind::Reasoning, text && self.thought.0)
+            .with(OutputKind::Content, text && !self.thought.0)
+            .with(OutputKind::ToolCall, self.function_call.0)
     }
 }
 
@@ -87,18 +99,20 @@ impl Gemini {
             if reported.is_some() {
                 self.summary.output_tokens = reported;
             }
+            if u.thoughts_token_count.0.is_some() {
+                self.summary.reasoning_tokens = u.thoughts_token_count.0;
+            }
+            if u.cached_content_token_count.0.is_some() {
+                self.summary.cached_read = u.cached_content_token_count.0;
+            }
         }
-        let bearing = chunk
-            .candidates
-            .unwrap_or_default()
-            .iter()
-            .filter(|c| {
-                c.content
-                    .as_ref()
-                    .and_then(|c| c.parts.as_ref())
-                    .is_some_and(|parts| parts.iter().any(Part::has_output))
-            })
-            .count();
+        let mut bearing = 0usize;
+        for c in chunk.candidates.unwrap_or_default() {
+            let parts = c.content.and_then(|c| c.parts).unwrap_or_default();
+            let kinds = parts.iter().fold(Kinds::NONE, |k, p| k.union(p.kinds()));
+            self.kinds = self.kinds.union(kinds);
+            bearing += usize::from(!kinds.is_empty());
+        }
         self.running
             .tokens(reported, u32::try_from(bearing).unwrap_or(u32::MAX))
     }
@@ -110,6 +124,7 @@ impl Extractor for Gemini {
     }
 
     fn on_message(&mut self, msg: &Message<'_>) -> u32 {
+        self.kinds = Kinds::NONE;
         let array = msg.data.trim_ascii_start().starts_with(b"[");
         if array {
             let Some(chunks) = parse::<Vec<Chunk<'_>>>(msg.data, &mut self.summary.malformed)
@@ -129,6 +144,10 @@ impl Extractor for Gemini {
     fn summary(&self) -> &Summary {
         &self.summary
     }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +156,34 @@ mod tests {
 
     fn run(events: &[&str]) -> (Vec<u32>, Summary) {
         crate::protocol::testing::run(&mut Gemini::default(), events.iter().map(|e| ("", *e)))
+    }
+
+    #[test]
+    fn thought_parts_are_reasoning_and_usage_details_are_kept() {
+        let mut x = Gemini::default();
+        let mut seen = Vec::new();
+        for data in [
+            r#"{"candidates":[{"content":{"parts":[{"text":"**Plan**","thought":true}]}}],"usageMetadata":{"promptTokenCount":8,"thoughtsTokenCount":12}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"text":"Hi"}]}}],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":3,"thoughtsTokenCount":12,"cachedContentTokenCount":5}}"#,
+            r#"{"candidates":[{"content":{"parts":[{"functionCall":{"name":"f","args":{}}}]}}],"usageMetadata":{"promptTokenCount":8,"candidatesTokenCount":4,"thoughtsTokenCount":12,"cachedContentTokenCount":5}}"#,
+        ] {
+            let n = x.on_message(&Message {
+                event: "",
+                data: data.as_bytes(),
+            });
+            seen.push((n, x.kinds()));
+        }
+        assert_eq!(
+            seen,
+            [
+                (12, Kinds::REASONING),
+                (3, Kinds::CONTENT),
+                (1, Kinds::TOOL_CALL)
+            ]
+        );
+        let s = x.summary();
+        assert_eq!((s.reasoning_tokens, s.cached_read), (Some(12), Some(5)));
+        assert_eq!(s.output_tokens, Some(16));
     }
 
     #[test]

@@ -137,6 +137,80 @@ impl TokenSource {
     }
 }
 
+/// The kind of output a token-bearing event carried, where its format marks it: the `kind`
+/// label of `tokenmeter_time_to_first_output_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    /// Thinking: `reasoning_content` / `reasoning` deltas, Anthropic thinking blocks, Responses
+    /// reasoning events, Gemini thought parts, Ollama `thinking`.
+    Reasoning,
+    /// The answer itself (and refusals): what a gateway waiting for `content` sees.
+    Content,
+    /// Tool-call (function-call) deltas.
+    ToolCall,
+}
+
+impl OutputKind {
+    /// Every variant, in exposition order (also the order of per-kind arrays).
+    pub const ALL: [OutputKind; 3] = [
+        OutputKind::Reasoning,
+        OutputKind::Content,
+        OutputKind::ToolCall,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputKind::Reasoning => "reasoning",
+            OutputKind::Content => "content",
+            OutputKind::ToolCall => "tool_call",
+        }
+    }
+}
+
+/// The kinds of output one message carried, as a set (a chunk may carry reasoning and content).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Kinds(u8);
+
+impl Kinds {
+    pub const NONE: Kinds = Kinds(0);
+    pub const REASONING: Kinds = Kinds(1 << 0);
+    pub const CONTENT: Kinds = Kinds(1 << 1);
+    pub const TOOL_CALL: Kinds = Kinds(1 << 2);
+
+    /// The set holding `kind`.
+    pub const fn of(kind: OutputKind) -> Kinds {
+        match kind {
+            OutputKind::Reasoning => Kinds::REASONING,
+            OutputKind::Content => Kinds::CONTENT,
+            OutputKind::ToolCall => Kinds::TOOL_CALL,
+        }
+    }
+
+    pub fn contains(self, kind: OutputKind) -> bool {
+        self.0 & Kinds::of(kind).0 != 0
+    }
+
+    /// `kind` added when `yes`.
+    #[must_use]
+    pub fn with(self, kind: OutputKind, yes: bool) -> Kinds {
+        if yes {
+            Kinds(self.0 | Kinds::of(kind).0)
+        } else {
+            self
+        }
+    }
+
+    /// Both sets in one.
+    #[must_use]
+    pub fn union(self, other: Kinds) -> Kinds {
+        Kinds(self.0 | other.0)
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
 /// What a stream has said about itself so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -148,6 +222,12 @@ pub struct Summary {
     pub output_tokens: Option<u64>,
     /// Output tokens, from per-event token ids or counts the format carries (exact, no usage).
     pub token_id_tokens: Option<u64>,
+    /// Reasoning tokens, from the usage report's details (part of `output_tokens`).
+    pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens read from the server's prompt cache, from the usage report.
+    pub cached_read: Option<u64>,
+    /// Prompt tokens written to the server's prompt cache, from the usage report.
+    pub cached_write: Option<u64>,
     /// Messages that were not valid JSON of the expected shape.
     pub malformed: u64,
     /// The stream sent its format's own end marker (`data: [DONE]`, `message_stop`,
@@ -193,6 +273,11 @@ pub trait Extractor: Send + Sync {
     fn on_message(&mut self, msg: &Message<'_>) -> u32;
     /// Everything the stream has reported about itself so far.
     fn summary(&self) -> &Summary;
+    /// The kinds of output the latest message carried (read after `on_message` returned more
+    /// than 0). A format that does not mark them carries content.
+    fn kinds(&self) -> Kinds {
+        Kinds::CONTENT
+    }
 }
 
 /// An extractor for formats we cannot read: counts nothing.

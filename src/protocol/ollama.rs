@@ -5,16 +5,19 @@
 //! `message.tool_calls` (chat). The last line (`"done": true`) reports `eval_count` (output
 //! tokens) and `prompt_eval_count` (prompt tokens evaluated), and ends the stream
 //! ([`Summary::ended`]). A non-streaming answer is that last line with the whole text.
+//! `thinking` is reasoning (Ollama reports no reasoning count, so it is counted from these
+//! lines), `tool_calls` a tool call, `response` and `content` content.
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Flag, Str, Text};
-use super::{Api, Extractor, Message, Summary};
+use super::{Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The Ollama extractor.
 #[derive(Debug, Default)]
 pub struct Ollama {
     summary: Summary,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -35,7 +38,7 @@ struct Line<'a> {
     done: Flag,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct ChatMessage {
     #[serde(default)]
     content: Text,
@@ -64,20 +67,56 @@ impl Extractor for Ollama {
         if line.prompt_eval_count.0.is_some() {
             self.summary.input_tokens = line.prompt_eval_count.0;
         }
-        let chat = line
-            .message
-            .is_some_and(|m| m.content.0 || m.thinking.0 || m.tool_calls.0);
-        u32::from(line.response.0 || line.thinking.0 || chat)
+        let chat = line.message.unwrap_or_default();
+        self.kinds = Kinds::NONE
+            .with(OutputKind::Reasoning, line.thinking.0 || chat.thinking.0)
+            .with(OutputKind::Content, line.response.0 || chat.content.0)
+            .with(OutputKind::ToolCall, chat.tool_calls.0);
+        u32::from(!self.kinds.is_empty())
     }
 
     fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thinking_content_and_tool_lines_have_their_kinds() {
+        let mut x = Ollama::default();
+        let mut kinds = Vec::new();
+        for l in [
+            r#"{"model":"m","message":{"role":"assistant","content":"","thinking":"We"},"done":false}"#,
+            r#"{"model":"m","response":"","thinking":"need","done":false}"#,
+            r#"{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}"#,
+            r#"{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},"done":false}"#,
+            r#"{"model":"m","message":{"role":"assistant","content":""},"done":true,"eval_count":4}"#,
+        ] {
+            if x.on_message(&Message {
+                event: "",
+                data: l.as_bytes(),
+            }) > 0
+            {
+                kinds.push(x.kinds());
+            }
+        }
+        assert_eq!(
+            kinds,
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
+        );
+    }
 
     fn run(lines: &[&str]) -> (Vec<u32>, Summary) {
         let mut x = Ollama::default();

@@ -15,20 +15,30 @@
 //! leaves reasoning tokens out of `completion_tokens` but not out of the total, and output
 //! counts every token the model generated.
 //!
+//! Kinds: `reasoning_content` and `reasoning` are reasoning, `tool_calls` and `function_call`
+//! a tool call, the rest (`content`, `refusal`, `text`) content. A role-only first chunk
+//! (`"content":""`) carries nothing. Usage's `completion_tokens_details.reasoning_tokens` is the
+//! reasoning count and `prompt_tokens_details.cached_tokens` the cached prompt tokens read
+//! (OpenAI, vLLM with `--enable-prompt-tokens-details`, SGLang).
+//!
 //! The stream ends with `data: [DONE]` ([`Summary::ended`]); a stream without it (some hosts
 //! leave it out) never says it has ended.
 
+use std::fmt;
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
 use super::json::{parse, Count, Len, Str, Text};
-use super::{is_done, Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The OpenAI extractor.
 #[derive(Debug, Default)]
 pub struct OpenAi {
     summary: Summary,
     running: Cumulative,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -36,12 +46,60 @@ struct Chunk<'a> {
     #[serde(default, borrow)]
     model: Str<'a>,
     #[serde(default)]
-    choices: Option<Vec<Choice>>,
+    choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     /// Groq reports usage here instead.
     #[serde(default)]
     x_groq: Option<XGroq>,
+}
+
+/// A chunk's choices, folded as they are parsed: a `Vec` of them was one heap allocation per
+/// chunk, on the path every token takes (tests/alloc.rs counts them).
+#[derive(Default)]
+struct Choices {
+    len: usize,
+    /// Choices that carry output.
+    bearing: u32,
+    /// Token ids over all choices.
+    ids: u64,
+    /// Every choice has `token_ids` (and there is at least one).
+    all_have_ids: bool,
+    /// The kinds of output over all choices.
+    kinds: Kinds,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fold;
+        impl<'de> Visitor<'de> for Fold {
+            type Value = Choices;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of choices")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut c = Choices {
+                    all_have_ids: true,
+                    ..Choices::default()
+                };
+                while let Some(choice) = seq.next_element::<Choice>()? {
+                    c.len += 1;
+                    let kinds = choice.kinds();
+                    c.kinds = c.kinds.union(kinds);
+                    c.bearing += u32::from(!kinds.is_empty());
+                    match choice.token_ids {
+                        Some(Len(n)) => c.ids += n,
+                        None => c.all_have_ids = false,
+                    }
+                }
+                c.all_have_ids &= c.len > 0;
+                Ok(c)
+            }
+        }
+        d.deserialize_seq(Fold)
+    }
 }
 
 #[derive(Deserialize)]
@@ -88,16 +146,46 @@ struct Usage {
     completion_tokens: Count,
     #[serde(default)]
     total_tokens: Count,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Count,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Count,
+}
+
+impl Choice {
+    /// The kinds of output this choice carries (legacy `text` is content).
+    fn kinds(&self) -> Kinds {
+        Kinds::NONE
+            .with(OutputKind::Content, self.text.0)
+            .union(self.delta.as_ref().map_or(Kinds::NONE, Delta::kinds))
+            .union(self.message.as_ref().map_or(Kinds::NONE, Delta::kinds))
+    }
 }
 
 impl Delta {
-    fn has_output(&self) -> bool {
-        self.content.0
-            || self.reasoning_content.0
-            || self.reasoning.0
-            || self.refusal.0
-            || self.tool_calls.0
-            || self.function_call.0
+    fn kinds(&self) -> Kinds {
+        Kinds::NONE
+            .with(
+                OutputKind::Reasoning,
+                self.reasoning_content.0 || self.reasoning.0,
+            )
+            .with(OutputKind::Content, self.content.0 || self.refusal.0)
+            .with(
+                OutputKind::ToolCall,
+                self.tool_calls.0 || self.function_call.0,
+            )
     }
 }
 
@@ -137,21 +225,24 @@ impl Extractor for OpenAi {
             if reported.is_some() {
                 self.summary.output_tokens = reported;
             }
-        }
-        let choices = chunk.choices.unwrap_or_default();
-        let mut bearing = 0u32;
-        let mut ids = 0u64;
-        let mut all_have_ids = !choices.is_empty();
-        for c in &choices {
-            let output = c.text.0
-                || c.delta.as_ref().is_some_and(Delta::has_output)
-                || c.message.as_ref().is_some_and(Delta::has_output);
-            bearing += u32::from(output);
-            match c.token_ids {
-                Some(Len(n)) => ids += n,
-                None => all_have_ids = false,
+            if let Some(r) = u
+                .completion_tokens_details
+                .and_then(|d| d.reasoning_tokens.0)
+            {
+                self.summary.reasoning_tokens = Some(r);
+            }
+            if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens.0) {
+                self.summary.cached_read = Some(c);
             }
         }
+        let Choices {
+            bearing,
+            ids,
+            all_have_ids,
+            kinds,
+            ..
+        } = chunk.choices.unwrap_or_default();
+        self.kinds = kinds;
         if all_have_ids {
             *self.summary.token_id_tokens.get_or_insert(0) += ids;
             // The ids are exact; keep the running total in step for the chunks that follow.
@@ -163,6 +254,10 @@ impl Extractor for OpenAi {
 
     fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
     }
 }
 
@@ -189,6 +284,54 @@ mod tests {
         assert_eq!(s.model.as_deref(), Some("m"));
         assert_eq!((s.input_tokens, s.output_tokens), (Some(5), Some(2)));
         assert_eq!(s.malformed, 0);
+    }
+
+    /// Feeds data-only messages; returns the kinds of each token-bearing one, and the summary.
+    fn kinds(events: &[&str]) -> (Vec<Kinds>, Summary) {
+        let mut x = OpenAi::default();
+        let mut kinds = Vec::new();
+        for data in events {
+            let msg = Message {
+                event: "",
+                data: data.as_bytes(),
+            };
+            if x.on_message(&msg) > 0 {
+                kinds.push(x.kinds());
+            }
+        }
+        (kinds, x.summary().clone())
+    }
+
+    #[test]
+    fn kinds_reasoning_and_cached_usage() {
+        let (k, s) = kinds(&[
+            // Role-only first chunk: no token, no kind.
+            r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning":"so"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"delta":{"refusal":"no"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"text":"legacy"}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"a","content":"b"}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1920},"completion_tokens_details":{"reasoning_tokens":192}}}"#,
+        ]);
+        let both = Kinds::REASONING.union(Kinds::CONTENT);
+        assert_eq!(
+            k,
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL,
+                Kinds::CONTENT,
+                both
+            ]
+        );
+        assert_eq!(s.reasoning_tokens, Some(192));
+        assert_eq!((s.cached_read, s.cached_write), (Some(1920), None));
+        assert_eq!(s.input_tokens, Some(2006));
     }
 
     #[test]

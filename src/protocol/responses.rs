@@ -9,16 +9,25 @@
 //! event of every stream ([`Summary::ended`]), though OpenRouter follows it with a
 //! `data: [DONE]`, which ends the stream too. A non-streaming response is that same object on
 //! its own.
+//!
+//! Kinds come from the delta's type: `response.reasoning_text.delta`,
+//! `response.reasoning_summary_text.delta` (any type naming `reasoning`) are reasoning;
+//! `response.function_call_arguments.delta`, `response.custom_tool_call_input.delta`,
+//! `response.mcp_call_arguments.delta` and `response.code_interpreter_call_code.delta` a tool
+//! call; the rest (`response.output_text.delta`, `response.refusal.delta`, ...) content. Usage's
+//! `output_tokens_details.reasoning_tokens` and `input_tokens_details.cached_tokens` are the
+//! reasoning and cached-read counts.
 
 use serde::Deserialize;
 
 use super::json::{parse, Count, Str, Text};
-use super::{is_done, Api, Extractor, Message, Summary};
+use super::{is_done, Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The Responses extractor.
 #[derive(Debug, Default)]
 pub struct Responses {
     summary: Summary,
+    kinds: Kinds,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +63,36 @@ struct Usage {
     input_tokens: Count,
     #[serde(default)]
     output_tokens: Count,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: Count,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Count,
+}
+
+/// The kind of output a delta event's type names.
+fn delta_kind(kind: &str) -> OutputKind {
+    if kind.contains("reasoning") {
+        OutputKind::Reasoning
+    } else if ["function_call", "tool_call", "mcp_call", "code_interpreter"]
+        .iter()
+        .any(|t| kind.contains(t))
+    {
+        OutputKind::ToolCall
+    } else {
+        OutputKind::Content
+    }
 }
 
 impl Responses {
@@ -65,6 +104,12 @@ impl Responses {
             }
             if u.output_tokens.0.is_some() {
                 self.summary.output_tokens = u.output_tokens.0;
+            }
+            if let Some(r) = u.output_tokens_details.and_then(|d| d.reasoning_tokens.0) {
+                self.summary.reasoning_tokens = Some(r);
+            }
+            if let Some(c) = u.input_tokens_details.and_then(|d| d.cached_tokens.0) {
+                self.summary.cached_read = Some(c);
             }
         }
     }
@@ -85,6 +130,7 @@ impl Extractor for Responses {
         };
         if ev.object.as_deref() == Some("response") {
             self.take(ev.model, ev.usage);
+            self.kinds = Kinds::CONTENT;
             return u32::from(ev.output.0);
         }
         if let Some(r) = ev.response {
@@ -94,11 +140,16 @@ impl Extractor for Responses {
         if is_final(kind) {
             self.summary.ended = true;
         }
+        self.kinds = Kinds::of(delta_kind(kind));
         u32::from(kind.ends_with(".delta") && ev.delta.0)
     }
 
     fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    fn kinds(&self) -> Kinds {
+        self.kinds
     }
 }
 
@@ -117,6 +168,40 @@ mod tests {
 
     fn run(events: &[(&str, &str)]) -> (Vec<u32>, Summary) {
         crate::protocol::testing::run(&mut Responses::default(), events.iter().copied())
+    }
+
+    #[test]
+    fn delta_types_give_kinds_and_usage_details() {
+        let mut x = Responses::default();
+        let mut kinds = Vec::new();
+        for data in [
+            r#"{"type":"response.reasoning_summary_text.delta","delta":"Think"}"#,
+            r#"{"type":"response.reasoning_text.delta","delta":"more"}"#,
+            r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+            r#"{"type":"response.function_call_arguments.delta","delta":"{\"a"}"#,
+            r#"{"type":"response.output_text.delta","delta":""}"#,
+            r#"{"type":"response.completed","response":{"model":"o4","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}"#,
+        ] {
+            let msg = Message {
+                event: "",
+                data: data.as_bytes(),
+            };
+            if x.on_message(&msg) > 0 {
+                kinds.push(x.kinds());
+            }
+        }
+        assert_eq!(
+            kinds,
+            [
+                Kinds::REASONING,
+                Kinds::REASONING,
+                Kinds::CONTENT,
+                Kinds::TOOL_CALL
+            ]
+        );
+        let s = x.summary();
+        assert_eq!((s.reasoning_tokens, s.cached_read), (Some(20), Some(4)));
+        assert_eq!(s.output_tokens, Some(30));
     }
 
     #[test]

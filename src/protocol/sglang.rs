@@ -9,6 +9,9 @@
 //!
 //! Every sequence's last event has a `finish_reason`, but only `data: [DONE]`, sent after all of
 //! them (and after an error), ends the stream ([`Summary::ended`]).
+//!
+//! `meta_info.cached_tokens` is the prompt tokens read from the radix cache (the latest report
+//! wins, as for `prompt_tokens`).
 
 use serde::Deserialize;
 
@@ -43,6 +46,8 @@ struct MetaInfo {
     prompt_tokens: Count,
     #[serde(default)]
     completion_tokens: Count,
+    #[serde(default)]
+    cached_tokens: Count,
 }
 
 impl Sglang {
@@ -81,6 +86,9 @@ impl Extractor for Sglang {
         if meta.prompt_tokens.0.is_some() {
             self.summary.input_tokens = meta.prompt_tokens.0;
         }
+        if meta.cached_tokens.0.is_some() {
+            self.summary.cached_read = meta.cached_tokens.0;
+        }
         let Some(total) = meta.completion_tokens.0 else {
             return u32::from(ev.text.0);
         };
@@ -112,7 +120,12 @@ mod tests {
         ]);
         assert_eq!(counts, [1, 2, 0, 0]);
         assert_eq!((s.input_tokens, s.output_tokens), (Some(6), Some(3)));
+        assert_eq!(s.cached_read, Some(0));
         assert!(s.ended);
+        let (_, s) = run(&[
+            r#"{"text":"a","meta_info":{"prompt_tokens":600,"completion_tokens":1,"cached_tokens":512}}"#,
+        ]);
+        assert_eq!(s.cached_read, Some(512));
     }
 
     #[test]

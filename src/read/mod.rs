@@ -15,7 +15,7 @@ pub mod ndjson;
 pub mod sse;
 
 pub use crate::protocol::Message;
-use crate::protocol::{self, detect, Api, Extractor, Summary, TokenSource};
+use crate::protocol::{self, detect, Api, Extractor, Kinds, OutputKind, Summary, TokenSource};
 
 /// Errors a decoder counts instead of failing.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -97,13 +97,12 @@ pub fn select(path: &str, content_type: &str, pin: Option<Api>) -> (Framing, Box
 }
 
 /// One token-bearing event (an SSE event, an NDJSON line) a chunk completed.
-///
-/// Room is left here for the kind of tokens an event carries (reasoning, content, tool call):
-/// a field added beside `tokens`, filled by the extractor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     /// The output tokens the event carries (at least 1: events without tokens are not listed).
     pub tokens: u32,
+    /// The kinds of output it carries, where the format marks them (else content).
+    pub kinds: Kinds,
 }
 
 /// What one piece of the body said.
@@ -147,6 +146,8 @@ struct Sink {
     events: Vec<Event>,
     /// Output tokens counted from events (and a whole document) so far.
     counted: u64,
+    /// The tokens of events that carried reasoning and nothing else.
+    counted_reasoning: u64,
     /// The model the stream had named when its first token-bearing event came.
     first_model: Option<String>,
 }
@@ -182,6 +183,7 @@ impl Reader {
                 extractor,
                 events: Vec::new(),
                 counted: 0,
+                counted_reasoning: 0,
                 first_model: None,
             },
         }
@@ -256,6 +258,15 @@ impl Reader {
         self.sink.counted
     }
 
+    /// Reasoning tokens: the usage report's, else the tokens of events that carried reasoning
+    /// and nothing else (an event mixing kinds cannot be split); `None` when there were none.
+    pub fn reasoning(&self) -> Option<u64> {
+        let counted = self.sink.counted_reasoning;
+        self.summary()
+            .reasoning_tokens
+            .or((counted > 0).then_some(counted))
+    }
+
     /// The response's output tokens by the order of truth (see [`Summary::output`]).
     pub fn output(&self) -> (u64, TokenSource) {
         self.summary().output(self.sink.counted)
@@ -284,7 +295,17 @@ impl Sink {
             // The first token-bearing event: the model named so far is the one it is timed as.
             self.first_model = self.extractor.summary().model.clone();
         }
-        self.events.push(Event { tokens });
+        let kinds = self.extractor.kinds();
+        // An extractor that counted tokens always carries some kind; guard the contract anyway.
+        let kinds = if kinds.is_empty() {
+            Kinds::CONTENT
+        } else {
+            kinds
+        };
+        if kinds == Kinds::of(OutputKind::Reasoning) {
+            self.counted_reasoning += u64::from(tokens);
+        }
+        self.events.push(Event { tokens, kinds });
         self.counted += u64::from(tokens);
     }
 

@@ -113,7 +113,13 @@ fn one_piece_may_complete_several_events() {
     let mut r = Reader::new("/v1/chat/completions", "text/event-stream", None, 1 << 20);
     let three = CHUNK.repeat(3);
     let c = r.feed(three.as_bytes());
-    assert_eq!(c.events, [Event { tokens: 1 }; 3]);
+    assert_eq!(
+        c.events,
+        [Event {
+            tokens: 1,
+            kinds: Kinds::CONTENT
+        }; 3]
+    );
     assert!(!c.ended);
     // The list is of the latest piece only.
     assert_eq!(r.feed(b"data: [DONE]\n\n").events, []);
@@ -157,7 +163,13 @@ fn a_body_cut_mid_line_leaves_no_event_and_no_error() {
     // The same last line, complete but without its newline, is an event at the finish.
     let mut r = Reader::new("/api/chat", "application/x-ndjson", None, 1 << 20);
     r.feed(line.as_bytes());
-    assert_eq!(r.finish(true).events, [Event { tokens: 1 }]);
+    assert_eq!(
+        r.finish(true).events,
+        [Event {
+            tokens: 1,
+            kinds: Kinds::CONTENT
+        }]
+    );
 }
 
 #[test]

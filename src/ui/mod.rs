@@ -25,7 +25,6 @@ pub use history::{History, Point, HISTORY_SPAN, NOW_WINDOW};
 pub use reading::{Hist, Reading};
 pub use summary::Summary;
 
-use crate::exposition::Scrape;
 use crate::metrics::Metrics;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -64,10 +63,7 @@ impl Ui {
     /// A page over the proxy's metrics, sampled every `period`; `rate_window` is the aggregate
     /// gauge's `--rate-window`.
     pub fn new(metrics: Arc<Metrics>, period: Duration, rate_window: Duration) -> Ui {
-        let read = move || {
-            let text = metrics.render();
-            Reading::from_samples(Scrape::parse(&String::from_utf8_lossy(&text)).samples())
-        };
+        let read = move || Reading::from_families(&metrics.gather());
         Ui::from_reader(read, period, rate_window)
     }
 

@@ -1,4 +1,4 @@
-//! One scrape reduced to what the page shows: [`Reading::from_samples`].
+//! One gathering of the registry reduced to what the page shows: [`Reading::from_families`].
 //!
 //! This module reads metric names; it does not define them (that is `crate::metrics`'s job, and
 //! the integration tests check these names against a live proxy's exposition). Series are summed
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{MetricFamily, MetricType};
 
-use crate::exposition::{histogram_quantile, Sample};
+use crate::exposition::histogram_quantile;
 
 pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
 pub(crate) const OUTPUT_TPS: &str = "tokenmeter_output_tokens_per_second";
@@ -115,55 +115,7 @@ fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
     *map.entry(key.unwrap_or("").to_string()).or_default() += v;
 }
 
-/// Adds one `_bucket`/`_sum`/`_count` sample of histogram family `base` into `h`; false when the
-/// sample is not part of that family.
-fn hist_sample(h: &mut Hist, base: &str, s: &Sample) -> bool {
-    let Some(suffix) = s.name.strip_prefix(base) else {
-        return false;
-    };
-    match suffix {
-        "_bucket" => {
-            if let Some(le) = s.label("le").and_then(parse_bound) {
-                h.add_bucket(le, s.value);
-            }
-        }
-        "_sum" => h.sum += s.value,
-        "_count" => h.count += s.value,
-        _ => return false,
-    }
-    true
-}
-
-fn parse_bound(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        _ => s.parse().ok(),
-    }
-}
-
 impl Reading {
-    /// Reduces the samples of one text exposition.
-    pub fn from_samples(samples: &[Sample]) -> Reading {
-        let mut r = Reading::default();
-        for s in samples {
-            if hist_sample(&mut r.ttft, TTFT, s) {
-                continue;
-            }
-            if s.name.starts_with(REQUEST_TPS) {
-                let band = s.label("concurrency").unwrap_or("").to_string();
-                let by_band = r.request_tps_by_band.entry(band).or_default();
-                if hist_sample(by_band, REQUEST_TPS, s) {
-                    hist_sample(&mut r.request_tps, REQUEST_TPS, s);
-                    continue;
-                }
-            }
-            r.scalar(&s.name, |k| s.label(k), s.value);
-        }
-        r.request_tps_by_band
-            .retain(|_, h| h.count > 0.0 || !h.buckets.is_empty());
-        r
-    }
-
     /// Reduces the metric families of one gathering of a registry.
     pub fn from_families(families: &[MetricFamily]) -> Reading {
         let mut r = Reading::default();

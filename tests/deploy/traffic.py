@@ -11,7 +11,10 @@ token) and the final `usage` chunk when the request asks for it. What it does wi
 chosen by the request body's `x_test` field, so the client can produce every outcome tokenmeter
 counts: `ok` (default), `status:NNN` (an error response), `abort` (the connection is cut
 mid-stream: upstream_error), `slow_headers` (headers after 3 s: a 504 timeout behind
-`--upstream-timeout 2s`), `bad_json` (one malformed event: parse_errors{reason="invalid_json"}).
+`--upstream-timeout 2s`), `bad_json` (one malformed event: parse_errors{reason="invalid_json"}),
+`reasoning` (a third of the tokens as `reasoning_content` deltas, then content, a tool-call delta
+last, a stall of 5 gaps midway, and usage with `reasoning_tokens`). Every usage report states
+half the prompt as `prompt_tokens_details.cached_tokens`.
 The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
 requests and streaming requests without `include_usage` (token_count_source="counted"), and with
 `--classes a,b,` names an SLO class in `x-tokenmeter-class` on each request, picked at random
@@ -113,10 +116,20 @@ async def respond(writer, req, counters):
     writer.write(chunk(sse(role)))
     # Pre-encode the token event once: the upstream must not be the bottleneck when measuring.
     token_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"content": "tok "}, "finish_reason": None}])))
+    reasoning = behaviour == "reasoning"
+    thinking = n // 3 if reasoning else 0
+    think_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"reasoning_content": "hm "}, "finish_reason": None}])))
+    tool_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "function": {"arguments": "{"}}]}, "finish_reason": None}])))
     for i in range(n):
         if i:
-            await asyncio.sleep(gap)
-        writer.write(token_event)
+            await asyncio.sleep(gap * (5 if reasoning and i == n // 2 else 1))
+        if i < thinking:
+            writer.write(think_event)
+        elif reasoning and i == n - 1:
+            writer.write(tool_event)
+        else:
+            writer.write(token_event)
         if behaviour == "bad_json" and i == n // 2:
             writer.write(chunk(b"data: {this is not json\n\n"))
         if behaviour == "abort" and i == n // 2:
@@ -128,7 +141,11 @@ async def respond(writer, req, counters):
     done = dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}])
     writer.write(chunk(sse(done)))
     if (spec.get("stream_options") or {}).get("include_usage"):
-        usage = dict(base, choices=[], usage={"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
+        usage = dict(base, choices=[], usage={
+            "prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n,
+            "prompt_tokens_details": {"cached_tokens": prompt // 2},
+            "completion_tokens_details": {"reasoning_tokens": thinking},
+        })
         writer.write(chunk(sse(usage)))
     writer.write(chunk(sse(b"[DONE]")) + b"0\r\n\r\n")
     await writer.drain()
@@ -168,7 +185,8 @@ async def serve_upstream(args):
 
 # (weight, behaviour). "hangup" is the client's own doing; the rest are passed to the upstream.
 MIX = [
-    (70, "ok"),
+    (60, "ok"),
+    (10, "reasoning"),
     (8, "ok_counted"),
     (5, "ok_nonstream"),
     (3, "status:500"),
@@ -241,6 +259,9 @@ async def worker(wid, args, deadline, stats, rng):
         }
         if behaviour not in ("ok_counted", "ok_nonstream"):
             body["stream_options"] = {"include_usage": True}
+        if behaviour == "reasoning":
+            # Long enough that its three kinds and its stall all show.
+            body["max_tokens"] = max(body["max_tokens"], 9)
         if behaviour not in ("ok", "ok_counted", "ok_nonstream", "hangup"):
             body["x_test"] = behaviour
         t0 = time.monotonic()

@@ -584,6 +584,156 @@ fn sse_conformance_cases_dispatch_exactly() {
     }
 }
 
+/// The last value of any of `keys` anywhere in a JSON value (depth first, in document order).
+fn last_count(v: &serde_json::Value, keys: &[&str], found: &mut Option<u64>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, x) in map {
+                if keys.contains(&k.as_str()) {
+                    if let Some(n) = x.as_u64() {
+                        *found = Some(n);
+                    }
+                }
+                last_count(x, keys, found);
+            }
+        }
+        serde_json::Value::Array(xs) => xs.iter().for_each(|x| last_count(x, keys, found)),
+        _ => {}
+    }
+}
+
+/// What a body's own usage reports under `keys` (the latest report), read with a plain JSON
+/// walk over every message: an oracle independent of the extractors' typed fields.
+fn usage_states(msgs: &[Msg], keys: &[&str]) -> Option<u64> {
+    let mut found = None;
+    for (_, data) in msgs {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) {
+            last_count(&v, keys, &mut found);
+        }
+    }
+    found
+}
+
+/// Reasoning and cached prompt tokens: every corpus file whose usage states them gives exactly
+/// those counts (reasoning from `reasoning_tokens` / `thoughtsTokenCount`, cache reads from
+/// `cached_tokens` / `cache_read_input_tokens` / `cachedContentTokenCount`, writes from
+/// `cache_creation_input_tokens`), and a stream whose usage has no reasoning count but that
+/// marks reasoning events (Anthropic thinking, Ollama `thinking`) counts them, within its output.
+#[test]
+fn reasoning_and_cached_tokens_equal_what_usage_states() {
+    let Some(entries) = load("reasoning and cached tokens") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut checked = (0, 0, 0, 0);
+    for e in entries.iter().filter(|e| e.family != "sse_edge") {
+        let path = request_path(&e.endpoint);
+        let mut r = read::Reader::new(&path, content_type(e), None, MAX_LINE);
+        r.feed(&e.body);
+        r.finish(true);
+        let s = r.summary();
+        let msgs = decode(e, [&e.body[..]]);
+        let reasoning = usage_states(&msgs, &["reasoning_tokens", "thoughtsTokenCount"]);
+        let read_ = usage_states(
+            &msgs,
+            &[
+                "cached_tokens",
+                "cache_read_input_tokens",
+                "cachedContentTokenCount",
+            ],
+        );
+        let write = usage_states(&msgs, &["cache_creation_input_tokens"]);
+        let mut check = |what: &str, want: Option<u64>, got: Option<u64>| {
+            if want != got {
+                failures.push(format!("{}: {what}: usage {want:?}, got {got:?}", e.path));
+            }
+        };
+        if reasoning.is_some() {
+            checked.0 += 1;
+            check("reasoning", reasoning, s.reasoning_tokens);
+            check("reasoning()", reasoning, r.reasoning());
+        } else if let Some(n) = r.reasoning() {
+            checked.1 += 1;
+            let (output, _) = r.output();
+            if n == 0 || n >= output {
+                check("counted reasoning within output", Some(output), Some(n));
+            }
+        }
+        if read_.is_some() {
+            checked.2 += 1;
+        }
+        check("cache read", read_, s.cached_read);
+        if write.is_some() {
+            checked.3 += 1;
+        }
+        check("cache write", write, s.cached_write);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Coverage: the files that state each count, so a field that stops parsing cannot pass.
+    assert_eq!(
+        checked,
+        (57, 11, 58, 17),
+        "(usage reasoning, counted reasoning, cache read, cache write) files checked"
+    );
+    // Spot checks against the values the manifest's notes state in words.
+    for (file, what, want) in [
+        (
+            "anthropic/openllmetry-prompt-caching-read.sse",
+            "read",
+            1165,
+        ),
+        (
+            "anthropic/openllmetry-prompt-caching-write.sse",
+            "write",
+            1165,
+        ),
+        (
+            "gemini/pydantic-ai-flash-usage-every-chunk.sse",
+            "reasoning",
+            35,
+        ),
+    ] {
+        let e = entries.iter().find(|e| e.path == file).expect(file);
+        let mut r = read::Reader::new(&request_path(&e.endpoint), content_type(e), None, MAX_LINE);
+        r.feed(&e.body);
+        r.finish(true);
+        let got = match what {
+            "read" => r.summary().cached_read,
+            "write" => r.summary().cached_write,
+            _ => r.reasoning(),
+        };
+        assert_eq!(got, Some(want), "{file}: {what}");
+    }
+}
+
+/// A counter that counts tokens as they stream can never take one back, so the totals equal
+/// usage only if no stream shows more tokens in its events than its usage states: checked here
+/// for every corpus stream with usage (the proxy test below then sees the exact sum).
+#[test]
+fn no_stream_shows_more_tokens_than_its_usage_states() {
+    let Some(entries) = load("streamed tokens within usage") else {
+        return;
+    };
+    let mut over = Vec::new();
+    let mut checked = 0;
+    for e in &entries {
+        let path = request_path(&e.endpoint);
+        let r = read(e, &path, None, &decode(e, [&e.body[..]]));
+        if let Some(usage) = r.summary.output_tokens {
+            checked += 1;
+            if r.counted() > usage {
+                over.push(format!(
+                    "{}: events {} > usage {usage}",
+                    e.path,
+                    r.counted()
+                ));
+            }
+        }
+    }
+    assert!(over.is_empty(), "{}", over.join("\n"));
+    assert_eq!(checked, 125, "streams with usage checked");
+}
+
 /// The counts reach the metrics: every file with usage, served through a real proxy, adds
 /// exactly the manifest's tokens to the counters, each under its `api` label.
 #[tokio::test]

@@ -126,6 +126,7 @@ async fn a_certificate_replaced_on_disk_reaches_new_connections_while_a_stream_f
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(chat_request(true, true))))
         .expect("request");
+    let opened = Instant::now();
     let mut body = send.send_request(req).await.expect("response").into_body();
     let mut got = Vec::new();
     // Read a little of the stream before rotating.
@@ -141,6 +142,12 @@ async fn a_certificate_replaced_on_disk_reaches_new_connections_while_a_stream_f
             .await
             .expect("tls");
         if now == new.der {
+            // The stream takes 3.9 s: it is still open.
+            assert!(
+                opened.elapsed() < Duration::from_millis(3500),
+                "the new certificate came only after {:?}",
+                opened.elapsed()
+            );
             break;
         }
         assert_eq!(now, old.der);

@@ -753,6 +753,12 @@ fn demo_runs_headless_and_exits_zero() {
     let status = child.wait().expect("wait");
     let out = lines.join("\n");
     assert!(status.success(), "exit {status:?}\n{out}");
+    // The page's address comes first, on the metrics listener.
+    let metrics_addr = metrics_addr.expect("the metrics URL");
+    assert_eq!(
+        lines[0],
+        format!("Open http://{metrics_addr}/ in a browser: tokenmeter's live page.")
+    );
     let m = mid_run.unwrap_or_else(|| panic!("no row at 8s:\n{out}"));
     let tokens = metric("tokenmeter_output_tokens_total")
         .label("model", "sim-llama-8b")
@@ -798,6 +804,56 @@ fn demo_runs_headless_and_exits_zero() {
     );
     assert_eq!(number_before(client, "failed,"), 0, "{client}");
     assert_eq!(number_before(client, "cut"), 0, "{client}");
+}
+
+#[test]
+fn demo_with_no_ui_serves_no_page() {
+    let _turn = crate::support::serial_blocking();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args([
+            "demo",
+            "--no-ui",
+            "--duration",
+            "2s",
+            "--max-concurrency",
+            "2",
+        ])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .env_remove("TOKENMETER_LISTEN")
+        .env_remove("TOKENMETER_METRICS_LISTEN")
+        .env("TOKENMETER_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the demo");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("utf-8");
+    assert!(first.starts_with("tokenmeter demo:"), "{first}");
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("metrics:")
+                .and_then(|u| u.trim().strip_prefix("http://"))
+                .and_then(|u| u.strip_suffix("/metrics"))
+                .map(str::to_string)
+        })
+        .expect("the metrics URL");
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut page = String::new();
+    s.read_to_string(&mut page).expect("read");
+    assert!(page.starts_with("HTTP/1.1 404"), "{page}");
+    assert!(scrape(&addr).contains("tokenmeter_build_info"));
+    // Read the rest, so the demo's table never meets a closed pipe.
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l.starts_with("Open ")), "{rest:?}");
+    assert!(child.wait().expect("wait").success());
 }
 
 // === capacity (a measurement, run by hand) ===

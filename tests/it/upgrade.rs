@@ -207,3 +207,75 @@ async fn the_drain_waits_for_an_open_websocket_and_cuts_it_at_the_timeout() {
         "the connection was not cut: {next:?}"
     );
 }
+
+/// The Python interpreter with `websockets` that tests/run prepares, or `None` (a loud skip;
+/// a failure in CI).
+fn python_websockets() -> Option<String> {
+    match std::env::var("TOKENMETER_WS_PYTHON") {
+        Ok(p) if std::path::Path::new(&p).exists() => Some(p),
+        _ => {
+            assert!(
+                !crate::support::in_ci(),
+                "TOKENMETER_WS_PYTHON is not set: tests/run prepares it"
+            );
+            eprintln!("SKIPPED: no TOKENMETER_WS_PYTHON (run tests/run, which prepares it)");
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn python_websockets_on_both_sides_over_http_and_tls() {
+    let Some(python) = python_websockets() else {
+        return;
+    };
+    let peer = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ws/peer.py");
+    let mut server = tokio::process::Command::new(&python)
+        .args([peer, "server"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python websockets server");
+    let mut line = String::new();
+    let mut out = tokio::io::BufReader::new(server.stdout.take().expect("stdout"));
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line),
+    )
+    .await
+    .expect("the server printed its port")
+    .expect("read");
+    let port: u16 = line.trim().parse().expect("a port");
+
+    let dir = Dir::new("ws-python");
+    let ca = Ca::new("ws ca");
+    let leaf = ca.leaf(&["127.0.0.1"], Validity::Now);
+    let ca_file = dir.write("ca.pem", &ca.pem);
+    let (cert, key) = (
+        dir.write("tls.crt", &leaf.cert_pem),
+        dir.write("tls.key", &leaf.key_pem),
+    );
+    for tls in [false, true] {
+        let flags: Vec<&str> = if tls {
+            vec!["--tls-cert", Dir::arg(&cert), "--tls-key", Dir::arg(&key)]
+        } else {
+            vec![]
+        };
+        let proxy = spawn_proxy(&format!("http://127.0.0.1:{port}"), &flags).await;
+        let scheme = if tls { "wss" } else { "ws" };
+        let url = format!("{scheme}://127.0.0.1:{}/v1/realtime", proxy.addr.port());
+        let done = tokio::process::Command::new(&python)
+            .args([peer, "client", &url, Dir::arg(&ca_file)])
+            .output()
+            .await
+            .expect("python websockets client");
+        let said = String::from_utf8_lossy(&done.stdout);
+        assert!(
+            done.status.success() && said.starts_with("ok 10 "),
+            "tls={tls}: {said}{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let scrape = proxy.eventually(|s| upgraded(s) >= 1.0).await;
+        assert_eq!(upgraded(&scrape), 1.0, "tls={tls}");
+    }
+}

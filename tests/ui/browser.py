@@ -2,7 +2,8 @@
 """The page in a real browser: headless Chromium, driven over the DevTools protocol.
 
 Two parts:
-1. live: `tokenmeter demo` runs; Chromium loads the page from its metrics listener, waits for
+1. live: `tokenmeter demo` runs (on free ports; the page's address is the first line it prints,
+   which is checked); Chromium loads the page from its metrics listener, waits for
    data, and the test asserts from the DOM that every chart has points, that each line is
    labelled and each axis titled, and that the "now" figures equal those of the /api/summary
    answer the page itself received (read from the browser's network log), generated no more
@@ -322,12 +323,6 @@ def data_ready(dom):
     )
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(url):
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read()
@@ -337,18 +332,25 @@ def get(url):
 
 
 def live(binary, out, update_docs):
-    metrics = f"127.0.0.1:{free_port()}"
     env = dict(os.environ, TOKENMETER_UI_SAMPLE_PERIOD="1s", TOKENMETER_RATE_WINDOW="2s", TOKENMETER_LOG="warn")
     env.pop("TOKENMETER_NO_UI", None)
     demo = subprocess.Popen(
-        [binary, "demo", "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen", metrics,
+        [binary, "demo", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
          "--max-concurrency", "32", "--step", "2s", "--duration", "90s"],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
         env=env,
     )
-    base = f"http://{metrics}"
     browser = None
     try:
+        # The demo prints the page's address first.
+        first = demo.stdout.readline().strip()
+        prefix, suffix = "Open ", "/ in a browser: tokenmeter's live page."
+        if not (first.startswith(prefix) and first.endswith(suffix)):
+            fail(f"the demo's first line is not the page's address: {first!r}")
+        base = first[len(prefix):-len(suffix)]
+        # Keep reading its table, so it never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in demo.stdout], daemon=True).start()
         deadline = time.time() + 30
         while True:
             try:
