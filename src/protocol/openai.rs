@@ -24,6 +24,9 @@
 //! The stream ends with `data: [DONE]` ([`Summary::ended`]); a stream without it (some hosts
 //! leave it out) never says it has ended.
 
+use std::fmt;
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::cumulative::Cumulative;
@@ -43,12 +46,60 @@ struct Chunk<'a> {
     #[serde(default, borrow)]
     model: Str<'a>,
     #[serde(default)]
-    choices: Option<Vec<Choice>>,
+    choices: Option<Choices>,
     #[serde(default)]
     usage: Option<Usage>,
     /// Groq reports usage here instead.
     #[serde(default)]
     x_groq: Option<XGroq>,
+}
+
+/// A chunk's choices, folded as they are parsed: a `Vec` of them was one heap allocation per
+/// chunk, on the path every token takes (tests/alloc.rs counts them).
+#[derive(Default)]
+struct Choices {
+    len: usize,
+    /// Choices that carry output.
+    bearing: u32,
+    /// Token ids over all choices.
+    ids: u64,
+    /// Every choice has `token_ids` (and there is at least one).
+    all_have_ids: bool,
+    /// The kinds of output over all choices.
+    kinds: Kinds,
+}
+
+impl<'de> Deserialize<'de> for Choices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fold;
+        impl<'de> Visitor<'de> for Fold {
+            type Value = Choices;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of choices")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Choices, A::Error> {
+                let mut c = Choices {
+                    all_have_ids: true,
+                    ..Choices::default()
+                };
+                while let Some(choice) = seq.next_element::<Choice>()? {
+                    c.len += 1;
+                    let kinds = choice.kinds();
+                    c.kinds = c.kinds.union(kinds);
+                    c.bearing += u32::from(!kinds.is_empty());
+                    match choice.token_ids {
+                        Some(Len(n)) => c.ids += n,
+                        None => c.all_have_ids = false,
+                    }
+                }
+                c.all_have_ids &= c.len > 0;
+                Ok(c)
+            }
+        }
+        d.deserialize_seq(Fold)
+    }
 }
 
 #[derive(Deserialize)]
@@ -113,6 +164,16 @@ struct PromptDetails {
     cached_tokens: Count,
 }
 
+impl Choice {
+    /// The kinds of output this choice carries (legacy `text` is content).
+    fn kinds(&self) -> Kinds {
+        Kinds::NONE
+            .with(OutputKind::Content, self.text.0)
+            .union(self.delta.as_ref().map_or(Kinds::NONE, Delta::kinds))
+            .union(self.message.as_ref().map_or(Kinds::NONE, Delta::kinds))
+    }
+}
+
 impl Delta {
     fn kinds(&self) -> Kinds {
         Kinds::NONE
@@ -174,25 +235,13 @@ impl Extractor for OpenAi {
                 self.summary.cached_read = Some(c);
             }
         }
-        let choices = chunk.choices.unwrap_or_default();
-        let mut bearing = 0u32;
-        let mut ids = 0u64;
-        let mut all_have_ids = !choices.is_empty();
-        let mut kinds = Kinds::NONE.with(OutputKind::Content, choices.iter().any(|c| c.text.0));
-        for c in &choices {
-            let these = c
-                .delta
-                .as_ref()
-                .map_or(Kinds::NONE, Delta::kinds)
-                .union(c.message.as_ref().map_or(Kinds::NONE, Delta::kinds));
-            kinds = kinds.union(these);
-            let output = c.text.0 || !these.is_empty();
-            bearing += u32::from(output);
-            match c.token_ids {
-                Some(Len(n)) => ids += n,
-                None => all_have_ids = false,
-            }
-        }
+        let Choices {
+            bearing,
+            ids,
+            all_have_ids,
+            kinds,
+            ..
+        } = chunk.choices.unwrap_or_default();
         self.kinds = kinds;
         if all_have_ids {
             *self.summary.token_id_tokens.get_or_insert(0) += ids;

@@ -11,11 +11,13 @@
 //!    [`TapBody`](crate::tap::TapBody) (and, when usage was injected into an SSE stream, in
 //!    [`StripUsage`](crate::inject::StripUsage) outside it).
 //! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
-//! 4. [`upstream`]: the pooled hyper-util client over the `http://`/`https://` connector
+//! 4. [`upstream`]: the pooled client over the `http://`/`https://` connector
 //!    ([`crate::tls::client`]). It rewrites the head for the upstream (origin, base path, HTTP
 //!    version, hop-by-hop headers and `Host` dropped; an upgrade keeps its two) and maps a
 //!    connection failure to a 502 whose `cause` names it (`unavailable`, `connect_timeout`, a
-//!    certificate's problem).
+//!    certificate's problem). Plain HTTP/1.1 goes through [`pool`], whose connections are
+//!    driven by the response body in the client connection's task; HTTPS, HTTP/2 and upgrades
+//!    through hyper-util's client.
 //!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
 //! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
@@ -45,6 +47,7 @@ use crate::tls::client::{self as tls_client, ClientTls, Failure};
 
 pub mod inspect;
 pub mod metering;
+pub mod pool;
 pub mod timeout;
 pub mod upstream;
 
@@ -87,8 +90,9 @@ pub enum ProxyError {
     #[error("upstream sent no response headers within {0:?}")]
     UpstreamTimeout(Duration),
     /// The upstream could not be reached, or failed before its response head.
-    #[error("{}", tls_client::message(Failure::classify(.0), .0))]
-    Unavailable(#[source] hyper_util::client::legacy::Error),
+    /// (hyper-util's error for HTTP/2, TLS and upgrades; the pool's for plain HTTP/1.1.)
+    #[error("{}", tls_client::message(Failure::classify(&**.0), &**.0))]
+    Unavailable(#[source] BoxError),
 }
 
 // === impl ProxyError ===
@@ -109,14 +113,14 @@ impl ProxyError {
             ProxyError::RequestBody(_) => "request_body",
             ProxyError::BadUri(_) => "bad_uri",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
-            ProxyError::Unavailable(e) => Failure::classify(e).kind(),
+            ProxyError::Unavailable(e) => Failure::classify(&**e).kind(),
         }
     }
 
     /// Why the upstream could not be reached (the JSON body's `cause`), for a 502.
     pub fn cause(&self) -> Option<&'static str> {
         match self {
-            ProxyError::Unavailable(e) => Some(Failure::classify(e).as_str()),
+            ProxyError::Unavailable(e) => Some(Failure::classify(&**e).as_str()),
             _ => None,
         }
     }

@@ -15,22 +15,32 @@
 //! client of its own that speaks only HTTP/1.1 (HTTP/2 has no `Upgrade`, and an upgraded
 //! connection never returns to a pool). On a `101` both sides' pending connections travel up in
 //! the response's extensions as [`Pending`], for the metering layer to join.
+//!
+//! Plain HTTP/1.1 (`http://`, no `--upstream-http2`, no upgrade) goes through [`Pool`], whose
+//! connections the response body drives in the client connection's task; there the request
+//! line carries the path (origin form) and `Host` the upstream's authority, as hyper-util's
+//! client writes them.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::header::{self, HeaderMap, HeaderName};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
+use super::pool::{Pool, PooledBody};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::config::{Config, Upstream as Target};
 use crate::ratelog::RateLimited;
+use crate::tap::BoxError;
 use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
 use crate::upgrade;
 
@@ -40,6 +50,8 @@ pub struct Upstream {
     client: Client<Connector, ProxyBody>,
     /// HTTP/1.1 only, for upgrade requests.
     upgrades: Client<Connector, ProxyBody>,
+    /// Plain HTTP/1.1 requests (`None` for `https://` and `--upstream-http2`).
+    pool: Option<Pool>,
     target: Target,
     http2: bool,
     failures: Arc<RateLimited<Failure>>,
@@ -94,9 +106,19 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_idle_timeout(cfg.pool_idle_timeout)
             .build(tls.connector(Alpn::Http1, cfg.connect_timeout));
+        // TLS negotiates HTTP/2 or HTTP/1.1 per connection: that stays with hyper-util's client.
+        let plain = cfg.upstream.origin.scheme_str() != Some("https");
+        let pool = (plain && !cfg.upstream_http2).then(|| {
+            Pool::new(
+                cfg.upstream.origin.clone(),
+                tls.connector(Alpn::Http1, cfg.connect_timeout),
+                cfg.pool_idle_timeout,
+            )
+        });
         Upstream {
             client,
             upgrades,
+            pool,
             target: cfg.upstream.clone(),
             http2: cfg.upstream_http2,
             failures: Arc::default(),
@@ -126,10 +148,16 @@ impl Upstream {
     }
 }
 
+/// The upstream's response body, from the pool or from hyper-util's client.
+pub enum UpstreamBody {
+    Pooled(PooledBody),
+    Client(Incoming),
+}
+
 impl Service<Request<ProxyBody>> for Upstream {
-    type Response = Response<Incoming>;
+    type Response = Response<UpstreamBody>;
     type Error = ProxyError;
-    type Future = BoxFuture<Result<Response<Incoming>, ProxyError>>;
+    type Future = BoxFuture<Result<Response<UpstreamBody>, ProxyError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         // The pool queues for a connection inside the request future, never here.
@@ -144,9 +172,16 @@ impl Service<Request<ProxyBody>> for Upstream {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let sent = match asked {
-            Some(_) => self.upgrades.request(req),
-            None => self.client.request(req),
+        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &self.pool) {
+            (None, Some(pool)) => {
+                let pool = pool.clone();
+                Box::pin(async move {
+                    let resp = pool.send(origin_form(req)).await?;
+                    Ok(resp.map(UpstreamBody::Pooled))
+                })
+            }
+            (Some(_), _) => client_request(&self.upgrades, req),
+            (None, None) => client_request(&self.client, req),
         };
         let failures = Arc::clone(&self.failures);
         Box::pin(async move {
@@ -167,12 +202,12 @@ impl Service<Request<ProxyBody>> for Upstream {
                     Ok(Response::from_parts(parts, body))
                 }
                 Err(e) => {
-                    let failure = Failure::classify(&e);
+                    let failure = Failure::classify(&*e);
                     if let Some(held_back) = failures.check(failure, Instant::now()) {
                         tracing::warn!(
                             cause = failure.as_str(),
                             held_back,
-                            error = %error_chain(&e),
+                            error = %error_chain(&*e),
                             "upstream request failed (logged once a minute per cause)"
                         );
                     }
@@ -181,6 +216,65 @@ impl Service<Request<ProxyBody>> for Upstream {
             }
         })
     }
+}
+
+/// A request through hyper-util's client.
+fn client_request(
+    client: &Client<Connector, ProxyBody>,
+    req: Request<ProxyBody>,
+) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
+    let sent = client.request(req);
+    Box::pin(async move {
+        let resp = sent.await?;
+        Ok(resp.map(UpstreamBody::Client))
+    })
+}
+
+// === impl UpstreamBody ===
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Pooled(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Client(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Pooled(b) => b.is_end_stream(),
+            UpstreamBody::Client(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Pooled(b) => b.size_hint(),
+            UpstreamBody::Client(b) => b.size_hint(),
+        }
+    }
+}
+
+/// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
+/// origin in `Host` (what hyper-util's client does on its own).
+fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(a) = parts.uri.authority() {
+        if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(u) = Uri::try_from(pq) {
+        parts.uri = u;
+    }
+    Request::from_parts(parts, body)
 }
 
 /// The upstream's origin and base path, then the client's path and query.

@@ -3,12 +3,14 @@
 mod support;
 
 mod bench;
+mod capacity;
 mod cli;
 mod corpus;
 mod faults;
 mod https;
 mod inject;
 mod listener;
+mod pool;
 mod props;
 mod proxy;
 mod sim;

@@ -1,0 +1,316 @@
+//! Upstream HTTP/1.1 connections, each driven by the request that uses it.
+//!
+//! hyper-util's pooled client runs every connection in a task of its own, and the response body
+//! crosses to the client connection's task through a channel that holds one chunk. Each chunk
+//! then costs a wake-up of both tasks and, because the client side finds nothing more ready when
+//! it asks for the next chunk, one write system call to the client: at saturation two thirds of
+//! the proxy's CPU time went to those writes (docs/bench.md, "Where the time goes"). Here the
+//! connection's future belongs to the response body ([`PooledBody`]) and is polled by the client
+//! connection's task whenever hyper polls the body, so every chunk the upstream socket already
+//! holds is handed over within one poll and written to the client in one go, as nginx does. No
+//! chunk waits for another: a poll that finds nothing more returns at once, and hyper flushes.
+//!
+//! Connections are kept for reuse, most recently used first, for `--pool-idle-timeout`, at most
+//! [`MAX_IDLE`] of them. Nothing reads an idle connection; taking one from the pool first polls
+//! it once, so one the server has closed meanwhile (its FIN is waiting in the socket) is dropped
+//! instead of used. A request that a reused connection could not send (hyper found the
+//! connection closed before it wrote the request) is sent once more on a new connection, as
+//! hyper-util's client does. A sweep every [`SWEEP_EVERY`] closes connections idle past the
+//! timeout, so a burst's connections do not outlive it.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use tower::Service;
+
+use super::ProxyBody;
+use crate::tap::BoxError;
+use crate::tls::client::{Conn as Io, Connector};
+
+/// Idle connections kept at most. A pool serves the next wave of requests as large as the last;
+/// 1,024 covers the concurrency an inference server runs at, and bounds what a burst can leave.
+pub const MAX_IDLE: usize = 1024;
+
+/// How often idle connections past the timeout are closed (at most; the timeout when shorter).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// The upstream connections to one origin.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The upstream's origin, and how to connect to it (TCP_NODELAY, `--connect-timeout`).
+    origin: http::Uri,
+    connector: Connector,
+    idle_timeout: Duration,
+    /// Oldest first: connections are taken from the end and put back at the end.
+    idle: Mutex<Vec<Idle>>,
+}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+/// One connection: the handle that sends requests, and the future that does its I/O.
+struct Conn {
+    send: SendRequest<ProxyBody>,
+    /// `None` once the connection has ended. The mutex is only there to make the body `Sync`
+    /// (hyper's connection future is not): it is reached through `&mut` and never locked.
+    driver: Option<Mutex<Driver>>,
+}
+
+/// The future that reads and writes one connection.
+type Driver = Pin<Box<Connection<Io, ProxyBody>>>;
+
+/// Why a request could not be sent.
+enum SendError {
+    /// The connection closed before the request was written: it may be sent elsewhere.
+    Unsent(Box<Request<ProxyBody>>, hyper::Error),
+    Failed(hyper::Error),
+}
+
+/// A waker for the checks that poll a connection outside any task: what they learn is read at
+/// once, and the next real poll registers the real waker.
+struct NoWake;
+
+impl Wake for NoWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+fn no_waker() -> Waker {
+    Waker::from(Arc::new(NoWake))
+}
+
+// === impl Pool ===
+
+impl Pool {
+    /// A pool for `origin`. Starts the idle sweep when a runtime is running.
+    pub fn new(origin: http::Uri, connector: Connector, idle_timeout: Duration) -> Self {
+        let inner = Arc::new(Inner {
+            origin,
+            connector,
+            idle_timeout,
+            idle: Mutex::new(Vec::new()),
+        });
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(sweep(Arc::downgrade(&inner)));
+        }
+        Pool { inner }
+    }
+
+    /// Connections idle in the pool now.
+    pub fn idle(&self) -> usize {
+        self.inner.lock().len()
+    }
+
+    /// Sends `req` and returns the response head; its body drives the connection.
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<PooledBody>, BoxError> {
+        let mut reuse = true;
+        loop {
+            let (mut conn, reused) = match reuse.then(|| self.inner.checkout()).flatten() {
+                Some(c) => (c, true),
+                None => (self.inner.connect().await?, false),
+            };
+            match conn.send(req).await {
+                Ok(resp) => {
+                    let pool = Arc::downgrade(&self.inner);
+                    return Ok(resp.map(|inner| PooledBody {
+                        inner,
+                        conn: Some(conn),
+                        ended: false,
+                        pool,
+                    }));
+                }
+                Err(SendError::Unsent(r, e)) if reused => {
+                    tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
+                    req = *r;
+                    reuse = false;
+                }
+                Err(SendError::Unsent(_, e) | SendError::Failed(e)) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Closes idle connections past the timeout, and those the server closed, until the pool goes.
+async fn sweep(pool: Weak<Inner>) {
+    let every = pool
+        .upgrade()
+        .map_or(SWEEP_EVERY, |p| p.idle_timeout.min(SWEEP_EVERY))
+        .max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else { return };
+        let expired: Vec<Idle> = {
+            let mut idle = pool.lock();
+            let now = Instant::now();
+            let keep = idle
+                .iter()
+                .position(|i| now.duration_since(i.since) < pool.idle_timeout)
+                .unwrap_or(idle.len());
+            idle.drain(..keep).collect()
+        };
+        // Closed outside the lock.
+        drop(expired);
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection that is still open, if any.
+    fn checkout(&self) -> Option<Conn> {
+        let now = Instant::now();
+        loop {
+            let i = self.lock().pop()?;
+            if now.duration_since(i.since) >= self.idle_timeout {
+                // The newest is expired: so are all older ones.
+                let old = std::mem::take(&mut *self.lock());
+                drop(old);
+                return None;
+            }
+            let mut conn = i.conn;
+            if conn.usable() {
+                return Some(conn);
+            }
+        }
+    }
+
+    fn checkin(&self, mut conn: Conn) {
+        if !conn.usable() {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() >= MAX_IDLE {
+            idle.remove(0);
+        }
+        idle.push(Idle {
+            conn,
+            since: Instant::now(),
+        });
+    }
+
+    async fn connect(&self) -> Result<Conn, BoxError> {
+        let io = self.connector.clone().call(self.origin.clone()).await?;
+        let (send, driver) = http1::handshake(io).await?;
+        Ok(Conn {
+            send,
+            driver: Some(Mutex::new(Box::pin(driver))),
+        })
+    }
+}
+
+// === impl Conn ===
+
+impl Conn {
+    /// Polls the connection's I/O; forgets it once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(d) = &mut self.driver {
+            let d = d.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Poll::Ready(r) = d.as_mut().poll(cx) {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "upstream connection ended");
+                }
+                self.driver = None;
+            }
+        }
+    }
+
+    /// True when the connection is open and idle, ready for a request (polled once to see).
+    fn usable(&mut self) -> bool {
+        let waker = no_waker();
+        let mut cx = Context::from_waker(&waker);
+        self.drive(&mut cx);
+        self.driver.is_some() && self.send.is_ready()
+    }
+
+    /// Sends one request and waits for its response head, driving the connection meanwhile.
+    async fn send(&mut self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+        let mut sent = Box::pin(self.send.try_send_request(req));
+        let driver = &mut self.driver;
+        let out = poll_fn(|cx| {
+            if let Some(d) = driver {
+                let d = d.get_mut().unwrap_or_else(|e| e.into_inner());
+                if d.as_mut().poll(cx).is_ready() {
+                    *driver = None;
+                }
+            }
+            sent.as_mut().poll(cx)
+        })
+        .await;
+        out.map_err(|mut e| match e.take_message() {
+            Some(req) => SendError::Unsent(Box::new(req), e.into_error()),
+            None => SendError::Failed(e.into_error()),
+        })
+    }
+}
+
+/// A response body that drives its connection, and gives the connection back to the pool when
+/// the body has been read to its end.
+pub struct PooledBody {
+    inner: Incoming,
+    conn: Option<Conn>,
+    ended: bool,
+    pool: Weak<Inner>,
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(c) = &mut this.conn {
+            c.drive(cx);
+        }
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.ended = true,
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.ended = true,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // A body read to its end leaves the connection idle and reusable; one dropped before
+        // (the client went away) closes it, since the rest of the response would follow.
+        let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.upgrade()) else {
+            return;
+        };
+        if self.ended || self.inner.is_end_stream() {
+            pool.checkin(conn);
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The upstream connection pool: reuse, a server's idle close, and requests timed to meet it.
+//!
+//! An inference server closes a keep-alive connection that stays idle for a while (uvicorn, and
+//! so vLLM and SGLang: 5 s). A pool that keeps connections longer than that must never fail a
+//! request on a connection the server is closing: it drops one it finds closed when it takes it,
+//! and sends a request again on a new connection when the reused one closed before the request
+//! was written. These tests use a raw upstream whose idle close is scaled down to 300 ms.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::support::client::post;
+use crate::support::upstream::{self, Reply};
+use crate::support::{serial, spawn_proxy};
+
+const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+const SSE: &str = "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
+
+/// A keep-alive upstream that closes a connection idle for `idle_close`, as uvicorn does.
+struct ClosingUpstream {
+    addr: std::net::SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    served: Arc<AtomicUsize>,
+}
+
+async fn closing_upstream(idle_close: Duration) -> ClosingUpstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (accepted, served) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, s) = (Arc::clone(&accepted), Arc::clone(&served));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(stream, idle_close, Arc::clone(&s)));
+        }
+    });
+    ClosingUpstream {
+        addr,
+        accepted,
+        served,
+    }
+}
+
+async fn serve(mut s: TcpStream, idle_close: Duration, served: Arc<AtomicUsize>) {
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    loop {
+        // Wait for the next request head at most `idle_close`, then close, as a server does.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut tmp = [0u8; 4096];
+            match tokio::time::timeout(idle_close, s.read(&mut tmp)).await {
+                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&tmp[..n]),
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let mut tmp = [0u8; 4096];
+            match s.read(&mut tmp).await {
+                Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
+                _ => return,
+            }
+        }
+        buf.drain(..head_end + length);
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{SSE}",
+            SSE.len()
+        );
+        if s.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+        served.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn requests_one_after_another_reuse_one_upstream_connection() {
+    let up =
+        upstream::spawn(|_| Reply::sse(vec![upstream::Step::Send(bytes::Bytes::from(SSE))])).await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    for _ in 0..5 {
+        let seen = post(&format!("{}/v1/chat/completions", proxy.url()), CHAT).await;
+        assert_eq!(seen.status, 200);
+        assert_eq!(seen.body, SSE.as_bytes());
+    }
+    assert_eq!(
+        up.opened(),
+        1,
+        "one upstream connection for five requests in turn"
+    );
+    let received = up.received.lock().expect("lock").clone();
+    assert_eq!(received.len(), 5);
+    for r in &received {
+        // Origin form on the wire, the upstream's authority in Host.
+        assert_eq!(r.path, "/v1/chat/completions");
+        let host = r
+            .headers
+            .iter()
+            .find(|(k, _)| k == "host")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(host, Some(up.addr.to_string().as_str()));
+    }
+}
+
+// A pool that keeps connections longer than the server's keep-alive: the server closes the idle
+// connection, and the next request must not be sent on it.
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_not_used() {
+    let up = closing_upstream(Duration::from_millis(300)).await;
+    let proxy = spawn_proxy(
+        &format!("http://{}", up.addr),
+        &["--pool-idle-timeout", "60s"],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    assert_eq!(post(&url, CHAT).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let seen = post(&url, CHAT).await;
+    assert_eq!(
+        seen.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&seen.body)
+    );
+    assert_eq!(seen.body, SSE.as_bytes());
+    assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(up.served.load(Ordering::SeqCst), 2);
+}
+
+// Requests timed to arrive around the moment the server closes the pooled connection (300 ms
+// after the last response, from 30 ms before to 30 ms after, 3 ms apart): every one succeeds,
+// on the pooled connection or a new one.
+#[tokio::test]
+async fn requests_timed_to_meet_the_servers_idle_close_never_fail() {
+    let _turn = serial().await;
+    let idle_close = Duration::from_millis(300);
+    let up = closing_upstream(idle_close).await;
+    let proxy = spawn_proxy(
+        &format!("http://{}", up.addr),
+        &["--pool-idle-timeout", "60s"],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    assert_eq!(post(&url, CHAT).await.status, 200);
+    let mut failed = Vec::new();
+    let offsets: Vec<i64> = (-10..=10).map(|k| k * 3).collect();
+    for &ms in &offsets {
+        let wait = (idle_close.as_millis() as i64 + ms).max(0) as u64;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let seen = post(&url, CHAT).await;
+        if seen.status != 200 || seen.body != SSE.as_bytes() {
+            failed.push((ms, seen.status));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "failed at (offset ms, status): {failed:?}"
+    );
+    assert_eq!(up.served.load(Ordering::SeqCst), offsets.len() + 1);
+    // Some requests came after the close and needed a new connection.
+    assert!(up.accepted.load(Ordering::SeqCst) > 1);
+}
