@@ -329,6 +329,36 @@ def layout():
               "tokens of requests that met their targets, in millions: what a useful token costs.",
               COST_GOOD_RANGE, "currencyUSD", 2, instant=True), 6, 8),
 
+        (row("Capacity at SLO"), 24, 1),
+        (timeseries("Fitted per-request speed by concurrency, each class's floor, and now",
+                    CAPACITY_NOTE + " Lines: the fitted per-request tokens/s at 1, 2, 4 ... 256 streams per engine. "
+                    "Dashed: each class's floor. Thick: the speed the fit predicts at the last minute's mean "
+                    "decoding concurrency (the operating point); where it meets a floor, that class is at its edge.",
+                    targets((f"avg by (concurrency) (tokenmeter_capacity_curve_tokens_per_second{{{F}, kind=\"per_request\"}})",
+                             "at {{concurrency}} streams"),
+                            (f"max by (class) (tokenmeter_capacity_tps_floor{{{F}}})", "floor {{class}}"),
+                            (CAPACITY_NOW, "now {{pod}}")), TOKS,
+                    overrides=[dashed("floor .*"), thick("now .*")]), 12, 9),
+        (capacity_curve(), 12, 9),
+        (bargauge("Max concurrency per engine at each class's floor",
+                  CAPACITY_NOTE + " The largest number of streams per engine whose predicted per-request speed "
+                  "meets the class's floor (tokenmeter_capacity_max_concurrency).",
+                  f"max by (class) (tokenmeter_capacity_max_concurrency{{{F}}})", "{{class}}", "short", 0), 6, 8),
+        (bargauge("Cost per 1M output tokens at each class's floor",
+                  "With --gpu-hour-cost: the GPUs' cost of a million output tokens when every engine runs at the "
+                  "class's max concurrency (tokenmeter_capacity_cost_per_million_output_tokens).",
+                  f"max by (class) (tokenmeter_capacity_cost_per_million_output_tokens{{{F}}})", "{{class}}",
+                  "currencyUSD", 3), 6, 8),
+        (timeseries("Capacity utilization by class", "Mean decoding concurrency per engine over the last minute / "
+                    "the class's max concurrency, per pod: 1.0 is the SLO's edge. The autoscaling examples in "
+                    "deploy/ hold it at 0.8.",
+                    targets((f"max by (namespace, pod, class) (tokenmeter_capacity_utilization{{{F}}})",
+                             "{{pod}} {{class}}")), "percentunit",
+                    thresholds={"mode": "absolute", "steps": [{"color": "transparent", "value": None},
+                                                              {"color": "orange", "value": 0.8},
+                                                              {"color": "red", "value": 1.0}]}), 6, 8),
+        (capacity_fit_table(), 6, 8),
+
         (row("Latency"), 24, 1),
         (timeseries("Time to first token (p50 / p90 / p99)", "From the request sent upstream to the first token-bearing event: "
                     "queueing plus prefill. Buckets are vLLM's, so these line up with vllm:time_to_first_token_seconds.",
@@ -409,6 +439,105 @@ def layout():
                             (f"sum by (model) ({rate('tokenmeter_output_tokens_total')})", "output {{model}}")), TOKS), 8, 8),
         (table_instances(), 24, 6),
     ]
+
+
+CAPACITY_NOTE = (
+    "The live capacity model fits the decode step t(b) = base + per_sequence x b from the traffic "
+    "itself (docs/capacity.md); check the fit's samples, r2 and observed concurrency range in the "
+    "fit table before trusting an answer outside that range."
+)
+# Predicted per-request tok/s at the operating point: 1 / t(mean decoding concurrency), the
+# decoding concurrency recovered from any class's utilization x max concurrency.
+CAPACITY_NOW = (
+    f"1 / (max by (namespace, pod) (tokenmeter_capacity_step_seconds{{{F}, term=\"base\"}})"
+    f" + max by (namespace, pod) (tokenmeter_capacity_step_seconds{{{F}, term=\"per_sequence\"}})"
+    f" * max by (namespace, pod) (tokenmeter_capacity_utilization{{{F}}} * tokenmeter_capacity_max_concurrency{{{F}}}))"
+)
+
+
+def dashed(regex):
+    return {"matcher": {"id": "byRegexp", "options": regex}, "properties": [
+        {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+        {"id": "custom.lineWidth", "value": 2},
+    ]}
+
+
+def thick(regex):
+    return {"matcher": {"id": "byRegexp", "options": regex},
+            "properties": [{"id": "custom.lineWidth", "value": 4}]}
+
+
+def capacity_curve():
+    """The curve as it stands: per-request (bars) and aggregate tokens/s per engine by concurrency."""
+    sel = F + ', kind=\"{}\"'
+    tgts = [
+        dict(target(f"avg by (concurrency) (tokenmeter_capacity_curve_tokens_per_second{{{sel.format('per_request')}}})",
+                    "per-request tok/s", ref="A", fmt="table", instant=True)),
+        dict(target(f"avg by (concurrency) (tokenmeter_capacity_curve_tokens_per_second{{{sel.format('aggregate')}}})",
+                    "aggregate tok/s per engine", ref="B", fmt="table", instant=True)),
+    ]
+    return {
+        "type": "barchart",
+        "title": "The fitted trade-off now: per-request vs aggregate tokens/s per engine",
+        "description": CAPACITY_NOTE + " Per concurrency (streams per engine): what one stream gets (1/t(b)) and what "
+                       "the engine produces (b/t(b)); concurrencies beyond the observed maximum are extrapolated.",
+        "datasource": DS,
+        "targets": tgts,
+        "transformations": [
+            {"id": "joinByField", "options": {"byField": "concurrency", "mode": "outer"}},
+            {"id": "convertFieldType", "options": {"conversions": [
+                {"targetField": "concurrency", "destinationType": "number"}]}},
+            {"id": "sortBy", "options": {"sort": [{"field": "concurrency"}]}},
+            {"id": "convertFieldType", "options": {"conversions": [
+                {"targetField": "concurrency", "destinationType": "string"}]}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Time 1": True, "Time 2": True},
+                "renameByName": {"Value #A": "per-request tok/s", "Value #B": "aggregate tok/s per engine"},
+            }},
+        ],
+        "fieldConfig": {"defaults": {"unit": TOKS, "min": 0}, "overrides": [
+            {"matcher": {"id": "byName", "options": "aggregate tok/s per engine"},
+             "properties": [{"id": "custom.axisPlacement", "value": "right"}]},
+        ]},
+        "options": {"xField": "concurrency", "orientation": "vertical", "showValue": "never",
+                    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+    }
+
+
+def capacity_fit_table():
+    """The fit and its quality, one row per pod."""
+    def q(expr, ref):
+        return dict(target(f"max by (namespace, pod) ({expr})", ref=ref, fmt="table", instant=True))
+    tgts = [
+        q(f'tokenmeter_capacity_step_seconds{{{F}, term="base"}}', "A"),
+        q(f'tokenmeter_capacity_step_seconds{{{F}, term="per_sequence"}}', "B"),
+        q(f"tokenmeter_capacity_fit_r2{{{F}}}", "C"),
+        q(f"tokenmeter_capacity_fit_samples{{{F}}}", "D"),
+        q(f'tokenmeter_capacity_observed_concurrency{{{F}, bound="min"}}', "E"),
+        q(f'tokenmeter_capacity_observed_concurrency{{{F}, bound="max"}}', "F"),
+    ]
+    return {
+        "type": "table",
+        "title": "Capacity fit quality",
+        "description": "Per pod: the fitted step cost (base, per sequence), r2 over the per-concurrency medians, "
+                       "the token samples behind it, and the concurrency range it saw (answers outside it are "
+                       "extrapolations). No row: the fit is still warming up.",
+        "datasource": DS,
+        "targets": tgts,
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "renameByName": {"Value #A": "base", "Value #B": "per sequence", "Value #C": "r2",
+                                 "Value #D": "samples", "Value #E": "min conc", "Value #F": "max conc"},
+            }},
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": [
+            {"matcher": {"id": "byRegexp", "options": "base|per sequence"}, "properties": [{"id": "unit", "value": "s"}]},
+            {"matcher": {"id": "byName", "options": "r2"}, "properties": [{"id": "decimals", "value": 3}]},
+        ]},
+        "options": {"showHeader": True},
+    }
 
 
 def table_instances():

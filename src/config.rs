@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::Args;
 use http::Uri;
 
+use crate::capacity::{self, CapacityConfig};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::{Host, System};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
@@ -157,6 +158,15 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
 
+    // --- The live capacity model (issue 15). ---
+    /// Sliding window of the live capacity fit (e.g. 15m, 1h; at least 10s).
+    #[arg(long, env = "TOKENMETER_CAPACITY_WINDOW", default_value = "15m", value_parser = parse_duration)]
+    pub capacity_window: Duration,
+
+    /// Inference replicas behind this proxy (a gateway in front of N engines): the decoding
+    /// concurrency it sees is divided by N, since the capacity model is per engine.
+    #[arg(long, env = "TOKENMETER_REPLICAS", default_value_t = 1)]
+    pub replicas: u32,
     // --- TLS, connect timeout (issue 13) ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
@@ -281,6 +291,8 @@ pub enum ConfigError {
     SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--capacity-window must be at least 10s, got {0:?}")]
+    ShortCapacityWindow(Duration),
     #[error("--{0} needs --{1} as well")]
     Unpaired(&'static str, &'static str),
     #[error("--{0} applies to an https:// upstream only")]
@@ -449,6 +461,12 @@ impl ProxyArgs {
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        if self.capacity_window < capacity::summary::MIN_WINDOW {
+            return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
+        }
+        if self.replicas == 0 {
+            return Err(ConfigError::Zero("replicas"));
+        }
         let upstream_tls = UpstreamTls {
             ca: self.upstream_ca.clone(),
             client: pair(
@@ -494,6 +512,21 @@ impl ProxyArgs {
                 rate_window: self.rate_window,
                 gpus: gpus.count,
                 compat: parse_compat(&self.compat)?,
+                capacity: CapacityConfig {
+                    window: self.capacity_window,
+                    classes: slo
+                        .iter()
+                        .map(|(name, t)| capacity::Class {
+                            name: name.to_string(),
+                            tps_floor: t.tps,
+                        })
+                        .collect(),
+                    fleet: capacity::Fleet {
+                        replicas: self.replicas,
+                        gpus: gpus.count,
+                        gpu_hour_cost,
+                    },
+                },
                 gpu_source: gpus.source,
                 gpu_hour_cost,
                 slo_objectives: slo
@@ -727,6 +760,30 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
+    }
+
+    #[test]
+    fn capacity_window_and_replicas_are_checked() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid").metrics.capacity;
+        assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
+        // The default classes: interactive has a 20 tok/s floor, batch none.
+        let floors: Vec<_> = c
+            .classes
+            .iter()
+            .map(|c| (c.name.as_str(), c.tps_floor))
+            .collect();
+        assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
+        let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
+        let c = c.validate().expect("valid").metrics.capacity;
+        assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
+        let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::ShortCapacityWindow(Duration::from_secs(5)))
+        );
+        let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
     }
 
     #[test]

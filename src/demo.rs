@@ -28,11 +28,12 @@ use crate::bench::client::{Client, Sample};
 use crate::bench::load::{Driver, Ramp, RampCounts};
 use crate::bench::prompt::{Endpoint, RequestBuilder};
 use crate::bench::stats::Summary;
+use crate::capacity::Report;
 use crate::config::{parse_duration, ConfigError, ProxyArgs};
 use crate::metrics::Metrics;
 use crate::server::{Server, ServerError};
 use crate::sim::text::{Lengths, Rng};
-use crate::sim::{Sim, SimConfig, SimError};
+use crate::sim::{Model, Sim, SimConfig, SimError};
 
 /// The demo's flags.
 #[derive(Debug, Clone, Args)]
@@ -401,6 +402,10 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     // Let the proxy record the requests that just ended before reading its counters.
     tokio::time::sleep(Duration::from_millis(100)).await;
     summary(&totals, &metrics);
+    println!(
+        "{}",
+        capacity_line(&metrics.capacity().refit(Instant::now()), &sim_cfg.model)
+    );
     let _ = proxy_stop.send(());
     let _ = proxy_task.await;
     let _ = sim_stop.send(());
@@ -493,6 +498,33 @@ fn summary(client: &RampCounts, metrics: &Metrics) {
     println!(
         "tokenmeter counted {all} requests ({complete} complete) and {tokens} output tokens (tokenmeter_output_tokens_total)."
     );
+}
+
+/// The live capacity fit beside the simulator's own step costs: what tokenmeter learned from the
+/// traffic, next to the truth.
+fn capacity_line(r: &Report, truth: &Model) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let sim = format!(
+        "the simulator's own: {:.2} ms + {:.3} ms x b",
+        ms(truth.step_base),
+        ms(truth.step_per_seq)
+    );
+    match &r.fit {
+        Some(f) => format!(
+            "tokenmeter's capacity fit: t(b) = {:.2} ms + {:.3} ms x b (r² {:.2}, {} token samples, concurrency {}-{}); {sim}.\n\
+             (Its prompts cost prefill time in the steps that admit them, which the fit sees as slower steps: docs/capacity.md.)",
+            f.base * 1e3,
+            f.per_seq * 1e3,
+            f.r2,
+            f.samples,
+            f.min_concurrency,
+            f.max_concurrency,
+        ),
+        None => format!(
+            "tokenmeter's capacity fit: none yet ({} token samples at usable concurrencies); {sim}.",
+            r.samples
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //!
+//! - [`capacity`]: the live capacity model fitted from the stream's own timing (its answers are
+//!   exported by [`metrics::capacity`]).
+//!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
 //! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server. The tools
@@ -46,6 +49,9 @@ pub mod sim;
 pub mod slo;
 pub mod tap;
 pub mod ui;
+
+// The live capacity model (issue 15); its metric families are `metrics::capacity`.
+pub mod capacity;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
 pub mod drain;

@@ -31,6 +31,9 @@ enum Command {
     Sim(tokenmeter::sim::SimArgs),
     /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
     Demo(tokenmeter::demo::DemoArgs),
+    /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
+    /// curve, and the chart as SVG.
+    Capacity(tokenmeter::capacity::command::CapacityArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -60,6 +63,9 @@ fn main() -> ExitCode {
         Some(Command::Bench(args)) => return tokenmeter::bench::main(&args),
         Some(Command::Sim(args)) => return exit(tokenmeter::sim::run(&args), |e| e.is_usage()),
         Some(Command::Demo(args)) => return exit(tokenmeter::demo::run(&args), |e| e.is_usage()),
+        Some(Command::Capacity(args)) => {
+            return exit(tokenmeter::capacity::command::run(&args), |e| e.is_usage())
+        }
         None => cli.proxy,
     };
     let cfg = match args.validate() {

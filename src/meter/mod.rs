@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
+use crate::capacity::StreamGaps;
 use crate::metrics::{
     concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics, Outcome,
     ParseErrors, Phase, SloResult,
@@ -96,6 +97,7 @@ impl Recorder {
                     last_token: None,
                     at_first: None,
                     at_last: None,
+                    gaps: StreamGaps::default(),
                     ttft_pending: None,
                     max_stall: None,
                     first_output: FirstOutput::default(),
@@ -145,6 +147,8 @@ struct Clock {
     /// The concurrency tracker at the first and at the latest token.
     at_first: Option<Snapshot>,
     at_last: Option<Snapshot>,
+    /// The gaps between this stream's tokens, for the live capacity model.
+    gaps: StreamGaps,
     /// The TTFT, until it is observed: that waits for the prompt's token count, which gives its
     /// `prompt` band. Where the stream states the count before or with its first token
     /// (Anthropic's `message_start`, vLLM's usage in every chunk) that is at once; where usage
@@ -474,6 +478,13 @@ impl Clock {
         self.last_token = Some(now);
         self.at_last = Some(rec.concurrency.snapshot(now));
         rec.metrics.tokens(u64::from(tokens), now);
+        if !self.left {
+            // The gap since this stream's last tokens was one decode step (or several, for an
+            // event that carries several tokens) at the number of streams decoding now.
+            let m = &rec.metrics;
+            self.gaps
+                .on_tokens(m.capacity(), tokens, m.decoding() as f64, now);
+        }
     }
 
     /// Observes the pending TTFT in the band of `input_tokens` (once: it is taken).
@@ -488,6 +499,7 @@ impl Clock {
         if std::mem::replace(&mut self.left, true) {
             return;
         }
+        self.gaps.finish(self.recorder.metrics.capacity());
         let phase = if self.first_token.is_some() {
             Phase::Decode
         } else {

@@ -5,7 +5,9 @@
 //! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
 //! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
 //! while it streams (once per request), and [`Metrics::phase`] and [`Metrics::tokens`] move the
-//! live gauges. No caller passes a label value by position.
+//! live gauges; [`Metrics::capacity`] is the live capacity model the meter feeds on every
+//! token-bearing event, whose answers ([`capacity`]) are refreshed when the exposition is
+//! rendered. No caller passes a label value by position.
 //!
 //! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
 //! [`Api`]), from [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which
@@ -13,6 +15,7 @@
 //! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
 //! the [`Finished`] record defined here.
 
+pub mod capacity;
 mod rate;
 mod vllm;
 
@@ -30,6 +33,7 @@ use prometheus::{
 pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
+use crate::capacity::{Capacity, CapacityConfig};
 use crate::gpus;
 use crate::protocol::Api;
 pub use crate::protocol::{OutputKind, Stop, TokenSource};
@@ -466,6 +470,10 @@ pub struct Metrics {
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
     vllm: Option<Vllm>,
+    /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
+    decoding: IntGauge,
+    capacity: Capacity,
+    capacity_families: capacity::CapacityMetrics,
     slo_requests: IntCounterVec,
     goodput_tokens: IntCounterVec,
 }
@@ -479,6 +487,8 @@ pub struct MetricsConfig {
     pub gpus: f64,
     /// `--compat`: the other naming schemes to export.
     pub compat: Compat,
+    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' floors).
+    pub capacity: CapacityConfig,
     /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
     pub gpu_source: gpus::Source,
     /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
@@ -495,6 +505,7 @@ impl Default for MetricsConfig {
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
             compat: Compat::default(),
+            capacity: CapacityConfig::default(),
             gpu_source: gpus::Source::Default,
             gpu_hour_cost: None,
             slo_objectives: crate::slo::Classes::default()
@@ -737,6 +748,9 @@ impl Metrics {
                 "Requests by model, HTTP status code, outcome and the API parser that ran.",
                 &["model", "code", "outcome", "api"],
             )?,
+            decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
+            capacity_families: capacity::CapacityMetrics::register(&r, &cfg.capacity.classes)?,
+            capacity: Capacity::new(cfg.capacity.clone(), Instant::now()),
             in_flight,
             parse_errors,
             output_tps: gauge(
@@ -800,6 +814,16 @@ impl Metrics {
         self.in_flight
             .with_label_values(&[phase.as_str()])
             .add(delta);
+    }
+
+    /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
+    pub fn decoding(&self) -> i64 {
+        self.decoding.get()
+    }
+
+    /// The live capacity model, which the meter feeds as tokens pass.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
     }
 
     /// Requests in a phase right now.
@@ -957,11 +981,14 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the windowed gauges and gathers every family. `render` encodes exactly this,
+    /// Refreshes the windowed gauges and the capacity answers, and gathers every family. `render` encodes exactly this,
     /// and the page (`crate::ui`) reads it, so both show the same values: a gauge refreshed at
     /// read time belongs here, not in `render`.
     pub fn gather(&self) -> Vec<MetricFamily> {
-        let tps = self.rate.rate(Instant::now());
+        let now = Instant::now();
+        // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
+        self.capacity_families.update(&self.capacity.report(now));
+        let tps = self.rate.rate(now);
         self.output_tps.set(tps);
         self.output_tps_per_gpu.set(if self.gpus > 0.0 {
             tps / self.gpus

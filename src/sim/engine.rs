@@ -26,6 +26,8 @@ use tokio::sync::mpsc;
 // Tokio's clock, so that tests can pause it and check the schedule exactly.
 use tokio::time::Instant;
 
+use super::stall::Stall;
+
 /// How long a step takes: the performance model of the simulated GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Model {
@@ -110,12 +112,18 @@ pub struct Engine {
     next_id: AtomicU64,
     stats: Arc<Stats>,
     model: Model,
+    stall: Option<Stall>,
 }
 
 impl Engine {
     /// Starts the decode loop on the current runtime. It runs until the `Engine` is dropped and the
     /// last sequence has finished.
     pub fn start(model: Model, keep_records: usize) -> Self {
+        Engine::start_with_stalls(model, keep_records, None)
+    }
+
+    /// [`Engine::start`], with some sequences pausing mid-stream (`--stall-every`).
+    pub fn start_with_stalls(model: Model, keep_records: usize, stall: Option<Stall>) -> Self {
         let (submit, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::new(keep_records));
         tokio::spawn(decode_loop(model, rx, Arc::clone(&stats)));
@@ -124,6 +132,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             stats,
             model,
+            stall,
         }
     }
 
@@ -151,6 +160,7 @@ impl Engine {
                 first_token: None,
                 last_token: None,
                 model_decode: Duration::ZERO,
+                stall: self.stall.and_then(|s| s.of_request(id)),
             })
             .map_err(|_| Stopped)?;
         Ok(Ticket { id, wake, progress })
@@ -180,27 +190,56 @@ struct Seq {
     /// The modelled duration of the steps after the first token: the decode time the model
     /// predicts for this sequence, to compare with what was measured.
     model_decode: Duration,
+    /// `(after how many tokens, for how long)` this sequence leaves the batch once (`--stall-every`).
+    stall: Option<(u32, Duration)>,
 }
 
 async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: Arc<Stats>) {
     let max_batch = model.max_batch.max(1);
     let mut queue: VecDeque<Seq> = VecDeque::new();
     let mut running: Vec<Seq> = Vec::new();
+    // Sequences out of the batch for a while (`--stall-every`), with the time they rejoin.
+    let mut paused: Vec<(Instant, Seq)> = Vec::new();
     // The ideal end of the last step; None after the engine was idle.
     let mut clock: Option<Instant> = None;
+    let mut open = true;
     loop {
         if running.is_empty() && queue.is_empty() {
             clock = None;
             stats.set_load(0, 0);
-            match rx.recv().await {
-                Some(s) => queue.push_back(s),
-                None => return,
+            let rejoin = paused.iter().map(|(at, _)| *at).min();
+            match (rejoin, open) {
+                (None, false) => return,
+                (None, true) => match rx.recv().await {
+                    Some(s) => queue.push_back(s),
+                    None => return,
+                },
+                (Some(at), false) => tokio::time::sleep_until(at).await,
+                (Some(at), true) => {
+                    tokio::select! {
+                        s = rx.recv() => match s {
+                            Some(s) => queue.push_back(s),
+                            None => open = false,
+                        },
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
             }
         }
         while let Ok(s) = rx.try_recv() {
             queue.push_back(s);
         }
         let now = Instant::now();
+        // A paused sequence rejoins at the first step boundary after its pause, ahead of the queue
+        // (it was admitted long ago), while the batch has room.
+        let mut i = 0;
+        while i < paused.len() {
+            if paused[i].0 <= now && running.len() < max_batch {
+                running.push(paused.swap_remove(i).1);
+            } else {
+                i += 1;
+            }
+        }
         let start = match clock {
             Some(c) if now.saturating_duration_since(c) <= MAX_CATCH_UP => c,
             _ => now,
@@ -228,6 +267,7 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
         clock = Some(end);
         let t = Instant::now();
         let mut emitted = 0u64;
+        let mut pausing = Vec::new();
         running.retain_mut(|s| {
             s.emitted += 1;
             emitted += 1;
@@ -250,9 +290,17 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             }
             // Full: a wake-up is already pending. Closed: seen at the next step.
             let _ = s.wake.try_send(());
+            if let Some((_, pause)) = s.stall.filter(|(after, _)| !done && s.emitted == *after) {
+                pausing.push((s.id, t + pause));
+            }
             // Dropping a finished sequence (and its sender) tells the body it is complete.
             !done
         });
+        for (id, until) in pausing {
+            if let Some(i) = running.iter().position(|s| s.id == id) {
+                paused.push((until, running.swap_remove(i)));
+            }
+        }
         stats.step(emitted);
     }
 }
@@ -498,6 +546,49 @@ mod tests {
         );
         let long = with_stall(Duration::from_millis(400)).await;
         assert!(long > model_time + Duration::from_millis(300), "{long:?}");
+    }
+
+    /// `--stall-every 2`: request 2 leaves the batch after 5 tokens for 1 s, so request 1
+    /// decodes alone (cheaper steps) meanwhile, and request 2's sixth token comes 1 s after its
+    /// fifth plus the step that carries it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_sequence_leaves_the_batch_for_its_pause() {
+        let m = Model {
+            prefill_per_token: Duration::ZERO,
+            ..model()
+        };
+        let stall = Stall {
+            every: 2,
+            after_tokens: 5,
+            pause: Duration::from_secs(1),
+        };
+        let e = Engine::start_with_stalls(m, 10, Some(stall));
+        let t0 = Instant::now();
+        let job = Job {
+            prompt_tokens: 1,
+            output_tokens: 100,
+        };
+        let mut one = e.submit(job).expect("running");
+        let mut two = e.submit(job).expect("running");
+        // Both join the first step, so both have 5 tokens after 5 steps of two sequences.
+        let five = Duration::from_micros(5 * 16_400);
+        tokio::time::sleep(five + Duration::from_micros(100)).await;
+        assert_eq!((one.progress.emitted(), two.progress.emitted()), (5, 5));
+        // During the pause request 1 runs alone: 16.2 ms steps.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let alone = one.progress.emitted() - 5;
+        assert_eq!(alone, (500_000 / 16_200) as u32, "{alone}");
+        assert_eq!(two.progress.emitted(), 5);
+        assert_eq!(drain(&mut two).await, 100);
+        assert_eq!(drain(&mut one).await, 100);
+        // Request 2 rejoined at the first step boundary after t0 + 82 ms + 1 s.
+        let r = e.stats().report();
+        let two_rec = r.requests.iter().find(|r| r.id == 2).expect("request 2");
+        assert!(
+            two_rec.last_token_s.expect("done") > 1.0 + 0.082 + 95.0 * 0.0162,
+            "{two_rec:?}"
+        );
+        assert!(t0.elapsed() > Duration::from_secs(1));
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,9 +12,11 @@
 //! - [`http`]: routes, request handling, the streaming body.
 //! - [`wire`]: reading requests and writing responses, one file per [`Dialect`].
 //! - [`text`]: the seeded generator, vocabulary and length distribution.
+//! - [`stall`]: `--stall-every`, a few responses pausing mid-stream (for the capacity fit's tests).
 
 pub mod engine;
 pub mod http;
+pub mod stall;
 pub mod text;
 pub mod wire;
 
@@ -29,6 +31,7 @@ use tokio::net::TcpListener;
 use crate::config::parse_duration;
 pub use engine::Model;
 use engine::{Engine, Stats};
+pub use stall::Stall;
 use text::Lengths;
 pub use wire::Dialect;
 
@@ -79,6 +82,29 @@ pub struct SimArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "TOKENMETER_SIM_THREADS")]
     pub threads: Option<usize>,
+
+    /// Every Nth request pauses once mid-stream (0: none), leaving the batch meanwhile, as a
+    /// preempted sequence does: outliers for the capacity fit to ignore.
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_STALL_EVERY",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub stall_every: u64,
+
+    /// Tokens a stalling request emits before its pause.
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_STALL_AFTER",
+        default_value_t = 10,
+        value_name = "TOKENS"
+    )]
+    pub stall_after: u32,
+
+    /// How long a stalling request pauses.
+    #[arg(long, env = "TOKENMETER_SIM_STALL_FOR", default_value = "1s", value_parser = parse_duration)]
+    pub stall_for: Duration,
 }
 
 /// The validated simulator settings.
@@ -92,6 +118,8 @@ pub struct SimConfig {
     pub seed: u64,
     pub stats_keep: usize,
     pub threads: Option<usize>,
+    /// `--stall-every`: `None` when no request stalls.
+    pub stall: Option<Stall>,
 }
 
 /// Why the simulator could not start.
@@ -139,6 +167,7 @@ impl Default for SimConfig {
             seed: 0,
             stats_keep: 10_000,
             threads: None,
+            stall: None,
         }
     }
 }
@@ -175,6 +204,11 @@ impl SimArgs {
             seed: self.seed,
             stats_keep: self.stats_keep,
             threads: self.threads,
+            stall: (self.stall_every > 0).then_some(Stall {
+                every: self.stall_every,
+                after_tokens: self.stall_after,
+                pause: self.stall_for,
+            }),
         })
     }
 }
@@ -197,7 +231,7 @@ impl Sim {
         Ok(Sim {
             listener,
             state: Arc::new(http::State {
-                engine: Engine::start(cfg.model, cfg.stats_keep),
+                engine: Engine::start_with_stalls(cfg.model, cfg.stats_keep, cfg.stall),
                 dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,

@@ -24,7 +24,8 @@ pub struct Summary {
     /// How far back [`Summary::history`] reaches at most.
     pub history_span_seconds: f64,
     pub now: Now,
-    /// `None` when `tokenmeter_slo_requests_total` is not exported.
+    /// `None` when neither `tokenmeter_slo_requests_total` nor `tokenmeter_slo_objective` is
+    /// exported.
     pub slo: Option<Vec<SloClass>>,
     pub tradeoff: Tradeoff,
     pub history: Vec<Point>,
@@ -201,9 +202,17 @@ impl Summary {
             request_tps_requests: tps.count,
             request_tokens_per_second_p50: tps.quantile(0.5),
         };
-        let slo = r.slo.as_ref().map(|slo| {
-            let window = per_class(slo, base.map(|b| &b.slo));
+        // The section exists once classes are exported: counted, or declared with an objective.
+        let declared = (r.slo.is_some() || !r.slo_objective.is_empty()).then_some(());
+        let no_counts = BTreeMap::new();
+        let slo = declared.map(|()| {
+            let slo = r.slo.as_ref().unwrap_or(&no_counts);
+            let mut window = per_class(slo, base.map(|b| &b.slo));
             let mut since = per_class(slo, None);
+            // A declared class (it has an objective) shows before its first request.
+            for class in r.slo_objective.keys() {
+                window.entry(class.clone()).or_default();
+            }
             window
                 .into_iter()
                 .map(|(class, results)| SloClass {

@@ -103,6 +103,7 @@ impl Fixture {
         self.registry.register(Box::new(slo.clone())).unwrap();
         let objective = GaugeVec::new(Opts::new(SLO_OBJECTIVE, "g"), &["class"]).unwrap();
         objective.with_label_values(&["interactive"]).set(0.95);
+        objective.with_label_values(&["agent"]).set(0.9);
         self.registry.register(Box::new(objective)).unwrap();
         self.slo = Some(slo);
         self
@@ -220,7 +221,12 @@ fn slo_attainment_leaves_out_abandoned_requests_and_appears_only_with_the_series
     let s = Summary::compute(&f.reading(), &h, t0 + Duration::from_secs(60), 1_060_000);
     let classes = s.slo.unwrap();
     let names: Vec<_> = classes.iter().map(|c| c.class.as_str()).collect();
-    assert_eq!(names, ["batch", "interactive"]);
+    // "agent" is declared (it has an objective) but has no request yet.
+    assert_eq!(names, ["agent", "batch", "interactive"]);
+    assert_eq!(classes[0].window.requests, 0.0);
+    assert_eq!(classes[0].window.attainment, None);
+    assert_eq!(classes[0].objective, Some(0.9));
+    let classes = &classes[1..];
     let i = &classes[1];
     assert_eq!(i.objective, Some(0.95));
     // The window: 6 met of 10, 2 abandoned: 6 / 8.
@@ -306,4 +312,21 @@ fn the_page_uses_relative_urls_only() {
             assert!(!asset.contains(absolute), "{absolute} in an asset");
         }
     }
+}
+
+#[test]
+fn declared_classes_show_before_their_first_request() {
+    let f = Fixture::new().with_slo();
+    let s = Summary::compute(
+        &f.reading(),
+        &History::new(PERIOD, WINDOW),
+        Instant::now(),
+        0,
+    );
+    let classes = s.slo.expect("the classes are declared");
+    let names: Vec<_> = classes.iter().map(|c| c.class.as_str()).collect();
+    assert_eq!(names, ["agent", "interactive"]);
+    assert!(classes
+        .iter()
+        .all(|c| c.window.requests == 0.0 && c.window.attainment.is_none()));
 }

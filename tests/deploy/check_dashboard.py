@@ -28,11 +28,12 @@ def problem(msg):
 
 
 def contract_metrics():
-    """Metric family names registered in src/metrics/mod.rs, with histogram series suffixes."""
-    src = (REPO / "src" / "metrics" / "mod.rs").read_text()
+    """Metric family names registered in src/metrics/ (mod.rs and the files beside it, such as
+    capacity.rs), with histogram series suffixes."""
+    src = "\n".join(f.read_text() for f in sorted((REPO / "src" / "metrics").glob("*.rs")))
     names = set(re.findall(r'"(tokenmeter_[a-z0-9_]+)"', src))
     if not names:
-        problem("found no metric names in src/metrics/mod.rs")
+        problem("found no metric names in src/metrics/")
     series = set(names)
     for n in names:
         series |= {n + "_bucket", n + "_sum", n + "_count"}

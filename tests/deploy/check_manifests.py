@@ -19,10 +19,17 @@
    check alone would pass with both left at 1).
 4. Alerts: every alert has a runbook_url whose anchor is a heading of docs/runbook.md.
 5. The plain scrape config example passes `promtool check config`.
+6. Autoscaling (overlays autoscale-keda and autoscale-hpa): the KEDA ScaledObject against KEDA's
+   CRD models (cloudcoil-models-keda), both targets naming the overlay's Deployment, one
+   autoscaler per Deployment, the Prometheus trigger's fields, the HPA's metric served by the
+   Prometheus adapter rule beside it, every PromQL expression (the trigger's query, the
+   adapter's queries with its templates filled in) accepted by promtool, and every metric they
+   name one that tokenmeter exports.
 
 TOKENMETER_KUSTOMIZE=lite forces the fallback (to see it work where kubectl exists).
 
-Needs PyYAML, kubernetes-validate and cloudcoil-models-prometheus-operator (tests/deploy/run.sh
+Needs PyYAML, kubernetes-validate, cloudcoil-models-prometheus-operator and cloudcoil-models-keda
+(tests/deploy/run.sh
 installs them in a virtualenv). Exits 1 listing every problem.
 """
 
@@ -41,8 +48,10 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import kustomize_lite  # noqa: E402
 
-DIRS = ["deploy/base", "deploy/overlays/sidecar-vllm", "deploy/overlays/gateway"]
+DIRS = ["deploy/base", "deploy/overlays/sidecar-vllm", "deploy/overlays/gateway",
+        "deploy/overlays/autoscale-keda", "deploy/overlays/autoscale-hpa"]
 OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+KEDA_KINDS = {"ScaledObject"}
 
 problems = []
 
@@ -140,6 +149,20 @@ def validate_operator(doc, where):
         problem(f"{where}: unknown field {f} (not in the {doc['kind']} CRD)")
 
 
+def validate_keda(doc, where):
+    from cloudcoil.models.keda import v1alpha1
+
+    model = getattr(v1alpha1, doc["kind"])
+    try:
+        parsed = model.model_validate(doc)
+    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError, reported whole
+        problem(f"{where}: {str(e).splitlines()[0]} ... {e}")
+        return
+    dumped = parsed.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    for f in unknown_fields(doc, dumped):
+        problem(f"{where}: unknown field {f} (not in the {doc['kind']} CRD)")
+
+
 def validate(built):
     import kubernetes_validate
 
@@ -152,6 +175,10 @@ def validate(built):
                 validate_operator(doc, where)
                 n += 1
                 continue
+            if doc.get("kind") in KEDA_KINDS:
+                validate_keda(doc, where)
+                n += 1
+                continue
             for v in versions:
                 try:
                     kubernetes_validate.validate(doc, v, strict=True)
@@ -161,7 +188,7 @@ def validate(built):
                 except kubernetes_validate.SchemaNotFoundError as e:
                     problem(f"{where}: {e.message}")
             n += 1
-    print(f"  {n} objects validated (Kubernetes {', '.join(versions)}; Prometheus Operator CRDs)")
+    print(f"  {n} objects validated (Kubernetes {', '.join(versions)}; Prometheus Operator and KEDA CRDs)")
 
 
 # === wiring ===
@@ -318,6 +345,146 @@ def check_wiring(d, docs):
         problem(f"{d}: expected the base's PrometheusRule, found {len(rules)}")
 
 
+# === autoscaling ===
+
+
+def exported_metrics():
+    """The metric family names tokenmeter registers (wherever the metrics module keeps them)."""
+    src = REPO / "src"
+    files = [src / "metrics.rs", src / "capacity_metrics.rs"] + sorted((src / "metrics").glob("*.rs"))
+    names = set()
+    for f in files:
+        if f.exists():
+            names |= set(re.findall(r'"(tokenmeter_[a-z0-9_]+)"', f.read_text()))
+    return names
+
+
+def promql_names(expr):
+    return set(re.findall(r"(?<![:\w])(tokenmeter_[a-z0-9_]+)(?![:\w])", expr))
+
+
+def adapter_rules(docs, where):
+    """The Prometheus adapter rules in the overlay's adapter ConfigMaps."""
+    out = []
+    for cm in (x for x in docs if x.get("kind") == "ConfigMap"
+               and x["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "prometheus-adapter"):
+        try:
+            cfg = yaml.safe_load(cm.get("data", {}).get("config.yaml", ""))
+        except yaml.YAMLError as e:
+            problem(f"{where}: ConfigMap/{cm['metadata']['name']}: config.yaml is not YAML: {e}")
+            continue
+        out += (cfg or {}).get("rules", [])
+    return out
+
+
+def fill_adapter_template(query, series_query, namespace="inference", pod="vllm-0", extra=""):
+    # What the adapter substitutes for one pod of one namespace: <<.Series>> is the series' name
+    # (not the whole seriesQuery), <<.LabelMatchers>> the namespace and pod matchers (plus the
+    # HPA's metric selector, `extra`).
+    m = re.match(r"[A-Za-z_:][\w:]*", series_query.strip())
+    series = m.group(0) if m else series_query
+    matchers = f'namespace="{namespace}",pod="{pod}"' + (f",{extra}" if extra else "")
+    return (query.replace("<<.Series>>", series)
+                 .replace("<<.LabelMatchers>>", matchers)
+                 .replace("<<.GroupBy>>", "pod"))
+
+
+def check_autoscaling(d, docs, exprs, known):
+    """Collects every PromQL expression into `exprs` (checked by promtool afterwards)."""
+    deployments = {x["metadata"]["name"] for x in docs if x.get("kind") == "Deployment"}
+    targets = []
+    for so in (x for x in docs if x.get("kind") == "ScaledObject"):
+        where = f"{d}: ScaledObject/{so['metadata']['name']}"
+        ref = so["spec"]["scaleTargetRef"]
+        targets.append(ref.get("name"))
+        if ref.get("kind", "Deployment") != "Deployment" or ref.get("name") not in deployments:
+            problem(f"{where}: scaleTargetRef {ref} is not a Deployment of this overlay {sorted(deployments)}")
+        if so["spec"].get("minReplicaCount", 0) < 1:
+            problem(f"{where}: minReplicaCount must be at least 1 (a GPU pod takes minutes to start)")
+        triggers = so["spec"].get("triggers", [])
+        if not triggers:
+            problem(f"{where}: no triggers")
+        for t in triggers:
+            md = t.get("metadata", {})
+            if t.get("type") != "prometheus":
+                problem(f"{where}: trigger type {t.get('type')!r} is not prometheus")
+                continue
+            for k in ("serverAddress", "query", "threshold"):
+                if not md.get(k):
+                    problem(f"{where}: the prometheus trigger has no {k}")
+            for k in ("threshold", "activationThreshold"):
+                try:
+                    if k in md and not 0 < float(md[k]) <= 1:
+                        problem(f"{where}: {k} {md[k]} is not a utilization in (0, 1]")
+                except ValueError:
+                    problem(f"{where}: {k} {md[k]!r} is not a number")
+            if t.get("metricType", "AverageValue") != "AverageValue":
+                problem(f"{where}: the query sums utilization over pods, so metricType must be AverageValue")
+            if md.get("ignoreNullValues") != "false":
+                problem(f"{where}: ignoreNullValues must be \"false\" so a warming-up fit uses the fallback")
+            if "fallback" not in so["spec"]:
+                problem(f"{where}: no fallback for a missing series")
+            q = md.get("query", "")
+            if "tokenmeter_capacity_utilization" not in q or "sum(" not in q.replace(" ", ""):
+                problem(f"{where}: the query must sum tokenmeter_capacity_utilization over pods: {q}")
+            exprs.append((f"{where} query", q))
+    rules = adapter_rules(docs, d)
+    served = {}
+    for r in rules:
+        name = r.get("name", {}).get("as")
+        served[name] = r
+        for k in ("seriesQuery", "metricsQuery"):
+            if not r.get(k):
+                problem(f"{d}: adapter rule {name}: no {k}")
+        over = r.get("resources", {}).get("overrides", {})
+        if over.get("pod", {}).get("resource") != "pod" or over.get("namespace", {}).get("resource") != "namespace":
+            problem(f"{d}: adapter rule {name}: pod and namespace labels must map to their resources")
+        series = r.get("seriesQuery", "")
+        exprs.append((f"{d}: adapter rule {name} seriesQuery", series))
+        exprs.append((f"{d}: adapter rule {name} metricsQuery",
+                      fill_adapter_template(r.get("metricsQuery", ""), series)))
+    for h in (x for x in docs if x.get("kind") == "HorizontalPodAutoscaler"):
+        where = f"{d}: HorizontalPodAutoscaler/{h['metadata']['name']}"
+        ref = h["spec"]["scaleTargetRef"]
+        targets.append(ref.get("name"))
+        if ref.get("kind") != "Deployment" or ref.get("name") not in deployments:
+            problem(f"{where}: scaleTargetRef {ref} is not a Deployment of this overlay {sorted(deployments)}")
+        for m in h["spec"].get("metrics", []):
+            if m.get("type") != "Pods":
+                problem(f"{where}: expected a Pods metric (per-pod utilization), got {m.get('type')}")
+                continue
+            name = m["pods"]["metric"]["name"]
+            if name not in served:
+                problem(f"{where}: metric {name} is served by no adapter rule in this overlay ({sorted(served)})")
+            if name not in known:
+                problem(f"{where}: metric {name} is not one tokenmeter exports")
+            if "class" not in m["pods"]["metric"].get("selector", {}).get("matchLabels", {}):
+                problem(f"{where}: utilization is per class; select one with a class label")
+    dup = {t for t in targets if targets.count(t) > 1}
+    if dup:
+        problem(f"{d}: {sorted(dup)} scaled by more than one autoscaler (KEDA makes its own HPA)")
+
+
+def check_promql(exprs, known):
+    """promtool parses each expression (as a recording rule), and each metric it names exists."""
+    if not exprs:
+        return
+    for where, e in exprs:
+        for n in promql_names(e) - known:
+            problem(f"{where}: {n} is not a metric tokenmeter exports")
+    groups = [{"name": "autoscaling", "rules": [{"record": f"check:autoscaling_{i}", "expr": e}
+                                                for i, (_, e) in enumerate(exprs)]}]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "autoscaling.yml"
+        path.write_text(yaml.safe_dump({"groups": groups}))
+        r = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        problem(f"promtool rejects an autoscaling query: {r.stdout.strip()} {r.stderr.strip()} "
+                f"(queries: {[w for w, _ in exprs]})")
+    else:
+        print(f"  {len(exprs)} autoscaling queries: promtool check rules ok")
+
+
 def check_gpu_replacement():
     """The sidecar overlay copies the vLLM container's nvidia.com/gpu limit into tokenmeter's
     TOKENMETER_GPUS (and vLLM's TENSOR_PARALLEL_SIZE): change the limit in a copy and build."""
@@ -438,8 +605,12 @@ def main():
     os.chdir(REPO)
     built = build_all()
     validate(built)
+    known = exported_metrics()
+    exprs = []
     for d, docs in built.items():
         check_wiring(d, docs)
+        check_autoscaling(d, docs, exprs, known)
+    check_promql(exprs, known)
     check_gpu_replacement()
     check_runbooks()
     check_scrape_config()

@@ -19,7 +19,8 @@ After the traffic has run for a while it checks, through Prometheus's HTTP API:
      and as one concrete namespace/pod/model, returns at least one finite value (range queries
      for time series, heatmaps and stats; instant queries for instant targets);
   3. every rule Prometheus loaded evaluates without error, and every recording rule's
-     expression and recorded series return a finite value;
+     expression and recorded series return a finite value; the KEDA trigger's query and the
+     Prometheus adapter's query behind the HPA (deploy/overlays/autoscale-*) return one too;
   4. the SLO and GPU series say what the set-up implies: only declared class labels (the
      undeclared name counts in the default class), the strict class missing TTFT and TPS, the
      objectives as declared, and each pod's GPU count with its source (check_slo_and_gpus);
@@ -221,6 +222,39 @@ def check_panels(prom, d, concrete):
     print(f"  {checked} panel queries checked")
 
 
+def autoscaling_queries(pod):
+    """The PromQL the autoscaling examples run: the KEDA trigger's query, and the Prometheus
+    adapter's metricsQuery as the adapter fills it in for `pod` and the HPA's class selector."""
+    import yaml
+
+    import check_manifests as cm
+
+    out = []
+    keda = REPO / "deploy" / "overlays" / "autoscale-keda" / "scaledobject.yaml"
+    for t in yaml.safe_load(keda.read_text())["spec"]["triggers"]:
+        out.append(("KEDA trigger query", t["metadata"]["query"]))
+    hpa_dir = REPO / "deploy" / "overlays" / "autoscale-hpa"
+    hpa = yaml.safe_load((hpa_dir / "hpa.yaml").read_text())
+    adapter = yaml.safe_load((hpa_dir / "adapter-config.yaml").read_text())
+    rules = {r["name"]["as"]: r for r in yaml.safe_load(adapter["data"]["config.yaml"])["rules"]}
+    for m in hpa["spec"]["metrics"]:
+        metric = m["pods"]["metric"]
+        rule = rules[metric["name"]]
+        extra = ",".join(f'{k}="{v}"' for k, v in metric.get("selector", {}).get("matchLabels", {}).items())
+        out.append((f"adapter query for the HPA's {metric['name']}",
+                    cm.fill_adapter_template(rule["metricsQuery"], rule["seriesQuery"], NAMESPACE, pod, extra)))
+    return out
+
+
+def check_autoscaling(prom):
+    """Each autoscaling query returns a finite value from the live Prometheus."""
+    for what, expr in autoscaling_queries(PODS[0][0]):
+        _, vals = query(prom, expr, False, "1s")
+        print(f"  {what}: {expr} = {vals[:3]}")
+        if not vals:
+            fail(f"{what} returns no data: {expr}")
+
+
 def check_rules(prom):
     groups = prom.api("rules")["groups"]
     n_record = n_alert = 0
@@ -411,6 +445,8 @@ def main():
         check_panels(prom, dash.load(), concrete)
         print("live_test: rules", flush=True)
         check_rules(prom)
+        print("live_test: autoscaling queries (deploy/overlays/autoscale-*)", flush=True)
+        check_autoscaling(prom)
         print("live_test: SLO classes and GPU sources", flush=True)
         check_slo_and_gpus(prom)
         print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)

@@ -42,7 +42,7 @@ if ((${#missing[@]})); then
 fi
 
 venv="${TOKENMETER_DEPLOY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tokenmeter/deploy-venv}"
-py_packages=(PyYAML==6.0.3 kubernetes-validate==1.37.0 cloudcoil-models-prometheus-operator==0.80.1.0 dockerfile==3.4.0)
+py_packages=(PyYAML==6.0.3 kubernetes-validate==1.37.0 cloudcoil-models-prometheus-operator==0.80.1.0 cloudcoil-models-keda==2.16.1.0 dockerfile==3.4.0)
 stamp="$venv/.tokenmeter-packages"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "${py_packages[*]}" ]; then
   echo "tests/deploy: preparing $venv"

@@ -3,6 +3,7 @@
 mod support;
 
 mod bench;
+mod capacity;
 mod cli;
 mod compat;
 mod corpus;

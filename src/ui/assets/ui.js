@@ -24,11 +24,11 @@
 
   function fmt(v) {
     if (v === null || v === undefined || !isFinite(v)) return '–';
+    if (v === 0) return '0'; // also -0
     const a = Math.abs(v);
     if (a >= 1000 || Number.isInteger(v)) return Math.round(v).toLocaleString('en-US');
     if (a >= 100) return v.toFixed(0);
     if (a >= 10) return v.toFixed(1);
-    if (a === 0) return '0';
     return v.toFixed(2);
   }
 

@@ -1,0 +1,90 @@
+//! What the capacity model costs: one push (on every token-bearing event of every stream), and
+//! one refit (every few seconds, when /metrics is rendered), beside a Prometheus histogram
+//! observation (what the meter already does once per token for the inter-token latency) so the
+//! figures read as ratios on a noisy machine.
+//!
+//! `cargo bench --bench capacity`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use prometheus::{Histogram, HistogramOpts};
+use tokenmeter::capacity::{Capacity, CapacityConfig, Class};
+
+fn model() -> Capacity {
+    Capacity::new(
+        CapacityConfig {
+            classes: vec![Class {
+                name: "interactive".into(),
+                tps_floor: Some(20.0),
+            }],
+            ..CapacityConfig::default()
+        },
+        Instant::now(),
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let cap = model();
+    let at = Instant::now();
+    let mut b = 0u32;
+    c.bench_function("capacity push", |bench| {
+        bench.iter(|| {
+            b = b % 64 + 1;
+            cap.push(
+                black_box(f64::from(b)),
+                Duration::from_micros(10_000 + 500 * u64::from(b)),
+                1,
+                at,
+            )
+        })
+    });
+    let h = Histogram::with_opts(HistogramOpts::new("itl", "itl").buckets(vec![
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    ]))
+    .expect("histogram");
+    c.bench_function("histogram observe (for scale)", |bench| {
+        bench.iter(|| h.observe(black_box(0.021)))
+    });
+
+    // Eight threads pushing at once: the push has no lock, so it should not serialise.
+    let shared = Arc::new(model());
+    c.bench_function("capacity push, 8 threads x 10,000", |bench| {
+        bench.iter(|| {
+            std::thread::scope(|s| {
+                for t in 0..8u32 {
+                    let cap = Arc::clone(&shared);
+                    s.spawn(move || {
+                        for i in 0..10_000u32 {
+                            let b = (i + t) % 64 + 1;
+                            cap.push(f64::from(b), Duration::from_millis(20), 1, at);
+                        }
+                    });
+                }
+            })
+        })
+    });
+
+    // A refit over a full window: 64 concurrencies, every slot used.
+    let full = model();
+    for slot in 0..10u64 {
+        for b in 1..=64u32 {
+            for _ in 0..100 {
+                full.push(
+                    f64::from(b),
+                    Duration::from_micros(10_000 + 500 * u64::from(b)),
+                    1,
+                    at + Duration::from_secs(90 * slot),
+                );
+            }
+        }
+    }
+    let end = at + Duration::from_secs(899);
+    c.bench_function("capacity refit (64 concurrencies x 10 slots)", |bench| {
+        bench.iter(|| black_box(full.refit(end)))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

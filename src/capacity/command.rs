@@ -1,0 +1,508 @@
+//! `tokenmeter capacity --metrics URL`: the capacity model for a planner without Grafana.
+//!
+//! It scrapes a running tokenmeter's `/metrics`, reads the capacity families back
+//! ([`Reading::from_samples`]), prints the fitted model, a table per class and the curve, and
+//! writes the trade-off chart as SVG with the bench's chart code. Everything it prints is
+//! tokenmeter's own figures; the curve in the chart is drawn from the fitted coefficients, so it
+//! is exact at every concurrency, not only at the nine the metrics carry.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Args;
+use http::Uri;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::bench::chart::{self, Axis, Chart, Series};
+use crate::capacity::plan::CURVE;
+use crate::capacity::summary::MAX_CONCURRENCY;
+use crate::exposition::{Sample, Scrape};
+use crate::metrics::capacity::{names, BOUNDS, KINDS, TERMS};
+
+/// The command's flags.
+#[derive(Debug, Clone, Args)]
+pub struct CapacityArgs {
+    /// A tokenmeter's /metrics URL, e.g. http://127.0.0.1:9090/metrics.
+    #[arg(long, env = "TOKENMETER_CAPACITY_METRICS", value_name = "URL")]
+    pub metrics: String,
+
+    /// Where the trade-off chart is written.
+    #[arg(
+        long,
+        env = "TOKENMETER_CAPACITY_SVG",
+        value_name = "FILE",
+        default_value = "capacity.svg"
+    )]
+    pub svg: PathBuf,
+}
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("--metrics {0:?} is not an http:// URL")]
+    BadUrl(String),
+    #[error("cannot scrape {url}: {reason}")]
+    Fetch { url: String, reason: String },
+    #[error("{0} has no tokenmeter capacity metrics (is it tokenmeter's /metrics, version with the capacity model?)")]
+    NotCapacity(String),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl CommandError {
+    /// True for errors the user fixes by changing the flags.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CommandError::BadUrl(_))
+    }
+}
+
+/// One class's row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassRow {
+    pub name: String,
+    pub floor: Option<f64>,
+    pub max_concurrency: Option<f64>,
+    pub output_tps: Option<f64>,
+    pub output_tps_per_gpu: Option<f64>,
+    pub cost_per_million: Option<f64>,
+    pub utilization: Option<f64>,
+}
+
+/// The capacity families of one scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub base: Option<f64>,
+    pub per_seq: Option<f64>,
+    pub r2: Option<f64>,
+    pub samples: f64,
+    pub observed: (Option<f64>, Option<f64>),
+    /// Sorted by name.
+    pub classes: Vec<ClassRow>,
+    /// (concurrency, per-request, aggregate) as exported.
+    pub curve: Vec<(u32, Option<f64>, Option<f64>)>,
+}
+
+impl Reading {
+    /// Reads the capacity families; `None` when the scrape has none (not tokenmeter, or an older
+    /// one).
+    pub fn from_samples(samples: &[Sample]) -> Option<Reading> {
+        let mut r = Reading::default();
+        let mut seen = false;
+        let mut curve: Vec<(u32, Option<f64>, Option<f64>)> =
+            CURVE.iter().map(|&b| (b, None, None)).collect();
+        for s in samples {
+            let v = Some(s.value);
+            let class = |r: &mut Reading| -> Option<usize> {
+                let name = s.label("class")?;
+                Some(match r.classes.iter().position(|c| c.name == name) {
+                    Some(i) => i,
+                    None => {
+                        r.classes.push(ClassRow {
+                            name: name.to_string(),
+                            ..ClassRow::default()
+                        });
+                        r.classes.len() - 1
+                    }
+                })
+            };
+            match s.name.as_str() {
+                names::FIT_SAMPLES => {
+                    seen = true;
+                    r.samples = s.value;
+                }
+                names::STEP_SECONDS if s.label("term") == Some(TERMS[0]) => r.base = v,
+                names::STEP_SECONDS if s.label("term") == Some(TERMS[1]) => r.per_seq = v,
+                names::FIT_R2 => r.r2 = v,
+                names::OBSERVED_CONCURRENCY if s.label("bound") == Some(BOUNDS[0]) => {
+                    r.observed.0 = v
+                }
+                names::OBSERVED_CONCURRENCY if s.label("bound") == Some(BOUNDS[1]) => {
+                    r.observed.1 = v
+                }
+                names::CURVE_TPS => {
+                    let b = s.label("concurrency").and_then(|c| c.parse::<u32>().ok());
+                    if let Some(p) = curve.iter_mut().find(|p| Some(p.0) == b) {
+                        match s.label("kind") {
+                            Some(k) if k == KINDS[0] => p.1 = v,
+                            Some(k) if k == KINDS[1] => p.2 = v,
+                            _ => {}
+                        }
+                    }
+                }
+                name => {
+                    let field: fn(&mut ClassRow) -> &mut Option<f64> = match name {
+                        names::TPS_FLOOR => |c| &mut c.floor,
+                        names::MAX_CONCURRENCY => |c| &mut c.max_concurrency,
+                        names::OUTPUT_TPS => |c| &mut c.output_tps,
+                        names::OUTPUT_TPS_PER_GPU => |c| &mut c.output_tps_per_gpu,
+                        names::COST_PER_MILLION => |c| &mut c.cost_per_million,
+                        names::UTILIZATION => |c| &mut c.utilization,
+                        _ => continue,
+                    };
+                    if let Some(i) = class(&mut r) {
+                        *field(&mut r.classes[i]) = v;
+                    }
+                }
+            }
+        }
+        r.classes.sort_by(|a, b| a.name.cmp(&b.name));
+        r.curve = curve;
+        seen.then_some(r)
+    }
+
+    /// The fitted step in seconds at concurrency `b`.
+    fn step(&self, b: f64) -> Option<f64> {
+        let t = self.base? + self.per_seq? * b;
+        (t > 0.0).then_some(t)
+    }
+
+    /// The mean decoding concurrency per engine now, from any class's utilization.
+    pub fn operating_point(&self) -> Option<f64> {
+        self.classes
+            .iter()
+            .find_map(|c| Some(c.utilization? * c.max_concurrency?))
+    }
+
+    /// True when concurrency `b` is outside the observed range (an extrapolation).
+    fn extrapolated(&self, b: f64) -> bool {
+        match self.observed {
+            (Some(lo), Some(hi)) => b < lo || b > hi,
+            _ => true,
+        }
+    }
+
+    /// The printed report: the model, the classes, the curve.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let opt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+        };
+        match (self.base, self.per_seq) {
+            (Some(base), Some(per_seq)) => {
+                let _ = writeln!(
+                    s,
+                    "step cost: t(b) = {:.3} ms + {:.4} ms x b   (r² {}, {} token samples, concurrency {}-{} observed)",
+                    base * 1e3,
+                    per_seq * 1e3,
+                    opt(self.r2, 3),
+                    self.samples as u64,
+                    opt(self.observed.0, 0),
+                    opt(self.observed.1, 0),
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    s,
+                    "no fit yet: {} token samples at usable concurrencies (a fit needs 3 concurrencies with 20 samples each)",
+                    self.samples as u64
+                );
+            }
+        }
+        if let Some(now) = self.operating_point() {
+            let _ = writeln!(
+                s,
+                "decoding now: {now:.1} streams per engine (mean of the last minute)"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<16} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12}",
+            "class",
+            "floor tok/s",
+            "max streams",
+            "fleet tok/s",
+            "tok/s/GPU",
+            "cost/M tok",
+            "utilization"
+        );
+        for c in &self.classes {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12}",
+                c.name,
+                opt(c.floor, 1),
+                opt(c.max_concurrency, 0),
+                opt(c.output_tps, 1),
+                opt(c.output_tps_per_gpu, 1),
+                opt(c.cost_per_million, 4),
+                opt(c.utilization, 2),
+            );
+            if c.max_concurrency
+                .is_some_and(|b| b >= 1.0 && self.extrapolated(b))
+            {
+                let _ = writeln!(
+                    s,
+                    "{:<16} (max streams outside the observed concurrency: an extrapolation)",
+                    ""
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n{:>11} {:>18} {:>16}",
+            "concurrency", "per-request tok/s", "aggregate tok/s"
+        );
+        for &(b, exported_per_request, exported_aggregate) in &self.curve {
+            // The fitted line gives the curve exactly; the exported points are the fallback.
+            let x = f64::from(b);
+            let per_request = self.step(x).map(|t| 1.0 / t).or(exported_per_request);
+            let aggregate = self.step(x).map(|t| x / t).or(exported_aggregate);
+            let mark = if per_request.is_some() && self.extrapolated(x) {
+                "  (extrapolated)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                s,
+                "{b:>11} {:>18} {:>16}{mark}",
+                opt(per_request, 1),
+                opt(aggregate, 1)
+            );
+        }
+        s
+    }
+
+    /// The trade-off chart: per-request tokens/s (left) and aggregate (right) against
+    /// concurrency, each class's floor, and the operating point.
+    pub fn chart(&self) -> Chart {
+        let mut xs: Vec<f64> = CURVE.iter().map(|&b| f64::from(b)).collect();
+        let limits: Vec<f64> = self
+            .classes
+            .iter()
+            .filter_map(|c| c.max_concurrency)
+            .filter(|b| *b >= 1.0)
+            .collect();
+        let now = self
+            .operating_point()
+            .map(|n| n.round().clamp(1.0, MAX_CONCURRENCY as f64));
+        xs.extend(limits.iter().copied());
+        xs.extend(now);
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        let per_request = |b: f64| self.step(b).map(|t| 1.0 / t);
+        let mut series = vec![
+            Series {
+                name: "per-request tokens/s".into(),
+                class: "request-tps",
+                color: "#1f77b4",
+                axis: Axis::Left,
+                values: xs.iter().map(|&b| per_request(b)).collect(),
+            },
+            Series {
+                name: "aggregate tokens/s".into(),
+                class: "aggregate-tps",
+                color: "#d62728",
+                axis: Axis::Right,
+                values: xs.iter().map(|&b| self.step(b).map(|t| b / t)).collect(),
+            },
+        ];
+        for c in self.classes.iter().filter(|c| c.floor.is_some()) {
+            series.push(Series {
+                name: format!("{} floor", c.name),
+                class: "floor",
+                color: "#7f7f7f",
+                axis: Axis::Left,
+                values: xs.iter().map(|_| c.floor).collect(),
+            });
+        }
+        if let Some(now) = now {
+            series.push(Series {
+                name: "now".into(),
+                class: "operating-point",
+                color: "#2ca02c",
+                axis: Axis::Left,
+                values: xs
+                    .iter()
+                    .map(|&b| if b == now { per_request(b) } else { None })
+                    .collect(),
+            });
+        }
+        Chart {
+            title: "Capacity: tokens/s against concurrency per engine (fitted)".into(),
+            x_label: "decoding streams per engine".into(),
+            y_left: "per-request tokens/s".into(),
+            y_right: Some("aggregate tokens/s per engine".into()),
+            xs,
+            series,
+        }
+    }
+}
+
+/// Reads the capacity families from a scrape's samples, writes the chart to `svg` and returns
+/// the text to print.
+pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, CommandError> {
+    let reading =
+        Reading::from_samples(samples).ok_or_else(|| CommandError::NotCapacity(source.into()))?;
+    std::fs::write(svg, chart::render(&reading.chart())).map_err(|source| CommandError::Write {
+        path: svg.to_path_buf(),
+        source,
+    })?;
+    Ok(reading.text())
+}
+
+/// How long the scrape may take.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest exposition read: tokenmeter's is tens of KiB, so this only stops a wrong URL that
+/// streams forever.
+const MAX_SCRAPE: usize = 16 << 20;
+
+/// Fetches the exposition at `url`.
+async fn scrape(url: &str) -> Result<Scrape, CommandError> {
+    let uri: Uri = url
+        .parse()
+        .ok()
+        .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+        .ok_or_else(|| CommandError::BadUrl(url.to_string()))?;
+    let fail = |reason: String| CommandError::Fetch {
+        url: url.to_string(),
+        reason,
+    };
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = tokio::time::timeout(SCRAPE_TIMEOUT, client.get(uri))
+        .await
+        .map_err(|_| fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
+        .map_err(|e| fail(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fail(format!("HTTP status {}", resp.status())));
+    }
+    let body = Limited::new(resp.into_body(), MAX_SCRAPE)
+        .collect()
+        .await
+        .map_err(|e| fail(e.to_string()))?
+        .to_bytes();
+    Ok(Scrape::parse(&String::from_utf8_lossy(&body)))
+}
+
+/// `tokenmeter capacity`: scrape, print, write the chart.
+pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CommandError::Fetch {
+            url: args.metrics.clone(),
+            reason: format!("cannot start the runtime: {e}"),
+        })?;
+    let scrape = runtime.block_on(scrape(&args.metrics))?;
+    let text = report(scrape.samples(), &args.metrics, &args.svg)?;
+    print!("{text}");
+    println!("\nchart written to {}", args.svg.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        }
+    }
+
+    fn scrape() -> Vec<Sample> {
+        let mut v = vec![
+            sample(names::FIT_SAMPLES, &[], 12345.0),
+            sample(names::STEP_SECONDS, &[("term", "base")], 0.010),
+            sample(names::STEP_SECONDS, &[("term", "per_sequence")], 0.0005),
+            sample(names::FIT_R2, &[], 0.998),
+            sample(names::OBSERVED_CONCURRENCY, &[("bound", "min")], 1.0),
+            sample(names::OBSERVED_CONCURRENCY, &[("bound", "max")], 64.0),
+            sample(names::TPS_FLOOR, &[("class", "interactive")], 40.0),
+            sample(names::MAX_CONCURRENCY, &[("class", "interactive")], 30.0),
+            sample(names::OUTPUT_TPS, &[("class", "interactive")], 1200.0),
+            sample(
+                names::OUTPUT_TPS_PER_GPU,
+                &[("class", "interactive")],
+                1200.0,
+            ),
+            sample(names::COST_PER_MILLION, &[("class", "interactive")], 0.4630),
+            sample(names::UTILIZATION, &[("class", "interactive")], 0.5),
+            sample("tokenmeter_build_info", &[("version", "0.1.0")], 1.0),
+        ];
+        for b in CURVE {
+            let t = 0.010 + 0.0005 * f64::from(b);
+            let c = b.to_string();
+            v.push(sample(
+                names::CURVE_TPS,
+                &[("concurrency", &c), ("kind", "per_request")],
+                1.0 / t,
+            ));
+            v.push(sample(
+                names::CURVE_TPS,
+                &[("concurrency", &c), ("kind", "aggregate")],
+                f64::from(b) / t,
+            ));
+        }
+        v
+    }
+
+    #[test]
+    fn a_scrape_is_read_back_into_the_model_and_printed() {
+        let r = Reading::from_samples(&scrape()).expect("capacity families");
+        assert_eq!((r.base, r.per_seq), (Some(0.010), Some(0.0005)));
+        assert_eq!(r.classes.len(), 1);
+        assert_eq!(r.classes[0].max_concurrency, Some(30.0));
+        assert_eq!(r.operating_point(), Some(15.0));
+        let text = r.text();
+        assert!(text.contains("t(b) = 10.000 ms + 0.5000 ms x b"), "{text}");
+        assert!(text.contains("interactive"), "{text}");
+        assert!(text.contains("decoding now: 15.0 streams"), "{text}");
+        // 128 and 256 lie beyond the observed 64.
+        assert_eq!(text.matches("(extrapolated)").count(), 2, "{text}");
+        let svg = chart::render(&r.chart());
+        // The curve at the nine edges plus the class's limit (30) and the operating point (15).
+        assert_eq!(
+            svg.matches("class=\"point request-tps\"").count(),
+            11,
+            "{svg}"
+        );
+        assert_eq!(svg.matches("class=\"point operating-point\"").count(), 1);
+        assert_eq!(svg.matches("class=\"point floor\"").count(), 11);
+    }
+
+    #[test]
+    fn an_exposition_of_the_families_reads_back() {
+        let text =
+            "# TYPE tokenmeter_capacity_fit_samples gauge\ntokenmeter_capacity_fit_samples 99\n\
+                    tokenmeter_capacity_step_seconds{term=\"base\"} 0.02\n\
+                    tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.00025\n\
+                    tokenmeter_capacity_max_concurrency{class=\"agent\"} 20\n";
+        let r = Reading::from_samples(Scrape::parse(text).samples()).expect("present");
+        assert_eq!(
+            (r.base, r.per_seq, r.samples),
+            (Some(0.02), Some(0.00025), 99.0)
+        );
+        assert_eq!(r.classes[0].max_concurrency, Some(20.0));
+    }
+
+    #[test]
+    fn before_the_fit_it_says_so_and_without_the_families_it_refuses() {
+        let r = Reading::from_samples(&[sample(names::FIT_SAMPLES, &[], 7.0)]).expect("present");
+        assert!(
+            r.text().starts_with("no fit yet: 7 token samples"),
+            "{}",
+            r.text()
+        );
+        assert!(r.chart().series[0].values.iter().all(Option::is_none));
+        let other = [sample("tokenmeter_build_info", &[], 1.0)];
+        assert_eq!(Reading::from_samples(&other), None);
+        let dir = std::env::temp_dir().join("tokenmeter-capacity-test.svg");
+        assert!(matches!(
+            report(&other, "x", &dir),
+            Err(CommandError::NotCapacity(_))
+        ));
+    }
+}

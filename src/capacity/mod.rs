@@ -1,0 +1,216 @@
+//! The live capacity model: how many streams an engine can carry at each SLO class's speed
+//! floor, fitted from production traffic.
+//!
+//! Decode is memory-bandwidth-bound: a step costs a fixed part (reading the weights) plus a
+//! part per running sequence (reading its KV cache), `t(b) = base + per_seq * b`. Every gap
+//! between two token-bearing events of a stream is one observation of `t` at the number of
+//! streams decoding during it. The pieces:
+//!
+//! - [`summary`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
+//! - [`bins`]: its time-per-token axis and the per-concurrency median.
+//! - [`busy`]: the mean decoding concurrency over the last minute, for utilization.
+//! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
+//! - [`plan`]: the answers per class, the curve, and the cost.
+//! - [`stream`]: one stream's observations, the events of one network read grouped.
+//! - [`command`]: `tokenmeter capacity`, which reads the answers back from `/metrics`.
+//!
+//! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
+//! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
+//! several replicas (`--replicas N`) the decoding concurrency tokenmeter sees is spread over
+//! them, so it is divided by N before it is recorded: the model is per engine.
+
+pub mod bins;
+pub mod busy;
+pub mod command;
+pub mod fit;
+pub mod plan;
+pub mod stream;
+pub mod summary;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub use fit::Fit;
+pub use plan::{Answer, Class, CurvePoint, Fleet};
+pub use stream::StreamGaps;
+
+/// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
+/// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
+/// and the answers move as fast as a 15-minute window can.
+pub const REFIT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `--capacity-window`'s default: long enough to see many concurrencies, short enough to follow
+/// a change of model or traffic within the hour.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// What the capacity model needs to know.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityConfig {
+    /// `--capacity-window`.
+    pub window: Duration,
+    /// The classes and their floors (from the SLO classes).
+    pub classes: Vec<Class>,
+    pub fleet: Fleet,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            window: DEFAULT_WINDOW,
+            classes: Vec::new(),
+            fleet: Fleet {
+                replicas: 1,
+                gpus: 1.0,
+                gpu_hour_cost: None,
+            },
+        }
+    }
+}
+
+/// The model's state at one refit: what the metrics show.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// `None` until the window has [`fit::MIN_POINTS`] concurrencies with enough samples.
+    pub fit: Option<Fit>,
+    /// Token samples at the concurrencies with enough of them ([`fit::MIN_SAMPLES`]); the
+    /// fit's own count once there is a fit.
+    pub samples: u64,
+    /// The lowest and highest of those concurrencies.
+    pub observed: Option<(u32, u32)>,
+    /// One per class with a floor, once there is a fit.
+    pub answers: Vec<Answer>,
+    pub curve: Vec<CurvePoint>,
+    /// Mean decoding concurrency per engine over the last minute.
+    pub decoding: f64,
+}
+
+/// The live model: pushed into per event, read per scrape.
+pub struct Capacity {
+    summary: summary::Summary,
+    busy: busy::Busy,
+    config: CapacityConfig,
+    last: Mutex<Option<(Instant, Report)>>,
+}
+
+impl Capacity {
+    pub fn new(config: CapacityConfig, origin: Instant) -> Self {
+        Capacity {
+            summary: summary::Summary::new(config.window, origin),
+            busy: busy::Busy::new(origin),
+            config,
+            last: Mutex::new(None),
+        }
+    }
+
+    pub fn config(&self) -> &CapacityConfig {
+        &self.config
+    }
+
+    /// `tokens` tokens arrived at `at`, `gap` after the stream's previous ones, while
+    /// `decoding` requests (all replicas together) were decoding. Lock-free.
+    pub fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant) {
+        if tokens == 0 {
+            return;
+        }
+        let per_engine = decoding / f64::from(self.config.fleet.replicas.max(1));
+        let per_token = gap.as_secs_f64() / f64::from(tokens);
+        self.summary.push(per_engine, per_token, tokens, at);
+        self.busy.add(gap, at);
+    }
+
+    /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
+    pub fn report(&self, now: Instant) -> Report {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((at, r)) if now.saturating_duration_since(*at) < REFIT_INTERVAL => r.clone(),
+            _ => {
+                let r = self.refit(now);
+                *last = Some((now, r.clone()));
+                r
+            }
+        }
+    }
+
+    /// Fits the window that ends at `now`, whatever the last refit's age.
+    pub fn refit(&self, now: Instant) -> Report {
+        let columns = self.summary.columns(now);
+        let usable = || columns.iter().filter(|c| c.samples >= fit::MIN_SAMPLES);
+        let observed = usable()
+            .map(|c| c.concurrency)
+            .min()
+            .zip(usable().map(|c| c.concurrency).max());
+        let samples = usable().map(|c| c.samples).sum();
+        let decoding = self.busy.mean(now) / f64::from(self.config.fleet.replicas.max(1));
+        let fit = fit::fit(&columns);
+        let (answers, curve) = match &fit {
+            Some(f) => (
+                plan::answers(f, &self.config.classes, &self.config.fleet, decoding),
+                plan::curve(f),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        Report {
+            fit,
+            samples,
+            observed,
+            answers,
+            curve,
+            decoding,
+        }
+    }
+
+    /// The window's samples per concurrency (its medians), for a reader that wants to see what
+    /// the fit was drawn through.
+    pub fn columns(&self, now: Instant) -> Vec<summary::Column> {
+        self.summary.columns(now)
+    }
+
+    /// Samples dropped for a concurrency above [`summary::MAX_CONCURRENCY`].
+    pub fn dropped(&self) -> u64 {
+        self.summary.dropped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_divide_the_concurrency_and_the_report_waits_for_a_refit() {
+        let t0 = Instant::now();
+        let cap = Capacity::new(
+            CapacityConfig {
+                classes: vec![Class {
+                    name: "interactive".into(),
+                    tps_floor: Some(40.0),
+                }],
+                fleet: Fleet {
+                    replicas: 2,
+                    gpus: 2.0,
+                    gpu_hour_cost: None,
+                },
+                ..CapacityConfig::default()
+            },
+            t0,
+        );
+        assert_eq!(cap.report(t0).fit, None);
+        // Seen through a gateway: 2b streams decoding over two engines, each at t(b).
+        for b in 1..=40u32 {
+            let step = Duration::from_micros(10_000 + 500 * u64::from(b));
+            for _ in 0..50 {
+                cap.push(f64::from(2 * b), step, 1, t0 + Duration::from_secs(1));
+            }
+        }
+        // Within the refit interval the old (empty) report is kept.
+        assert_eq!(cap.report(t0 + Duration::from_secs(1)).fit, None);
+        let r = cap.report(t0 + REFIT_INTERVAL + Duration::from_secs(1));
+        let f = r.fit.expect("a fit");
+        assert!((f.base / 0.010 - 1.0).abs() < 0.03, "{f:?}");
+        assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.03, "{f:?}");
+        assert_eq!(r.observed, Some((1, 40)));
+        assert_eq!(r.samples, 2000);
+        let a = &r.answers[0];
+        assert!((29..=31).contains(&a.max_concurrency), "{a:?}");
+        assert_eq!(r.curve.len(), plan::CURVE.len());
+    }
+}

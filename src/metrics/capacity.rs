@@ -1,0 +1,269 @@
+//! The capacity model's metric families: the only place their names are written.
+//!
+//! They are gauges refreshed from a [`Report`] when `/metrics` is rendered (a refit is at most
+//! every few seconds), never per chunk. Series that need a fit are absent until there is one, and
+//! a class's series are absent when the class has no speed floor, so a dashboard shows "no data"
+//! rather than a made-up zero. Label values: the configured class names (a closed list), the
+//! curve's nine concurrencies, and closed enums.
+
+use prometheus::{Gauge, GaugeVec, Opts, Registry};
+
+use crate::capacity::plan::CURVE;
+use crate::capacity::{Class, Report};
+
+/// The family names, for the readers of an exposition (`tokenmeter capacity`).
+pub mod names {
+    pub const STEP_SECONDS: &str = "tokenmeter_capacity_step_seconds";
+    pub const FIT_SAMPLES: &str = "tokenmeter_capacity_fit_samples";
+    pub const FIT_R2: &str = "tokenmeter_capacity_fit_r2";
+    pub const OBSERVED_CONCURRENCY: &str = "tokenmeter_capacity_observed_concurrency";
+    pub const MAX_CONCURRENCY: &str = "tokenmeter_capacity_max_concurrency";
+    pub const OUTPUT_TPS: &str = "tokenmeter_capacity_output_tokens_per_second";
+    pub const OUTPUT_TPS_PER_GPU: &str = "tokenmeter_capacity_output_tokens_per_second_per_gpu";
+    pub const COST_PER_MILLION: &str = "tokenmeter_capacity_cost_per_million_output_tokens";
+    pub const CURVE_TPS: &str = "tokenmeter_capacity_curve_tokens_per_second";
+    pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
+    pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
+}
+
+/// The `term` label of [`names::STEP_SECONDS`].
+pub const TERMS: [&str; 2] = ["base", "per_sequence"];
+/// The `bound` label of [`names::OBSERVED_CONCURRENCY`].
+pub const BOUNDS: [&str; 2] = ["min", "max"];
+/// The `kind` label of [`names::CURVE_TPS`].
+pub const KINDS: [&str; 2] = ["per_request", "aggregate"];
+
+/// The capacity families, registered in a given registry.
+pub struct CapacityMetrics {
+    step: GaugeVec,
+    samples: Gauge,
+    r2: GaugeVec,
+    observed: GaugeVec,
+    max_concurrency: GaugeVec,
+    output_tps: GaugeVec,
+    output_tps_per_gpu: GaugeVec,
+    cost: GaugeVec,
+    curve: GaugeVec,
+    utilization: GaugeVec,
+    /// Every class name a series may carry.
+    classes: Vec<String>,
+}
+
+fn vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    let g = GaugeVec::new(Opts::new(name, help), labels)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+impl CapacityMetrics {
+    /// Registers every family into `r`. `classes` are all the classes that can be reported.
+    pub fn register(r: &Registry, classes: &[Class]) -> prometheus::Result<Self> {
+        use names::*;
+        let samples = Gauge::with_opts(Opts::new(
+            FIT_SAMPLES,
+            "Token samples in the capacity window at the concurrencies the fit can use.",
+        ))?;
+        r.register(Box::new(samples.clone()))?;
+        // The floors are the classes' own: constant, set once, so a chart can draw them beside
+        // the curve without knowing the configuration.
+        let floor = vec(
+            r,
+            TPS_FLOOR,
+            "Per-request tokens/s floor of the SLO class the capacity answers are for.",
+            &["class"],
+        )?;
+        for c in classes {
+            if let Some(f) = c.tps_floor {
+                floor.with_label_values(&[&c.name]).set(f);
+            }
+        }
+        Ok(CapacityMetrics {
+            step: vec(
+                r,
+                STEP_SECONDS,
+                "Fitted decode step cost t(b) = base + per_sequence * b, in seconds.",
+                &["term"],
+            )?,
+            samples,
+            r2: vec(
+                r,
+                FIT_R2,
+                "Coefficient of determination of the capacity fit over the per-concurrency medians.",
+                &[],
+            )?,
+            observed: vec(
+                r,
+                OBSERVED_CONCURRENCY,
+                "Lowest and highest decoding concurrency per engine in the fit; answers outside are extrapolations.",
+                &["bound"],
+            )?,
+            max_concurrency: vec(
+                r,
+                MAX_CONCURRENCY,
+                "Largest concurrency per engine whose predicted per-request tokens/s meets the class's floor.",
+                &["class"],
+            )?,
+            output_tps: vec(
+                r,
+                OUTPUT_TPS,
+                "Aggregate output tokens/s of all replicas, each at the class's max concurrency.",
+                &["class"],
+            )?,
+            output_tps_per_gpu: vec(
+                r,
+                OUTPUT_TPS_PER_GPU,
+                "tokenmeter_capacity_output_tokens_per_second / GPUs.",
+                &["class"],
+            )?,
+            cost: vec(
+                r,
+                COST_PER_MILLION,
+                "GPU cost of a million output tokens at the class's max concurrency (--gpu-hour-cost).",
+                &["class"],
+            )?,
+            curve: vec(
+                r,
+                CURVE_TPS,
+                "Predicted tokens/s per engine at a concurrency: per request (1/t(b)) and aggregate (b/t(b)).",
+                &["concurrency", "kind"],
+            )?,
+            utilization: vec(
+                r,
+                UTILIZATION,
+                "Mean decoding concurrency per engine over the last minute / the class's max concurrency.",
+                &["class"],
+            )?,
+            classes: classes.iter().map(|c| c.name.clone()).collect(),
+        })
+    }
+
+    /// Sets every series from `report`; removes those it has no value for.
+    pub fn update(&self, report: &Report) {
+        self.samples.set(report.samples as f64);
+        let set = |g: &GaugeVec, labels: &[&str], v: Option<f64>| match v {
+            Some(v) => g.with_label_values(labels).set(v),
+            None => {
+                let _ = g.remove_label_values(labels);
+            }
+        };
+        let fit = report.fit.as_ref();
+        set(&self.step, &[TERMS[0]], fit.map(|f| f.base));
+        set(&self.step, &[TERMS[1]], fit.map(|f| f.per_seq));
+        set(&self.r2, &[], fit.map(|f| f.r2));
+        let (lo, hi) = report.observed.unzip();
+        set(&self.observed, &[BOUNDS[0]], lo.map(f64::from));
+        set(&self.observed, &[BOUNDS[1]], hi.map(f64::from));
+        for b in CURVE {
+            let point = report.curve.iter().find(|p| p.concurrency == b);
+            let c = b.to_string();
+            set(&self.curve, &[&c, KINDS[0]], point.map(|p| p.per_request));
+            set(&self.curve, &[&c, KINDS[1]], point.map(|p| p.aggregate));
+        }
+        for class in &self.classes {
+            let a = report.answers.iter().find(|a| &a.class == class);
+            let l = [class.as_str()];
+            set(
+                &self.max_concurrency,
+                &l,
+                a.map(|a| f64::from(a.max_concurrency)),
+            );
+            set(&self.output_tps, &l, a.map(|a| a.output_tps));
+            set(
+                &self.output_tps_per_gpu,
+                &l,
+                a.map(|a| a.output_tps_per_gpu),
+            );
+            set(&self.cost, &l, a.and_then(|a| a.cost_per_million));
+            set(&self.utilization, &l, a.and_then(|a| a.utilization));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+    use crate::capacity::{Capacity, CapacityConfig, Fleet};
+
+    fn render(r: &Registry) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&r.gather(), &mut out)
+            .expect("encode");
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    #[test]
+    fn series_appear_with_the_fit_and_carry_the_issues_names() {
+        let classes = vec![
+            Class {
+                name: "interactive".into(),
+                tps_floor: Some(40.0),
+            },
+            Class {
+                name: "batch".into(),
+                tps_floor: None,
+            },
+        ];
+        let r = Registry::new();
+        let m = CapacityMetrics::register(&r, &classes).expect("register");
+        let t0 = Instant::now();
+        let cap = Capacity::new(
+            CapacityConfig {
+                classes,
+                fleet: Fleet {
+                    replicas: 1,
+                    gpus: 1.0,
+                    gpu_hour_cost: Some(3.6),
+                },
+                ..CapacityConfig::default()
+            },
+            t0,
+        );
+        m.update(&cap.refit(t0));
+        let text = render(&r);
+        assert!(text.contains("tokenmeter_capacity_fit_samples 0"), "{text}");
+        assert!(
+            !text.contains("tokenmeter_capacity_step_seconds{"),
+            "{text}"
+        );
+        assert!(!text.contains("tokenmeter_capacity_fit_r2 "), "{text}");
+
+        for b in 1..=40u32 {
+            let step = Duration::from_micros(10_000 + 500 * u64::from(b));
+            for _ in 0..25 {
+                cap.push(f64::from(b), step, 1, t0 + Duration::from_secs(1));
+            }
+        }
+        m.update(&cap.refit(t0 + Duration::from_secs(2)));
+        let text = render(&r);
+        for want in [
+            "tokenmeter_capacity_step_seconds{term=\"base\"} 0.01",
+            "tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.000",
+            "tokenmeter_capacity_fit_samples 1000",
+            "tokenmeter_capacity_fit_r2 0.9",
+            "tokenmeter_capacity_observed_concurrency{bound=\"min\"} 1",
+            "tokenmeter_capacity_observed_concurrency{bound=\"max\"} 40",
+            "tokenmeter_capacity_max_concurrency{class=\"interactive\"} ",
+            "tokenmeter_capacity_output_tokens_per_second{class=\"interactive\"} ",
+            "tokenmeter_capacity_output_tokens_per_second_per_gpu{class=\"interactive\"} ",
+            "tokenmeter_capacity_cost_per_million_output_tokens{class=\"interactive\"} ",
+            "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"256\",kind=\"aggregate\"} ",
+            "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"1\",kind=\"per_request\"} ",
+            "tokenmeter_capacity_utilization{class=\"interactive\"} ",
+            "tokenmeter_capacity_tps_floor{class=\"interactive\"} 40",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        // A class without a floor has no capacity answer.
+        assert!(!text.contains("class=\"batch\""), "{text}");
+        assert_eq!(
+            text.matches("tokenmeter_capacity_curve_tokens_per_second{")
+                .count(),
+            18
+        );
+    }
+}
