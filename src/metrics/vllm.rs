@@ -12,7 +12,7 @@
 //! Only what the wire shows is exported. KV-cache usage, prefix-cache hits, preemptions and
 //! the split of the wait before the first token into queue and prefill happen inside the
 //! engine: those series are absent, not faked. Definitions follow vLLM's where the wire allows
-//! (`docs/definitions.md` sets them side by side):
+//! (the README's vLLM section lists where they differ from tokenmeter's own):
 //! - TTFT and e2e latency run from the request's arrival at the proxy (vLLM: at its API server);
 //! - inter-token latency is one observation per token-bearing event, the gap since the previous
 //!   one (vLLM: one per engine step that produced tokens for the request);
