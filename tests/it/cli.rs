@@ -202,7 +202,7 @@ async fn sigterm_turns_readyz_503_at_once_finishes_open_streams_then_exits_0() {
 }
 
 /// Starts the binary in front of `upstream` and waits until `/readyz` answers.
-async fn start_binary(
+pub(crate) async fn start_binary(
     upstream: &str,
     extra: &[&str],
     log: &str,
@@ -234,7 +234,7 @@ async fn start_binary(
     (child, port, mport)
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
