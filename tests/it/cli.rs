@@ -12,7 +12,7 @@ fn tokenmeter() -> Command {
     c
 }
 
-fn run_err(args: &[&str]) -> (i32, String) {
+pub(crate) fn run_err(args: &[&str]) -> (i32, String) {
     let out = tokenmeter().args(args).output().expect("run");
     (
         out.status.code().unwrap_or(-1),

@@ -222,17 +222,9 @@ async fn tenant_header_values_and_tokens_never_reach_the_logs() {
     }
 }
 
+/// The binary with an upstream and `args`, expecting a configuration error.
 fn run_err(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-        .env_remove("TOKENMETER_UPSTREAM")
-        .args(["--upstream", "http://127.0.0.1:1"])
-        .args(args)
-        .output()
-        .expect("run");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    crate::cli::run_err(&[&["--upstream", "http://127.0.0.1:1"], args].concat())
 }
 
 #[test]
