@@ -16,6 +16,7 @@
 //! the [`Finished`] record defined here.
 
 pub mod capacity;
+pub mod otel;
 mod rate;
 mod vllm;
 
@@ -30,6 +31,8 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use self::otel::Otel;
+pub use self::otel::{Operation, Route};
 pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
@@ -300,6 +303,13 @@ pub struct Finished {
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
     pub slo: Option<SloResult>,
+    // --- for `--compat otel` (issue 14) ---
+    /// What the request's path said: its GenAI operation and the format the path implies.
+    pub route: Route,
+    /// The model the request body named, as sent (bounded only when it becomes a label).
+    pub request_model: Option<String>,
+    /// `model` is the one the response named (not the request's fallback, nor `unknown`).
+    pub model_from_response: bool,
 }
 
 /// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
@@ -374,11 +384,16 @@ impl ModelMetrics {
     }
 
     /// A token-bearing event carried `tokens` tokens: counted in the output total at once (so
-    /// `rate()` moves while a long stream runs) and observed in the tokens-per-event histogram.
-    /// Lock-free: two atomic updates on handles resolved once per request.
+    /// `rate()` moves while a long stream runs), and in `vllm:generation_tokens_total` with
+    /// `--compat vllm`, and observed in the tokens-per-event histogram. Lock-free: atomic
+    /// updates on handles resolved once per request.
     pub fn event(&self, tokens: u32) {
         self.output_total.inc_by(u64::from(tokens));
         self.per_event.observe(f64::from(tokens));
+        if let Some(v) = &self.vllm {
+            // vLLM counts generation tokens at every engine step, not when a request ends.
+            v.generation.inc_by(u64::from(tokens));
+        }
     }
 
     /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
@@ -440,6 +455,8 @@ impl InFlight {
 pub struct Compat {
     /// vLLM's series (`vllm:*`, label `model_name`).
     pub vllm: bool,
+    /// OpenTelemetry's GenAI series (`gen_ai_*`, labels `gen_ai_*` and `error_type`).
+    pub otel: bool,
 }
 
 /// All metric families, registered in one registry.
@@ -470,6 +487,7 @@ pub struct Metrics {
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
     vllm: Option<Vllm>,
+    otel: Option<Otel>,
     /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
     decoding: IntGauge,
     capacity: Capacity,
@@ -635,8 +653,13 @@ impl Metrics {
             true => Some(Vllm::new(&r, b)?),
             false => None,
         };
+        let otel = match cfg.compat.otel {
+            true => Some(Otel::new(&r)?),
+            false => None,
+        };
         Ok(Metrics {
             vllm,
+            otel,
             models: ModelLabels::new(cfg.max_models),
             rate: RateWindow::new(cfg.rate_window),
             gpus: cfg.gpus,
@@ -878,6 +901,14 @@ impl Metrics {
             self.ttfb
                 .with_label_values(&[model])
                 .observe(fb.as_secs_f64());
+        }
+        if let Some(o) = &self.otel {
+            // "If available": an empty value, which Prometheus reads as no label.
+            let requested = match &f.request_model {
+                Some(name) => self.models.label(Some(name)),
+                None => String::new(),
+            };
+            o.record(f, &requested);
         }
         if f.api == Api::Unknown {
             return;

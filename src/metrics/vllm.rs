@@ -21,7 +21,9 @@
 //! - "running" is a request whose tokens are streaming, "waiting" one sent upstream that has no
 //!   token yet: the engine's queue and its prefill together.
 
-use prometheus::{Histogram, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use super::{counter, histogram, Buckets, Finished, Outcome, Stop};
 
@@ -95,6 +97,8 @@ pub(super) struct VllmLive {
     /// `vllm:num_requests_running` of this model: a request decodes under the model its
     /// stream named, as its TTFT is labelled.
     pub running: IntGauge,
+    /// `vllm:generation_tokens_total` of this model, moved by every token-bearing event.
+    pub generation: IntCounter,
 }
 
 /// One request's vLLM in-flight gauges: waiting under the model the request named, running
@@ -173,7 +177,7 @@ impl Vllm {
             generation_total: counter(
                 r,
                 "vllm:generation_tokens_total",
-                "Number of generation tokens processed, counted when a request ends.",
+                "Number of generation tokens processed, counted as they stream.",
                 l,
             )?,
             success: counter(
@@ -200,6 +204,7 @@ impl Vllm {
             ttft: self.ttft.with_label_values(&[model, ENGINE]),
             itl: self.itl.with_label_values(&[model, ENGINE]),
             running: self.running.with_label_values(&[model, ENGINE]),
+            generation: self.generation_total.with_label_values(&[model, ENGINE]),
         }
     }
 
@@ -223,7 +228,11 @@ impl Vllm {
             .with_label_values(&l)
             .observe(f.duration.as_secs_f64());
         let output = f.output_tokens;
-        self.generation_total.with_label_values(&l).inc_by(output);
+        // Counted as they streamed (`VllmLive::generation`); the final count settles the rest,
+        // as for `tokenmeter_output_tokens_total`: what is missing is added, nothing taken back.
+        self.generation_total
+            .with_label_values(&l)
+            .inc_by(output.saturating_sub(f.streamed_tokens));
         self.generation_tokens
             .with_label_values(&l)
             .observe(output as f64);
