@@ -157,9 +157,12 @@ impl Operation {
         let ends = |s: &str| p.ends_with(s);
         let op = if p.contains(":streamGenerateContent") || p.contains(":generateContent") {
             Operation::GenerateContent
-        } else if p.contains(":embedContent") || p.contains(":batchEmbedContents") {
-            Operation::Embeddings
-        } else if ends("/embeddings") || ends("/embedding") || ends("/api/embed") || ends("/embed")
+        } else if p.contains(":embedContent")
+            || p.contains(":batchEmbedContents")
+            || ends("/embeddings")
+            || ends("/embedding")
+            || ends("/api/embed")
+            || ends("/embed")
         {
             Operation::Embeddings
         } else if ends("/chat/completions")

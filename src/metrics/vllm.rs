@@ -12,12 +12,15 @@
 //! Only what the wire shows is exported. KV-cache usage, prefix-cache hits, preemptions and
 //! the split of the wait before the first token into queue and prefill happen inside the
 //! engine: those series are absent, not faked. Definitions follow vLLM's where the wire allows
-//! (the README's vLLM section lists where they differ from tokenmeter's own):
+//! (docs/definitions.md has them side by side with tokenmeter's, OpenTelemetry's, GuideLLM's
+//! and vLLM bench's):
 //! - TTFT and e2e latency run from the request's arrival at the proxy (vLLM: at its API server);
 //! - inter-token latency is one observation per token-bearing event, the gap since the previous
 //!   one (vLLM: one per engine step that produced tokens for the request);
 //! - time per output token is decode time / (output tokens - 1), and 0 for a one-token answer,
 //!   observed for every request that produced a token, as vLLM does;
+//! - generation tokens are counted as they stream, as vLLM counts them at every engine step
+//!   (`VllmLive::generation`), and settled to the final count when the request ends;
 //! - "running" is a request whose tokens are streaming, "waiting" one sent upstream that has no
 //!   token yet: the engine's queue and its prefill together.
 
