@@ -541,10 +541,21 @@ fn histogram(
     labels: &[&str],
     buckets: &[f64],
 ) -> prometheus::Result<HistogramVec> {
-    let h = HistogramVec::new(
+    register_histogram(
+        r,
         HistogramOpts::new(name, help).buckets(buckets.to_vec()),
         labels,
-    )?;
+    )
+}
+
+/// Builds and registers a histogram family from its options (a compat scheme adds constant
+/// labels to them).
+fn register_histogram(
+    r: &Registry,
+    opts: HistogramOpts,
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    let h = HistogramVec::new(opts, labels)?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
 }

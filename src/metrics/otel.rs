@@ -71,7 +71,7 @@ use std::collections::HashMap;
 
 use prometheus::{HistogramOpts, HistogramVec, Registry};
 
-use super::{Finished, Outcome};
+use super::{register_histogram, Finished, Outcome};
 use crate::protocol::Api;
 
 /// The semantic conventions' release these names and attributes follow.
@@ -285,9 +285,7 @@ fn histogram(
     let opts = HistogramOpts::new(name, help)
         .const_labels(scope)
         .buckets(buckets.to_vec());
-    let h = HistogramVec::new(opts, labels)?;
-    r.register(Box::new(h.clone()))?;
-    Ok(h)
+    register_histogram(r, opts, labels)
 }
 
 impl Otel {

@@ -39,7 +39,8 @@ fn model_labels_are_bounded_and_sanitised() {
     assert_eq!(m.label(Some(&long)).len(), MAX_MODEL_LABEL_LEN);
 }
 
-fn finished() -> Finished {
+/// A complete OpenAI chat request of 5 tokens: the record most tests vary.
+pub(super) fn finished() -> Finished {
     Finished {
         model: "m".into(),
         code: 200,

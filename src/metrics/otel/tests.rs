@@ -1,10 +1,6 @@
-use std::time::Duration;
-
 use super::*;
 use crate::exposition::Scrape;
-use crate::metrics::{
-    CachedInput, Compat, Finished, Metrics, MetricsConfig, ParseErrors, Route, TokenSource,
-};
+use crate::metrics::{Compat, Finished, Metrics, MetricsConfig, Route, TokenSource};
 
 /// One family the conventions define, as the OTel Prometheus exporter writes it.
 struct Expected {
@@ -113,34 +109,13 @@ fn otel_metrics(max_models: usize) -> Metrics {
     Metrics::new(&cfg).expect("metrics")
 }
 
+/// The metrics tests' record, with a response model of its own and its tokens counted by usage.
 fn finished() -> Finished {
     Finished {
         model: "resp".into(),
-        code: 200,
-        outcome: Outcome::Complete,
-        api: Api::OpenAi,
-        duration: Duration::from_millis(500),
-        first_byte: Some(Duration::from_millis(50)),
-        first_token: Some(Duration::from_millis(100)),
-        last_token: Some(Duration::from_millis(300)),
-        output_tokens: 5,
         token_source: TokenSource::Usage,
-        input_tokens: Some(7),
-        stop: None,
-        mean_in_flight: Some(1.0),
         streamed_tokens: 5,
-        max_stall: None,
-        first_output: [None, Some(Duration::from_millis(100)), None],
-        reasoning_tokens: None,
-        cached_input: CachedInput::default(),
-        parse_errors: ParseErrors::default(),
-        slo: None,
-        route: Route {
-            operation: Some(Operation::Chat),
-            api: Some(Api::OpenAi),
-        },
-        request_model: Some("req".into()),
-        model_from_response: true,
+        ..crate::metrics::tests::finished()
     }
 }
 
