@@ -17,6 +17,7 @@ use crate::host::{Host, System};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
+use crate::tenant::{self, TenantConfig, TenantError};
 use crate::tls::client::UpstreamTls;
 use crate::tls::KeyPair;
 
@@ -164,9 +165,16 @@ pub struct ProxyArgs {
     pub capacity_window: Duration,
 
     /// Inference replicas behind this proxy (a gateway in front of N engines): the decoding
-    /// concurrency it sees is divided by N, since the capacity model is per engine.
-    #[arg(long, env = "TOKENMETER_REPLICAS", default_value_t = 1)]
-    pub replicas: u32,
+    /// concurrency it sees is divided by N, since the capacity model is per engine. `auto`
+    /// counts the addresses the upstream's host resolves to (a Kubernetes headless Service has
+    /// one per pod), again every 30 s, at least 1.
+    #[arg(
+        long,
+        env = "TOKENMETER_REPLICAS",
+        default_value = "1",
+        value_name = "N|auto"
+    )]
+    pub replicas: String,
     // --- TLS, connect timeout (issue 13) ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
@@ -224,6 +232,29 @@ pub struct ProxyArgs {
         value_delimiter = ','
     )]
     pub compat: Vec<String>,
+
+    // --- tenants (issue 14: who is using the GPUs) ---
+    /// Label requests by tenant: the value of this request header (e.g. x-tenant, set by the
+    /// gateway from the API key or JWT). 1-64 of A-Z a-z 0-9 . _ -, else "invalid"; requests
+    /// without it are "none" (or their key's id with --tenant-from-key). Never logged.
+    #[arg(long, env = "TOKENMETER_TENANT_HEADER", value_name = "NAME")]
+    pub tenant_header: Option<String>,
+
+    /// Label requests by a hash of their API key (Authorization: Bearer, or x-api-key) when
+    /// --tenant-header is absent from the request: "key-" and 12 hex digits of its SHA-256,
+    /// never the key itself.
+    #[arg(long, env = "TOKENMETER_TENANT_FROM_KEY")]
+    pub tenant_from_key: bool,
+
+    /// Distinct tenant label values kept (default 32); further tenants are counted as
+    /// "other". Needs --tenant-header or --tenant-from-key.
+    #[arg(long, env = "TOKENMETER_MAX_TENANTS", value_name = "N")]
+    pub max_tenants: Option<usize>,
+
+    /// A file of tenant names (one a line, # comments) that always get their own series, on
+    /// top of --max-tenants.
+    #[arg(long, env = "TOKENMETER_TENANT_ALLOW_FILE", value_name = "FILE")]
+    pub tenant_allow_file: Option<PathBuf>,
 }
 
 /// Where requests go.
@@ -271,6 +302,10 @@ pub struct Config {
     pub slo: Arc<Classes>,
     /// The page's sample period; `None` with `--no-ui`.
     pub ui: Option<Duration>,
+    /// `--replicas`: a number, or `auto` (the server watches the upstream's DNS records).
+    pub replicas: crate::replicas::Setting,
+    /// The `tenant` label's settings; `None`: the label does not exist.
+    pub tenants: Option<TenantConfig>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -302,6 +337,10 @@ pub enum ConfigError {
     BadUiSamplePeriod(Duration),
     #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
+    #[error(transparent)]
+    Replicas(#[from] crate::replicas::BadReplicas),
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
 }
 
 /// `--compat`'s values into the set of schemes.
@@ -425,6 +464,17 @@ impl Upstream {
     pub fn is_https(&self) -> bool {
         self.origin.scheme_str() == Some("https")
     }
+
+    /// The host (without an IPv6 literal's brackets) and port connections go to.
+    pub fn host_and_port(&self) -> (String, u16) {
+        let host = self.origin.host().unwrap_or_default();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = self
+            .origin
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 });
+        (host.to_string(), port)
+    }
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -466,9 +516,7 @@ impl ProxyArgs {
         if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
-        if self.replicas == 0 {
-            return Err(ConfigError::Zero("replicas"));
-        }
+        let replicas = crate::replicas::parse(&self.replicas)?;
         let upstream_tls = UpstreamTls {
             ca: self.upstream_ca.clone(),
             client: pair(
@@ -495,6 +543,13 @@ impl ProxyArgs {
         if !ui_period.contains(&self.ui_sample_period) {
             return Err(ConfigError::BadUiSamplePeriod(self.ui_sample_period));
         }
+        let tenants = tenant::Flags {
+            header: self.tenant_header.as_deref(),
+            from_key: self.tenant_from_key,
+            max: self.max_tenants,
+            allow_file: self.tenant_allow_file.as_deref(),
+        }
+        .build(host)?;
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -524,7 +579,7 @@ impl ProxyArgs {
                         })
                         .collect(),
                     fleet: capacity::Fleet {
-                        replicas: self.replicas,
+                        replicas: replicas.initial(),
                         gpus: gpus.count,
                         gpu_hour_cost,
                     },
@@ -535,6 +590,7 @@ impl ProxyArgs {
                     .iter()
                     .map(|(name, t)| (name.to_string(), t.objective))
                     .collect(),
+                tenant: tenants.is_some(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -555,6 +611,8 @@ impl ProxyArgs {
             gpu_hour_cost,
             slo: Arc::new(slo),
             ui: (!self.no_ui).then_some(self.ui_sample_period),
+            replicas,
+            tenants,
         })
     }
 
@@ -793,8 +851,57 @@ mod tests {
             e.err(),
             Some(ConfigError::ShortCapacityWindow(Duration::from_secs(5)))
         );
-        let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
+        for bad in ["0", "-2", "many", "1.5"] {
+            let flag = format!("--replicas={bad}");
+            let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
+            assert_eq!(
+                e.err(),
+                Some(ConfigError::Replicas(crate::replicas::BadReplicas(
+                    bad.into()
+                )))
+            );
+        }
+        // auto starts at 1 until the first lookup answers.
+        let c = args(&[&up[..], &["--replicas", "auto"]].concat());
+        let c = c.validate().expect("valid");
+        assert_eq!(c.replicas, crate::replicas::Setting::Auto);
+        assert_eq!(c.upstream.host_and_port(), ("u".to_string(), 1));
+        let c = args(&["--upstream", "https://[fd00::1]/v1"]).validate();
+        let c = c.expect("valid");
+        assert_eq!(c.upstream.host_and_port(), ("fd00::1".to_string(), 443));
+        assert_eq!(c.metrics.capacity.fleet.replicas, 1);
+    }
+
+    #[test]
+    fn tenant_flags_turn_the_label_on_or_are_refused() {
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!((c.tenants, c.metrics.tenant), (None, false));
+        let host = MapHost::default().file("/etc/tenants", "vip # pinned\n");
+        let flags = [
+            "--tenant-header",
+            "x-tenant",
+            "--tenant-allow-file",
+            "/etc/tenants",
+        ];
+        let c = args(&[&up[..], &flags].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert!(c.metrics.tenant);
+        let t = c.tenants.expect("on");
+        assert_eq!(
+            (t.max, t.pinned, t.from_key),
+            (32, vec!["vip".to_string()], false)
+        );
+        let c = args(&[&up[..], &["--tenant-from-key", "--max-tenants", "4"]].concat());
+        let t = c.validate().expect("valid").tenants.expect("on");
+        assert_eq!((t.header, t.max, t.from_key), (None, 4, true));
+        let e = args(&[&up[..], &["--tenant-from-key", "--max-tenants", "0"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::Tenant(TenantError::Zero)));
+        let e = args(&[&up[..], &["--max-tenants", "4"]].concat()).validate();
+        let want = TenantError::NoSource("max-tenants");
+        assert_eq!(e.err(), Some(ConfigError::Tenant(want)));
     }
 
     #[test]

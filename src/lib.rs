@@ -21,9 +21,11 @@
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
+//! - [`tenant`]: who sent a request (`--tenant-header`, `--tenant-from-key`), as a bounded label.
 //!
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing (its answers are
-//!   exported by [`metrics::capacity`]).
+//!   exported by [`metrics::capacity`]); [`replicas`]: how many engines it is spread over
+//!   (`--replicas auto` counts the upstream's addresses).
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
@@ -50,8 +52,13 @@ pub mod slo;
 pub mod tap;
 pub mod ui;
 
-// The live capacity model (issue 15); its metric families are `metrics::capacity`.
+// The live capacity model (issue 15); its metric families are `metrics::capacity`, and
+// `replicas` is `--replicas` (auto: counted from the upstream's DNS records).
 pub mod capacity;
+pub mod replicas;
+
+// Issue 14: who is using the GPUs, the bounded `tenant` label.
+pub mod tenant;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
 pub mod drain;

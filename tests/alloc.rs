@@ -25,32 +25,42 @@ fn blocks() -> u64 {
 
 #[test]
 fn metering_a_content_chunk_allocates_nothing() {
-    // One profiler per process: both configurations are measured under it, one after the other.
     let _profiler = dhat::Profiler::builder().testing().build();
-    let plain = MetricsConfig::default();
-    // The compat schemes resolve their handles with the request's (vLLM's generation counter
-    // moves per event): still nothing per chunk.
-    let compat = MetricsConfig {
-        compat: Compat {
-            vllm: true,
-            otel: true,
-        },
-        ..MetricsConfig::default()
+    // Without tenants, and with them: the tenant is resolved once per request, before the
+    // first chunk, so the per-chunk path is the same. (One test: dhat profiles one at a time.)
+    // The compat schemes resolve their handles with the request's too (vLLM's generation
+    // counter moves per event): still nothing per chunk.
+    let compat = Compat {
+        vllm: true,
+        otel: true,
     };
-    for (name, cfg) in [("plain", plain), ("--compat vllm,otel", compat)] {
-        let allocated = allocations_over_chunks(&cfg);
+    for (tenant, compat) in [
+        (false, Compat::default()),
+        (true, Compat::default()),
+        (false, compat),
+        (true, compat),
+    ] {
+        let metrics = Metrics::new(&MetricsConfig {
+            tenant,
+            compat,
+            ..MetricsConfig::default()
+        })
+        .expect("metrics");
+        let allocated = allocations_over_chunks(Arc::new(metrics), tenant);
         assert_eq!(
             allocated, 0,
-            "{name}: {allocated} heap allocations over 1,100 chunks on the common path"
+            "{allocated} heap allocations over 1,100 chunks on the common path (tenant: {tenant}, {compat:?})"
         );
     }
 }
 
-/// Heap blocks allocated while 1,100 chunks are metered, after a warm-up.
-fn allocations_over_chunks(cfg: &MetricsConfig) -> u64 {
-    let metrics = Arc::new(Metrics::new(cfg).expect("metrics"));
+/// Heap allocations while a warmed-up meter reads 1,100 content chunks.
+fn allocations_over_chunks(metrics: Arc<Metrics>, tenant: bool) -> u64 {
     let recorder = Arc::new(Recorder::new(metrics, 1 << 20));
     let mut meter = recorder.start(RequestInfo::default());
+    if tenant {
+        meter.set_tenant(Some(Arc::from("team-a")));
+    }
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
     let t0 = Instant::now();
     let at = |i: u64| t0 + Duration::from_micros(20_000 * i);

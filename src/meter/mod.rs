@@ -35,6 +35,7 @@ use crate::protocol::request::RequestInfo;
 use crate::protocol::{Api, OutputKind};
 use crate::read::{Event, Reader};
 use crate::slo::{self, Choice, Classes};
+use crate::tenant::Tenants;
 
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
 pub struct Recorder {
@@ -46,6 +47,8 @@ pub struct Recorder {
     pub api: Option<Api>,
     /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
     pub classes: Arc<Classes>,
+    /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
+    pub tenants: Option<Arc<Tenants>>,
 }
 
 impl Recorder {
@@ -56,7 +59,14 @@ impl Recorder {
             max_line,
             api: None,
             classes: Arc::new(Classes::default()),
+            tenants: None,
         }
+    }
+
+    /// Labels requests by tenant (`--tenant-header`, `--tenant-from-key`).
+    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
+        self.tenants = tenants;
+        self
     }
 
     /// Judges requests by these SLO classes (`--slo`, `--slo-file`).
@@ -106,6 +116,7 @@ impl Recorder {
                     at_start,
                     at_leave: None,
                     slo: Some(self.classes.default_choice()),
+                    tenant: None,
                     left: false,
                     route: Route::default(),
                     model_from_response: false,
@@ -169,6 +180,8 @@ struct Clock {
     at_leave: Option<Snapshot>,
     /// The SLO class and targets the request is judged against (`None`: not judged).
     slo: Option<Choice>,
+    /// The `tenant` label value, resolved once by inspection (`None`: `none`, or no label).
+    tenant: Option<Arc<str>>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
     /// What the client's path says (the GenAI operation, the format it implies).
@@ -210,6 +223,14 @@ impl Meter {
                 operation: Operation::of_path(path),
                 api: detect::path_hint(path),
             };
+        }
+    }
+
+    /// The request's `tenant` label value (bounded: [`Tenants::resolve`]); set before the first
+    /// token, which resolves the live handles with it.
+    pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
+        if let Some(s) = &mut self.state {
+            s.clock.tenant = tenant;
         }
     }
 
@@ -352,6 +373,7 @@ impl State {
             route: s.route,
             request_model: s.request.model.clone(),
             model_from_response,
+            tenant: s.tenant.clone(),
         };
         let f = Finished {
             slo: s.judge(&f),
@@ -470,7 +492,8 @@ impl Clock {
         }
         match self.last_token {
             None => {
-                let h = self.recorder.metrics.model(self.model_label(named));
+                let m = &self.recorder.metrics;
+                let h = m.model(self.model_label(named), self.tenant.as_ref());
                 self.model_from_response = named.is_some();
                 self.ttft_pending = Some(since);
                 self.model = Some(h);

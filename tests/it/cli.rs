@@ -12,7 +12,7 @@ fn tokenmeter() -> Command {
     c
 }
 
-fn run_err(args: &[&str]) -> (i32, String) {
+pub(crate) fn run_err(args: &[&str]) -> (i32, String) {
     let out = tokenmeter().args(args).output().expect("run");
     (
         out.status.code().unwrap_or(-1),
@@ -202,7 +202,7 @@ async fn sigterm_turns_readyz_503_at_once_finishes_open_streams_then_exits_0() {
 }
 
 /// Starts the binary in front of `upstream` and waits until `/readyz` answers.
-async fn start_binary(
+pub(crate) async fn start_binary(
     upstream: &str,
     extra: &[&str],
     log: &str,
@@ -234,7 +234,7 @@ async fn start_binary(
     (child, port, mport)
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -600,4 +600,24 @@ fn bad_slo_strings_exit_64_with_one_line_naming_the_problem() {
         err.contains("--gpus must be auto or a positive number"),
         "{err}"
     );
+}
+
+#[test]
+fn bad_replicas_exit_64_with_one_line_naming_the_flag() {
+    let up = ["--upstream", "http://127.0.0.1:1"];
+    for bad in ["0", "-3", "some", "2.5"] {
+        let flag = format!("--replicas={bad}");
+        let (code, err) = run_err_env(&[&up[..], &[flag.as_str()]].concat(), &[]);
+        assert_eq!(code, 64, "{bad}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "--replicas must be auto or a whole number of 1 or more, got {bad:?}"
+            )),
+            "{bad}: {err}"
+        );
+    }
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_REPLICAS", "none")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--replicas must be auto"), "{err}");
 }
