@@ -144,6 +144,7 @@ enum LfOwner {
 #[derive(Debug)]
 pub struct UsageFilter {
     mode: Mode,
+    /// Bytes of the current event carried over from earlier pieces (held back).
     held: Vec<u8>,
     /// `held[..scanned]` has been searched for choice keys.
     scanned: usize,
@@ -167,6 +168,77 @@ impl Default for UsageFilter {
     }
 }
 
+/// What one piece gives the client: runs of the piece itself, as slices of the same `Bytes`
+/// while they are contiguous (the common case: the piece unchanged, or all but a removed event
+/// at its end), copied into a new buffer only when something else comes between them (bytes
+/// held from an earlier piece, a removed event in the middle).
+struct Out<'a> {
+    piece: &'a Bytes,
+    /// The run of the piece forwarded last, not yet copied anywhere.
+    run: Option<(usize, usize)>,
+    copy: Option<BytesMut>,
+}
+
+impl<'a> Out<'a> {
+    fn new(piece: &'a Bytes) -> Self {
+        Out {
+            piece,
+            run: None,
+            copy: None,
+        }
+    }
+
+    fn flush_run(&mut self) {
+        if let Some((s, e)) = self.run.take() {
+            let piece = self.piece;
+            self.copy
+                .get_or_insert_with(|| BytesMut::with_capacity(piece.len()))
+                .extend_from_slice(&piece[s..e]);
+        }
+    }
+
+    /// Forwards `piece[start..end]`.
+    fn slice(&mut self, start: usize, end: usize) {
+        match &mut self.run {
+            Some((_, e)) if *e == start => *e = end,
+            _ => {
+                self.flush_run();
+                self.run = Some((start, end));
+            }
+        }
+    }
+
+    /// Forwards bytes that are not a slice of the piece.
+    fn owned(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.flush_run();
+        let len = self.piece.len();
+        self.copy
+            .get_or_insert_with(|| BytesMut::with_capacity(len + bytes.len()))
+            .extend_from_slice(bytes);
+    }
+
+    fn finish(mut self) -> Bytes {
+        if self.copy.is_none() {
+            return match self.run {
+                Some((s, e)) => self.piece.slice(s..e),
+                None => Bytes::new(),
+            };
+        }
+        self.flush_run();
+        self.copy.map(BytesMut::freeze).unwrap_or_default()
+    }
+}
+
+/// The current event's held bytes in this piece: `piece[start..end]`, after those carried in
+/// `UsageFilter::held` from earlier pieces (an event's bytes in one piece are consecutive).
+#[derive(Clone, Copy, Default)]
+struct Hold {
+    run: Option<(usize, usize)>,
+}
+
 impl UsageFilter {
     /// Usage-only events removed so far.
     pub fn removed(&self) -> u64 {
@@ -180,26 +252,42 @@ impl UsageFilter {
 
     /// Takes the next piece of the upstream's body; returns what the client gets now.
     pub fn feed(&mut self, data: &[u8]) -> Bytes {
-        let mut out = BytesMut::with_capacity(data.len());
-        for &b in data {
+        self.feed_bytes(&Bytes::copy_from_slice(data))
+    }
+
+    /// [`feed`](Self::feed) for a piece the caller owns as `Bytes`: what is forwarded unchanged
+    /// is returned as slices of it, not copied.
+    pub fn feed_bytes(&mut self, piece: &Bytes) -> Bytes {
+        let mut out = Out::new(piece);
+        let mut hold = Hold::default();
+        let n = piece.len();
+        let mut i = 0;
+        while i < n {
             if let Some(owner) = self.after_cr.take() {
-                if b == b'\n' {
+                if piece[i] == b'\n' {
                     match owner {
-                        LfOwner::Current => self.push(b, &mut out),
-                        LfOwner::Forwarded => out.extend_from_slice(b"\n"),
+                        LfOwner::Current => self.push(i, i + 1, piece, &mut hold, &mut out),
+                        LfOwner::Forwarded => out.slice(i, i + 1),
                         LfOwner::Removed => {}
                     }
+                    i += 1;
                     continue;
                 }
             }
-            let terminator = b == b'\n' || b == b'\r';
-            self.push(b, &mut out);
-            if !terminator {
+            // The bytes up to the next line terminator, in one go.
+            let end = memchr::memchr2(b'\n', b'\r', &piece[i..]).map_or(n, |k| i + k);
+            if end > i {
+                self.push(i, end, piece, &mut hold, &mut out);
                 self.line_empty = false;
-                continue;
+                i = end;
+                if i == n {
+                    break;
+                }
             }
+            let b = piece[i];
+            self.push(i, i + 1, piece, &mut hold, &mut out);
             let owner = if self.line_empty {
-                self.end_event(&mut out)
+                self.end_event(piece, &mut hold, &mut out)
             } else {
                 self.line_empty = true;
                 LfOwner::Current
@@ -207,9 +295,10 @@ impl UsageFilter {
             if b == b'\r' {
                 self.after_cr = Some(owner);
             }
+            i += 1;
         }
-        self.release_if_content(&mut out);
-        out.freeze()
+        self.release_if_content(piece, hold, &mut out);
+        out.finish()
     }
 
     /// The body ended: whatever is held (an unterminated event) goes to the client.
@@ -219,55 +308,114 @@ impl UsageFilter {
         Bytes::from(std::mem::take(&mut self.held))
     }
 
-    fn push(&mut self, b: u8, out: &mut BytesMut) {
+    fn held_len(&self, hold: Hold) -> usize {
+        self.held.len() + hold.run.map_or(0, |(s, e)| e - s)
+    }
+
+    /// Forwards the held bytes and forgets them.
+    fn forward_held(&mut self, hold: &mut Hold, out: &mut Out<'_>) {
+        out.owned(&self.held);
+        if let Some((s, e)) = hold.run.take() {
+            out.slice(s, e);
+        }
+        self.held.clear();
+        self.scanned = 0;
+    }
+
+    /// Takes `piece[start..end]`, none of it a line terminator but perhaps the last byte.
+    fn push(
+        &mut self,
+        start: usize,
+        end: usize,
+        piece: &Bytes,
+        hold: &mut Hold,
+        out: &mut Out<'_>,
+    ) {
         match self.mode {
-            Mode::Passing => out.extend_from_slice(&[b]),
-            Mode::Holding if self.held.len() >= MAX_HELD => {
-                // Too long to be the usage chunk.
-                out.extend_from_slice(&self.held);
-                out.extend_from_slice(&[b]);
-                self.held.clear();
-                self.scanned = 0;
-                self.mode = Mode::Passing;
+            Mode::Passing => out.slice(start, end),
+            Mode::Holding => {
+                let room = MAX_HELD.saturating_sub(self.held_len(*hold));
+                let kept = (end - start).min(room);
+                if kept > 0 {
+                    match &mut hold.run {
+                        Some((_, e)) if *e == start => *e = start + kept,
+                        other => {
+                            // Not reached (an event's pushed bytes are consecutive); kept
+                            // correct anyway.
+                            if let Some((s, e)) = other.take() {
+                                self.held.extend_from_slice(&piece[s..e]);
+                            }
+                            *other = Some((start, start + kept));
+                        }
+                    }
+                }
+                if start + kept < end {
+                    // Too long to be the usage chunk: the byte past the limit releases it.
+                    self.forward_held(hold, out);
+                    out.slice(start + kept, end);
+                    self.mode = Mode::Passing;
+                }
             }
-            Mode::Holding => self.held.push(b),
         }
     }
 
     /// A blank line ended the current event (its bytes are pushed already).
-    fn end_event(&mut self, out: &mut BytesMut) -> LfOwner {
+    fn end_event(&mut self, piece: &Bytes, hold: &mut Hold, out: &mut Out<'_>) -> LfOwner {
         let owner = match self.mode {
-            // An event with a choice key is never removed: pieces may already have released it
-            // for that key, and whether it is removed must not depend on how it was split.
-            Mode::Holding if !has_choice_key(&self.held) && is_usage_only(&self.held) => {
-                self.removed += 1;
-                LfOwner::Removed
-            }
             Mode::Holding => {
-                out.extend_from_slice(&self.held);
-                LfOwner::Forwarded
+                // The event's bytes in one slice: the piece's own when nothing was carried.
+                let run = hold.run.map_or(&[][..], |(s, e)| &piece[s..e]);
+                let whole: Cow<'_, [u8]> = if self.held.is_empty() {
+                    Cow::Borrowed(run)
+                } else {
+                    Cow::Owned([&self.held[..], run].concat())
+                };
+                // An event with a choice key is never removed: pieces may already have released
+                // it for that key, and whether it is removed must not depend on how it was split.
+                if !has_choice_key(&whole) && is_usage_only(&whole) {
+                    self.removed += 1;
+                    self.held.clear();
+                    hold.run = None;
+                    LfOwner::Removed
+                } else {
+                    self.forward_held(hold, out);
+                    LfOwner::Forwarded
+                }
             }
             Mode::Passing => LfOwner::Forwarded,
         };
         self.held.clear();
+        hold.run = None;
         self.scanned = 0;
         self.mode = Mode::Holding;
         self.line_empty = true;
         owner
     }
 
-    /// Forwards a held event as soon as it shows it is not the usage chunk.
-    fn release_if_content(&mut self, out: &mut BytesMut) {
-        if self.mode != Mode::Holding || self.held.is_empty() {
+    /// At the end of a piece: forwards a held event as soon as it shows it is not the usage
+    /// chunk, else keeps its bytes for the next piece.
+    fn release_if_content(&mut self, piece: &Bytes, mut hold: Hold, out: &mut Out<'_>) {
+        if self.mode != Mode::Holding || self.held_len(hold) == 0 {
             return;
+        }
+        if self.held.is_empty() {
+            // The event began in this piece: search it all, forward it as a slice.
+            if let Some((s, e)) = hold.run {
+                if has_choice_key(&piece[s..e]) {
+                    out.slice(s, e);
+                    self.mode = Mode::Passing;
+                    return;
+                }
+            }
+        }
+        if let Some((s, e)) = hold.run.take() {
+            self.held.extend_from_slice(&piece[s..e]);
         }
         // Search only what is new, with an overlap for a key split across pieces.
         let from = self.scanned.saturating_sub(8);
-        let tail = &self.held[from..];
-        if has_choice_key(tail) {
-            out.extend_from_slice(&self.held);
-            self.held.clear();
-            self.scanned = 0;
+        if has_choice_key(&self.held[from..]) {
+            let mut none = Hold::default();
+            self.forward_held(&mut none, out);
             self.mode = Mode::Passing;
         } else {
             self.scanned = self.held.len();
@@ -313,7 +461,7 @@ where
             match this.inner.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
-                        let out = this.filter.feed(&data);
+                        let out = this.filter.feed_bytes(&data);
                         // An empty data frame would be an empty chunk: poll on instead.
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
@@ -345,7 +493,12 @@ where
 }
 
 #[cfg(test)]
+mod reference;
+
+#[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     const CHAT: &str = "/v1/chat/completions";
@@ -491,5 +644,105 @@ mod tests {
         assert!(!f.holding());
         let rest = f.feed(&long.as_bytes()[MAX_HELD + 1..]);
         assert_eq!([&first[..], &rest[..]].concat(), long.as_bytes());
+    }
+
+    // === The slicing filter against the byte-at-a-time model ===
+
+    /// Pieces an SSE stream is made of, terminators of all three kinds among them.
+    const PARTS: &[&[u8]] = &[
+        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}",
+        b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}",
+        b"data: {\"choices\":[{\"text\":\"y\"}]}",
+        b"data: {\"choices\":[],\"usage\":{\"index\":1}}",
+        b"data: [DONE]",
+        b": keep-alive",
+        b"event: x",
+        b"data: {\"choices\":[],",
+        b"\"usage\":{}}",
+        b"\n",
+        b"\n\n",
+        b"\r",
+        b"\r\n",
+        b"\r\n\r\n",
+        b"z",
+    ];
+
+    /// Each piece's output and the count removed, with `feed_bytes` (the body's path) or the
+    /// model.
+    fn both(body: &[u8], cuts: &[usize]) -> ((Vec<Bytes>, u64), (Vec<Bytes>, u64)) {
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for &c in cuts {
+            let c = c.min(body.len());
+            if c >= at {
+                pieces.push(&body[at..c]);
+                at = c;
+            }
+        }
+        pieces.push(&body[at..]);
+        let (mut f, mut r) = (UsageFilter::default(), reference::Reference::default());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for p in &pieces {
+            a.push(f.feed_bytes(&Bytes::copy_from_slice(p)));
+            b.push(r.feed(p));
+        }
+        a.push(f.finish());
+        b.push(r.finish());
+        ((a, f.removed()), (b, r.removed()))
+    }
+
+    proptest! {
+        #[test]
+        fn slices_give_every_piece_the_same_bytes_as_the_byte_at_a_time_filter(
+            parts in prop::collection::vec(0..PARTS.len(), 0..40),
+            mut cuts in prop::collection::vec(0usize..2000, 0..12),
+        ) {
+            let body: Vec<u8> = parts.iter().flat_map(|&i| PARTS[i].iter().copied()).collect();
+            cuts.sort_unstable();
+            let (got, want) = both(&body, &cuts);
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn a_long_event_is_released_at_the_same_byte_as_the_byte_at_a_time_filter() {
+        // Events around MAX_HELD, with no choice key, split near the limit.
+        for len in [MAX_HELD - 1, MAX_HELD, MAX_HELD + 1, MAX_HELD + 100] {
+            let mut body = b"data: ".to_vec();
+            body.resize(len, b'a');
+            body.extend_from_slice(b"\n\ndata: {\"choices\":[],\"usage\":{}}\n\n");
+            for cut in [
+                0,
+                1,
+                MAX_HELD - 7,
+                MAX_HELD - 1,
+                MAX_HELD,
+                MAX_HELD + 1,
+                len,
+            ] {
+                let (got, want) = both(&body, &[cut]);
+                assert_eq!(got, want, "event of {len} bytes cut at {cut}");
+            }
+            let (got, want) = both(&body, &[MAX_HELD / 2, MAX_HELD + 3]);
+            assert_eq!(got, want, "event of {len} bytes in three pieces");
+        }
+    }
+
+    #[test]
+    fn a_piece_of_whole_content_events_is_forwarded_without_a_copy() {
+        let piece = Bytes::from(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n\
+             data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n",
+        );
+        let out = UsageFilter::default().feed_bytes(&piece);
+        assert_eq!(out, piece);
+        assert_eq!(out.as_ptr(), piece.as_ptr(), "a slice of the same buffer");
+        // The usage chunk at the end is cut off the same buffer.
+        let mut with_usage = piece.to_vec();
+        with_usage.extend_from_slice(b"data: {\"choices\":[],\"usage\":{}}\n\n");
+        let with_usage = Bytes::from(with_usage);
+        let out = UsageFilter::default().feed_bytes(&with_usage);
+        assert_eq!(out, piece);
+        assert_eq!(out.as_ptr(), with_usage.as_ptr());
     }
 }
