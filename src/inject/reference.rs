@@ -38,11 +38,6 @@ impl Reference {
         self.removed
     }
 
-    /// True when bytes are held back, waiting for the rest of their event.
-    pub fn holding(&self) -> bool {
-        !self.held.is_empty()
-    }
-
     /// Takes the next piece of the upstream's body; returns what the client gets now.
     pub fn feed(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
