@@ -196,6 +196,7 @@ def main():
     finally:
         procs.stop()
     print("\n| set-up | " + " | ".join(f"`{p}*`" for p in SETUPS[0][2]) + " |")
+    print("|---|" + "---|" * len(SETUPS[0][2]))
     for row in rows:
         print(f"| {row['setup']} | " + " | ".join(str(row.get(p, "")) for p in SETUPS[0][2]) + " |")
     elapsed = time.monotonic() - started
