@@ -415,6 +415,19 @@ def layout():
                                 "properties": [{"id": "custom.axisPlacement", "value": "right"},
                                                {"id": "unit", "value": "percentunit"}]}]), 8, 8),
 
+        (row("Tenants: who is using the GPUs"), 24, 1),
+        (timeseries("Tokens/s by tenant", "Output tokens per second by tenant (--tenant-header, or --tenant-from-key's "
+                    "key-... ids): who the GPUs work for. other: tenants beyond --max-tenants; none: requests that "
+                    "named no tenant; invalid: a header value that is no tenant name. " + TENANT_NOTE,
+                    targets((f"sum by (tenant) ({rate('tokenmeter_output_tokens_total')})", "{{tenant}}")), TOKS,
+                    stack=True), 12, 8),
+        (timeseries("Per-request tokens/s by tenant (p50)", "Median per-request decode speed of each tenant's "
+                    "requests: one tenant slower than the rest at the same concurrency points at its prompts or "
+                    "its parameters, not the server. " + TENANT_NOTE,
+                    targets((quantile(0.5, "tokenmeter_request_tokens_per_second", by="tenant"), "{{tenant}}")), TOKS), 6, 8),
+        (timeseries("TTFT by tenant (p90)", "90th percentile time to first token of each tenant's requests. " + TENANT_NOTE,
+                    targets((quantile(0.9, "tokenmeter_time_to_first_token_seconds", by="tenant"), "{{tenant}}")), "s"), 6, 8),
+
         (row("Requests and errors"), 24, 1),
         (timeseries("Requests/s by outcome", "complete, client_disconnect (the client went away), upstream_error "
                     "(unreachable or cut mid-stream), timeout.",
@@ -440,6 +453,11 @@ def layout():
         (table_instances(), 24, 6),
     ]
 
+
+TENANT_NOTE = (
+    "Without --tenant-header or --tenant-from-key the label does not exist and each panel shows one "
+    "unnamed line: all traffic."
+)
 
 CAPACITY_NOTE = (
     "The live capacity model fits the decode step t(b) = base + per_sequence x b from the traffic "

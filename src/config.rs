@@ -17,6 +17,7 @@ use crate::host::{Host, System};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
+use crate::tenant::{self, TenantConfig, TenantError};
 use crate::tls::client::UpstreamTls;
 use crate::tls::KeyPair;
 
@@ -223,6 +224,29 @@ pub struct ProxyArgs {
         value_delimiter = ','
     )]
     pub compat: Vec<String>,
+
+    // --- tenants (issue 14: who is using the GPUs) ---
+    /// Label requests by tenant: the value of this request header (e.g. x-tenant, set by the
+    /// gateway from the API key or JWT). 1-64 of A-Z a-z 0-9 . _ -, else "invalid"; requests
+    /// without it are "none" (or their key's id with --tenant-from-key). Never logged.
+    #[arg(long, env = "TOKENMETER_TENANT_HEADER", value_name = "NAME")]
+    pub tenant_header: Option<String>,
+
+    /// Label requests by a hash of their API key (Authorization: Bearer, or x-api-key) when
+    /// --tenant-header is absent from the request: "key-" and 12 hex digits of its SHA-256,
+    /// never the key itself.
+    #[arg(long, env = "TOKENMETER_TENANT_FROM_KEY")]
+    pub tenant_from_key: bool,
+
+    /// Distinct tenant label values kept (default 32); further tenants are counted as
+    /// "other". Needs --tenant-header or --tenant-from-key.
+    #[arg(long, env = "TOKENMETER_MAX_TENANTS", value_name = "N")]
+    pub max_tenants: Option<usize>,
+
+    /// A file of tenant names (one a line, # comments) that always get their own series, on
+    /// top of --max-tenants.
+    #[arg(long, env = "TOKENMETER_TENANT_ALLOW_FILE", value_name = "FILE")]
+    pub tenant_allow_file: Option<PathBuf>,
 }
 
 /// Where requests go.
@@ -270,6 +294,8 @@ pub struct Config {
     pub slo: Arc<Classes>,
     /// The page's sample period; `None` with `--no-ui`.
     pub ui: Option<Duration>,
+    /// The `tenant` label's settings; `None`: the label does not exist.
+    pub tenants: Option<TenantConfig>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -301,6 +327,8 @@ pub enum ConfigError {
     BadUiSamplePeriod(Duration),
     #[error("--compat {0:?} is not a naming scheme (expected vllm)")]
     BadCompat(String),
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
 }
 
 /// `--compat`'s values into the set of schemes.
@@ -493,6 +521,13 @@ impl ProxyArgs {
         if !ui_period.contains(&self.ui_sample_period) {
             return Err(ConfigError::BadUiSamplePeriod(self.ui_sample_period));
         }
+        let tenants = tenant::Flags {
+            header: self.tenant_header.as_deref(),
+            from_key: self.tenant_from_key,
+            max: self.max_tenants,
+            allow_file: self.tenant_allow_file.as_deref(),
+        }
+        .build(host)?;
         let d = Buckets::default();
         Ok(Config {
             upstream,
@@ -533,6 +568,7 @@ impl ProxyArgs {
                     .iter()
                     .map(|(name, t)| (name.to_string(), t.objective))
                     .collect(),
+                tenant: tenants.is_some(),
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
@@ -553,6 +589,7 @@ impl ProxyArgs {
             gpu_hour_cost,
             slo: Arc::new(slo),
             ui: (!self.no_ui).then_some(self.ui_sample_period),
+            tenants,
         })
     }
 
@@ -784,6 +821,38 @@ mod tests {
         );
         let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
         assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
+    }
+
+    #[test]
+    fn tenant_flags_turn_the_label_on_or_are_refused() {
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!((c.tenants, c.metrics.tenant), (None, false));
+        let host = MapHost::default().file("/etc/tenants", "vip # pinned\n");
+        let flags = [
+            "--tenant-header",
+            "x-tenant",
+            "--tenant-allow-file",
+            "/etc/tenants",
+        ];
+        let c = args(&[&up[..], &flags].concat())
+            .validate_on(&host)
+            .expect("valid");
+        assert!(c.metrics.tenant);
+        let t = c.tenants.expect("on");
+        assert_eq!(
+            (t.max, t.pinned, t.from_key),
+            (32, vec!["vip".to_string()], false)
+        );
+        let c = args(&[&up[..], &["--tenant-from-key", "--max-tenants", "4"]].concat());
+        let t = c.validate().expect("valid").tenants.expect("on");
+        assert_eq!((t.header, t.max, t.from_key), (None, 4, true));
+        let e = args(&[&up[..], &["--tenant-from-key", "--max-tenants", "0"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::Tenant(TenantError::Zero)));
+        let e = args(&[&up[..], &["--max-tenants", "4"]].concat()).validate();
+        let want = TenantError::NoSource("max-tenants");
+        assert_eq!(e.err(), Some(ConfigError::Tenant(want)));
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
+//! - [`tenant`]: who sent a request (`--tenant-header`, `--tenant-from-key`), as a bounded label.
 //!
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing (its answers are
 //!   exported by [`metrics::capacity`]).
@@ -52,6 +53,9 @@ pub mod ui;
 
 // The live capacity model (issue 15); its metric families are `metrics::capacity`.
 pub mod capacity;
+
+// Issue 14: who is using the GPUs, the bounded `tenant` label.
+pub mod tenant;
 
 // Issue 13: TLS on both sides, protocol upgrades, and log lines rate-limited per cause.
 pub mod drain;

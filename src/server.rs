@@ -32,6 +32,7 @@ use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::proxy::{self, Proxy};
+use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
 use crate::ui::Ui;
@@ -90,7 +91,8 @@ impl Server {
         let recorder = Arc::new(
             Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
                 .with_api(cfg.api)
-                .with_classes(Arc::clone(&cfg.slo)),
+                .with_classes(Arc::clone(&cfg.slo))
+                .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t)))),
         );
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,

@@ -34,6 +34,7 @@ use crate::protocol::request::RequestInfo;
 use crate::protocol::{Api, OutputKind};
 use crate::read::{Event, Reader};
 use crate::slo::{self, Choice, Classes};
+use crate::tenant::Tenants;
 
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
 pub struct Recorder {
@@ -45,6 +46,8 @@ pub struct Recorder {
     pub api: Option<Api>,
     /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
     pub classes: Arc<Classes>,
+    /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
+    pub tenants: Option<Arc<Tenants>>,
 }
 
 impl Recorder {
@@ -55,7 +58,14 @@ impl Recorder {
             max_line,
             api: None,
             classes: Arc::new(Classes::default()),
+            tenants: None,
         }
+    }
+
+    /// Labels requests by tenant (`--tenant-header`, `--tenant-from-key`).
+    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
+        self.tenants = tenants;
+        self
     }
 
     /// Judges requests by these SLO classes (`--slo`, `--slo-file`).
@@ -105,6 +115,7 @@ impl Recorder {
                     at_start,
                     at_leave: None,
                     slo: Some(self.classes.default_choice()),
+                    tenant: None,
                     left: false,
                 },
             }),
@@ -166,6 +177,8 @@ struct Clock {
     at_leave: Option<Snapshot>,
     /// The SLO class and targets the request is judged against (`None`: not judged).
     slo: Option<Choice>,
+    /// The `tenant` label value, resolved once by inspection (`None`: `none`, or no label).
+    tenant: Option<Arc<str>>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
 }
@@ -191,6 +204,14 @@ impl Meter {
     pub fn set_slo(&mut self, choice: Option<Choice>) {
         if let Some(s) = &mut self.state {
             s.clock.slo = choice;
+        }
+    }
+
+    /// The request's `tenant` label value (bounded: [`Tenants::resolve`]); set before the first
+    /// token, which resolves the live handles with it.
+    pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
+        if let Some(s) = &mut self.state {
+            s.clock.tenant = tenant;
         }
     }
 
@@ -327,6 +348,7 @@ impl State {
                 content_encoding: u64::from(s.encoded),
             },
             slo: None,
+            tenant: s.tenant.clone(),
         };
         let f = Finished {
             slo: s.judge(&f),
@@ -445,7 +467,8 @@ impl Clock {
         }
         match self.last_token {
             None => {
-                let h = self.recorder.metrics.model(self.model_label(named));
+                let m = &self.recorder.metrics;
+                let h = m.model(self.model_label(named), self.tenant.as_ref());
                 self.ttft_pending = Some(since);
                 self.model = Some(h);
                 self.first_token = Some(now);

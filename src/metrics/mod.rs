@@ -11,25 +11,29 @@
 //!
 //! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
 //! [`Api`]), from [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which
-//! admits at most `--max-models` distinct model names and folds the rest into `other`. This
+//! admits at most `--max-models` distinct model names and folds the rest into `other` (through
+//! [`Capped`], which bounds the `tenant` label too). With [`MetricsConfig::tenant`] the families
+//! that say who used what carry a `tenant` label after their own ([`TENANT_LABEL`]); without it
+//! the label does not exist. This
 //! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
 //! the [`Finished`] record defined here.
 
 pub mod capacity;
+mod capped;
 mod rate;
 mod vllm;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus::core::Collector;
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+pub use self::capped::{Capped, OTHER};
 pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
@@ -211,11 +215,11 @@ pub fn prompt_band(input_tokens: Option<u64>) -> &'static str {
 /// Arrival to the first event of each [`OutputKind`], indexed in [`OutputKind::ALL`] order.
 pub type FirstOutput = [Option<Duration>; 3];
 
-/// Admits at most `max` distinct model names as label values; the rest become `other`.
+/// Admits at most `max` distinct model names as label values ([`Capped`]); the rest become
+/// `other`.
 #[derive(Debug)]
 pub struct ModelLabels {
-    max: usize,
-    seen: Mutex<HashSet<String>>,
+    capped: Capped,
 }
 
 /// Longest model name kept as a label value; longer ones are cut (at a character boundary).
@@ -224,8 +228,7 @@ const MAX_MODEL_LABEL_LEN: usize = 128;
 impl ModelLabels {
     pub fn new(max: usize) -> Self {
         ModelLabels {
-            max,
-            seen: Mutex::new(HashSet::new()),
+            capped: Capped::new("model", max, []),
         }
     }
 
@@ -243,15 +246,10 @@ impl ModelLabels {
         if clean.is_empty() {
             return "unknown".to_string();
         }
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.contains(&clean) {
-            return clean;
+        match self.capped.admit(&clean) {
+            Some(_) => clean,
+            None => OTHER.to_string(),
         }
-        if seen.len() < self.max {
-            seen.insert(clean.clone());
-            return clean;
-        }
-        "other".to_string()
     }
 }
 
@@ -300,6 +298,9 @@ pub struct Finished {
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
     pub slo: Option<SloResult>,
+    /// The `tenant` label (already bounded by `crate::tenant`); `None` is [`NO_TENANT`]. Read
+    /// only when the label exists (`MetricsConfig::tenant`).
+    pub tenant: Option<Arc<str>>,
 }
 
 /// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
@@ -347,7 +348,10 @@ impl Finished {
 #[derive(Clone)]
 pub struct ModelMetrics {
     label: String,
-    /// By `model` and `prompt`: resolved once, when the band is known (see `first_token`).
+    /// The `tenant` label value, when the label exists.
+    tenant: Option<Arc<str>>,
+    /// By `model` and `prompt` (and `tenant`): resolved once, when the band is known (see
+    /// `first_token`).
     ttft: HistogramVec,
     itl: Histogram,
     vllm: Option<VllmLive>,
@@ -365,9 +369,8 @@ impl ModelMetrics {
     /// `input_tokens` (`None`: unknown). The meter calls it once per request, as soon as the
     /// prompt count is known (or at the end, when it never is).
     pub fn first_token(&self, since_arrival: Duration, input_tokens: Option<u64>) {
-        self.ttft
-            .with_label_values(&[&self.label, prompt_band(input_tokens)])
-            .observe(since_arrival.as_secs_f64());
+        let values = [self.label.as_str(), prompt_band(input_tokens)];
+        child(&self.ttft, &values, self.tenant.as_deref()).observe(since_arrival.as_secs_f64());
         if let Some(v) = &self.vllm {
             v.ttft.observe(since_arrival.as_secs_f64());
         }
@@ -476,6 +479,8 @@ pub struct Metrics {
     capacity_families: capacity::CapacityMetrics,
     slo_requests: IntCounterVec,
     goodput_tokens: IntCounterVec,
+    /// The families marked `tenant` below carry the `tenant` label (`MetricsConfig::tenant`).
+    tenant: bool,
 }
 
 /// Settings the metrics need.
@@ -495,6 +500,9 @@ pub struct MetricsConfig {
     pub gpu_hour_cost: Option<f64>,
     /// Each SLO class with its objective, for `tokenmeter_slo_objective`.
     pub slo_objectives: Vec<(String, f64)>,
+    /// The `tenant` label exists (`--tenant-header`, `--tenant-from-key`): without it the
+    /// series are exactly those of a tokenmeter that knows no tenants.
+    pub tenant: bool,
 }
 
 impl Default for MetricsConfig {
@@ -512,6 +520,7 @@ impl Default for MetricsConfig {
                 .iter()
                 .map(|(name, t)| (name.to_string(), t.objective))
                 .collect(),
+            tenant: false,
         }
     }
 }
@@ -554,6 +563,8 @@ impl Metrics {
         let r = Registry::new();
         let b = &cfg.buckets;
         let m = ["model"];
+        // The families that carry `tenant` when it is on (README, "Tenants").
+        let t = |names: &[&'static str]| tenanted(names, cfg.tenant);
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "tokenmeter_requests_in_flight",
@@ -644,7 +655,7 @@ impl Metrics {
                 &r,
                 "tokenmeter_time_to_first_token_seconds",
                 "From the request's arrival to the first token-bearing event (of any kind), by band of the prompt's tokens.",
-                &["model", "prompt"],
+                &t(&["model", "prompt"]),
                 &b.ttft,
             )?,
             ttfb: histogram(
@@ -672,7 +683,7 @@ impl Metrics {
                 &r,
                 "tokenmeter_request_tokens_per_second",
                 "Per request decode speed, (output tokens - 1) / decode time, by band of mean requests in flight during the decode.",
-                &["model", "concurrency"],
+                &t(&["model", "concurrency"]),
                 &b.tps,
             )?,
             duration: histogram(
@@ -700,13 +711,13 @@ impl Metrics {
                 &r,
                 "tokenmeter_output_tokens_total",
                 "Output tokens generated.",
-                &m,
+                &t(&m),
             )?,
             input_tokens_total: counter(
                 &r,
                 "tokenmeter_input_tokens_total",
                 "Prompt tokens processed (where the stream reports them).",
-                &m,
+                &t(&m),
             )?,
             tokens_per_event: histogram(
                 &r,
@@ -733,20 +744,20 @@ impl Metrics {
                 &r,
                 "tokenmeter_reasoning_tokens_total",
                 "Reasoning tokens (part of the output tokens): usage's reasoning details where reported, else counted from reasoning events.",
-                &m,
+                &t(&m),
             )?,
             cached_input_tokens_total: counter(
                 &r,
                 "tokenmeter_cached_input_tokens_total",
                 "Prompt tokens read from (read) or written to (write) the server's prompt cache, where usage reports them.",
-                &["model", "kind"],
+                &t(&["model", "kind"]),
             )?,
             token_source,
             requests: counter(
                 &r,
                 "tokenmeter_requests_total",
                 "Requests by model, HTTP status code, outcome and the API parser that ran.",
-                &["model", "code", "outcome", "api"],
+                &t(&["model", "code", "outcome", "api"]),
             )?,
             decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
             capacity_families: capacity::CapacityMetrics::register(&r, &cfg.capacity.classes)?,
@@ -767,14 +778,15 @@ impl Metrics {
                 &r,
                 "tokenmeter_slo_requests_total",
                 "Requests by SLO class, model, concurrency band and result (met, the first target missed, error, or the client gone first), counted once when they end.",
-                &["class", "model", "concurrency", "result"],
+                &t(&["class", "model", "concurrency", "result"]),
             )?,
             goodput_tokens: counter(
                 &r,
                 "tokenmeter_goodput_output_tokens_total",
                 "Output tokens of requests that met their SLO class's targets.",
-                &["class", "model"],
+                &t(&["class", "model"]),
             )?,
+            tenant: cfg.tenant,
             registry: r,
         })
     }
@@ -784,15 +796,20 @@ impl Metrics {
         self.models.label(model)
     }
 
-    /// The per-model handles for one request's live observations.
-    pub fn model(&self, label: String) -> ModelMetrics {
+    /// The per-model handles for one request's live observations, for the request's `tenant`
+    /// (ignored unless the label exists).
+    pub fn model(&self, label: String, tenant: Option<&Arc<str>>) -> ModelMetrics {
+        let tenant = self
+            .tenant
+            .then(|| tenant.map_or_else(|| Arc::from(NO_TENANT), Arc::clone));
         ModelMetrics {
             ttft: self.ttft.clone(),
             itl: self.itl.with_label_values(&[&label]),
             vllm: self.vllm.as_ref().map(|v| v.live(&label)),
             per_event: self.tokens_per_event.with_label_values(&[&label]),
-            output_total: self.output_tokens_total.with_label_values(&[&label]),
+            output_total: child(&self.output_tokens_total, &[&label], tenant.as_deref()),
             label,
+            tenant,
         }
     }
 
@@ -847,17 +864,16 @@ impl Metrics {
     pub fn record(&self, f: &Finished) {
         let model = f.model.as_str();
         let code = f.code.to_string();
-        self.requests
-            .with_label_values(&[model, &code, f.outcome.as_str(), f.api.as_str()])
-            .inc();
+        let tenant = self.tenant_value(f);
+        let values = [model, &code, f.outcome.as_str(), f.api.as_str()];
+        child(&self.requests, &values, tenant).inc();
         let e = &f.parse_errors;
         self.parse_error(ParseError::InvalidJson, e.invalid_json);
         self.parse_error(ParseError::LineTooLong, e.line_too_long);
         self.parse_error(ParseError::ContentEncoding, e.content_encoding);
         if let Some(slo) = &f.slo {
-            self.slo_requests
-                .with_label_values(&[&slo.class, model, slo.band, slo.verdict.as_str()])
-                .inc();
+            let values = [&*slo.class, model, slo.band, slo.verdict.as_str()];
+            child(&self.slo_requests, &values, tenant).inc();
             // Every request that met its targets has a goodput series, 0 tokens or more, so
             // goodput is never absent where requests were met.
             if slo.verdict == Verdict::Met {
@@ -866,9 +882,7 @@ impl Metrics {
                 } else {
                     f.output_tokens
                 };
-                self.goodput_tokens
-                    .with_label_values(&[&slo.class, model])
-                    .inc_by(good);
+                child(&self.goodput_tokens, &[&slo.class, model], tenant).inc_by(good);
             }
         }
         self.duration
@@ -890,33 +904,26 @@ impl Metrics {
             .with_label_values(&[f.token_source.as_str()])
             .inc();
         // Tokens already counted as they streamed stay; the final count settles the rest.
-        self.output_tokens_total
-            .with_label_values(&[model])
+        child(&self.output_tokens_total, &[model], tenant)
             .inc_by(output.saturating_sub(f.streamed_tokens));
         self.output_tokens
             .with_label_values(&[model])
             .observe(output as f64);
         if let Some(input) = f.input_tokens {
-            self.input_tokens_total
-                .with_label_values(&[model])
-                .inc_by(input);
+            child(&self.input_tokens_total, &[model], tenant).inc_by(input);
             self.input_tokens
                 .with_label_values(&[model])
                 .observe(input as f64);
         }
         if let Some(r) = f.reasoning_tokens {
-            self.reasoning_tokens_total
-                .with_label_values(&[model])
-                .inc_by(r);
+            child(&self.reasoning_tokens_total, &[model], tenant).inc_by(r);
         }
         for (kind, n) in [
             ("read", f.cached_input.read),
             ("write", f.cached_input.write),
         ] {
             if let Some(n) = n {
-                self.cached_input_tokens_total
-                    .with_label_values(&[model, kind])
-                    .inc_by(n);
+                child(&self.cached_input_tokens_total, &[model, kind], tenant).inc_by(n);
             }
         }
         for (kind, at) in OutputKind::ALL.iter().zip(f.first_output) {
@@ -936,8 +943,7 @@ impl Metrics {
             self.tpot
                 .with_label_values(&[model])
                 .observe(decode / (output - 1) as f64);
-            self.request_tps
-                .with_label_values(&[model, f.band()])
+            child(&self.request_tps, &[model, f.band()], tenant)
                 .observe((output - 1) as f64 / decode);
         }
     }
@@ -973,6 +979,12 @@ impl Metrics {
             .sum()
     }
 
+    /// The `tenant` label value of a finished request, when the label exists.
+    fn tenant_value<'a>(&self, f: &'a Finished) -> Option<&'a str> {
+        self.tenant
+            .then(|| f.tenant.as_deref().unwrap_or(NO_TENANT))
+    }
+
     fn parse_error(&self, reason: ParseError, n: u64) {
         if n > 0 {
             self.parse_errors
@@ -1005,6 +1017,39 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.gather(), &mut out);
         out
     }
+}
+
+// --- the tenant label (--tenant-header, --tenant-from-key; issue 14) ---
+
+/// The label the tenant is exported under, after a family's own labels.
+pub const TENANT_LABEL: &str = "tenant";
+
+/// The tenant of a request that named none (no header, no key).
+pub const NO_TENANT: &str = "none";
+
+/// Most labels a family carries before `tenant` (`tokenmeter_requests_total` has four).
+const MAX_OWN_LABELS: usize = 5;
+
+/// A family's label names, with `tenant` last when the label is on.
+fn tenanted(names: &[&'static str], on: bool) -> Vec<&'static str> {
+    let mut v = names.to_vec();
+    if on {
+        v.push(TENANT_LABEL);
+    }
+    v
+}
+
+/// The child of `vec` for `values`, and `tenant` after them when it is `Some`: what a family
+/// registered through [`tenanted`] takes. No allocation: the values are gathered on the stack.
+fn child<T: MetricVecBuilder>(vec: &MetricVec<T>, values: &[&str], tenant: Option<&str>) -> T::M {
+    let Some(tenant) = tenant else {
+        return vec.with_label_values(values);
+    };
+    let mut all = [""; MAX_OWN_LABELS + 1];
+    let n = values.len().min(MAX_OWN_LABELS);
+    all[..n].copy_from_slice(&values[..n]);
+    all[n] = tenant;
+    vec.with_label_values(&all[..=n])
 }
 
 #[cfg(test)]

@@ -61,6 +61,7 @@ fn finished() -> Finished {
         cached_input: CachedInput::default(),
         parse_errors: ParseErrors::default(),
         slo: None,
+        tenant: None,
     }
 }
 
@@ -139,7 +140,7 @@ fn a_request_no_parser_read_counts_but_has_no_token_metrics() {
 #[test]
 fn model_handles_observe_ttft_and_spread_itl_over_tokens() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
-    let h = m.model(m.model_label(Some("m")));
+    let h = m.model(m.model_label(Some("m")), None);
     assert_eq!(h.label(), "m");
     h.first_token(Duration::from_millis(250), Some(300));
     h.inter_token(Duration::from_millis(30), 3);
@@ -194,7 +195,7 @@ fn vllm_metrics() -> Metrics {
 #[test]
 fn vllm_names_carry_model_name_engine_and_vllms_buckets() {
     let m = vllm_metrics();
-    let h = m.model("m".into());
+    let h = m.model("m".into(), None);
     h.first_token(Duration::from_millis(100), Some(7));
     // Two events: 2 tokens after 40 ms, 1 token after 10 ms. vLLM observes once per step.
     h.inter_token(Duration::from_millis(40), 2);
@@ -321,7 +322,7 @@ fn prompt_bands_match_the_documented_edges() {
 #[test]
 fn the_final_count_settles_what_streamed_and_never_takes_back() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
-    let h = m.model(m.model_label(Some("m")));
+    let h = m.model(m.model_label(Some("m")), None);
     for tokens in [1, 1, 3] {
         h.event(tokens);
     }
@@ -426,7 +427,7 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
 #[test]
 fn series_added_per_model_are_counted() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
-    let h = m.model(m.model_label(Some("m")));
+    let h = m.model(m.model_label(Some("m")), None);
     for n in [
         None,
         Some(1),
@@ -543,4 +544,105 @@ fn no_gpu_hour_cost_no_series() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
     let text = String::from_utf8(m.render()).expect("utf8");
     assert!(!text.contains("tokenmeter_gpu_hour_cost"), "{text}");
+}
+
+/// The families that carry `tenant` when it is on (README, "Tenants"); every other family
+/// never does.
+const TENANTED: [&str; 9] = [
+    "tokenmeter_requests_total",
+    "tokenmeter_output_tokens_total",
+    "tokenmeter_input_tokens_total",
+    "tokenmeter_reasoning_tokens_total",
+    "tokenmeter_cached_input_tokens_total",
+    "tokenmeter_slo_requests_total",
+    "tokenmeter_goodput_output_tokens_total",
+    "tokenmeter_time_to_first_token_seconds",
+    "tokenmeter_request_tokens_per_second",
+];
+
+/// One request of tenant `tenant` through the live handles and `record`, every family fed.
+fn record_tenant_request(m: &Metrics, tenant: Option<&str>) {
+    let tenant: Option<Arc<str>> = tenant.map(Arc::from);
+    let h = m.model(m.model_label(Some("m")), tenant.as_ref());
+    h.first_token(Duration::from_millis(100), Some(7));
+    h.event(2);
+    h.inter_token(Duration::from_millis(20), 3);
+    h.event(3);
+    m.record(&Finished {
+        tenant,
+        streamed_tokens: 5,
+        reasoning_tokens: Some(2),
+        cached_input: CachedInput {
+            read: Some(3),
+            write: None,
+        },
+        slo: Some(SloResult {
+            class: Arc::from("interactive"),
+            verdict: Verdict::Met,
+            band: "2-4",
+        }),
+        ..finished()
+    });
+}
+
+#[test]
+fn the_tenant_label_is_on_exactly_the_documented_families() {
+    let m = Metrics::new(&MetricsConfig {
+        tenant: true,
+        ..MetricsConfig::default()
+    })
+    .expect("metrics");
+    record_tenant_request(&m, Some("team-a"));
+    record_tenant_request(&m, None);
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let scrape = Scrape::parse(&text);
+    let family = |name: &str| {
+        TENANTED
+            .iter()
+            .find(|f| name == **f || name.strip_prefix(**f).is_some_and(|s| s.starts_with('_')))
+            .copied()
+    };
+    let mut carried = std::collections::BTreeSet::new();
+    for s in scrape.samples() {
+        match family(&s.name) {
+            Some(f) => {
+                let t = s.label("tenant");
+                assert!(matches!(t, Some("team-a" | "none")), "{s:?}");
+                carried.insert(f);
+            }
+            None => assert_eq!(s.label("tenant"), None, "{s:?}"),
+        }
+    }
+    assert_eq!(carried.len(), TENANTED.len(), "{carried:?}\n{text}");
+    // Exact values, per tenant: the live output counter and the final settlement agree.
+    for t in ["team-a", "none"] {
+        let l = [("tenant", t)];
+        assert_eq!(scrape.sum("tokenmeter_requests_total", &l), 1.0, "{t}");
+        assert_eq!(scrape.sum("tokenmeter_output_tokens_total", &l), 5.0);
+        assert_eq!(scrape.sum("tokenmeter_input_tokens_total", &l), 7.0);
+        assert_eq!(scrape.sum("tokenmeter_reasoning_tokens_total", &l), 2.0);
+        assert_eq!(scrape.sum("tokenmeter_cached_input_tokens_total", &l), 3.0);
+        assert_eq!(
+            scrape.sum("tokenmeter_goodput_output_tokens_total", &l),
+            5.0
+        );
+        assert_eq!(scrape.sum("tokenmeter_slo_requests_total", &l), 1.0);
+        let ttft = scrape.sum("tokenmeter_time_to_first_token_seconds_count", &l);
+        assert_eq!(ttft, 1.0);
+        let tps = scrape.sum("tokenmeter_request_tokens_per_second_count", &l);
+        assert_eq!(tps, 1.0);
+    }
+}
+
+#[test]
+fn without_tenants_no_series_has_the_label() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    // A tenant handed to metrics that have no label is ignored, never a panic.
+    record_tenant_request(&m, Some("team-a"));
+    let text = String::from_utf8(m.render()).expect("utf8");
+    assert!(!text.contains("tenant"), "{text}");
+    assert_eq!(
+        Scrape::parse(&text).sum("tokenmeter_requests_total", &[]),
+        1.0
+    );
 }

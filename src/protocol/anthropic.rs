@@ -232,33 +232,27 @@ mod tests {
     #[test]
     fn deltas_are_marked_by_kind_and_cache_usage_is_kept() {
         let mut x = Anthropic::default();
-        let mut kinds = Vec::new();
-        for (event, data) in [
-            (
-                "message_start",
-                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":1165,"output_tokens":1}}}"#,
-            ),
-            (
-                "content_block_delta",
-                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let"}}"#,
-            ),
-            (
-                "content_block_delta",
-                r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
-            ),
-            (
-                "content_block_delta",
-                r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
-            ),
-        ] {
-            if x.on_message(&Message {
-                event,
-                data: data.as_bytes(),
-            }) > 0
-            {
-                kinds.push(x.kinds());
-            }
-        }
+        let (kinds, _) = crate::protocol::testing::kinds(
+            &mut x,
+            [
+                (
+                    "message_start",
+                    r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":1165,"output_tokens":1}}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let"}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+                ),
+            ],
+        );
         assert_eq!(kinds, [Kinds::REASONING, Kinds::CONTENT, Kinds::TOOL_CALL]);
         let s = x.summary();
         assert_eq!((s.cached_read, s.cached_write), (Some(1165), Some(0)));

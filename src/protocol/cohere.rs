@@ -199,21 +199,17 @@ mod tests {
     #[test]
     fn thinking_plans_text_and_tool_calls_have_their_kinds() {
         let mut x = Cohere::default();
-        let mut kinds = Vec::new();
-        for data in [
-            r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"thinking":"Hm"}}}}"#,
-            r#"{"type":"tool-plan-delta","delta":{"message":{"tool_plan":"I will"}}}"#,
-            r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"text":"Ar"}}}}"#,
-            r#"{"type":"tool-call-delta","index":0,"delta":{"message":{"tool_calls":{"function":{"arguments":"{"}}}}}"#,
-        ] {
-            if x.on_message(&Message {
-                event: "",
-                data: data.as_bytes(),
-            }) > 0
-            {
-                kinds.push(x.kinds());
-            }
-        }
+        let (kinds, _) = crate::protocol::testing::kinds(
+            &mut x,
+            [
+                r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"thinking":"Hm"}}}}"#,
+                r#"{"type":"tool-plan-delta","delta":{"message":{"tool_plan":"I will"}}}"#,
+                r#"{"type":"content-delta","index":0,"delta":{"message":{"content":{"text":"Ar"}}}}"#,
+                r#"{"type":"tool-call-delta","index":0,"delta":{"message":{"tool_calls":{"function":{"arguments":"{"}}}}}"#,
+            ]
+            .into_iter()
+            .map(|d| ("", d)),
+        );
         assert_eq!(
             kinds,
             [

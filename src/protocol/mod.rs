@@ -395,7 +395,7 @@ mod tests {
 /// What every extractor's unit tests share.
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::{Extractor, Message, Summary};
+    use super::{Extractor, Kinds, Message, Summary};
 
     /// Feeds `(event, data)` messages to `x`; returns the tokens each carried and the summary.
     pub fn run<'a>(
@@ -412,6 +412,25 @@ pub(crate) mod testing {
             })
             .collect();
         (counts, x.summary().clone())
+    }
+
+    /// Feeds `(event, data)` messages to `x`; returns the kinds of each token-bearing one (a
+    /// message that carries no token has no kind to check) and the summary.
+    pub fn kinds<'a>(
+        x: &mut dyn Extractor,
+        events: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> (Vec<Kinds>, Summary) {
+        let mut kinds = Vec::new();
+        for (event, data) in events {
+            let tokens = x.on_message(&Message {
+                event,
+                data: data.as_bytes(),
+            });
+            if tokens > 0 {
+                kinds.push(x.kinds());
+            }
+        }
+        (kinds, x.summary().clone())
     }
 
     /// Feeds `(event, data)` messages to `x`; returns the index of the message after which

@@ -96,22 +96,18 @@ mod tests {
     #[test]
     fn thinking_content_and_tool_lines_have_their_kinds() {
         let mut x = Ollama::default();
-        let mut kinds = Vec::new();
-        for l in [
-            r#"{"model":"m","message":{"role":"assistant","content":"","thinking":"We"},"done":false}"#,
-            r#"{"model":"m","response":"","thinking":"need","done":false}"#,
-            r#"{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}"#,
-            r#"{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},"done":false}"#,
-            r#"{"model":"m","message":{"role":"assistant","content":""},"done":true,"eval_count":4}"#,
-        ] {
-            if x.on_message(&Message {
-                event: "",
-                data: l.as_bytes(),
-            }) > 0
-            {
-                kinds.push(x.kinds());
-            }
-        }
+        let (kinds, _) = crate::protocol::testing::kinds(
+            &mut x,
+            [
+                r#"{"model":"m","message":{"role":"assistant","content":"","thinking":"We"},"done":false}"#,
+                r#"{"model":"m","response":"","thinking":"need","done":false}"#,
+                r#"{"model":"m","message":{"role":"assistant","content":"Hi"},"done":false}"#,
+                r#"{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f"}}]},"done":false}"#,
+                r#"{"model":"m","message":{"role":"assistant","content":""},"done":true,"eval_count":4}"#,
+            ]
+            .into_iter()
+            .map(|d| ("", d)),
+        );
         assert_eq!(
             kinds,
             [

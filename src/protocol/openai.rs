@@ -301,18 +301,8 @@ mod tests {
 
     /// Feeds data-only messages; returns the kinds of each token-bearing one, and the summary.
     fn kinds(events: &[&str]) -> (Vec<Kinds>, Summary) {
-        let mut x = OpenAi::default();
-        let mut kinds = Vec::new();
-        for data in events {
-            let msg = Message {
-                event: "",
-                data: data.as_bytes(),
-            };
-            if x.on_message(&msg) > 0 {
-                kinds.push(x.kinds());
-            }
-        }
-        (kinds, x.summary().clone())
+        let events = events.iter().map(|d| ("", *d));
+        crate::protocol::testing::kinds(&mut OpenAi::default(), events)
     }
 
     #[test]

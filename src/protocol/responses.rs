@@ -173,23 +173,19 @@ mod tests {
     #[test]
     fn delta_types_give_kinds_and_usage_details() {
         let mut x = Responses::default();
-        let mut kinds = Vec::new();
-        for data in [
-            r#"{"type":"response.reasoning_summary_text.delta","delta":"Think"}"#,
-            r#"{"type":"response.reasoning_text.delta","delta":"more"}"#,
-            r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
-            r#"{"type":"response.function_call_arguments.delta","delta":"{\"a"}"#,
-            r#"{"type":"response.output_text.delta","delta":""}"#,
-            r#"{"type":"response.completed","response":{"model":"o4","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}"#,
-        ] {
-            let msg = Message {
-                event: "",
-                data: data.as_bytes(),
-            };
-            if x.on_message(&msg) > 0 {
-                kinds.push(x.kinds());
-            }
-        }
+        let (kinds, _) = crate::protocol::testing::kinds(
+            &mut x,
+            [
+                r#"{"type":"response.reasoning_summary_text.delta","delta":"Think"}"#,
+                r#"{"type":"response.reasoning_text.delta","delta":"more"}"#,
+                r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+                r#"{"type":"response.function_call_arguments.delta","delta":"{\"a"}"#,
+                r#"{"type":"response.output_text.delta","delta":""}"#,
+                r#"{"type":"response.completed","response":{"model":"o4","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20}}}}"#,
+            ]
+            .into_iter()
+            .map(|d| ("", d)),
+        );
         assert_eq!(
             kinds,
             [

@@ -25,7 +25,8 @@ use http_body_util::BodyExt;
 use pin_project::pin_project;
 use tower::{Layer, Service};
 
-use super::{full, metering, BoxFuture, ProxyBody, ProxyError};
+use super::metering::{self, Head};
+use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::inject;
 use crate::meter::Recorder;
 use crate::protocol::request::{self, RequestInfo};
@@ -42,6 +43,9 @@ pub struct Inspected {
     /// The request's SLO class and targets, from its headers, path and model; `None` for a
     /// request that is not judged (not a POST).
     pub slo: Option<Choice>,
+    /// The `tenant` label value, from the head (`--tenant-header`, `--tenant-from-key`);
+    /// `None` when the label does not exist.
+    pub tenant: Option<Arc<str>>,
 }
 
 /// Builds [`Inspect`] services.
@@ -123,10 +127,16 @@ where
             // Inference is always a POST: a GET of /v1/models or /health is no consumer of speed.
             let judged = parts.method == http::Method::POST;
             let head_slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), None));
+            // Once per request, from the head: the hot path only carries the value.
+            let tenant = recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers));
+            let head = Head {
+                arrived,
+                slo: head_slo,
+                tenant,
+            };
             let guard = Unread {
                 recorder: Some(Arc::clone(&recorder)),
-                arrived,
-                slo: head_slo.clone(),
+                head: head.clone(),
             };
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
@@ -136,13 +146,19 @@ where
                 Err(e) => {
                     tracing::debug!(error = %e, "client request body failed");
                     let err = ProxyError::RequestBody(e);
-                    metering::record_refusal(&recorder, arrived, head_slo, &err);
+                    metering::record_refusal(&recorder, head, &err);
                     return Ok(err.to_response());
                 }
             };
             let model = info.model.as_deref();
             let slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), model));
-            parts.extensions.insert(Inspected { arrived, info, slo });
+            let tenant = head.tenant;
+            parts.extensions.insert(Inspected {
+                arrived,
+                info,
+                slo,
+                tenant,
+            });
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
         })
@@ -152,8 +168,7 @@ where
 /// Records, when dropped armed, a request whose client went away while its body was read.
 struct Unread {
     recorder: Option<Arc<Recorder>>,
-    arrived: Instant,
-    slo: Option<Choice>,
+    head: Head,
 }
 
 impl Unread {
@@ -165,7 +180,7 @@ impl Unread {
 impl Drop for Unread {
     fn drop(&mut self) {
         if let Some(recorder) = self.recorder.take() {
-            metering::record_gone(&recorder, self.arrived, self.slo.clone());
+            metering::record_gone(&recorder, self.head.clone());
         }
     }
 }

@@ -60,23 +60,29 @@ pub struct Metering<S> {
 }
 
 /// Records a request the proxy refused before it had a meter: status and outcome from `err`.
-pub fn record_refusal(
-    recorder: &Arc<Recorder>,
-    arrived: Instant,
-    slo: Option<Choice>,
-    err: &ProxyError,
-) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
-    meter.set_slo(slo);
+pub fn record_refusal(recorder: &Arc<Recorder>, head: Head, err: &ProxyError) {
+    let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
+    meter.set_slo(head.slo);
+    meter.set_tenant(head.tenant);
     finish_with_error(meter, err);
 }
 
 /// Records a request whose client went away before the proxy had a meter for it (while its
 /// body was read): outcome `client_disconnect`, as for a client gone before the response head.
-pub fn record_gone(recorder: &Arc<Recorder>, arrived: Instant, slo: Option<Choice>) {
-    let mut meter = recorder.start_at(RequestInfo::default(), arrived);
-    meter.set_slo(slo);
+pub fn record_gone(recorder: &Arc<Recorder>, head: Head) {
+    let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
+    meter.set_slo(head.slo);
+    meter.set_tenant(head.tenant);
     meter.finish(Outcome::ClientDisconnect);
+}
+
+/// What the request head alone told about a request the proxy records before its body was
+/// read: when it arrived, its SLO class, its tenant.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub arrived: Instant,
+    pub slo: Option<Choice>,
+    pub tenant: Option<Arc<str>>,
 }
 
 fn finish_with_error(mut meter: Meter, err: &ProxyError) {
@@ -133,13 +139,19 @@ where
     }
 
     fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
-        let Inspected { arrived, info, slo } = req
+        let Inspected {
+            arrived,
+            info,
+            slo,
+            tenant,
+        } = req
             .extensions_mut()
             .remove::<Inspected>()
             .unwrap_or_else(|| Inspected {
                 arrived: Instant::now(),
                 info: RequestInfo::default(),
                 slo: Some(self.recorder.classes.default_choice()),
+                tenant: None,
             });
         let strip_usage = info.usage_injected;
         // The client's path: the one the wire format is told by, before any base path.
@@ -148,6 +160,7 @@ where
         let drain = req.extensions().get::<Drain>().cloned();
         let mut meter = self.recorder.start_at(info, arrived);
         meter.set_slo(slo);
+        meter.set_tenant(tenant);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
@@ -273,6 +286,7 @@ mod tests {
                 usage_injected,
             },
             slo: Some(crate::slo::Classes::default().default_choice()),
+            tenant: None,
         });
         req
     }

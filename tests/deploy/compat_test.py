@@ -15,7 +15,9 @@ Then:
      series, labels and functions, written here with the panel's title) must return a finite
      value; the panels that cannot work must find no series (absent, not faked), and the
      README's table must list every panel with the same verdict;
-  2. `promtool check metrics` must pass on a scrape of every mode.
+  2. `promtool check metrics` must pass on a scrape of every mode;
+  3. the tenant mode (--tenant-header, --tenant-from-key, a cap of 3) holds exactly the tenants
+     its crafted requests imply, and the bench's API key appears nowhere in its exposition.
 Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
 PROMETHEUS, PROMTOOL, COMPAT_TRAFFIC_SECONDS (default 25).
 """
@@ -38,7 +40,38 @@ MODEL = "tokenmeter-sim"
 MODES = [
     ("plain", []),
     ("vllm", ["--compat", "vllm"]),
+    ("tenant", ["--tenant-header", "x-tenant", "--tenant-from-key", "--max-tenants", "3"]),
 ]
+
+# --- tenants (issue 14) ---
+# Sent to the tenant mode before the load: five names for a cap of three, one invalid value.
+# The load then carries an API key, whose id finds the cap full: "other".
+TENANT_HEADERS = ["tenant-a", "tenant-b", "tenant-c", "tenant-d", "tenant-e", "not a name"]
+TENANT_KEY = "sk-compat-DO-NOT-LABEL-4f1c"
+LOAD_FLAGS = {"tenant": ["--api-key", TENANT_KEY]}
+TENANTS_EXPECTED = {"tenant-a", "tenant-b", "tenant-c", "other", "invalid"}
+
+
+def send_tenant_requests(listen):
+    import urllib.request
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    for t in TENANT_HEADERS:
+        req = urllib.request.Request(f"http://127.0.0.1:{listen}/v1/chat/completions", data=body,
+                                     headers={"content-type": "application/json", "x-tenant": t})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+
+def check_tenants(metrics_port):
+    _, body = lt.http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    text = body.decode()
+    got = set(re.findall(r'^tokenmeter_requests_total\{[^}]*tenant="([^"]*)"', text, re.M))
+    print(f"  tenant values: {sorted(got)}")
+    if got != TENANTS_EXPECTED:
+        fail(f"tenant mode: tokenmeter_requests_total tenants {sorted(got)}, expected {sorted(TENANTS_EXPECTED)}")
+    if TENANT_KEY in text or "DO-NOT-LABEL" in text:
+        fail("tenant mode: the API key appears in the exposition")
 
 # vLLM's example dashboard, panel by panel: its title, then either the queries it runs (with
 # $model_name and $__rate_interval as the dashboard has them) or why it cannot work in front of
@@ -174,6 +207,9 @@ def main():
             targets.append((name, listen, metrics))
         for name, _, metrics in targets:
             lt.wait_for(f"tokenmeter {name}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
+        for name, listen, _ in targets:
+            if name == "tenant":
+                send_tenant_requests(listen)
         prom_port = lt.free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
@@ -191,7 +227,7 @@ def main():
             procs.start(f"load-{name}", [
                 tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--concurrency", "1,4",
                 "--duration", f"{traffic_s / 2 + 5:.0f}s", "--prompt-tokens", "40", "--output-tokens", "48",
-                "--out", os.path.join(tmp, f"bench-{name}"),
+                "--out", os.path.join(tmp, f"bench-{name}"), *LOAD_FLAGS.get(name, []),
             ])
         print(f"compat_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
         deadline = time.monotonic() + traffic_s
@@ -204,6 +240,8 @@ def main():
         print("compat_test: promtool check metrics", flush=True)
         for name, _, metrics in targets:
             check_promtool(promtool, name, metrics)
+            if name == "tenant":
+                check_tenants(metrics)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")
     finally:

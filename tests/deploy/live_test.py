@@ -24,6 +24,8 @@ After the traffic has run for a while it checks, through Prometheus's HTTP API:
   4. the SLO and GPU series say what the set-up implies: only declared class labels (the
      undeclared name counts in the default class), the strict class missing TTFT and TPS, the
      objectives as declared, and each pod's GPU count with its source (check_slo_and_gpus);
+     the tenants the load names on the pod with --tenant-header, none on the other
+     (check_tenants);
   5. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
      open through tokenmeter have finished (check_drain_hook).
 Everything started is stopped at the end, also on failure. Exits 1 listing each failure.
@@ -54,7 +56,8 @@ HERE = Path(__file__).resolve().parent
 NAMESPACE = "inference"
 # (pod, tokenmeter flags and environment, models, concurrency steps)
 PODS = [
-    ("vllm-llama-0", ["--gpus", "2", "--gpu-hour-cost", "1.80"], {}, "llama-3.1-8b-instruct", "1,4,10"),
+    ("vllm-llama-0", ["--gpus", "2", "--gpu-hour-cost", "1.80", "--tenant-header", "x-tenant"], {},
+     "llama-3.1-8b-instruct", "1,4,10"),
     ("vllm-qwen-0", ["--gpus", "auto"], {"NVIDIA_VISIBLE_DEVICES": "GPU-4e1c7a2b"}, "qwen2.5-7b-instruct,mistral-7b", "2,6"),
 ]
 PRICE = "2.50"
@@ -63,6 +66,8 @@ PRICE = "2.50"
 SLO_CLASSES = ["interactive:ttft=1s,tps=20", "strict:ttft=100ms,tps=100,objective=0.99", "batch"]
 # The load's class headers: declared ones, an undeclared one (counted in interactive) and none.
 LOAD_CLASSES = "interactive,strict,batch,vip,"
+# The load's tenants (x-tenant; the empty name sends none): vllm-llama-0 labels them.
+LOAD_TENANTS = "team-a,team-b,"
 
 failures = []
 
@@ -316,6 +321,20 @@ def check_slo_and_gpus(prom):
         fail(f"goodput {g} should be above 0 and below the {o} output tokens (strict misses, errors are cut)")
 
 
+def check_tenants(prom):
+    """vllm-llama-0 (--tenant-header x-tenant) labels the load's tenants and requests without
+    the header as none; vllm-qwen-0, without the flag, has no tenant label at all."""
+    got = {}
+    for k in instant(prom, "count by (pod, tenant) (tokenmeter_requests_total)"):
+        d = dict(k)
+        got.setdefault(d["pod"], set()).add(d.get("tenant", ""))
+    print(f"  tenants: {dict(sorted((p, sorted(t)) for p, t in got.items()))}")
+    if got.get("vllm-llama-0") != {"team-a", "team-b", "none"}:
+        fail(f"vllm-llama-0 tenants are {got.get('vllm-llama-0')}, expected team-a, team-b and none")
+    if got.get("vllm-qwen-0") != {""}:
+        fail(f"vllm-qwen-0 has tenant labels {got.get('vllm-qwen-0')} without --tenant-header")
+
+
 def in_flight(metrics_port):
     _, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
@@ -423,7 +442,7 @@ def main():
             loads[pod] = procs.start(f"load-{pod}", [
                 sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
                 "--duration", str(traffic_s + 30), "--concurrency", steps, "--models", models,
-                "--seed", str(len(procs.items)), "--classes", LOAD_CLASSES,
+                "--seed", str(len(procs.items)), "--classes", LOAD_CLASSES, "--tenants", LOAD_TENANTS,
             ])
         wait_for("both targets up", lambda: len([r for r in prom.api("query", query="up == 1")["result"]]) == len(targets))
         print(f"live_test: traffic for {traffic_s:.0f}s (logs in {tmp})", flush=True)
@@ -449,6 +468,8 @@ def main():
         check_autoscaling(prom)
         print("live_test: SLO classes and GPU sources", flush=True)
         check_slo_and_gpus(prom)
+        print("live_test: tenants", flush=True)
+        check_tenants(prom)
         print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)
         pod, listen, metrics, _, _ = targets[0]
         os.killpg(loads[pod].pid, signal.SIGTERM)

@@ -18,7 +18,8 @@ half the prompt as `prompt_tokens_details.cached_tokens`.
 The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
 requests and streaming requests without `include_usage` (token_count_source="counted"), and with
 `--classes a,b,` names an SLO class in `x-tokenmeter-class` on each request, picked at random
-(an empty name sends no header: the default class).
+(an empty name sends no header: the default class), and with `--tenants a,b,` a tenant in
+`x-tenant` likewise (an empty name sends none).
 """
 
 import argparse
@@ -210,10 +211,11 @@ def pick(rng, mix):
     return mix[-1][1]
 
 
-async def one_request(host, port, body, hangup, stats, slo_class=""):
+async def one_request(host, port, body, hangup, stats, slo_class="", tenant=""):
     """Sends one request on a new connection and reads the response to its end."""
     data = json.dumps(body).encode()
     extra = b"x-tokenmeter-class: %s\r\n" % slo_class.encode() if slo_class else b""
+    extra += b"x-tenant: %s\r\n" % tenant.encode() if tenant else b""
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(
@@ -246,6 +248,9 @@ async def worker(wid, args, deadline, stats, rng):
     host, port = u.hostname, u.port or 80
     models = args.models.split(",")
     classes = args.classes.split(",")
+    tenants = args.tenants.split(",")
+    # A generator of its own, so --tenants leaves the rest of the load's choices as they were.
+    tenant_rng = random.Random(f"{args.seed}-{wid}")
     while time.monotonic() < deadline:
         behaviour = pick(rng, MIX) if args.mix == "mixed" else "ok"
         body = {
@@ -267,7 +272,8 @@ async def worker(wid, args, deadline, stats, rng):
         t0 = time.monotonic()
         try:
             slo_class = classes[rng.randrange(len(classes))]
-            await one_request(host, port, body, behaviour == "hangup", stats, slo_class)
+            tenant = tenants[tenant_rng.randrange(len(tenants))]
+            await one_request(host, port, body, behaviour == "hangup", stats, slo_class, tenant)
         except OSError:
             stats["errors"] += 1
             await asyncio.sleep(0.1)
@@ -327,6 +333,8 @@ def main():
     ld.add_argument("--gap-ms", type=float, default=20)
     ld.add_argument("--seed", type=int, default=1)
     ld.add_argument("--classes", default="", help="SLO classes for x-tokenmeter-class, e.g. interactive,strict, "
+                    "(an empty entry: no header)")
+    ld.add_argument("--tenants", default="", help="tenants for x-tenant, e.g. team-a,team-b, "
                     "(an empty entry: no header)")
     args = p.parse_args()
     try:

@@ -12,7 +12,7 @@ fn tokenmeter() -> Command {
     c
 }
 
-fn run_err(args: &[&str]) -> (i32, String) {
+pub(crate) fn run_err(args: &[&str]) -> (i32, String) {
     let out = tokenmeter().args(args).output().expect("run");
     (
         out.status.code().unwrap_or(-1),
@@ -202,7 +202,7 @@ async fn sigterm_turns_readyz_503_at_once_finishes_open_streams_then_exits_0() {
 }
 
 /// Starts the binary in front of `upstream` and waits until `/readyz` answers.
-async fn start_binary(
+pub(crate) async fn start_binary(
     upstream: &str,
     extra: &[&str],
     log: &str,
@@ -234,7 +234,7 @@ async fn start_binary(
     (child, port, mport)
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])

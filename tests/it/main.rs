@@ -16,6 +16,7 @@ mod props;
 mod proxy;
 mod sim;
 mod slo;
+mod tenant;
 mod tls;
 mod ui;
 mod upgrade;
