@@ -10,6 +10,8 @@ On loopback only, in a temporary directory, it starts:
   - `tokenmeter bench` through each, with one model named (no /v1/models lookup, which would
     be a second model, `unknown`), at 1, 3, 6, 12, 24, 48, 96, 192 and 320 streams in flight:
     the proxy's time-weighted mean in flight lands each level in its own band, `1` to `257+`.
+    The tenant set-up (--tenant-from-key) gets one such load per tenant, one after the other,
+    each with its own API key, so every tenant has requests in every band.
 Then it scrapes each tokenmeter once, checks that every band was reached (a load that missed one
 is a failure of the load, said as such), counts the series of every family (a histogram's
 buckets, `_sum` and `_count` are its series) grouped by naming scheme (`tokenmeter_`, `vllm:`,
@@ -100,11 +102,26 @@ VLLM = {
     "vllm:generation_tokens_total": 1,
 }
 
-# (name, flags, {scheme prefix: {family: series}}). The default set-up exports every scheme at
+# The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants):
+# each repeats per tenant value (at most --max-tenants + `other`, plus an allow-list).
+TENANTED = ["tokenmeter_request_tokens_per_second", "tokenmeter_time_to_first_token_seconds",
+            "tokenmeter_slo_requests_total", "tokenmeter_goodput_output_tokens_total",
+            "tokenmeter_output_tokens_total", "tokenmeter_input_tokens_total", "tokenmeter_requests_total"]
+TENANTS = ["budget-tenant-a", "budget-tenant-b"]
+
+
+def with_tenants(n):
+    return {f: c * n if f in TENANTED else c for f, c in TOKENMETER.items()}
+
+
+# (name, flags, {scheme prefix: {family: series}}, API keys: one load after the other, each
+# through all 9 bands; none: one load without a key). The default set-up exports every scheme at
 # once: --compat adds series under its own prefix and leaves the tokenmeter_* ones as they are
 # (compat_test.py's promtool pass and tests/it/compat.rs check that side).
 SETUPS = [
-    ("default, --compat vllm", ["--compat", "vllm"], {"tokenmeter_": TOKENMETER, "vllm:": VLLM}),
+    ("default, --compat vllm", ["--compat", "vllm"], {"tokenmeter_": TOKENMETER, "vllm:": VLLM}, [None]),
+    (f"--tenant-from-key, {len(TENANTS)} tenants", ["--tenant-from-key"],
+     {"tokenmeter_": with_tenants(len(TENANTS))}, TENANTS),
 ]
 
 SUFFIX = re.compile(r"_(bucket|sum|count)$")
@@ -147,7 +164,7 @@ def main():
                             "--step-base", "2ms", "--step-per-seq", "0.02ms", "--max-batch", "2048"])
         lt.wait_for("the simulator", lambda: lt.http_get(f"http://127.0.0.1:{sim_port}/v1/models")[0] == 200)
         targets = []
-        for i, (name, flags, expected) in enumerate(SETUPS):
+        for i, (name, flags, expected, _) in enumerate(SETUPS):
             listen, metrics = lt.free_port(), lt.free_port()
             procs.start(f"tokenmeter-{i}", [
                 tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
@@ -155,19 +172,34 @@ def main():
                 *[a for c in SLO for a in ("--slo", c)], *flags,
             ])
             targets.append((i, name, listen, metrics, expected))
-        for i, name, _, metrics, _ in targets:
+        for _, name, _, metrics, _ in targets:
             lt.wait_for(f"tokenmeter {name}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
-        loads = [procs.start(f"load-{i}", [
-            tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
-            "--concurrency", LEVELS, "--duration", f"{level_s}s", "--prompt-tokens", "40",
-            "--output-tokens", "24", "--out", os.path.join(tmp, f"bench-{i}"),
-        ]) for i, _, listen, _, _ in targets]
+        def load(i, listen, key):
+            return [tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
+                    "--concurrency", LEVELS, "--duration", f"{level_s}s", "--prompt-tokens", "40",
+                    "--output-tokens", "24", "--out", os.path.join(tmp, f"bench-{i}-{key}"),
+                    *(["--api-key", key] if key else [])]
+
+        # One load per set-up at a time (the bands are the proxy's own in-flight count), the
+        # set-ups side by side.
+        queues = {i: list(SETUPS[i][3]) for i, *_ in targets}
+        running = {}
         print(f"series_budget: {len(LEVELS.split(','))} levels of {level_s:.0f}s through "
               f"{len(targets)} set-up(s) (logs in {tmp})", flush=True)
-        for p in loads:
-            p.wait(timeout=120 + 30 * level_s)
-            if p.returncode != 0:
-                lt.fail(f"the load exited {p.returncode}; see {tmp}")
+        deadline = time.monotonic() + (120 + 30 * level_s) * max(len(q) for q in queues.values())
+        while (queues and any(queues.values())) or running:
+            for i, _, listen, _, _ in targets:
+                if i not in running and queues.get(i):
+                    key = queues[i].pop(0)
+                    running[i] = procs.start(f"load-{i}-{key}", load(i, listen, key))
+            for i, p in list(running.items()):
+                if p.poll() is not None:
+                    if p.returncode != 0:
+                        lt.fail(f"the load exited {p.returncode}; see {tmp}")
+                    del running[i]
+            if time.monotonic() > deadline:
+                raise RuntimeError("the loads did not finish in time")
+            time.sleep(0.2)
         time.sleep(1.5)  # the capacity model refits every second or so: let it see the last level
         for i, name, _, metrics, expected in targets:
             _, body = lt.http_get(f"http://127.0.0.1:{metrics}/metrics")
@@ -195,10 +227,11 @@ def main():
         lt.fail(f"{type(e).__name__}: {e}")
     finally:
         procs.stop()
-    print("\n| set-up | " + " | ".join(f"`{p}*`" for p in SETUPS[0][2]) + " |")
-    print("|---|" + "---|" * len(SETUPS[0][2]))
+    schemes = list(dict.fromkeys(p for _, _, e, _ in SETUPS for p in e))
+    print("\n| set-up | " + " | ".join(f"`{p}*`" for p in schemes) + " |")
+    print("|---|" + "---|" * len(schemes))
     for row in rows:
-        print(f"| {row['setup']} | " + " | ".join(str(row.get(p, "")) for p in SETUPS[0][2]) + " |")
+        print(f"| {row['setup']} | " + " | ".join(str(row.get(p, "")) for p in schemes) + " |")
     elapsed = time.monotonic() - started
     if lt.failures:
         print(f"series_budget: {len(lt.failures)} failure(s) in {elapsed:.0f}s; logs kept in {tmp}")
