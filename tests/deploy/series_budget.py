@@ -86,6 +86,7 @@ TOKENMETER = {
     "tokenmeter_capacity_output_tokens_per_second_per_gpu": 1,
     "tokenmeter_capacity_utilization": 1,
     "tokenmeter_capacity_tps_floor": 1,
+    "tokenmeter_capacity_replicas": 1,
 }
 VLLM = {
     "vllm:time_to_first_token_seconds": 25,
