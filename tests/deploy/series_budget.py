@@ -112,6 +112,22 @@ OTEL = {
     "gen_ai_server_time_per_output_token_seconds": 16,
 }
 
+# --buckets coarse: each histogram family's label sets as above, at its coarse boundaries + 3
+# (Buckets::coarse in src/metrics/mod.rs).
+COARSE = dict(TOKENMETER, **{
+    "tokenmeter_request_tokens_per_second": 13 * 9,
+    "tokenmeter_time_to_first_token_seconds": 15,
+    "tokenmeter_time_to_first_output_seconds": 15,
+    "tokenmeter_time_to_first_byte_seconds": 15,
+    "tokenmeter_request_duration_seconds": 14,
+    "tokenmeter_inter_token_latency_seconds": 12,
+    "tokenmeter_time_per_output_token_seconds": 12,
+    "tokenmeter_request_output_tokens": 10,
+    "tokenmeter_request_input_tokens": 10,
+    "tokenmeter_request_max_stall_seconds": 9,
+    "tokenmeter_tokens_per_event": 9,
+})
+
 # The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants):
 # each repeats per tenant value (at most --max-tenants + `other`, plus an allow-list).
 TENANTED = ["tokenmeter_request_tokens_per_second", "tokenmeter_time_to_first_token_seconds",
@@ -133,6 +149,7 @@ SETUPS = [
      {"tokenmeter_": TOKENMETER, "vllm:": VLLM, "gen_ai_": OTEL}, [None]),
     (f"--tenant-from-key, {len(TENANTS)} tenants", ["--tenant-from-key"],
      {"tokenmeter_": with_tenants(len(TENANTS))}, TENANTS),
+    ("--buckets coarse", ["--buckets", "coarse"], {"tokenmeter_": COARSE}, [None]),
 ]
 
 SUFFIX = re.compile(r"_(bucket|sum|count)$")
