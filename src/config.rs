@@ -165,9 +165,16 @@ pub struct ProxyArgs {
     pub capacity_window: Duration,
 
     /// Inference replicas behind this proxy (a gateway in front of N engines): the decoding
-    /// concurrency it sees is divided by N, since the capacity model is per engine.
-    #[arg(long, env = "TOKENMETER_REPLICAS", default_value_t = 1)]
-    pub replicas: u32,
+    /// concurrency it sees is divided by N, since the capacity model is per engine. `auto`
+    /// counts the addresses the upstream's host resolves to (a Kubernetes headless Service has
+    /// one per pod), again every 30 s, at least 1.
+    #[arg(
+        long,
+        env = "TOKENMETER_REPLICAS",
+        default_value = "1",
+        value_name = "N|auto"
+    )]
+    pub replicas: String,
     // --- TLS, connect timeout (issue 13) ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
@@ -294,6 +301,8 @@ pub struct Config {
     pub slo: Arc<Classes>,
     /// The page's sample period; `None` with `--no-ui`.
     pub ui: Option<Duration>,
+    /// `--replicas`: a number, or `auto` (the server watches the upstream's DNS records).
+    pub replicas: crate::replicas::Setting,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
 }
@@ -327,6 +336,8 @@ pub enum ConfigError {
     BadUiSamplePeriod(Duration),
     #[error("--compat {0:?} is not a naming scheme (expected vllm)")]
     BadCompat(String),
+    #[error(transparent)]
+    Replicas(#[from] crate::replicas::BadReplicas),
     #[error(transparent)]
     Tenant(#[from] TenantError),
 }
@@ -451,6 +462,17 @@ impl Upstream {
     pub fn is_https(&self) -> bool {
         self.origin.scheme_str() == Some("https")
     }
+
+    /// The host (without an IPv6 literal's brackets) and port connections go to.
+    pub fn host_and_port(&self) -> (String, u16) {
+        let host = self.origin.host().unwrap_or_default();
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = self
+            .origin
+            .port_u16()
+            .unwrap_or(if self.is_https() { 443 } else { 80 });
+        (host.to_string(), port)
+    }
 }
 
 fn nonzero(d: Duration) -> Option<Duration> {
@@ -492,9 +514,7 @@ impl ProxyArgs {
         if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
-        if self.replicas == 0 {
-            return Err(ConfigError::Zero("replicas"));
-        }
+        let replicas = crate::replicas::parse(&self.replicas)?;
         let upstream_tls = UpstreamTls {
             ca: self.upstream_ca.clone(),
             client: pair(
@@ -557,7 +577,7 @@ impl ProxyArgs {
                         })
                         .collect(),
                     fleet: capacity::Fleet {
-                        replicas: self.replicas,
+                        replicas: replicas.initial(),
                         gpus: gpus.count,
                         gpu_hour_cost,
                     },
@@ -589,6 +609,7 @@ impl ProxyArgs {
             gpu_hour_cost,
             slo: Arc::new(slo),
             ui: (!self.no_ui).then_some(self.ui_sample_period),
+            replicas,
             tenants,
         })
     }
@@ -819,8 +840,25 @@ mod tests {
             e.err(),
             Some(ConfigError::ShortCapacityWindow(Duration::from_secs(5)))
         );
-        let e = args(&[&up[..], &["--replicas", "0"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::Zero("replicas")));
+        for bad in ["0", "-2", "many", "1.5"] {
+            let flag = format!("--replicas={bad}");
+            let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
+            assert_eq!(
+                e.err(),
+                Some(ConfigError::Replicas(crate::replicas::BadReplicas(
+                    bad.into()
+                )))
+            );
+        }
+        // auto starts at 1 until the first lookup answers.
+        let c = args(&[&up[..], &["--replicas", "auto"]].concat());
+        let c = c.validate().expect("valid");
+        assert_eq!(c.replicas, crate::replicas::Setting::Auto);
+        assert_eq!(c.upstream.host_and_port(), ("u".to_string(), 1));
+        let c = args(&["--upstream", "https://[fd00::1]/v1"]).validate();
+        let c = c.expect("valid");
+        assert_eq!(c.upstream.host_and_port(), ("fd00::1".to_string(), 443));
+        assert_eq!(c.metrics.capacity.fleet.replicas, 1);
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! - [`tenant`]: who sent a request (`--tenant-header`, `--tenant-from-key`), as a bounded label.
 //!
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing (its answers are
-//!   exported by [`metrics::capacity`]).
+//!   exported by [`metrics::capacity`]); [`replicas`]: how many engines it is spread over
+//!   (`--replicas auto` counts the upstream's addresses).
 //!
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
@@ -51,8 +52,10 @@ pub mod slo;
 pub mod tap;
 pub mod ui;
 
-// The live capacity model (issue 15); its metric families are `metrics::capacity`.
+// The live capacity model (issue 15); its metric families are `metrics::capacity`, and
+// `replicas` is `--replicas` (auto: counted from the upstream's DNS records).
 pub mod capacity;
+pub mod replicas;
 
 // Issue 14: who is using the GPUs, the bounded `tenant` label.
 pub mod tenant;

@@ -32,6 +32,7 @@ use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::proxy::{self, Proxy};
+use crate::replicas;
 use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
@@ -72,6 +73,8 @@ pub struct Server {
     ui: Option<Arc<Ui>>,
     drain_timeout: Duration,
     header_read_timeout: Duration,
+    /// With `--replicas auto`: the upstream's host and port, whose addresses are counted.
+    replicas_host: Option<(String, u16)>,
 }
 
 async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -111,6 +114,8 @@ impl Server {
             ready: Arc::new(Readiness::default()),
             drain_timeout: cfg.drain_timeout,
             header_read_timeout: cfg.header_read_timeout,
+            replicas_host: (cfg.replicas == replicas::Setting::Auto)
+                .then(|| cfg.upstream.host_and_port()),
         })
     }
 
@@ -140,6 +145,16 @@ impl Server {
             .filter_map(|(name, t)| t.as_ref().map(|t| t.cert.watch(name)))
             .collect();
         let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
+        let replicas = self.replicas_host.map(|(host, port)| {
+            let metrics = Arc::clone(&self.metrics);
+            tokio::spawn(replicas::watch(
+                Arc::new(replicas::System),
+                host,
+                port,
+                replicas::REFRESH,
+                move |n| metrics.capacity().set_replicas(n),
+            ))
+        });
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
             Arc::clone(&self.metrics),
@@ -190,6 +205,9 @@ impl Server {
         admin.abort();
         if let Some(sampler) = sampler {
             sampler.abort();
+        }
+        if let Some(replicas) = replicas {
+            replicas.abort();
         }
         for w in watchers {
             w.abort();

@@ -16,8 +16,10 @@
 //!
 //! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
 //! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
-//! several replicas (`--replicas N`) the decoding concurrency tokenmeter sees is spread over
-//! them, so it is divided by N before it is recorded: the model is per engine.
+//! several replicas (`--replicas N`, or `auto`: [`crate::replicas`]) the decoding concurrency
+//! tokenmeter sees is spread over them, so it is divided by N before it is recorded: the model
+//! is per engine. The count can change while the proxy runs ([`Capacity::set_replicas`]); a
+//! sample keeps the per-engine concurrency it was recorded at.
 
 pub mod bins;
 pub mod busy;
@@ -27,6 +29,7 @@ pub mod plan;
 pub mod stream;
 pub mod summary;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -82,6 +85,8 @@ pub struct Report {
     pub curve: Vec<CurvePoint>,
     /// Mean decoding concurrency per engine over the last minute.
     pub decoding: f64,
+    /// The replicas the concurrency was divided by at this refit.
+    pub replicas: u32,
 }
 
 /// The live model: pushed into per event, read per scrape.
@@ -89,6 +94,8 @@ pub struct Capacity {
     summary: summary::Summary,
     busy: busy::Busy,
     config: CapacityConfig,
+    /// The replicas now (`--replicas`, or what `auto` last found), at least 1.
+    replicas: AtomicU32,
     last: Mutex<Option<(Instant, Report)>>,
 }
 
@@ -97,6 +104,7 @@ impl Capacity {
         Capacity {
             summary: summary::Summary::new(config.window, origin),
             busy: busy::Busy::new(origin),
+            replicas: AtomicU32::new(config.fleet.replicas.max(1)),
             config,
             last: Mutex::new(None),
         }
@@ -106,13 +114,23 @@ impl Capacity {
         &self.config
     }
 
+    /// The replicas the traffic is spread over now.
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed)
+    }
+
+    /// Sets the replicas (`--replicas auto` after each lookup); 0 is taken as 1.
+    pub fn set_replicas(&self, n: u32) {
+        self.replicas.store(n.max(1), Ordering::Relaxed);
+    }
+
     /// `tokens` tokens arrived at `at`, `gap` after the stream's previous ones, while
     /// `decoding` requests (all replicas together) were decoding. Lock-free.
     pub fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant) {
         if tokens == 0 {
             return;
         }
-        let per_engine = decoding / f64::from(self.config.fleet.replicas.max(1));
+        let per_engine = decoding / f64::from(self.replicas());
         let per_token = gap.as_secs_f64() / f64::from(tokens);
         self.summary.push(per_engine, per_token, tokens, at);
         self.busy.add(gap, at);
@@ -140,11 +158,16 @@ impl Capacity {
             .min()
             .zip(usable().map(|c| c.concurrency).max());
         let samples = usable().map(|c| c.samples).sum();
-        let decoding = self.busy.mean(now) / f64::from(self.config.fleet.replicas.max(1));
+        let replicas = self.replicas();
+        let decoding = self.busy.mean(now) / f64::from(replicas);
+        let fleet = Fleet {
+            replicas,
+            ..self.config.fleet
+        };
         let fit = fit::fit(&columns);
         let (answers, curve) = match &fit {
             Some(f) => (
-                plan::answers(f, &self.config.classes, &self.config.fleet, decoding),
+                plan::answers(f, &self.config.classes, &fleet, decoding),
                 plan::curve(f),
             ),
             None => (Vec::new(), Vec::new()),
@@ -156,6 +179,7 @@ impl Capacity {
             answers,
             curve,
             decoding,
+            replicas,
         }
     }
 
@@ -212,5 +236,49 @@ mod tests {
         let a = &r.answers[0];
         assert!((29..=31).contains(&a.max_concurrency), "{a:?}");
         assert_eq!(r.curve.len(), plan::CURVE.len());
+        assert_eq!(r.replicas, 2);
+    }
+
+    #[test]
+    fn a_new_replica_count_divides_what_comes_after_it_and_multiplies_the_fleet() {
+        let t0 = Instant::now();
+        let cap = Capacity::new(
+            CapacityConfig {
+                classes: vec![Class {
+                    name: "interactive".into(),
+                    tps_floor: Some(40.0),
+                }],
+                ..CapacityConfig::default()
+            },
+            t0,
+        );
+        let at = t0 + Duration::from_secs(1);
+        let step = |b: u32| Duration::from_micros(10_000 + 500 * u64::from(b));
+        // One engine for concurrencies 1..=20, then four (as `--replicas auto` found them) for
+        // 21..=40: the gateway sees four times as many streams for the same per-engine batch.
+        for b in 1..=20u32 {
+            for _ in 0..30 {
+                cap.push(f64::from(b), step(b), 1, at);
+            }
+        }
+        cap.set_replicas(4);
+        for b in 21..=40u32 {
+            for _ in 0..30 {
+                cap.push(f64::from(4 * b), step(b), 1, at);
+            }
+        }
+        let r = cap.refit(t0 + Duration::from_secs(2));
+        let f = r.fit.expect("a fit");
+        assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.03, "{f:?}");
+        assert_eq!((r.observed, r.replicas), (Some((1, 40)), 4));
+        let one = plan::answers(
+            &f,
+            &cap.config().classes,
+            &cap.config().fleet,
+            r.decoding * 4.0,
+        );
+        assert!((r.answers[0].output_tps / one[0].output_tps - 4.0).abs() < 1e-9);
+        cap.set_replicas(0);
+        assert_eq!(cap.replicas(), 1);
     }
 }

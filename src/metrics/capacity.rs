@@ -24,6 +24,7 @@ pub mod names {
     pub const CURVE_TPS: &str = "tokenmeter_capacity_curve_tokens_per_second";
     pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
     pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
+    pub const REPLICAS: &str = "tokenmeter_capacity_replicas";
 }
 
 /// The `term` label of [`names::STEP_SECONDS`].
@@ -45,6 +46,7 @@ pub struct CapacityMetrics {
     cost: GaugeVec,
     curve: GaugeVec,
     utilization: GaugeVec,
+    replicas: Gauge,
     /// Every class name a series may carry.
     classes: Vec<String>,
 }
@@ -64,6 +66,11 @@ impl CapacityMetrics {
             "Token samples in the capacity window at the concurrencies the fit can use.",
         ))?;
         r.register(Box::new(samples.clone()))?;
+        let replicas = Gauge::with_opts(Opts::new(
+            REPLICAS,
+            "Inference engines the decoding concurrency is divided by (--replicas, or what auto found).",
+        ))?;
+        r.register(Box::new(replicas.clone()))?;
         // The floors are the classes' own: constant, set once, so a chart can draw them beside
         // the curve without knowing the configuration.
         let floor = vec(
@@ -133,6 +140,7 @@ impl CapacityMetrics {
                 "Mean decoding concurrency per engine over the last minute / the class's max concurrency.",
                 &["class"],
             )?,
+            replicas,
             classes: classes.iter().map(|c| c.name.clone()).collect(),
         })
     }
@@ -140,6 +148,7 @@ impl CapacityMetrics {
     /// Sets every series from `report`; removes those it has no value for.
     pub fn update(&self, report: &Report) {
         self.samples.set(report.samples as f64);
+        self.replicas.set(f64::from(report.replicas));
         let set = |g: &GaugeVec, labels: &[&str], v: Option<f64>| match v {
             Some(v) => g.with_label_values(labels).set(v),
             None => {
@@ -255,6 +264,7 @@ mod tests {
             "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"1\",kind=\"per_request\"} ",
             "tokenmeter_capacity_utilization{class=\"interactive\"} ",
             "tokenmeter_capacity_tps_floor{class=\"interactive\"} 40",
+            "tokenmeter_capacity_replicas 1",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }

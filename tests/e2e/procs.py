@@ -139,7 +139,8 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
     )
 
 
-def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets):
+def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
+                     capacity_class):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
@@ -152,6 +153,11 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         "--metrics-listen", f"127.0.0.1:{metrics_port}",
         "--buckets-ttft", csv(ttft_buckets),
         "--buckets-tps", csv(tps_buckets),
+        # The default classes, plus one whose floor the capacity fit's answer can be read for
+        # inside the concurrencies the check runs (validate.py, CAPACITY_CLASS).
+        "--slo", "interactive:ttft=1s,tps=20",
+        "--slo", "batch",
+        "--slo", f"{capacity_class[0]}:tps={capacity_class[1]:g}",
     ]  # fmt: skip
     return Server(
         "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30

@@ -86,6 +86,15 @@ def gauge(snapshot, name, **labels):
     return sum(v for (n, ls), v in snapshot.items() if n == name and _matches(ls, labels))
 
 
+def sample(snapshot, name, **labels):
+    """The value of one series of a gauge, or None when it is absent (a gauge that is not
+    exported yet must not read as 0)."""
+    for (n, ls), v in snapshot.items():
+        if n == name and _matches(ls, labels):
+            return v
+    return None
+
+
 class Histogram:
     """Cumulative bucket counts by upper bound, plus sum and count."""
 

@@ -164,6 +164,9 @@ def render(meta, results, checks):
         )
         w("")
 
+    if results.get("capacity"):
+        _capacity(w, results["capacity"])
+
     if results.get("control"):
         w("### Control: GuideLLM straight to vLLM, no proxy\n")
         w(
@@ -305,3 +308,78 @@ def _token_table(w, rows, error=False):
             else:
                 line += f" {100 * (r['events'] - r['truth']) / r['truth']:+.2f}% |"
         w(line)
+
+
+def _capacity(w, cap):
+    """The live capacity fit: reported, never a check (the tiny model's step costs are not
+    known, so there is no truth to hold it to; its predictions are set beside what the load
+    generator measured instead)."""
+    w("## The live capacity fit (reported, not checked)\n")
+    levels = ", ".join(str(c) for c in cap["levels"])
+    name, floor = cap["class"]
+    w(
+        "tokenmeter fits the decode step `t(b) = base + per_seq x b` from the traffic it passes "
+        "(docs/capacity.md). Its window holds every phase through the proxy so far: the GuideLLM "
+        f"levels above, then a ramp with `tokenmeter bench` through the proxy at {levels} streams, "
+        f"{cap['level_seconds']} s each ({cap['prompt_tokens']}-token prompts, "
+        f"{cap['output_tokens']} output tokens, `ignore_eos`). Each reading is a fresh refit "
+        "scraped from tokenmeter's `/metrics`. The tiny model's true step costs are not known, so "
+        "nothing here is checked; the fit's prediction of each level's per-request speed, "
+        "`1 / t(b)`, is set beside the median the load generator measured at that level "
+        f"instead. The proxy was started with a class `{name}` (floor {floor:g} tokens/s) beside "
+        f"the defaults. Ramp and readings took {cap['seconds']:.0f} s.\n"
+    )
+    if cap.get("error"):
+        w(f"The ramp did not complete: `{cap['error']}`\n")
+    readings = [(k, cap[k]) for k in ("before", "after") if cap.get(k)]
+    if readings:
+        titles = {"before": "after the GuideLLM phases", "after": "after the ramp"}
+        w("| fit | " + " | ".join(titles[k] for k, _ in readings) + " |")
+        w("|---|" + "---:|" * len(readings))
+
+        def line(label, f):
+            w(f"| {label} | " + " | ".join(f(r) for _, r in readings) + " |")
+
+        ms = lambda v, d: "absent" if v is None else f"{1000 * v:.{d}f} ms"  # noqa: E731
+        num = lambda v, d=0: "absent" if v is None else f"{v:,.{d}f}"  # noqa: E731
+        line("`step_seconds{term=\"base\"}`", lambda r: ms(r["base"], 3))
+        line("`step_seconds{term=\"per_sequence\"}`", lambda r: ms(r["per_seq"], 4))
+        line("`fit_r2`", lambda r: num(r["r2"], 3))
+        line("`fit_samples`", lambda r: num(r["samples"]))
+        line(
+            "`observed_concurrency` min - max",
+            lambda r: f"{num(r['observed_min'])} - {num(r['observed_max'])}",
+        )
+        classes = sorted({c for _, r in readings for c in r["classes"]})
+        for c in classes:
+            for key, label, d in (
+                ("tps_floor", "floor, tokens/s", 0),
+                ("max_concurrency", "max_concurrency", 0),
+                ("output_tokens_per_second", "output_tokens_per_second", 1),
+                ("utilization", "utilization", 3),
+            ):
+                line(
+                    f"`{c}`: {label}",
+                    lambda r, c=c, key=key, d=d: num(r["classes"].get(c, {}).get(key), d),
+                )
+        w("")
+    if cap.get("measured"):
+        w("Each level of the ramp: the load generator's median per-request decode speed and the "
+          "fit's prediction at that concurrency.\n")
+        w("| streams | requests | measured per-request tok/s (median) | predicted 1/t(b) | "
+          "prediction - measured | measured aggregate tok/s |")
+        w("|---:|---:|---:|---:|---:|---:|")
+        for m in cap["measured"]:
+            diff = "n/a"
+            if m["tps_p50"] and m["predicted"]:
+                diff = f"{100 * (m['predicted'] - m['tps_p50']) / m['tps_p50']:+.1f}%"
+            w(
+                f"| {m['c']} | {_n(m['requests'])}"
+                + (f" ({m['errors']} failed)" if m["errors"] else "")
+                + f" | {_n(m['tps_p50'])} | {_n(m['predicted'])} | {diff} | {_n(m['aggregate'])} |"
+            )
+        w("")
+    if cap.get("command"):
+        rc, text = cap["command"]
+        w(f"`tokenmeter capacity --metrics URL` on the same exposition (exit {rc}):\n")
+        w("```\n" + text + "\n```\n")

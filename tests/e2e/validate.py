@@ -442,6 +442,114 @@ def guidellm_phase(cfg, checks, urls, c):
     return row
 
 
+# === the capacity ramp (reported, never a check) ===
+
+# The live capacity fit (docs/capacity.md) needs 3 concurrencies with 20 samples each before it
+# answers. The GuideLLM phases give it three (1, 4, 16); this ramp adds the levels between, so
+# the fit is drawn through 1..16 and each level's predicted per-request speed can be set beside
+# the speed the load generator measured there. 7 levels x 3 s (about 800 tokens at 1 stream,
+# 2,000+ at 16) plus the drains and two refits: about 40 s.
+CAPACITY_LEVELS = (1, 2, 4, 6, 8, 12, 16)
+CAPACITY_LEVEL_SECONDS = 3
+CAPACITY_PROMPT_TOKENS = 32
+CAPACITY_OUTPUT_TOKENS = 64
+# A class whose floor lies inside what this tiny model does between 1 and 16 streams (about
+# 250 tok/s alone, 90 at 16), so its max concurrency is an interpolation; the default
+# `interactive` floor (20 tok/s) lies far beyond 16 streams and is shown as an extrapolation.
+CAPACITY_CLASS = ("fast", 120.0)
+# tokenmeter refits at most every 5 s (capacity::REFIT_INTERVAL), when /metrics is read: after
+# this long without a scrape, the next one shows a fit of the window as it is now.
+REFIT_WAIT_S = 5.5
+
+CAPACITY_GAUGES = {
+    "base": ("tokenmeter_capacity_step_seconds", {"term": "base"}),
+    "per_seq": ("tokenmeter_capacity_step_seconds", {"term": "per_sequence"}),
+    "r2": ("tokenmeter_capacity_fit_r2", {}),
+    "samples": ("tokenmeter_capacity_fit_samples", {}),
+    "observed_min": ("tokenmeter_capacity_observed_concurrency", {"bound": "min"}),
+    "observed_max": ("tokenmeter_capacity_observed_concurrency", {"bound": "max"}),
+}
+
+
+def capacity_reading(tm_metrics, path):
+    """A fresh fit's tokenmeter_capacity_* figures (None where a series is absent)."""
+    time.sleep(REFIT_WAIT_S)
+    text = prom.fetch(tm_metrics)
+    with open(path, "w") as f:
+        f.write(text)
+    snap = prom.parse(text)
+    out = {k: prom.sample(snap, n, **ls) for k, (n, ls) in CAPACITY_GAUGES.items()}
+    classes = {}
+    for (n, ls), v in snap.items():
+        d = dict(ls)
+        if n.startswith("tokenmeter_capacity_") and "class" in d:
+            classes.setdefault(d["class"], {})[n[len("tokenmeter_capacity_"):]] = v
+    out["classes"] = classes
+    return out
+
+
+def capacity_phase(cfg, urls):
+    """A concurrency ramp through the proxy with `tokenmeter bench`, then the capacity fit read
+    back from /metrics and set beside what the load generator measured at each level. Nothing
+    here can fail the run: an error is reported in the section."""
+    started = time.monotonic()
+    out_dir = os.path.join(cfg.out_dir, "capacity")
+    os.makedirs(out_dir, exist_ok=True)
+    row = {
+        "levels": list(CAPACITY_LEVELS),
+        "level_seconds": CAPACITY_LEVEL_SECONDS,
+        "prompt_tokens": CAPACITY_PROMPT_TOKENS,
+        "output_tokens": CAPACITY_OUTPUT_TOKENS,
+        "class": CAPACITY_CLASS,
+    }
+    try:
+        row["before"] = capacity_reading(urls["tm_metrics"], os.path.join(out_dir, "before.txt"))
+        argv = [
+            cfg.tokenmeter, "bench",
+            "--target", urls["proxy"],
+            "--model", MODEL_NAME,
+            "--concurrency", ",".join(str(c) for c in CAPACITY_LEVELS),
+            "--duration", f"{CAPACITY_LEVEL_SECONDS}s",
+            "--prompt-tokens", str(CAPACITY_PROMPT_TOKENS),
+            "--output-tokens", str(CAPACITY_OUTPUT_TOKENS),
+            "--out", out_dir,
+        ]  # fmt: skip
+        with open(os.path.join(out_dir, "bench.log"), "wb") as log:
+            rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, timeout=300)
+        if rc != 0:
+            raise RuntimeError(f"tokenmeter bench exited with {rc} (log {out_dir}/bench.log)")
+        settle(urls["vllm_metrics"], urls["tm_metrics"])
+        row["after"] = capacity_reading(urls["tm_metrics"], os.path.join(out_dir, "after.txt"))
+        with open(os.path.join(out_dir, "bench.json")) as f:
+            levels = json.load(f)["levels"]
+        a = row["after"]
+        row["measured"] = []
+        for lv in levels:
+            c = lv["concurrency"]
+            tps = (lv.get("request_tps") or {}).get("p50")
+            step = None
+            if a["base"] is not None and a["per_seq"] is not None:
+                step = a["base"] + a["per_seq"] * c
+            predicted = 1.0 / step if step and step > 0 else None
+            row["measured"].append(
+                {"c": c, "requests": lv["requests"], "errors": lv["errors"], "tps_p50": tps,
+                 "aggregate": lv["aggregate_tps"], "predicted": predicted}
+            )  # fmt: skip
+        # The planner's command on the same exposition: what it prints is shown as is.
+        svg = os.path.join(out_dir, "capacity.svg")
+        cmd = subprocess.run(
+            [cfg.tokenmeter, "capacity", "--metrics", urls["tm_metrics"], "--svg", svg],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        row["command"] = (cmd.returncode, cmd.stdout.strip() or cmd.stderr.strip())
+    except Exception as e:  # reported, not gated
+        row["error"] = "".join(traceback.format_exception_only(e)).strip()
+        print(f"[e2e] capacity ramp (reported only) failed: {row['error']}", flush=True)
+    row["seconds"] = time.monotonic() - started
+    print(f"[e2e] capacity ramp and readings took {row['seconds']:.0f} s", flush=True)
+    return row
+
+
 def control_phase(cfg, urls, c):
     """GuideLLM straight to vLLM, no proxy: how far the client's TTFT is from vLLM's on its
     own. Set beside the proxied phase, the difference is what the proxy adds."""
@@ -589,6 +697,7 @@ def serve(cfg, stack, model_dir, name, tag, bounds):
     tm = procs.start_tokenmeter(
         cfg.tokenmeter, f"http://127.0.0.1:{vport}", pport, mport,
         os.path.join(cfg.out_dir, f"tokenmeter-{tag}.log"), bounds["ttft"], bounds["tps"],
+        CAPACITY_CLASS,
     )  # fmt: skip
     stack.append(tm)
     urls = {
@@ -656,7 +765,7 @@ def main():
     tps = tps_bounds()
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
-    results = {"guidellm": [], "control": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
+    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
     error = None
     stack = []
     try:
@@ -664,6 +773,7 @@ def main():
         results["startup"]["main"] = vllm.ready_after
         for c in [int(x) for x in cfg.concurrency.split(",")]:
             results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
+        results["capacity"] = capacity_phase(cfg, urls)
         for c in [int(x) for x in cfg.control.split(",") if x]:
             results["control"].append(control_phase(cfg, urls, c))
         results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)

@@ -601,3 +601,23 @@ fn bad_slo_strings_exit_64_with_one_line_naming_the_problem() {
         "{err}"
     );
 }
+
+#[test]
+fn bad_replicas_exit_64_with_one_line_naming_the_flag() {
+    let up = ["--upstream", "http://127.0.0.1:1"];
+    for bad in ["0", "-3", "some", "2.5"] {
+        let flag = format!("--replicas={bad}");
+        let (code, err) = run_err_env(&[&up[..], &[flag.as_str()]].concat(), &[]);
+        assert_eq!(code, 64, "{bad}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "--replicas must be auto or a whole number of 1 or more, got {bad:?}"
+            )),
+            "{bad}: {err}"
+        );
+    }
+    let (code, err) = run_err_env(&up, &[("TOKENMETER_REPLICAS", "none")]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--replicas must be auto"), "{err}");
+}
