@@ -223,7 +223,8 @@ pub struct ProxyArgs {
 
     // --- other naming schemes, tenants (issue 14) ---
     /// Also export the series under another naming scheme: "vllm" (vLLM's vllm:* names,
-    /// label model_name). Repeatable or comma-separated.
+    /// label model_name), "otel" (OpenTelemetry's GenAI names, gen_ai_*). Repeatable or
+    /// comma-separated.
     #[arg(
         long,
         env = "TOKENMETER_COMPAT",
@@ -334,7 +335,7 @@ pub enum ConfigError {
     NotHttps(&'static str),
     #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
     BadUiSamplePeriod(Duration),
-    #[error("--compat {0:?} is not a naming scheme (expected vllm)")]
+    #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
     #[error(transparent)]
     Replicas(#[from] crate::replicas::BadReplicas),
@@ -348,6 +349,7 @@ fn parse_compat(values: &[String]) -> Result<Compat, ConfigError> {
     for v in values {
         match v.trim() {
             "vllm" => c.vllm = true,
+            "otel" => c.otel = true,
             "" => {}
             other => return Err(ConfigError::BadCompat(other.to_string())),
         }
@@ -788,6 +790,15 @@ mod tests {
         assert_eq!(c.metrics.compat, Compat::default());
         let c = args(&[&up[..], &["--compat", "vllm"]].concat()).validate();
         assert!(c.expect("valid").metrics.compat.vllm);
+        let c = args(&[&up[..], &["--compat", "vllm,otel"]].concat()).validate();
+        let both = Compat {
+            vllm: true,
+            otel: true,
+        };
+        assert_eq!(c.expect("valid").metrics.compat, both);
+        let c = args(&[&up[..], &["--compat", "otel"]].concat()).validate();
+        let compat = c.expect("valid").metrics.compat;
+        assert!(compat.otel && !compat.vllm);
         let e = args(&[&up[..], &["--compat", "vllm,tgi"]].concat()).validate();
         assert_eq!(e.err(), Some(ConfigError::BadCompat("tgi".into())));
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::metrics::{Compat, Metrics, MetricsConfig, Outcome};
 use tokenmeter::protocol::request::RequestInfo;
 
 #[global_allocator]
@@ -28,16 +28,28 @@ fn metering_a_content_chunk_allocates_nothing() {
     let _profiler = dhat::Profiler::builder().testing().build();
     // Without tenants, and with them: the tenant is resolved once per request, before the
     // first chunk, so the per-chunk path is the same. (One test: dhat profiles one at a time.)
-    for tenant in [false, true] {
+    // The compat schemes resolve their handles with the request's too (vLLM's generation
+    // counter moves per event): still nothing per chunk.
+    let compat = Compat {
+        vllm: true,
+        otel: true,
+    };
+    for (tenant, compat) in [
+        (false, Compat::default()),
+        (true, Compat::default()),
+        (false, compat),
+        (true, compat),
+    ] {
         let metrics = Metrics::new(&MetricsConfig {
             tenant,
+            compat,
             ..MetricsConfig::default()
         })
         .expect("metrics");
         let allocated = allocations_over_chunks(Arc::new(metrics), tenant);
         assert_eq!(
             allocated, 0,
-            "{allocated} heap allocations over 1,100 chunks on the common path (tenant: {tenant})"
+            "{allocated} heap allocations over 1,100 chunks on the common path (tenant: {tenant}, {compat:?})"
         );
     }
 }

@@ -27,9 +27,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::StreamGaps;
 use crate::metrics::{
-    concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics, Outcome,
-    ParseErrors, Phase, SloResult,
+    concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics,
+    Operation, Outcome, ParseErrors, Phase, Route, SloResult,
 };
+use crate::protocol::detect;
 use crate::protocol::request::RequestInfo;
 use crate::protocol::{Api, OutputKind};
 use crate::read::{Event, Reader};
@@ -117,6 +118,8 @@ impl Recorder {
                     slo: Some(self.classes.default_choice()),
                     tenant: None,
                     left: false,
+                    route: Route::default(),
+                    model_from_response: false,
                 },
             }),
         }
@@ -181,6 +184,10 @@ struct Clock {
     tenant: Option<Arc<str>>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
+    /// What the client's path says (the GenAI operation, the format it implies).
+    route: Route,
+    /// The `model` handles carry the model the stream named (not the request's).
+    model_from_response: bool,
 }
 
 // === impl Meter ===
@@ -204,6 +211,18 @@ impl Meter {
     pub fn set_slo(&mut self, choice: Option<Choice>) {
         if let Some(s) = &mut self.state {
             s.clock.slo = choice;
+        }
+    }
+
+    /// The request's path (the client's, before any `--upstream` prefix): what it says of the
+    /// GenAI operation and the wire format, known before any response (so a request that fails
+    /// before its response head still has them).
+    pub fn set_route(&mut self, path: &str) {
+        if let Some(s) = &mut self.state {
+            s.clock.route = Route {
+                operation: Operation::of_path(path),
+                api: detect::path_hint(path),
+            };
         }
     }
 
@@ -305,9 +324,12 @@ impl State {
         };
         let m = &s.recorder.metrics;
         let api = self.reader.api();
-        let model = match &s.model {
-            Some(h) => h.label().to_owned(),
-            None => s.model_label(summary.model.as_deref()),
+        let (model, model_from_response) = match &s.model {
+            Some(h) => (h.label().to_owned(), s.model_from_response),
+            None => (
+                s.model_label(summary.model.as_deref()),
+                summary.model.is_some(),
+            ),
         };
         let code = if s.status == 0 { 502 } else { s.status };
         let (output, token_source) = self.reader.output();
@@ -348,6 +370,9 @@ impl State {
                 content_encoding: u64::from(s.encoded),
             },
             slo: None,
+            route: s.route,
+            request_model: s.request.model.clone(),
+            model_from_response,
             tenant: s.tenant.clone(),
         };
         let f = Finished {
@@ -469,6 +494,7 @@ impl Clock {
             None => {
                 let m = &self.recorder.metrics;
                 let h = m.model(self.model_label(named), self.tenant.as_ref());
+                self.model_from_response = named.is_some();
                 self.ttft_pending = Some(since);
                 self.model = Some(h);
                 self.first_token = Some(now);

@@ -20,6 +20,7 @@
 
 pub mod capacity;
 mod capped;
+pub mod otel;
 mod rate;
 mod vllm;
 
@@ -34,6 +35,8 @@ use prometheus::{
 };
 
 pub use self::capped::{Capped, OTHER};
+use self::otel::Otel;
+pub use self::otel::{Operation, Route};
 pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
@@ -298,6 +301,13 @@ pub struct Finished {
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
     pub slo: Option<SloResult>,
+    // --- for `--compat otel` (issue 14) ---
+    /// What the request's path said: its GenAI operation and the format the path implies.
+    pub route: Route,
+    /// The model the request body named, as sent (bounded only when it becomes a label).
+    pub request_model: Option<String>,
+    /// `model` is the one the response named (not the request's fallback, nor `unknown`).
+    pub model_from_response: bool,
     /// The `tenant` label (already bounded by `crate::tenant`); `None` is [`NO_TENANT`]. Read
     /// only when the label exists (`MetricsConfig::tenant`).
     pub tenant: Option<Arc<str>>,
@@ -377,11 +387,16 @@ impl ModelMetrics {
     }
 
     /// A token-bearing event carried `tokens` tokens: counted in the output total at once (so
-    /// `rate()` moves while a long stream runs) and observed in the tokens-per-event histogram.
-    /// Lock-free: two atomic updates on handles resolved once per request.
+    /// `rate()` moves while a long stream runs), and in `vllm:generation_tokens_total` with
+    /// `--compat vllm`, and observed in the tokens-per-event histogram. Lock-free: atomic
+    /// updates on handles resolved once per request.
     pub fn event(&self, tokens: u32) {
         self.output_total.inc_by(u64::from(tokens));
         self.per_event.observe(f64::from(tokens));
+        if let Some(v) = &self.vllm {
+            // vLLM counts generation tokens at every engine step, not when a request ends.
+            v.generation.inc_by(u64::from(tokens));
+        }
     }
 
     /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
@@ -443,6 +458,8 @@ impl InFlight {
 pub struct Compat {
     /// vLLM's series (`vllm:*`, label `model_name`).
     pub vllm: bool,
+    /// OpenTelemetry's GenAI series (`gen_ai_*`, labels `gen_ai_*` and `error_type`).
+    pub otel: bool,
 }
 
 /// All metric families, registered in one registry.
@@ -473,6 +490,7 @@ pub struct Metrics {
     output_tps: Gauge,
     output_tps_per_gpu: Gauge,
     vllm: Option<Vllm>,
+    otel: Option<Otel>,
     /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
     decoding: IntGauge,
     capacity: Capacity,
@@ -532,10 +550,21 @@ fn histogram(
     labels: &[&str],
     buckets: &[f64],
 ) -> prometheus::Result<HistogramVec> {
-    let h = HistogramVec::new(
+    register_histogram(
+        r,
         HistogramOpts::new(name, help).buckets(buckets.to_vec()),
         labels,
-    )?;
+    )
+}
+
+/// Builds and registers a histogram family from its options (a compat scheme adds constant
+/// labels to them).
+fn register_histogram(
+    r: &Registry,
+    opts: HistogramOpts,
+    labels: &[&str],
+) -> prometheus::Result<HistogramVec> {
+    let h = HistogramVec::new(opts, labels)?;
     r.register(Box::new(h.clone()))?;
     Ok(h)
 }
@@ -646,8 +675,13 @@ impl Metrics {
             true => Some(Vllm::new(&r, b)?),
             false => None,
         };
+        let otel = match cfg.compat.otel {
+            true => Some(Otel::new(&r)?),
+            false => None,
+        };
         Ok(Metrics {
             vllm,
+            otel,
             models: ModelLabels::new(cfg.max_models),
             rate: RateWindow::new(cfg.rate_window),
             gpus: cfg.gpus,
@@ -892,6 +926,14 @@ impl Metrics {
             self.ttfb
                 .with_label_values(&[model])
                 .observe(fb.as_secs_f64());
+        }
+        if let Some(o) = &self.otel {
+            // "If available": an empty value, which Prometheus reads as no label.
+            let requested = match &f.request_model {
+                Some(name) => self.models.label(Some(name)),
+                None => String::new(),
+            };
+            o.record(f, &requested);
         }
         if f.api == Api::Unknown {
             return;

@@ -39,7 +39,8 @@ fn model_labels_are_bounded_and_sanitised() {
     assert_eq!(m.label(Some(&long)).len(), MAX_MODEL_LABEL_LEN);
 }
 
-fn finished() -> Finished {
+/// A complete OpenAI chat request of 5 tokens: the record most tests vary.
+pub(super) fn finished() -> Finished {
     Finished {
         model: "m".into(),
         code: 200,
@@ -61,6 +62,12 @@ fn finished() -> Finished {
         cached_input: CachedInput::default(),
         parse_errors: ParseErrors::default(),
         slo: None,
+        route: Route {
+            operation: Some(Operation::Chat),
+            api: Some(Api::OpenAi),
+        },
+        request_model: Some("req".into()),
+        model_from_response: true,
         tenant: None,
     }
 }
@@ -186,7 +193,10 @@ fn exposition_has_every_family() {
 
 fn vllm_metrics() -> Metrics {
     let cfg = MetricsConfig {
-        compat: Compat { vllm: true },
+        compat: Compat {
+            vllm: true,
+            ..Compat::default()
+        },
         ..MetricsConfig::default()
     };
     Metrics::new(&cfg).expect("metrics")
@@ -237,6 +247,37 @@ fn vllm_names_carry_model_name_engine_and_vllms_buckets() {
         sum(&text, "tokenmeter_output_tokens_total{model=\"m\"}"),
         5.0
     );
+}
+
+#[test]
+fn vllm_generation_tokens_move_per_event_and_settle_at_the_end() {
+    let m = vllm_metrics();
+    let h = m.model("m".into(), None);
+    let total = |m: &Metrics| {
+        let text = String::from_utf8(m.render()).expect("utf8");
+        sum(
+            &text,
+            "vllm:generation_tokens_total{engine=\"tokenmeter\",model_name=\"m\"}",
+        )
+    };
+    h.event(1);
+    h.event(2);
+    // Before the request ends, as vLLM's counter moves at every engine step.
+    assert_eq!(total(&m), 3.0);
+    // The usage report says 5: the 2 no event showed are added, nothing is counted twice.
+    m.record(&Finished {
+        streamed_tokens: 3,
+        ..finished()
+    });
+    assert_eq!(total(&m), 5.0);
+    // A final count below what streamed takes nothing back.
+    h.event(4);
+    m.record(&Finished {
+        streamed_tokens: 4,
+        output_tokens: 2,
+        ..finished()
+    });
+    assert_eq!(total(&m), 9.0);
 }
 
 #[test]

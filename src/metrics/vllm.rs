@@ -12,16 +12,21 @@
 //! Only what the wire shows is exported. KV-cache usage, prefix-cache hits, preemptions and
 //! the split of the wait before the first token into queue and prefill happen inside the
 //! engine: those series are absent, not faked. Definitions follow vLLM's where the wire allows
-//! (the README's vLLM section lists where they differ from tokenmeter's own):
+//! (docs/definitions.md has them side by side with tokenmeter's, OpenTelemetry's, GuideLLM's
+//! and vLLM bench's):
 //! - TTFT and e2e latency run from the request's arrival at the proxy (vLLM: at its API server);
 //! - inter-token latency is one observation per token-bearing event, the gap since the previous
 //!   one (vLLM: one per engine step that produced tokens for the request);
 //! - time per output token is decode time / (output tokens - 1), and 0 for a one-token answer,
 //!   observed for every request that produced a token, as vLLM does;
+//! - generation tokens are counted as they stream, as vLLM counts them at every engine step
+//!   (`VllmLive::generation`), and settled to the final count when the request ends;
 //! - "running" is a request whose tokens are streaming, "waiting" one sent upstream that has no
 //!   token yet: the engine's queue and its prefill together.
 
-use prometheus::{Histogram, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use super::{counter, histogram, Buckets, Finished, Outcome, Stop};
 
@@ -95,6 +100,8 @@ pub(super) struct VllmLive {
     /// `vllm:num_requests_running` of this model: a request decodes under the model its
     /// stream named, as its TTFT is labelled.
     pub running: IntGauge,
+    /// `vllm:generation_tokens_total` of this model, moved by every token-bearing event.
+    pub generation: IntCounter,
 }
 
 /// One request's vLLM in-flight gauges: waiting under the model the request named, running
@@ -173,7 +180,7 @@ impl Vllm {
             generation_total: counter(
                 r,
                 "vllm:generation_tokens_total",
-                "Number of generation tokens processed, counted when a request ends.",
+                "Number of generation tokens processed, counted as they stream.",
                 l,
             )?,
             success: counter(
@@ -200,6 +207,7 @@ impl Vllm {
             ttft: self.ttft.with_label_values(&[model, ENGINE]),
             itl: self.itl.with_label_values(&[model, ENGINE]),
             running: self.running.with_label_values(&[model, ENGINE]),
+            generation: self.generation_total.with_label_values(&[model, ENGINE]),
         }
     }
 
@@ -223,7 +231,11 @@ impl Vllm {
             .with_label_values(&l)
             .observe(f.duration.as_secs_f64());
         let output = f.output_tokens;
-        self.generation_total.with_label_values(&l).inc_by(output);
+        // Counted as they streamed (`VllmLive::generation`); the final count settles the rest,
+        // as for `tokenmeter_output_tokens_total`: what is missing is added, nothing taken back.
+        self.generation_total
+            .with_label_values(&l)
+            .inc_by(output.saturating_sub(f.streamed_tokens));
         self.generation_tokens
             .with_label_values(&l)
             .observe(output as f64);

@@ -160,6 +160,7 @@ where
         let drain = req.extensions().get::<Drain>().cloned();
         let mut meter = self.recorder.start_at(info, arrived);
         meter.set_slo(slo);
+        meter.set_route(&path);
         meter.set_tenant(tenant);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {

@@ -5,7 +5,8 @@ exposition of every mode.
 
 On loopback only, in a temporary directory, it starts:
   - `tokenmeter sim` (OpenAI-compatible, continuous batching),
-  - one tokenmeter per mode in front of it: plain, --compat vllm, and any further mode in MODES,
+  - one tokenmeter per mode in front of it: plain, --compat vllm, --compat otel and
+    --compat vllm,otel,
   - Prometheus (the Debian package) scraping them every second,
   - `tokenmeter bench` sending streaming requests through each.
 Then:
@@ -15,8 +16,11 @@ Then:
      series, labels and functions, written here with the panel's title) must return a finite
      value; the panels that cannot work must find no series (absent, not faked), and the
      README's table must list every panel with the same verdict;
-  2. `promtool check metrics` must pass on a scrape of every mode;
-  3. the tenant mode (--tenant-header, --tenant-from-key, a cap of 3) holds exactly the tenants
+  2. `--compat otel`: the four GenAI families exist with exactly their label names in the otel
+     modes and in no other, their token sums equal tokenmeter's counters, a TTFT median comes;
+  3. `promtool check metrics` must pass on a scrape of every mode (plain, vllm, otel,
+     vllm+otel, tenant);
+  4. the tenant mode (--tenant-header, --tenant-from-key, a cap of 3) holds exactly the tenants
      its crafted requests imply, and the bench's API key appears nowhere in its exposition.
 Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
 PROMETHEUS, PROMTOOL, COMPAT_TRAFFIC_SECONDS (default 25).
@@ -40,8 +44,23 @@ MODEL = "tokenmeter-sim"
 MODES = [
     ("plain", []),
     ("vllm", ["--compat", "vllm"]),
+    ("otel", ["--compat", "otel"]),
+    ("vllm+otel", ["--compat", "vllm,otel"]),
     ("tenant", ["--tenant-header", "x-tenant", "--tenant-from-key", "--max-tenants", "3"]),
 ]
+
+# --compat otel: the families a real Prometheus must hold, with the label names every series
+# carries (the OTel Prometheus exporter's spelling of the GenAI conventions v1.41.0), in the
+# modes that export them, and in no other.
+OTEL_LABELS = {"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model",
+               "gen_ai_response_model", "otel_scope_name", "otel_scope_version", "otel_scope_schema_url"}
+OTEL_FAMILIES = [
+    ("gen_ai_server_time_to_first_token_seconds_bucket", OTEL_LABELS | {"le"}),
+    ("gen_ai_server_time_per_output_token_seconds_bucket", OTEL_LABELS | {"le"}),
+    ("gen_ai_server_request_duration_seconds_bucket", OTEL_LABELS | {"le", "error_type"}),
+    ("gen_ai_client_token_usage_bucket", OTEL_LABELS | {"le", "gen_ai_token_type"}),
+]
+OTEL_MODES = {"otel", "vllm+otel"}
 
 # --- tenants (issue 14) ---
 # Sent to the tenant mode before the load: five names for a cap of three, one invalid value.
@@ -72,6 +91,7 @@ def check_tenants(metrics_port):
         fail(f"tenant mode: tokenmeter_requests_total tenants {sorted(got)}, expected {sorted(TENANTS_EXPECTED)}")
     if TENANT_KEY in text or "DO-NOT-LABEL" in text:
         fail("tenant mode: the API key appears in the exposition")
+
 
 # vLLM's example dashboard, panel by panel: its title, then either the queries it runs (with
 # $model_name and $__rate_interval as the dashboard has them) or why it cannot work in front of
@@ -147,6 +167,37 @@ def check_vllm_panels(prom):
             if data:
                 fail(f"vLLM panel {title!r}: {series} should be absent, found {data[:2]}")
     print(f"  {checked} vLLM dashboard queries checked over {len(VLLM_PANELS)} panels")
+
+
+def check_otel_series(prom):
+    """The otel families exist in the otel modes, with exactly their labels, and nowhere else;
+    their token sums equal tokenmeter's own counters in the same mode."""
+    for family, want in OTEL_FAMILIES:
+        data = prom.api("series", **{"match[]": family, "start": time.time() - 300, "end": time.time()})
+        modes = {s.get("mode") for s in data}
+        if modes != OTEL_MODES:
+            fail(f"otel: {family} found in modes {sorted(m for m in modes if m)}, want {sorted(OTEL_MODES)}")
+        for s in data:
+            # Prometheus drops empty labels (error_type on successes): the rest must be exact.
+            got = set(s) - {"__name__", "job", "instance", "mode"}
+            if not got <= want or not (want - {"error_type"}) <= got:
+                fail(f"otel: {family} labels {sorted(got)}, want {sorted(want)}")
+                break
+    for mode in sorted(OTEL_MODES):
+        sel = f'mode="{mode}"'
+        # Both recorded when a request ends (tokenmeter_output_tokens_total moves per event, so
+        # under the running load it is ahead by the tokens in flight).
+        for kind, own in [("output", "tokenmeter_request_output_tokens_sum"), ("input", "tokenmeter_input_tokens_total")]:
+            expr = (f'(sum(gen_ai_client_token_usage_sum{{{sel},gen_ai_token_type="{kind}"}}) or vector(0)) '
+                    f'- (sum({own}{{{sel}}}) or vector(0))')
+            _, vals = lt.query(prom, expr, False, "1s")
+            if not vals or abs(vals[0]) > 0.5:
+                fail(f"otel [{mode}]: {kind} token usage differs from {own}: {vals}")
+        ttft = (f'histogram_quantile(0.5, sum by(le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{{{sel}}}[10s])))')
+        _, vals = lt.query(prom, ttft, True, "1s")
+        if not vals:
+            fail(f"otel [{mode}]: no TTFT median\n    {ttft}")
+    print(f"  otel: {len(OTEL_FAMILIES)} families in {sorted(OTEL_MODES)} only; token sums equal tokenmeter's")
 
 
 def check_readme_table():
@@ -237,6 +288,8 @@ def main():
         print("compat_test: vLLM's dashboard", flush=True)
         check_vllm_panels(prom)
         check_readme_table()
+        print("compat_test: OpenTelemetry names", flush=True)
+        check_otel_series(prom)
         print("compat_test: promtool check metrics", flush=True)
         for name, _, metrics in targets:
             check_promtool(promtool, name, metrics)

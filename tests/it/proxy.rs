@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
-use crate::support::{corpus, spawn_proxy, Rng};
+use crate::support::{corpus, promtool, spawn_proxy, stream_once, Rng, Streamed};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -234,15 +234,10 @@ fn timed_upstream_steps() -> Vec<Step> {
 #[tokio::test]
 async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
     let _turn = crate::support::serial().await;
-    let up = upstream::spawn(|_| Reply::sse(timed_upstream_steps())).await;
-    let proxy = spawn_proxy(&up.url(), &[]).await;
-    let seen = client::post(
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &chat_request(true, true),
-    )
-    .await;
+    let Streamed {
+        seen, scrape: s, ..
+    } = stream_once(timed_upstream_steps(), &[]).await;
     assert_eq!(seen.status, 200);
-    let s = proxy.settled(1.0).await;
     let m = |n: &str| metric(n).label("model", "test-model");
     assert_eq!(
         metric("tokenmeter_requests_total")
@@ -651,50 +646,14 @@ async fn requests_and_headers_are_forwarded_with_hop_by_hop_headers_removed() {
 
 #[tokio::test]
 async fn promtool_accepts_the_exposition() {
-    let Some(promtool) = which("promtool") else {
+    let s = stream_once(upstream::openai_chat(MS, 5, MS, true), &[]).await;
+    if let Some(lint) = promtool::lint(&s.scrape) {
         assert!(
-            !crate::support::in_ci(),
-            "promtool is required in CI (apt-get install prometheus)"
+            lint.is_empty(),
+            "promtool check metrics:\n{}",
+            lint.join("\n")
         );
-        eprintln!("SKIPPED promtool check: promtool not installed (apt-get install prometheus)");
-        return;
-    };
-    let up = upstream::spawn(|_| Reply::sse(upstream::openai_chat(MS, 5, MS, true))).await;
-    let proxy = spawn_proxy(&up.url(), &[]).await;
-    client::post(
-        &format!("{}/v1/chat/completions", proxy.url()),
-        &chat_request(true, true),
-    )
-    .await;
-    let s = proxy.settled(1.0).await;
-    let mut child = std::process::Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(s.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-pub fn which(name: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| std::path::Path::new(d).join(name))
-        .find(|p| p.is_file())
+    }
 }
 
 #[tokio::test]

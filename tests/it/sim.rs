@@ -17,19 +17,12 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter::sim::{Dialect, Model, Sim, SimConfig};
+use tokenmeter::sim::{Dialect, Model, SimConfig};
 
 use crate::support::metrics::metric;
-use crate::support::{client, client::Seen, corpus};
+use crate::support::{client, client::Seen, corpus, start_sim};
 
 // === helpers ===
-
-async fn start_sim(cfg: SimConfig) -> SocketAddr {
-    let sim = Sim::bind(&cfg).await.expect("bind the simulator");
-    let addr = sim.local_addr();
-    tokio::spawn(sim.serve(std::future::pending()));
-    addr
-}
 
 fn json(seen: &Seen) -> Value {
     serde_json::from_slice(&seen.body).expect("a JSON body")

@@ -6,6 +6,7 @@
 pub mod client;
 pub mod corpus;
 pub mod metrics;
+pub mod promtool;
 pub mod tls;
 pub mod upstream;
 pub mod ws;
@@ -17,7 +18,11 @@ use clap::Parser;
 use tokenmeter::config::ProxyArgs;
 use tokenmeter::metrics::Metrics;
 use tokenmeter::server::Server;
+use tokenmeter::sim::{Sim, SimConfig};
 use tokio::sync::oneshot;
+
+use self::client::Seen;
+use self::upstream::{Reply, Step, Upstream};
 
 #[derive(Parser)]
 struct Args {
@@ -107,6 +112,43 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
         shutdown: Some(tx),
         task,
     }
+}
+
+/// What one request through a fresh proxy left: the parts, what the client saw, and the
+/// scrape once the request was recorded.
+pub struct Streamed {
+    pub proxy: Proxy,
+    pub upstream: Upstream,
+    pub seen: Seen,
+    pub scrape: String,
+}
+
+/// A proxy with `flags` in front of an upstream that answers every request with the SSE
+/// `steps`, and one streaming chat request through it (`chat_request(true, true)`): the set-up
+/// most metric tests share.
+pub async fn stream_once(steps: Vec<Step>, flags: &[&str]) -> Streamed {
+    let upstream = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
+    let proxy = spawn_proxy(&upstream.url(), flags).await;
+    let seen = client::post(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &client::chat_request(true, true),
+    )
+    .await;
+    let scrape = proxy.settled(1.0).await;
+    Streamed {
+        proxy,
+        upstream,
+        seen,
+        scrape,
+    }
+}
+
+/// Starts the simulator in this process (on the port `cfg` names; 0 by default).
+pub async fn start_sim(cfg: SimConfig) -> SocketAddr {
+    let sim = Sim::bind(&cfg).await.expect("bind the simulator");
+    let addr = sim.local_addr();
+    tokio::spawn(sim.serve(std::future::pending()));
+    addr
 }
 
 /// One test at a time among those that take it: wall-clock measurements, and tests that keep
