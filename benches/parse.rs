@@ -157,6 +157,28 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
+    // The same from two threads at once over one recorder, as a runtime with two workers meters
+    // two connections: what every token-bearing event shares (the concurrency tracker, the rate
+    // window, the per-model handles) is met by both.
+    g.bench_function("meter_256_byte_frames_2_threads", |bench| {
+        bench.iter(|| {
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        for b in &sse_bodies {
+                            let mut meter = rec.start(RequestInfo::default());
+                            meter.on_response(200, &b.path, "text/event-stream", false);
+                            let t0 = Instant::now();
+                            for (i, piece) in black_box(&b.bytes).chunks(FRAME).enumerate() {
+                                meter.on_data(piece, t0 + Duration::from_micros(i as u64));
+                            }
+                            meter.finish(Outcome::Complete);
+                        }
+                    });
+                }
+            })
+        })
+    });
     g.finish();
 }
 

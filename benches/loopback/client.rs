@@ -37,6 +37,10 @@ pub struct Report {
     pub secs: f64,
     /// Latency of each content event (receive minus send), ns; or time to first byte, ns.
     pub samples_ns: Vec<u64>,
+    /// For `paced`: the latency of each response's first content event, ns (the one an
+    /// inference server sends after its prefill, when the connection has been quiet).
+    #[serde(default)]
+    pub first_ns: Vec<u64>,
     /// Responses that broke a rule (see the module docs), and the first reason.
     pub errors: u64,
     pub first_error: Option<String>,
@@ -56,6 +60,7 @@ impl Report {
         self.events += o.events;
         self.total_events += o.total_events;
         self.samples_ns.extend(o.samples_ns);
+        self.first_ns.extend(o.first_ns);
         self.errors += o.errors;
         if self.first_error.is_none() {
             self.first_error = o.first_error;
@@ -326,10 +331,18 @@ pub async fn saturate(
 
 /// Fixed load: `streams` streams of `rate` chunks/s for `secs`, their starts spread over one
 /// interval; one latency sample per content event.
-pub async fn paced(addr: SocketAddr, streams: usize, rate: f64, secs: f64) -> Report {
+pub async fn paced(
+    addr: SocketAddr,
+    streams: usize,
+    rate: f64,
+    secs: f64,
+    first_us: u64,
+    requests: u64,
+) -> Report {
     let interval_us = (1e6 / rate) as u64;
-    let chunks = (rate * secs).max(1.0) as u64;
-    let req = Rc::new(wire::request(chunks, interval_us, false));
+    let requests = requests.max(1);
+    let chunks = ((rate * secs).max(1.0) as u64 / requests).max(1);
+    let req = Rc::new(wire::request_after(chunks, interval_us, first_us, false));
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..streams {
@@ -339,18 +352,29 @@ pub async fn paced(addr: SocketAddr, streams: usize, rate: f64, secs: f64) -> Re
             tokio::time::sleep_until(t0 + offset).await;
             let mut r = Report::default();
             let mut buf = vec![0u8; READ_BUF];
-            let mut lat = Vec::with_capacity(chunks as usize);
+            let mut lat = Vec::with_capacity((chunks * requests) as usize);
+            let mut first = Vec::with_capacity(requests as usize);
             match connect(addr).await {
                 Ok(mut s) => {
-                    exchange(&mut s, &mut buf, &req, None, &mut r, |sent, got| {
-                        lat.push(got.saturating_sub(sent))
-                    })
-                    .await;
+                    // The requests of one stream follow one another on its connection, as a
+                    // client at concurrency 1 sends its next request when the last one ends.
+                    for _ in 0..requests {
+                        let at = lat.len();
+                        let ok = exchange(&mut s, &mut buf, &req, None, &mut r, |sent, got| {
+                            lat.push(got.saturating_sub(sent))
+                        })
+                        .await;
+                        first.extend(lat.get(at).copied());
+                        if !ok {
+                            break;
+                        }
+                    }
                 }
                 Err(e) => r.error(e),
             }
             r.events = lat.len() as u64;
             r.samples_ns = lat;
+            r.first_ns = first;
             r
         }));
     }

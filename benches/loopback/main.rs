@@ -50,6 +50,10 @@ pub struct Settings {
     pub paced_loads: Vec<usize>,
     pub paced_rate: f64,
     pub paced_secs: f64,
+    /// Delay of each response's first chunk after its head (an inference server's prefill).
+    pub paced_first_us: u64,
+    /// Requests each paced stream sends one after another (the chunks split among them).
+    pub paced_requests: u64,
     pub ttfb_streams: usize,
     pub ttfb_idle: Duration,
     pub ttfb_reps: usize,
@@ -108,6 +112,8 @@ impl Settings {
             paced_loads: vec![16, 1000],
             paced_rate: 50.0,
             paced_secs: 4.0,
+            paced_first_us: 0,
+            paced_requests: 1,
             ttfb_streams: 16,
             // Past tokenmeter's 4 s pool timeout, short of the upstream's 5 s keep-alive: a pool
             // that keeps connections until the server closes them finds them warm.
@@ -138,6 +144,8 @@ impl Settings {
             paced_loads: vec![16, 100],
             paced_rate: 50.0,
             paced_secs: 0.4,
+            paced_first_us: 20_000,
+            paced_requests: 2,
             ttfb_streams: 16,
             ttfb_idle: Duration::from_millis(200),
             ttfb_reps: 1,
@@ -230,6 +238,8 @@ fn role(args: &[String]) -> Result<(), String> {
                             flag(args, "--streams")?,
                             flag(args, "--rate")?,
                             flag(args, "--secs")?,
+                            flag(args, "--first-us")?,
+                            flag(args, "--requests")?,
                         )
                         .await
                     }
@@ -280,11 +290,15 @@ struct Cli {
 
 const USAGE: &str = "\
 usage: cargo bench --bench loopback -- [--rounds N] [--only LIST] [--targets LIST]
-           [--variant 'NAME=BIN [FLAGS...]']... [--hold-streams N] [--out DIR]
+           [--variant 'NAME=BIN [FLAGS...]']... [--hold-streams N] [--out DIR] [--paced-...]
   --only LIST      scenarios, comma-separated: saturate,paced,ttfb-burst,ttfb-seq,hold,release
   --targets LIST   of direct,nginx,tokenmeter,inject (default: all four)
   --variant        one more target: a tokenmeter binary (`.` for this build) and its flags,
-                   e.g. --variant 'pool60=. --pool-idle-timeout 60s'";
+                   e.g. --variant 'pool60=. --pool-idle-timeout 60s'
+  --paced-loads LIST, --paced-rate R, --paced-secs S, --paced-first-ms MS, --paced-requests N
+                   the paced scenario: streams per load (16,1000), chunks/s per stream (50),
+                   seconds of chunks per stream (4), delay of each response's first chunk (0),
+                   requests per stream one after another (1)";
 
 fn parse_cli(args: &[String]) -> Result<Cli, String> {
     let full = args.iter().any(|a| a == "--bench");
@@ -330,6 +344,26 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
                 }
             }
             "--targets" => names = value()?.split(',').map(String::from).collect(),
+            "--paced-loads" => {
+                settings.paced_loads = value()?
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| "--paced-loads: numbers"))
+                    .collect::<Result<_, _>>()?
+            }
+            "--paced-rate" => {
+                settings.paced_rate = value()?.parse().map_err(|_| "--paced-rate: a number")?
+            }
+            "--paced-secs" => {
+                settings.paced_secs = value()?.parse().map_err(|_| "--paced-secs: a number")?
+            }
+            "--paced-first-ms" => {
+                let ms: f64 = value()?.parse().map_err(|_| "--paced-first-ms: a number")?;
+                settings.paced_first_us = (ms * 1e3) as u64;
+            }
+            "--paced-requests" => {
+                settings.paced_requests =
+                    value()?.parse().map_err(|_| "--paced-requests: a number")?
+            }
             "--variant" => variants.push(value()?),
             "--out" => out = PathBuf::from(value()?),
             "-h" | "--help" => return Err(USAGE.into()),
@@ -454,9 +488,14 @@ impl Bench {
                             ("--streams", n.to_string()),
                             ("--rate", s.paced_rate.to_string()),
                             ("--secs", s.paced_secs.to_string()),
+                            ("--first-us", s.paced_first_us.to_string()),
+                            ("--requests", s.paced_requests.to_string()),
                         ],
                     ))?;
-                    let expected = n as u64 * (s.paced_rate * s.paced_secs).max(1.0) as u64;
+                    let per_request = ((s.paced_rate * s.paced_secs).max(1.0) as u64
+                        / s.paced_requests.max(1))
+                    .max(1);
+                    let expected = n as u64 * per_request * s.paced_requests.max(1);
                     v.push(Outcome::latency(n, &r, expected));
                 }
                 v

@@ -91,6 +91,13 @@ impl Outcome {
         }
         o.figures
             .insert("max_us", s.last().map_or(f64::NAN, |&m| m as f64 / 1e3));
+        let mut f = r.first_ns.clone();
+        f.sort_unstable();
+        o.figures.insert("first_p50_us", percentile(&f, 50.0) / 1e3);
+        o.figures.insert(
+            "first_max_us",
+            f.last().map_or(f64::NAN, |&m| m as f64 / 1e3),
+        );
         if r.events != expected {
             o.problems
                 .push(format!("{} of {expected} chunks arrived", r.events));
@@ -280,7 +287,13 @@ pub fn markdown(run: &Run<'_>) -> String {
         Vs::RatioToNginx,
     ));
     for &n in &s.paced_loads {
-        for (p, fig) in [("p50", "p50_us"), ("p99", "p99_us")] {
+        for (p, fig) in [
+            ("p50", "p50_us"),
+            ("p99", "p99_us"),
+            ("max", "max_us"),
+            ("of each response's first chunk, p50", "first_p50_us"),
+            ("of each response's first chunk, max", "first_max_us"),
+        ] {
             rows.push((
                 format!(
                     "latency per chunk {p}, {} streams x {} chunks/s (added over direct)",

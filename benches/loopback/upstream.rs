@@ -23,6 +23,7 @@ const MAX_HEAD: usize = 16 * 1024;
 struct Ask {
     chunks: u64,
     interval_us: u64,
+    first_us: u64,
     hold: bool,
     usage: bool,
 }
@@ -85,6 +86,7 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Ask> {
             "content-length" => length = value.parse().ok()?,
             wire::H_CHUNKS => ask.chunks = value.parse().ok()?,
             wire::H_INTERVAL => ask.interval_us = value.parse().ok()?,
+            wire::H_FIRST => ask.first_us = value.parse().ok()?,
             wire::H_HOLD => ask.hold = value == "1",
             _ => {}
         }
@@ -134,10 +136,10 @@ async fn respond(s: &mut TcpStream, ask: &Ask) -> std::io::Result<()> {
         .as_bytes(),
     );
     let digits_at = frame.len() - 2 - wire::EVENT_TAIL.len() - wire::TS_DIGITS;
-    let start = Instant::now();
+    let start = Instant::now() + Duration::from_micros(ask.first_us);
     let chunks = if ask.hold { 1 } else { ask.chunks };
     for i in 0..chunks {
-        if ask.interval_us > 0 && i > 0 {
+        if (ask.interval_us > 0 && i > 0) || (ask.first_us > 0 && i == 0) {
             tokio::time::sleep_until(start + Duration::from_micros(ask.interval_us * i)).await;
         }
         let mut ts = wire::now_ns();

@@ -26,6 +26,9 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 pub const H_CHUNKS: &str = "x-bench-chunks";
 pub const H_INTERVAL: &str = "x-bench-interval-us";
 pub const H_HOLD: &str = "x-bench-hold";
+/// Microseconds between the response head and the first event (an inference server sends its
+/// head at once and its first token after the prefill).
+pub const H_FIRST: &str = "x-bench-first-us";
 /// Response header the upstream sets when it will send a usage chunk (the request asked for it):
 /// a client that sees this header and no usage event knows a proxy removed the event.
 pub const H_USAGE: &str = "x-bench-usage";
@@ -54,12 +57,18 @@ pub fn usage_event(completion_tokens: u64) -> String {
 /// The request a client sends for `chunks` events, `interval_us` apart (0: as fast as the
 /// connection takes them); `hold` asks for one event and then silence until the client leaves.
 pub fn request(chunks: u64, interval_us: u64, hold: bool) -> Vec<u8> {
+    request_after(chunks, interval_us, 0, hold)
+}
+
+/// [`request`], with the first event `first_us` after the response head.
+pub fn request_after(chunks: u64, interval_us: u64, first_us: u64, hold: bool) -> Vec<u8> {
     let body = format!(
         r#"{{"model":"bench","stream":true,"max_tokens":{chunks},"messages":[{{"role":"user","content":"hi"}}]}}"#
     );
     format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n{H_CHUNKS}: {chunks}\r\n{H_INTERVAL}: {interval_us}\r\n{H_HOLD}: {}\r\n\r\n{body}",
+         content-length: {}\r\n{H_CHUNKS}: {chunks}\r\n{H_INTERVAL}: {interval_us}\r\n{H_FIRST}: {first_us}\r\n\
+         {H_HOLD}: {}\r\n\r\n{body}",
         body.len(),
         u8::from(hold)
     )

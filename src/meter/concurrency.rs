@@ -1,34 +1,40 @@
 //! Concurrency, measured rather than sampled: the time integral of the number of requests in
 //! flight, so the mean over any request's decode window is a subtraction of two [`Snapshot`]s.
+//!
+//! The tracker changes only when a request enters or leaves, but it is read at every
+//! token-bearing event of every stream (the decode window's ends). So reading takes no lock and
+//! writes nothing shared: the state is a sequence lock over atomics. A writer (one at a time,
+//! behind a mutex taken once per request boundary) makes the sequence odd, stores, and makes it
+//! even again; a reader retries in the rare case a writer ran while it read.
 
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The time integral of the number of requests in flight.
 #[derive(Debug)]
 pub struct Concurrency {
-    state: Mutex<ConcurrencyState>,
-}
-
-#[derive(Debug)]
-struct ConcurrencyState {
     origin: Instant,
-    last: Instant,
-    in_flight: u64,
-    /// Sum of in_flight x seconds since `origin`, up to `last`.
-    integral: f64,
+    /// Writers take turns here; readers never do.
+    writer: Mutex<()>,
+    /// Odd while a writer is changing the three fields below.
+    seq: AtomicU64,
+    /// Nanoseconds from `origin` to the instant the integral runs to.
+    last_ns: AtomicU64,
+    in_flight: AtomicU64,
+    /// Sum of in_flight x seconds since `origin`, up to `last_ns` (an `f64`'s bits).
+    integral: AtomicU64,
 }
 
 impl Default for Concurrency {
     fn default() -> Self {
-        let now = Instant::now();
         Concurrency {
-            state: Mutex::new(ConcurrencyState {
-                origin: now,
-                last: now,
-                in_flight: 0,
-                integral: 0.0,
-            }),
+            origin: Instant::now(),
+            writer: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            last_ns: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            integral: AtomicU64::new(0f64.to_bits()),
         }
     }
 }
@@ -37,7 +43,7 @@ impl Default for Concurrency {
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot {
     /// The instant the integral runs to: the time asked for, or a later one when another
-    /// request had already moved the tracker past it (the clock is read before the lock).
+    /// request had already moved the tracker past it (the clock is read before the tracker).
     pub at: Instant,
     /// Requests x seconds up to `at`.
     pub integral: f64,
@@ -60,38 +66,89 @@ impl Snapshot {
     }
 }
 
+/// One consistent reading of the tracker's fields.
+#[derive(Clone, Copy)]
+struct State {
+    last_ns: u64,
+    in_flight: u64,
+    integral: f64,
+}
+
+impl State {
+    /// The state carried forward to `now_ns` (or kept at `last_ns` when that is later).
+    fn at(self, now_ns: u64) -> (u64, f64) {
+        let at = now_ns.max(self.last_ns);
+        let secs = (at - self.last_ns) as f64 / 1e9;
+        (at, self.integral + self.in_flight as f64 * secs)
+    }
+}
+
 impl Concurrency {
-    /// Moves the tracker to `now` and changes the number in flight by `delta`.
-    pub fn update(&self, now: Instant, delta: i64) -> Snapshot {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = now.max(s.last);
-        s.integral += s.in_flight as f64 * (now - s.last).as_secs_f64();
-        s.last = now;
-        s.in_flight = s.in_flight.saturating_add_signed(delta);
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn snapshot_at(&self, at_ns: u64, integral: f64, in_flight: u64) -> Snapshot {
         Snapshot {
-            at: now,
-            integral: s.integral,
-            in_flight: s.in_flight,
+            at: self.origin + Duration::from_nanos(at_ns),
+            integral,
+            in_flight,
         }
     }
 
-    /// The tracker at `now` (or just after, see [`Snapshot::at`]).
+    /// A consistent reading, without a lock.
+    fn read(&self) -> State {
+        loop {
+            let seq = self.seq.load(Ordering::Acquire);
+            if seq & 1 == 0 {
+                let s = State {
+                    last_ns: self.last_ns.load(Ordering::Relaxed),
+                    in_flight: self.in_flight.load(Ordering::Relaxed),
+                    integral: f64::from_bits(self.integral.load(Ordering::Relaxed)),
+                };
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == seq {
+                    return s;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Moves the tracker to `now` and changes the number in flight by `delta`.
+    pub fn update(&self, now: Instant, delta: i64) -> Snapshot {
+        let _turn = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, integral) = self.read().at(self.ns(now));
+        let in_flight = self
+            .in_flight
+            .load(Ordering::Relaxed)
+            .saturating_add_signed(delta);
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.last_ns.store(at, Ordering::Relaxed);
+        self.in_flight.store(in_flight, Ordering::Relaxed);
+        self.integral.store(integral.to_bits(), Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        self.snapshot_at(at, integral, in_flight)
+    }
+
+    /// The tracker at `now` (or just after, see [`Snapshot::at`]). Takes no lock and writes
+    /// nothing: this is what every token-bearing event calls.
     pub fn snapshot(&self, now: Instant) -> Snapshot {
-        self.update(now, 0)
+        let s = self.read();
+        let (at, integral) = s.at(self.ns(now));
+        self.snapshot_at(at, integral, s.in_flight)
     }
 
     /// Requests in flight right now.
     pub fn current(&self) -> u64 {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .in_flight
+        self.read().in_flight
     }
 
     /// Seconds since this tracker was created (for rates over its whole life).
     pub fn age(&self, now: Instant) -> f64 {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        now.saturating_duration_since(s.origin).as_secs_f64()
+        now.saturating_duration_since(self.origin).as_secs_f64()
     }
 }
 

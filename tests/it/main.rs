@@ -11,6 +11,7 @@ mod faults;
 mod https;
 mod inject;
 mod listener;
+mod lockstep;
 mod pool;
 mod props;
 mod proxy;
