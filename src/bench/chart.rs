@@ -196,12 +196,12 @@ pub fn render(c: &Chart) -> String {
     let (left_top, left_step) = axis_top(Axis::Left);
     let (right_top, right_step) = axis_top(Axis::Right);
     let y_of = |v: f64, axis: Axis| {
-        let top = if axis == Axis::Left {
+        let max = if axis == Axis::Left {
             left_top
         } else {
             right_top
         };
-        top + plot_h * (1.0 - v / top)
+        top + plot_h * (1.0 - v / max)
     };
 
     let mut s = String::new();
@@ -396,12 +396,17 @@ mod tests {
             xs: vec![1.0, 2.0, 4.0],
             series: names
                 .iter()
-                .map(|n| Series {
+                .enumerate()
+                .map(|(i, n)| Series {
                     name: n.to_string(),
                     class: "s",
                     color: "#000",
-                    axis: Axis::Left,
-                    values: vec![Some(1.0), Some(2.0), None],
+                    axis: if i % 2 == 0 { Axis::Left } else { Axis::Right },
+                    values: if i % 2 == 0 {
+                        vec![Some(1.0), Some(2.0), None]
+                    } else {
+                        vec![Some(900.0), None, Some(1800.0)]
+                    },
                 })
                 .collect(),
         };
@@ -445,8 +450,21 @@ mod tests {
         // The plot keeps its height: its frame starts below the last legend row.
         let frame = &svg[svg.find("<rect x=").unwrap()..];
         let last = boxes.iter().map(|b| b.2).fold(0.0, f64::max);
-        assert!(attr(frame, "y") >= last + 10.0, "{frame}");
-        assert_eq!(attr(frame, "height"), HEIGHT - TOP - BOTTOM);
+        let (fy, fh) = (attr(frame, "y"), attr(frame, "height"));
+        assert!(fy >= last + 10.0, "{frame}");
+        assert_eq!(fh, HEIGHT - TOP - BOTTOM);
+        // And every point of either axis lies inside it, the largest on the axis' top or below.
+        let mut n = 0;
+        for point in svg.split("<circle class=\"point").skip(1) {
+            let cy = attr(point, "cy");
+            assert!(
+                fy <= cy && cy <= fy + fh,
+                "cy {cy} outside {fy}..{}",
+                fy + fh
+            );
+            n += 1;
+        }
+        assert_eq!(n, names.len() * 2);
     }
 
     #[test]
