@@ -30,7 +30,8 @@
 //! Beside the proxy: [`sim`], a simulated inference server (a test instrument); [`demo`], which
 //! runs the simulator, the proxy and a ramping load in one process; and
 //! [`bench`](mod@bench), a load generator that measures any OpenAI-compatible server. The tools
-//! and the tests read a `/metrics` scrape back with [`exposition`]; the proxy never does.
+//! and the tests read a `/metrics` scrape back with [`exposition`] (fetched by [`scrape`]); the
+//! proxy never does.
 
 pub mod admin;
 pub mod bench;
@@ -56,6 +57,7 @@ pub mod ui;
 // `replicas` is `--replicas` (auto: counted from the upstream's DNS records).
 pub mod capacity;
 pub mod replicas;
+pub mod scrape;
 
 // Issue 14: who is using the GPUs, the bounded `tenant` label.
 pub mod tenant;

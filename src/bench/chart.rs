@@ -20,6 +20,41 @@ const RIGHT: f64 = 80.0;
 const TOP: f64 = 70.0;
 const BOTTOM: f64 = 60.0;
 
+/// Legend entries flow left to right under the title and wrap to a new row before the right
+/// edge; each row below the first makes the chart that much taller, so the plot keeps its size.
+const LEGEND_Y: f64 = 48.0;
+const LEGEND_ROW: f64 = 18.0;
+/// The swatch (a line with a marker) before an entry's text.
+const LEGEND_SWATCH: f64 = 30.0;
+/// Space between two entries of a row.
+const LEGEND_GAP: f64 = 24.0;
+/// Width allowed per character of a legend's text: sans-serif at 12 px averages about 6.5 px
+/// for mixed text (capitals and digits up to 8), so 7 keeps ordinary labels inside their room.
+const LEGEND_CHAR: f64 = 7.0;
+
+/// The room one legend entry takes.
+fn legend_width(name: &str) -> f64 {
+    LEGEND_SWATCH + LEGEND_CHAR * name.chars().count() as f64
+}
+
+/// The (x, y) of each legend entry: left to right from the plot's left edge, wrapping when the
+/// next entry would pass the chart's right edge.
+fn legend_layout(names: &[&str]) -> Vec<(f64, f64)> {
+    let (start, end) = (LEFT + 10.0, WIDTH - 10.0);
+    let (mut x, mut y) = (start, LEGEND_Y);
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let w = legend_width(name);
+        if x > start && x + w > end {
+            x = start;
+            y += LEGEND_ROW;
+        }
+        out.push((x, y));
+        x += w + LEGEND_GAP;
+    }
+    out
+}
+
 /// Which y axis a series is read against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Axis {
@@ -130,8 +165,12 @@ pub fn nice_axis(max: f64) -> (f64, f64) {
 
 /// Renders a chart as a standalone SVG document.
 pub fn render(c: &Chart) -> String {
+    let names: Vec<&str> = c.series.iter().map(|s| s.name.as_str()).collect();
+    let legend = legend_layout(&names);
+    let extra = legend.last().map_or(0.0, |(_, y)| y - LEGEND_Y);
+    let (top, height) = (TOP + extra, HEIGHT + extra);
     let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = HEIGHT - TOP - BOTTOM;
+    let plot_h = height - top - BOTTOM;
     let (xmin, xmax) =
         c.xs.iter()
             .filter(|x| **x > 0.0)
@@ -157,19 +196,19 @@ pub fn render(c: &Chart) -> String {
     let (left_top, left_step) = axis_top(Axis::Left);
     let (right_top, right_step) = axis_top(Axis::Right);
     let y_of = |v: f64, axis: Axis| {
-        let top = if axis == Axis::Left {
+        let max = if axis == Axis::Left {
             left_top
         } else {
             right_top
         };
-        TOP + plot_h * (1.0 - v / top)
+        top + plot_h * (1.0 - v / max)
     };
 
     let mut s = String::new();
     let _ = write!(
         s,
         r##"<?xml version="1.0" encoding="UTF-8"?>
-<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">
+<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
 <text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
 "##,
@@ -208,16 +247,16 @@ pub fn render(c: &Chart) -> String {
     // Frame, x ticks at every level.
     let _ = writeln!(
         s,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
+        r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
     );
     for &x in &c.xs {
         let px = x_of(x);
         let _ = writeln!(
             s,
             r##"<line x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}" stroke="#333"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            TOP + plot_h,
-            TOP + plot_h + 5.0,
-            TOP + plot_h + 18.0,
+            top + plot_h,
+            top + plot_h + 5.0,
+            top + plot_h + 18.0,
             number(x)
         );
     }
@@ -226,10 +265,10 @@ pub fn render(c: &Chart) -> String {
         s,
         r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
         LEFT + plot_w / 2.0,
-        HEIGHT - 15.0,
+        height - 15.0,
         escape(&c.x_label)
     );
-    let mid = TOP + plot_h / 2.0;
+    let mid = top + plot_h / 2.0;
     let _ = writeln!(
         s,
         r##"<text x="20" y="{mid:.1}" text-anchor="middle" transform="rotate(-90 20 {mid:.1})">{}</text>"##,
@@ -275,16 +314,17 @@ pub fn render(c: &Chart) -> String {
                 series.class, series.color
             );
         }
-        // Legend entry, left to right under the title.
-        let lx = LEFT + 10.0 + 260.0 * i as f64;
+        // Legend entry, in its place of the flow under the title.
+        let (lx, ly) = legend[i];
         let _ = writeln!(
             s,
-            r##"<line x1="{lx:.1}" y1="48" x2="{:.1}" y2="48" stroke="{}" stroke-width="2"{dash}/><circle cx="{:.1}" cy="48" r="4" fill="{}"/><text x="{:.1}" y="52">{}</text>"##,
+            r##"<g class="legend"><line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{dash}/><circle cx="{:.1}" cy="{ly:.1}" r="4" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text></g>"##,
             lx + 24.0,
             series.color,
             lx + 12.0,
             series.color,
-            lx + 30.0,
+            lx + LEGEND_SWATCH,
+            ly + 4.0,
             escape(&series.name)
         );
     }
@@ -330,6 +370,108 @@ mod tests {
         assert_eq!(nice_axis(60.0), (60.0, 20.0));
         assert_eq!(nice_axis(0.7), (0.8, 0.2));
         assert_eq!(nice_axis(0.0), (1.0, 0.2));
+    }
+
+    /// The number after `key="` in `tag`.
+    fn attr(tag: &str, key: &str) -> f64 {
+        let from = tag.find(&format!(" {key}=\"")).unwrap() + key.len() + 3;
+        tag[from..].split('"').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn every_legend_entry_lies_inside_the_view_box_without_overlapping_another() {
+        let names = [
+            "per-request tokens/s",
+            "aggregate tokens/s",
+            "interactive floor",
+            "agent floor",
+            "a-class-with-a-long-name floor",
+            "now",
+        ];
+        let chart = Chart {
+            title: "t".into(),
+            x_label: "x".into(),
+            y_left: "y".into(),
+            y_right: Some("z".into()),
+            xs: vec![1.0, 2.0, 4.0],
+            series: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Series {
+                    name: n.to_string(),
+                    class: "s",
+                    color: "#000",
+                    axis: if i % 2 == 0 { Axis::Left } else { Axis::Right },
+                    values: if i % 2 == 0 {
+                        vec![Some(1.0), Some(2.0), None]
+                    } else {
+                        vec![Some(900.0), None, Some(1800.0)]
+                    },
+                })
+                .collect(),
+        };
+        let svg = render(&chart);
+        let root = &svg[svg.find("<svg ").unwrap()..];
+        let root = &root[..root.find('>').unwrap()];
+        let view: Vec<f64> = {
+            let from = root.find("viewBox=\"").unwrap() + 9;
+            root[from..]
+                .split('"')
+                .next()
+                .unwrap()
+                .split(' ')
+                .map(|v| v.parse().unwrap())
+                .collect()
+        };
+        let (w, h) = (view[2], view[3]);
+        assert_eq!((attr(root, "width"), attr(root, "height")), (w, h));
+        let entries: Vec<&str> = svg.split("<g class=\"legend\">").skip(1).collect();
+        assert_eq!(entries.len(), names.len(), "{svg}");
+        let mut boxes = Vec::new();
+        for (entry, name) in entries.iter().zip(names) {
+            let line = &entry[entry.find("<line").unwrap()..];
+            let text = &entry[entry.find("<text").unwrap()..];
+            assert!(text.contains(&format!(">{name}</text>")), "{entry}");
+            let (x0, y) = (attr(line, "x1"), attr(text, "y"));
+            let x1 = attr(text, "x") + LEGEND_CHAR * name.len() as f64;
+            assert!(x0 >= 0.0 && x1 <= w, "{name}: {x0}..{x1} outside 0..{w}");
+            // Above the plot's frame, below the title.
+            assert!(y > 30.0 && y + 4.0 < attr(root, "height"), "{name}: y {y}");
+            boxes.push((x0, x1, y));
+        }
+        // More than one row was needed, and no two entries of a row overlap.
+        let rows: std::collections::BTreeSet<i64> = boxes.iter().map(|b| b.2 as i64).collect();
+        assert!(rows.len() >= 2, "{boxes:?}");
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                assert!(a.2 != b.2 || a.1 <= b.0 || b.1 <= a.0, "{a:?} {b:?}");
+            }
+        }
+        // The plot keeps its height: its frame starts below the last legend row.
+        let frame = &svg[svg.find("<rect x=").unwrap()..];
+        let last = boxes.iter().map(|b| b.2).fold(0.0, f64::max);
+        let (fy, fh) = (attr(frame, "y"), attr(frame, "height"));
+        assert!(fy >= last + 10.0, "{frame}");
+        assert_eq!(fh, HEIGHT - TOP - BOTTOM);
+        // And every point of either axis lies inside it, the largest on the axis' top or below.
+        let mut n = 0;
+        for point in svg.split("<circle class=\"point").skip(1) {
+            let cy = attr(point, "cy");
+            assert!(
+                fy <= cy && cy <= fy + fh,
+                "cy {cy} outside {fy}..{}",
+                fy + fh
+            );
+            n += 1;
+        }
+        assert_eq!(n, names.len() * 2);
+    }
+
+    #[test]
+    fn a_legend_that_fits_in_one_row_keeps_the_chart_as_it_was() {
+        let layout = legend_layout(&["p50", "p99"]);
+        assert_eq!(layout.len(), 2);
+        assert!(layout.iter().all(|(_, y)| *y == LEGEND_Y));
     }
 
     #[test]

@@ -156,6 +156,7 @@ impl BenchError {
                 | BenchError::TooFewRequests { .. }
                 | BenchError::NoOutput
                 | BenchError::NoDuration
+                | BenchError::ProxyView(ProxyViewError::BadUrl(_))
         )
     }
 }

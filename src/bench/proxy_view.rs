@@ -14,17 +14,10 @@
 //! can be far apart when some requests queued and others did not). The mean (`_sum / _count`)
 //! is exact and is reported too.
 
-use std::time::Duration;
-
-use bytes::Bytes;
-use http::Uri;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
 use crate::exposition::{histogram_quantile, Scrape};
+use crate::scrape::{self, ScrapeError};
 
 const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
 const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
@@ -32,17 +25,13 @@ const REQUESTS: &str = "tokenmeter_requests_total";
 /// Present in every tokenmeter exposition, even before the first request.
 const BUILD_INFO: &str = "tokenmeter_build_info";
 
-/// Largest exposition read; tokenmeter's is a few tens of KiB.
-const MAX_SCRAPE: usize = 16 << 20;
-
-/// How long a scrape may take.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Why the proxy's metrics could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyViewError {
-    #[error("cannot scrape {url}: {reason}")]
-    Fetch { url: String, reason: String },
+    #[error("--proxy-metrics {0:?} is not an http:// URL")]
+    BadUrl(String),
+    #[error(transparent)]
+    Fetch(ScrapeError),
     #[error("{url} is not tokenmeter's /metrics (no {BUILD_INFO})")]
     NotTokenmeter { url: String },
 }
@@ -61,7 +50,11 @@ pub struct ProxyTotals {
 impl ProxyTotals {
     /// Reads a Prometheus text exposition; `None` when it is not tokenmeter's.
     pub fn parse(text: &str) -> Option<ProxyTotals> {
-        let scrape = Scrape::parse(text);
+        ProxyTotals::from_scrape(&Scrape::parse(text))
+    }
+
+    /// Reads a parsed exposition; `None` when it is not tokenmeter's.
+    pub fn from_scrape(scrape: &Scrape) -> Option<ProxyTotals> {
         if !scrape.contains(BUILD_INFO) {
             return None;
         }
@@ -125,49 +118,21 @@ pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Scrapes one `/metrics` URL.
-pub struct Scraper {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    url: String,
-    uri: Uri,
-}
+/// Scrapes the proxy's `/metrics` (through [`crate::scrape`]) into [`ProxyTotals`].
+pub struct Scraper(scrape::Scraper);
 
 impl Scraper {
     pub fn new(url: &str) -> Result<Scraper, ProxyViewError> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| ProxyViewError::Fetch {
-                url: url.to_string(),
-                reason: e.to_string(),
-            })?;
-        let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(Scraper {
-            client,
-            url: url.to_string(),
-            uri,
+        scrape::Scraper::new(url).map(Scraper).map_err(|e| match e {
+            ScrapeError::BadUrl(u) => ProxyViewError::BadUrl(u),
+            other => ProxyViewError::Fetch(other),
         })
     }
 
     pub async fn totals(&self) -> Result<ProxyTotals, ProxyViewError> {
-        let fail = |reason: String| ProxyViewError::Fetch {
-            url: self.url.clone(),
-            reason,
-        };
-        let resp = tokio::time::timeout(SCRAPE_TIMEOUT, self.client.get(self.uri.clone()))
-            .await
-            .map_err(|_| fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
-            .map_err(|e| fail(e.to_string()))?;
-        if !resp.status().is_success() {
-            return Err(fail(format!("HTTP status {}", resp.status())));
-        }
-        let body = Limited::new(resp.into_body(), MAX_SCRAPE)
-            .collect()
-            .await
-            .map_err(|e| fail(e.to_string()))?
-            .to_bytes();
-        let text = String::from_utf8_lossy(&body);
-        ProxyTotals::parse(&text).ok_or_else(|| ProxyViewError::NotTokenmeter {
-            url: self.url.clone(),
+        let page = self.0.get().await.map_err(ProxyViewError::Fetch)?;
+        ProxyTotals::from_scrape(&page).ok_or_else(|| ProxyViewError::NotTokenmeter {
+            url: self.0.url().to_string(),
         })
     }
 }

@@ -8,20 +8,15 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use bytes::Bytes;
 use clap::Args;
-use http::Uri;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::bench::chart::{self, Axis, Chart, Series};
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
-use crate::exposition::{Sample, Scrape};
+use crate::exposition::Sample;
 use crate::metrics::capacity::{names, BOUNDS, KINDS, TERMS};
+use crate::scrape::{scrape, ScrapeError};
 
 /// The command's flags.
 #[derive(Debug, Clone, Args)]
@@ -45,8 +40,10 @@ pub struct CapacityArgs {
 pub enum CommandError {
     #[error("--metrics {0:?} is not an http:// URL")]
     BadUrl(String),
-    #[error("cannot scrape {url}: {reason}")]
-    Fetch { url: String, reason: String },
+    #[error(transparent)]
+    Fetch(ScrapeError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
     #[error("{0} has no tokenmeter capacity metrics (is it tokenmeter's /metrics, version with the capacity model?)")]
     NotCapacity(String),
     #[error("cannot write {path}: {source}")]
@@ -347,50 +344,18 @@ pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, Co
     Ok(reading.text())
 }
 
-/// How long the scrape may take.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Largest exposition read: tokenmeter's is tens of KiB, so this only stops a wrong URL that
-/// streams forever.
-const MAX_SCRAPE: usize = 16 << 20;
-
-/// Fetches the exposition at `url`.
-async fn scrape(url: &str) -> Result<Scrape, CommandError> {
-    let uri: Uri = url
-        .parse()
-        .ok()
-        .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
-        .ok_or_else(|| CommandError::BadUrl(url.to_string()))?;
-    let fail = |reason: String| CommandError::Fetch {
-        url: url.to_string(),
-        reason,
-    };
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = tokio::time::timeout(SCRAPE_TIMEOUT, client.get(uri))
-        .await
-        .map_err(|_| fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
-        .map_err(|e| fail(e.to_string()))?;
-    if !resp.status().is_success() {
-        return Err(fail(format!("HTTP status {}", resp.status())));
-    }
-    let body = Limited::new(resp.into_body(), MAX_SCRAPE)
-        .collect()
-        .await
-        .map_err(|e| fail(e.to_string()))?
-        .to_bytes();
-    Ok(Scrape::parse(&String::from_utf8_lossy(&body)))
-}
-
 /// `tokenmeter capacity`: scrape, print, write the chart.
 pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| CommandError::Fetch {
-            url: args.metrics.clone(),
-            reason: format!("cannot start the runtime: {e}"),
+        .map_err(CommandError::Runtime)?;
+    let scrape = runtime
+        .block_on(scrape(&args.metrics))
+        .map_err(|e| match e {
+            ScrapeError::BadUrl(u) => CommandError::BadUrl(u),
+            other => CommandError::Fetch(other),
         })?;
-    let scrape = runtime.block_on(scrape(&args.metrics))?;
     let text = report(scrape.samples(), &args.metrics, &args.svg)?;
     print!("{text}");
     println!("\nchart written to {}", args.svg.display());
@@ -400,6 +365,7 @@ pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exposition::Scrape;
 
     fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
         Sample {

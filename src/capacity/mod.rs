@@ -4,7 +4,7 @@
 //! Decode is memory-bandwidth-bound: a step costs a fixed part (reading the weights) plus a
 //! part per running sequence (reading its KV cache), `t(b) = base + per_seq * b`. Every gap
 //! between two token-bearing events of a stream is one observation of `t` at the number of
-//! streams decoding during it. The pieces:
+//! streams decoding as it ends (docs/capacity.md says why not a mean over the gap). The pieces:
 //!
 //! - [`summary`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
 //! - [`bins`]: its time-per-token axis and the per-concurrency median.

@@ -12,10 +12,15 @@
 #      sidecar's drain hook must wait for open streams (live_test.py, about a minute); then
 #      vLLM's own dashboard queries against tokenmeter --compat vllm in front of the simulator,
 #      and `promtool check metrics` on every mode's exposition (compat_test.py, ~40 s).
+#   4. fleet: the series one pod exports with one model in all 9 concurrency bands, counted
+#      family by family against the budget (series_budget.py, ~25 s); several pods scraped by
+#      Prometheus in agent mode, remote_write into VictoriaMetrics, the recording rules in
+#      vmalert, and the fleet's tokens/s, per GPU and percentiles checked there against the
+#      load (fleet_test.py, ~40 s).
 #
 # On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
-# promtool) and python3-venv with apt, and the Python packages in a virtualenv under
-# ${TOKENMETER_DEPLOY_VENV:-~/.cache/tokenmeter/deploy-venv}. kustomize is `kubectl kustomize`
+# promtool), victoria-metrics (the store and vmalert) and python3-venv with apt, and the
+# Python packages in a virtualenv under ${TOKENMETER_DEPLOY_VENV:-~/.cache/tokenmeter/deploy-venv}. kustomize is `kubectl kustomize`
 # where kubectl exists; elsewhere tests/deploy/kustomize_lite.py (no Debian/PyPI/npm package of
 # kustomize exists). Runs every check, then exits non-zero if any failed.
 #
@@ -37,6 +42,9 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v git >/dev/null 2>&1 || missing+=(git)
+# The fleet test's central store and rule evaluator: one Debian package ships both.
+command -v victoria-metrics >/dev/null 2>&1 || missing+=(victoria-metrics)
+command -v vmalert >/dev/null 2>&1 || missing+=(victoria-metrics)
 if ((${#missing[@]})); then
   apt_install $(printf '%s\n' "${missing[@]}" | sort -u) || { echo "tests/deploy: apt-get install failed"; exit 1; }
 fi
@@ -90,6 +98,10 @@ if check "live: cargo build --release" build_release; then
     "$vpy" $here/live_test.py
   check "compat: vLLM's dashboard queries return data; promtool check metrics in every mode" \
     "$vpy" $here/compat_test.py
+  check "fleet: series per pod, one model, 9 bands, against the budget" \
+    "$vpy" $here/series_budget.py
+  check "fleet: Prometheus remote_write into VictoriaMetrics; vmalert's rules and the dashboard there" \
+    "$vpy" $here/fleet_test.py
 else
   failed=$((failed + 1))
   failures+=("live: not run (build failed)")

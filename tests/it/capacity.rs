@@ -189,3 +189,227 @@ async fn capacity_fit_recovers_the_simulators_step_cost() {
 async fn capacity_fit_recovers_a_second_step_cost() {
     check_pair(12_000, 400).await;
 }
+
+/// The first number after `prefix` in `text`.
+fn number_after(text: &str, prefix: &str) -> f64 {
+    let from = text
+        .find(prefix)
+        .unwrap_or_else(|| panic!("no {prefix:?} in\n{text}"))
+        + prefix.len();
+    text[from..]
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {prefix:?} in\n{text}"))
+}
+
+/// The whitespace-separated cells of the first line that starts with `first`.
+fn row<'a>(text: &'a str, first: &str) -> Vec<&'a str> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&first))
+        .unwrap_or_else(|| panic!("no row {first:?} in\n{text}"))
+}
+
+// `tokenmeter capacity --metrics URL --svg PATH`, the binary, against a live proxy in front of
+// the simulator (10 ms + 0.5 ms per sequence) after a short ramp to 32 streams, with two
+// classes: 40 tok/s (truth 30 streams, inside the ramp) and 20 tok/s (truth 80, beyond it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_command_prints_the_live_model_and_writes_the_chart() {
+    let _turn = serial().await;
+    let sim = Sim::bind(&SimConfig {
+        model: model(10_000, 500),
+        ..SimConfig::default()
+    })
+    .await
+    .expect("bind the simulator");
+    let upstream = format!("http://{}", sim.local_addr());
+    let sim_task = tokio::spawn(sim.serve(std::future::pending()));
+    let proxy = spawn_proxy(
+        &upstream,
+        &[
+            "--slo",
+            &format!("{CLASS}:tps={FLOOR}"),
+            "--slo",
+            "floor20:tps=20",
+        ],
+    )
+    .await;
+    let driver = Driver {
+        client: Arc::new(Client::new(
+            format!("{}/v1", proxy.url()),
+            None,
+            Duration::from_secs(60),
+        )),
+        requests: Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "capacity-command".into(),
+            prompt_tokens: 0,
+            output_tokens: 100,
+            seed: 11,
+        }),
+        next_id: Arc::new(AtomicU64::new(0)),
+        interrupted: Default::default(),
+    };
+    // 7 levels x 0.8 s: about 6 s, a few thousand samples; enough for a fit within 15%.
+    let ramp = driver.ramp(32, Arc::new(|_| (0, 100)), Arc::new(|_| {}));
+    for level in [1, 2, 4, 8, 16, 24, 32] {
+        ramp.set_target(level);
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    ramp.abort().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exposition = Scrape::parse(&proxy.scrape().await);
+    let exported = |name: &str, labels: &[(&str, &str)]| {
+        exposition
+            .select(name, labels)
+            .next()
+            .unwrap_or_else(|| panic!("no {name}{labels:?}"))
+            .value
+    };
+
+    let dir = std::env::temp_dir().join(format!("tokenmeter-capacity-it-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let svg_path = dir.join("chart.svg");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(["capacity", "--metrics"])
+        .arg(format!("http://{}/metrics", proxy.metrics_addr))
+        .arg("--svg")
+        .arg(&svg_path)
+        .env_remove("TOKENMETER_CAPACITY_METRICS")
+        .env_remove("TOKENMETER_CAPACITY_SVG")
+        .output()
+        .await
+        .expect("run tokenmeter capacity");
+    sim_task.abort();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("tokenmeter capacity printed:\n{text}");
+
+    // The model: within 15% of the simulator's step costs, and the exposition's own figures
+    // to the printed precision (the command reads back exactly what the proxy exports).
+    let base_ms = number_after(&text, "t(b) = ");
+    let per_seq_ms = number_after(&text, "ms + ");
+    assert!(off(base_ms, 10.0) < 0.15, "base {base_ms} ms:\n{text}");
+    assert!(
+        off(per_seq_ms, 0.5) < 0.15,
+        "per_seq {per_seq_ms} ms:\n{text}"
+    );
+    let base = exported("tokenmeter_capacity_step_seconds", &[("term", "base")]);
+    let per_seq = exported(
+        "tokenmeter_capacity_step_seconds",
+        &[("term", "per_sequence")],
+    );
+    assert!(
+        (base_ms - base * 1e3).abs() <= 0.0005 + 1e-9,
+        "{base} {text}"
+    );
+    assert!(
+        (per_seq_ms - per_seq * 1e3).abs() <= 0.00005 + 1e-9,
+        "{per_seq} {text}"
+    );
+    let samples = exported("tokenmeter_capacity_fit_samples", &[]);
+    assert!(
+        text.contains(&format!("{} token samples", samples as u64)),
+        "{samples}: {text}"
+    );
+
+    // The table: one row per class, floors as configured, max streams within 15% of the truth
+    // (30 at 40 tok/s; 80 at 20 tok/s, which lies past the ramp and is flagged).
+    let r40 = row(&text, CLASS);
+    assert_eq!(r40[1], "40.0", "{text}");
+    let max40: f64 = r40[2].parse().expect("max streams");
+    assert!(off(max40, 30.0) < 0.15, "{CLASS}: {max40} streams:\n{text}");
+    assert_eq!(
+        max40,
+        exported("tokenmeter_capacity_max_concurrency", &[("class", CLASS)])
+    );
+    // Fleet tok/s there: max streams / t(max streams) of the fitted line, to 0.1.
+    let fleet40: f64 = r40[3].parse().expect("fleet tok/s");
+    let want = max40 / (base + per_seq * max40);
+    assert!((fleet40 - want).abs() <= 0.05 + 1e-6, "{fleet40} vs {want}");
+    let r20 = row(&text, "floor20");
+    assert_eq!(r20[1], "20.0", "{text}");
+    let max20: f64 = r20[2].parse().expect("max streams");
+    assert!(off(max20, 80.0) < 0.15, "floor20: {max20} streams:\n{text}");
+    let after20 = text
+        .lines()
+        .skip_while(|l| !l.starts_with("floor20"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        after20.contains("an extrapolation"),
+        "80 streams lie beyond the observed range:\n{text}"
+    );
+
+    // The curve: nine rows, each the fitted line's per-request and aggregate tokens/s, marked
+    // where it lies beyond the highest concurrency the fit saw (24 or 32 here, as the host
+    // allowed the ramp's top level to gather samples).
+    let observed_max = exported(
+        "tokenmeter_capacity_observed_concurrency",
+        &[("bound", "max")],
+    );
+    assert!((16.0..=32.0).contains(&observed_max), "{observed_max}");
+    for b in [1u32, 2, 4, 8, 16, 32, 64, 128, 256] {
+        let cells = row(&text, &b.to_string());
+        let t = base + per_seq * f64::from(b);
+        let (per_request, aggregate): (f64, f64) = (
+            cells[1].parse().expect("per-request"),
+            cells[2].parse().expect("aggregate"),
+        );
+        assert!(
+            (per_request - 1.0 / t).abs() <= 0.05 + 1e-6,
+            "{b}: {cells:?}"
+        );
+        assert!(
+            (aggregate - f64::from(b) / t).abs() <= 0.05 + 1e-6,
+            "{b}: {cells:?}"
+        );
+        let truth = 1.0 / (0.010 + 0.0005 * f64::from(b));
+        assert!(off(per_request, truth) < 0.15, "{b}: {cells:?}");
+        assert_eq!(
+            cells.last() == Some(&"(extrapolated)"),
+            f64::from(b) > observed_max,
+            "only beyond the observed {observed_max} streams: {cells:?}"
+        );
+    }
+    assert!(text.contains(&format!("chart written to {}", svg_path.display())));
+
+    // The chart: well-formed XML with the expected series and every legend entry named.
+    let svg = std::fs::read_to_string(&svg_path).expect("the chart was written");
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg");
+    let points = |class: &str| {
+        doc.descendants()
+            .filter(|n| n.tag_name().name() == "circle")
+            .filter(|n| n.attribute("class") == Some(&format!("point {class}")[..]))
+            .count()
+    };
+    // The curve at the nine edges plus each class's max streams (and the operating point,
+    // when the last minute had any decoding): at least 11 x positions.
+    let xs = points("request-tps");
+    assert!(xs >= 11, "{xs} points:\n{svg}");
+    assert_eq!(points("aggregate-tps"), xs);
+    // Two floors, each drawn across every x.
+    assert_eq!(points("floor"), 2 * xs);
+    let legend: Vec<String> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("legend"))
+        .filter_map(|g| g.descendants().find(|n| n.has_tag_name("text")))
+        .filter_map(|t| t.text().map(str::to_string))
+        .collect();
+    for want in [
+        "per-request tokens/s",
+        "aggregate tokens/s",
+        "floor20 floor",
+        "floor40 floor",
+    ] {
+        assert!(legend.iter().any(|l| l == want), "{want} not in {legend:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

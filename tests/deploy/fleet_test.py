@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""The fleet test: several tokenmeter pods, scraped by a real Prometheus that only forwards
+(agent mode, remote_write) into VictoriaMetrics, where vmalert evaluates the recording rules;
+the rules and the dashboard's own queries must return the fleet's tokens/s, tokens/s per GPU
+and percentiles across pods, with the values the load generated.
+
+On loopback only, in a temporary directory, it starts:
+  - per pod in PODS, a `tokenmeter sim` (each its own engine, at its own speed) and a tokenmeter
+    in front of it with its own --gpus and --gpu-hour-cost,
+  - VictoriaMetrics (Debian's `victoria-metrics`, single node) as the central store,
+  - Prometheus (Debian's package) in agent mode: it scrapes every pod each second with the
+    labels a PodMonitor adds (namespace, pod, container), adds the external label
+    `cluster` and remote_writes everything into VictoriaMetrics; it evaluates no rules,
+  - vmalert (shipped in the same Debian package) with deploy/prometheus/rules.yml unchanged,
+    querying VictoriaMetrics and writing the recorded series back into it, alerts to a sink,
+  - `tokenmeter bench` through every pod (a fixed number of streams, one model).
+The rules run in the central store and not in the Prometheus that scrapes: in a fleet, each
+scraping Prometheus sees only its own shard of the pods, and a fleet-wide sum has to be taken
+where all the pods' series are (vmalert here; the Thanos or Mimir ruler elsewhere).
+
+Then, against VictoriaMetrics' Prometheus-compatible API (and vmalert's for the rules' health):
+  1. every pod's raw series arrived with its labels and the external label;
+  2. every rule vmalert loaded is healthy, and every recording rule's series is in the store;
+  3. the fleet's tokens/s (`:tokenmeter_output_tokens:rate5m` and the dashboard's "Output
+     tokens/s" query) equals the sum of the pods' (`namespace_pod:...`) within 1%, and the sum of
+     what the load clients measured within RATE_TOLERANCE;
+  4. tokens/s per GPU: the fleet's rule and the dashboard's "Tokens/s per GPU" query equal the
+     fleet's tokens/s over the GPUs of all pods (within 1%), each pod's over its own;
+  5. percentiles across pods: the per-model p50 of per-request tokens/s and of TTFT (the rules
+     and the dashboard's percentile panels) lie between the pods' own p50s, which are apart by
+     construction (the pods decode at different speeds), and each pod's p50 is within one
+     histogram bucket of its load client's own median;
+  6. once the load has stopped, the fleet's token total in the store equals, exactly, the
+     tokens the simulators generated, pod by pod;
+  7. every other dashboard query runs in VictoriaMetrics without an error (MetricsQL accepts it).
+Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
+PROMETHEUS, VICTORIA_METRICS, VMALERT (default: on PATH), FLEET_TRAFFIC_SECONDS (default 20).
+"""
+
+import http.server
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import dashboard as dash
+import live_test as lt
+
+REPO = lt.REPO
+NAMESPACE = "inference"
+CLUSTER = "ci-east"
+MODEL = "llama-3.1-8b-instruct"
+# (pod, --gpus, simulator decode step): one engine twice as fast per stream as the other, so
+# per-request speed and TTFT differ by pod and a percentile across pods is not any one pod's.
+PODS = [
+    ("vllm-llama-0", 2, "10ms"),
+    ("vllm-llama-1", 4, "20ms"),
+]
+PRICE = "2.50"
+CONCURRENCY = 4
+OUTPUT_TOKENS = 64
+# The rules' 5-minute rates cover every sample since the load began (the test is shorter), the
+# load client's figure the whole load: both are the mean of a steady closed loop, apart by the
+# first scrape's delay and the last seconds the snapshot does not see.
+RATE_TOLERANCE = 0.10
+# Two aggregations of the same series in the same evaluation: only rounding and the one sample
+# that may arrive between two queries separate them.
+SAME_TOLERANCE = 0.01
+# tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (src/metrics/mod.rs).
+TPS_BUCKETS = [1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000]
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+
+fail = lt.fail
+
+
+class AlertSink(http.server.BaseHTTPRequestHandler):
+    """Stands in for Alertmanager: vmalert's notifier posts alerts here; they are counted."""
+
+    posts = 0
+
+    def do_POST(self):  # noqa: N802 - the http.server hook's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        AlertSink.posts += 1
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def close(a, b, tol):
+    return abs(a - b) <= tol * max(abs(a), abs(b), 1e-9)
+
+
+def one(prom, expr, at):
+    """The single finite value of an instant query at `at` (None when there is none)."""
+    data = prom.api("query", query=expr, time=at)
+    vals = lt.finite_values(data)
+    return vals[0] if len(vals) == 1 else None
+
+
+def by_pod(prom, expr, at):
+    return {r["metric"].get("pod"): float(r["value"][1]) for r in prom.api("query", query=expr, time=at)["result"]}
+
+
+def bucket_of(value, bounds):
+    """(lower, upper) boundaries of the bucket a value falls in."""
+    lo = 0.0
+    for b in bounds:
+        if value <= b:
+            return lo, b
+        lo = b
+    return lo, math.inf
+
+
+def panel_exprs(d, title, values):
+    """The dashboard's queries of the panel titled `title`, variables substituted."""
+    out = [dash.substitute(t["expr"], values) for p in dash.panels(d) if p.get("title") == title
+           for t in p.get("targets", [])]
+    if not out:
+        raise RuntimeError(f"the dashboard has no panel titled {title!r}")
+    return out
+
+
+def flush(vm):
+    """Makes what VictoriaMetrics has received searchable now: it buffers new samples in memory
+    for a few seconds before queries see them (fine for dashboards, slow for a test)."""
+    lt.http_get(f"{vm.base}/internal/force_flush")
+
+
+def client_tps(bench_json):
+    """What one load client measured: aggregate tokens/s over its whole run."""
+    return json.load(open(bench_json))["levels"][0]["aggregate_tps"]
+
+
+def check_arrival(vm):
+    got = vm.api("query", query="tokenmeter_build_info", time=time.time())["result"]
+    seen = {(r["metric"].get("namespace"), r["metric"].get("pod"), r["metric"].get("cluster")) for r in got}
+    want = {(NAMESPACE, pod, CLUSTER) for pod, *_ in PODS}
+    print(f"  tokenmeter_build_info in the store: {sorted(seen)}")
+    if seen != want:
+        fail(f"raw series in VictoriaMetrics carry {sorted(seen)}, expected {sorted(want)}")
+
+
+def check_rules(vm, vmalert):
+    _, body = lt.http_get(f"{vmalert}/api/v1/rules")
+    groups = json.loads(body)["data"]["groups"]
+    records = set()
+    n_alert = 0
+    for g in groups:
+        for r in g["rules"]:
+            if r.get("lastError"):
+                fail(f"vmalert rule {r['name']} in {g['name']}: {r['lastError']}")
+            if r["type"] == "recording":
+                records.add(r["name"])
+            else:
+                n_alert += 1
+    empty = sorted(n for n in records if not lt.finite_values(vm.api("query", query=n, time=time.time())))
+    print(f"  vmalert: {len(records)} recorded series, {n_alert} alerts, in {len(groups)} groups")
+    if not records or not n_alert:
+        fail("vmalert loaded no recording rules or no alerts")
+    for n in empty:
+        fail(f"recorded series {n} has no data in VictoriaMetrics")
+
+
+def check_values(vm, d, at, loads):
+    """3, 4 and 5: the fleet's figures at `at` (while the load runs) against the pods' and the load's."""
+    values = dict(dash.BUILTINS, namespace=".*", pod=".*", model=".*", gpu_hour_price=PRICE,
+                  datasource="victoriametrics")
+    gpus = {pod: g for pod, g, _ in PODS}
+    fleet = one(vm, ":tokenmeter_output_tokens:rate5m", at)
+    pods = by_pod(vm, "namespace_pod:tokenmeter_output_tokens:rate5m", at)
+    panel = one(vm, panel_exprs(d, "Output tokens/s", values)[0], at)
+    client = sum(client_tps(p) for p in loads.values())
+    print(f"  fleet tokens/s: rule {fleet}, panel {panel}, pods {pods}, load clients {client:.1f}")
+    if fleet is None or panel is None or set(pods) != set(gpus):
+        fail(f"fleet tokens/s missing: rule {fleet}, panel {panel}, pods {sorted(pods)}")
+        return
+    if not close(fleet, sum(pods.values()), SAME_TOLERANCE):
+        fail(f"fleet tokens/s {fleet:.1f} is not the sum of the pods' {sum(pods.values()):.1f}")
+    if not close(fleet, client, RATE_TOLERANCE):
+        fail(f"fleet tokens/s {fleet:.1f} is not the load clients' {client:.1f} within {RATE_TOLERANCE:.0%}")
+    if not close(panel, client, RATE_TOLERANCE):
+        fail(f"the Output tokens/s panel says {panel:.1f}, the load clients {client:.1f}")
+    for pod, path in loads.items():
+        c = client_tps(path)
+        if not close(pods[pod], c, RATE_TOLERANCE):
+            fail(f"{pod}: tokens/s {pods[pod]:.1f}, its load client {c:.1f}")
+
+    per_gpu = one(vm, ":tokenmeter_output_tokens_per_gpu:rate5m", at)
+    per_gpu_panel = one(vm, panel_exprs(d, "Tokens/s per GPU", values)[0], at)
+    pod_per_gpu = by_pod(vm, "namespace_pod:tokenmeter_output_tokens_per_gpu:rate5m", at)
+    want = fleet / sum(gpus.values())
+    print(f"  tokens/s per GPU: rule {per_gpu}, panel {per_gpu_panel}, want {want:.2f} "
+          f"({fleet:.1f} over {sum(gpus.values())} GPUs); pods {pod_per_gpu}")
+    for what, v in [("rule", per_gpu), ("Tokens/s per GPU panel", per_gpu_panel)]:
+        if v is None or not close(v, want, SAME_TOLERANCE):
+            fail(f"fleet tokens/s per GPU ({what}) is {v}, expected {want:.2f}")
+    for pod, g in gpus.items():
+        if pod not in pod_per_gpu or not close(pod_per_gpu[pod], pods[pod] / g, SAME_TOLERANCE):
+            fail(f"{pod}: tokens/s per GPU {pod_per_gpu.get(pod)}, expected {pods[pod] / g:.2f}")
+
+    for family, rule, title, bounds, key in [
+        ("tokenmeter_request_tokens_per_second",
+         'namespace_model:tokenmeter_request_tokens_per_second:histogram_quantile_rate5m{quantile="0.5"}',
+         "Per-request decode speed (p50 / p90 / p99)", TPS_BUCKETS, "request_tps"),
+        ("tokenmeter_time_to_first_token_seconds",
+         'namespace_model:tokenmeter_time_to_first_token_seconds:histogram_quantile_rate5m{quantile="0.5"}',
+         "Time to first token (p50 / p90 / p99)", TTFT_BUCKETS, "ttft"),
+    ]:
+        pod_p50 = by_pod(vm, f"histogram_quantile(0.5, sum by (pod, le) (rate({family}_bucket[5m])))", at)
+        fleet_p50 = one(vm, rule, at)
+        panel_p50 = one(vm, panel_exprs(d, title, values)[0], at)
+        print(f"  {family} p50: fleet rule {fleet_p50}, panel {panel_p50}, pods {pod_p50}")
+        if fleet_p50 is None or panel_p50 is None or set(pod_p50) != set(gpus):
+            fail(f"{family}: p50 missing (rule {fleet_p50}, panel {panel_p50}, pods {sorted(pod_p50)})")
+            continue
+        lo, hi = min(pod_p50.values()), max(pod_p50.values())
+        if bucket_of(lo, bounds) == bucket_of(hi, bounds):
+            fail(f"{family}: the pods' p50s {pod_p50} fall in one bucket: the test cannot tell a fleet "
+                 "percentile from a pod's")
+        for what, v in [("rule", fleet_p50), ("panel", panel_p50)]:
+            if not lo <= v <= hi:
+                fail(f"{family}: the fleet's p50 ({what}) {v} is not between the pods' {lo} and {hi}")
+        for pod, path in loads.items():
+            truth = json.load(open(path))["levels"][0][key]["p50"]
+            b = bucket_of(pod_p50[pod], bounds)
+            if not b[0] <= truth <= b[1]:
+                fail(f"{pod}: {family} p50 {pod_p50[pod]:.4g} is in bucket {b}, its load client's "
+                     f"median {truth:.4g} is not")
+
+
+def check_totals(vm, sims):
+    """6: after the load, the store's token total per pod is what each simulator generated."""
+    got = by_pod(vm, "sum by (pod) (tokenmeter_output_tokens_total)", time.time())
+    fleet = one(vm, "sum(tokenmeter_output_tokens_total)", time.time())
+    want = {}
+    for pod, port in sims.items():
+        _, body = lt.http_get(f"http://127.0.0.1:{port}/sim/stats")
+        s = json.loads(body)
+        want[pod] = float(s["output_tokens"])
+        if s["cancelled"]:
+            fail(f"{pod}: the simulator cancelled {s['cancelled']} requests; the exact total needs none")
+    print(f"  output tokens: store {got} (fleet {fleet}), simulators {want}")
+    if got != want:
+        fail(f"token totals in VictoriaMetrics {got} differ from the simulators' {want}")
+    if fleet != sum(want.values()):
+        fail(f"the fleet's token total {fleet} is not the simulators' {sum(want.values())}")
+
+
+def check_all_panels(vm, d, at):
+    """7: every dashboard query runs in VictoriaMetrics (MetricsQL) without an error."""
+    values = dict(dash.BUILTINS, namespace=".*", pod=".*", model=".*", gpu_hour_price=PRICE,
+                  datasource="victoriametrics")
+    n = empty = 0
+    for p in dash.panels(d):
+        for t in p.get("targets", []):
+            expr = dash.substitute(t["expr"], values)
+            try:
+                data = vm.api("query_range", query=expr, start=at - 30, end=at, step="5s")
+            except ValueError as e:
+                fail(f"panel {p['title']!r} {t['refId']}: VictoriaMetrics refused the query: {e}\n    {expr}")
+                continue
+            n += 1
+            empty += not lt.finite_values(data)
+    print(f"  {n} dashboard queries ran in VictoriaMetrics ({empty} without data here: features this "
+          "fleet does not use, e.g. reasoning, prompt cache, failures)")
+
+
+def main():
+    tm_bin = os.environ.get("TOKENMETER_BIN", str(REPO / "target" / "release" / "tokenmeter"))
+    prom_bin = os.environ.get("PROMETHEUS") or shutil.which("prometheus")
+    vm_bin = os.environ.get("VICTORIA_METRICS") or shutil.which("victoria-metrics")
+    vmalert_bin = os.environ.get("VMALERT") or shutil.which("vmalert")
+    traffic_s = float(os.environ.get("FLEET_TRAFFIC_SECONDS", "20"))
+    if not os.access(tm_bin, os.X_OK) or not prom_bin or not vm_bin or not vmalert_bin:
+        print("fleet_test: needs target/release/tokenmeter, prometheus, victoria-metrics and vmalert "
+              "(apt-get install prometheus victoria-metrics)", file=sys.stderr)
+        return 1
+    tmp = tempfile.mkdtemp(prefix="tokenmeter-fleet-")
+    procs = lt.Procs(tmp)
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AlertSink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    started = time.monotonic()
+    try:
+        vm_port = lt.free_port()
+        procs.start("victoria-metrics", [
+            vm_bin, f"-storageDataPath={tmp}/vm", f"-httpListenAddr=127.0.0.1:{vm_port}",
+            "-retentionPeriod=1d", "-loggerLevel=WARN",
+            # Queries see a sample as soon as it is written (default: 30 s later), uncached.
+            "-search.latencyOffset=1s", "-search.disableCache",
+        ])
+        vm = lt.Prom(vm_port)
+        lt.wait_for("victoria-metrics", lambda: lt.http_get(f"{vm.base}/health")[0] == 200, timeout=30)
+
+        sims, targets = {}, []
+        for pod, gpus, step in PODS:
+            sim_port, listen, metrics = lt.free_port(), lt.free_port(), lt.free_port()
+            procs.start(f"sim-{pod}", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
+                                       "--step-base", step])
+            procs.start(f"tokenmeter-{pod}", [
+                tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
+                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus), "--gpu-hour-cost", PRICE,
+                "--no-ui",
+            ])
+            sims[pod] = sim_port
+            targets.append((pod, listen, metrics))
+        for pod, _, metrics in targets:
+            lt.wait_for(f"tokenmeter {pod}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
+
+        prom_port = lt.free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "external_labels": {"cluster": CLUSTER}},
+            "scrape_configs": [{"job_name": "tokenmeter", "static_configs": [
+                {"targets": [f"127.0.0.1:{m}"], "labels": {"namespace": NAMESPACE, "pod": pod, "container": "tokenmeter"}}
+                for pod, _, m in targets]}],
+            "remote_write": [{
+                "url": f"http://127.0.0.1:{vm_port}/api/v1/write",
+                "queue_config": {"batch_send_deadline": "1s", "max_samples_per_send": 5000},
+            }],
+        }
+        cfg_path = os.path.join(tmp, "prometheus.yml")
+        with open(cfg_path, "w") as f:
+            json.dump(config, f)
+        procs.start("prometheus", [
+            prom_bin, "--enable-feature=agent", f"--config.file={cfg_path}", f"--storage.agent.path={tmp}/agent",
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
+        ])
+        lt.wait_for("prometheus", lambda: lt.http_get(f"http://127.0.0.1:{prom_port}/-/ready")[0] == 200, timeout=30)
+
+        vmalert_port = lt.free_port()
+        procs.start("vmalert", [
+            vmalert_bin, f"-rule={REPO / 'deploy' / 'prometheus' / 'rules.yml'}",
+            f"-datasource.url=http://127.0.0.1:{vm_port}", f"-remoteWrite.url=http://127.0.0.1:{vm_port}",
+            f"-notifier.url=http://127.0.0.1:{sink.server_address[1]}", "-evaluationInterval=1s",
+            "-remoteWrite.flushInterval=1s", f"-httpListenAddr=127.0.0.1:{vmalert_port}", "-loggerLevel=WARN",
+        ])
+        vmalert = f"http://127.0.0.1:{vmalert_port}"
+        lt.wait_for("vmalert", lambda: lt.http_get(f"{vmalert}/-/healthy")[0] == 200, timeout=30)
+        lt.wait_for("every pod in the store", lambda: len(vm.api(
+            "query", query="tokenmeter_build_info", time=time.time())["result"]) == len(PODS), timeout=30)
+
+        loads, load_procs = {}, []
+        for pod, listen, _ in targets:
+            out = os.path.join(tmp, f"bench-{pod}")
+            loads[pod] = os.path.join(out, "bench.json")
+            load_procs.append(procs.start(f"load-{pod}", [
+                tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
+                "--concurrency", str(CONCURRENCY), "--duration", f"{traffic_s:.0f}s",
+                "--prompt-tokens", "40", "--output-tokens", str(OUTPUT_TOKENS), "--out", out,
+            ]))
+        load_start = time.time()
+        print(f"fleet_test: {len(PODS)} pods, {CONCURRENCY} streams each for {traffic_s:.0f}s "
+              f"(logs in {tmp})", flush=True)
+        # The snapshot is taken while the load still runs (3 s before it ends), at a time the
+        # store has had 2 s to receive: a scrape (1 s), remote_write's batch (1 s). Recorded
+        # series built on recorded series reach the store some seconds after their inputs (per
+        # level: one evaluation, one remote_write flush, and the store's in-memory buffer, which
+        # vmalert's own queries wait for): the deepest chain must have data by then.
+        deepest = 'namespace_model:tokenmeter_request_tokens_per_second:histogram_quantile_rate5m{quantile="0.5"}'
+        at = load_start + traffic_s - 3
+        ready = None
+        while time.time() < load_start + traffic_s - 1:
+            procs.check_alive()
+            flush(vm)
+            if ready is None and lt.finite_values(vm.api("query", query=deepest, time=time.time() - 2)):
+                ready = time.time() - 2 - load_start
+                print(f"  the deepest recorded series is in the store {ready:.1f}s after the load began", flush=True)
+            time.sleep(0.5)
+        if ready is None or ready > traffic_s - 3:
+            fail(f"{deepest} had no data 3 s before the load ended: raise FLEET_TRAFFIC_SECONDS")
+        for p in load_procs:
+            p.wait(timeout=60)
+            if p.returncode != 0:
+                raise RuntimeError(f"a load client exited {p.returncode}; see {tmp}")
+
+        flush(vm)
+        d = dash.load()
+        print("fleet_test: series in the store", flush=True)
+        check_arrival(vm)
+        print("fleet_test: the fleet's figures from the rules and the dashboard", flush=True)
+        check_values(vm, d, at, loads)
+        print("fleet_test: vmalert's rules", flush=True)
+        check_rules(vm, vmalert)
+        print("fleet_test: every dashboard query in VictoriaMetrics", flush=True)
+        check_all_panels(vm, d, at)
+        # The last tokens reach the store with the next scrape and remote_write batch.
+        time.sleep(4)
+        flush(vm)
+        print("fleet_test: exact token totals", flush=True)
+        check_totals(vm, sims)
+    except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
+        fail(f"{type(e).__name__}: {e}")
+    finally:
+        procs.stop()
+        sink.shutdown()
+    elapsed = time.monotonic() - started
+    if lt.failures:
+        print(f"fleet_test: {len(lt.failures)} failure(s) in {elapsed:.0f}s; logs kept in {tmp}")
+        return 1
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"fleet_test: ok in {elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
