@@ -139,6 +139,17 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_UPSTREAM_HTTP2")]
     pub upstream_http2: bool,
 
+    /// The boundaries every histogram starts from: `default` (vLLM's where vLLM has the measure)
+    /// or `coarse` (a subset of each, about half the series, for fleets: docs/fleet.md). The
+    /// --buckets-* flags below replace one measure's either way.
+    #[arg(
+        long,
+        env = "TOKENMETER_BUCKETS",
+        default_value = "default",
+        value_name = "default|coarse"
+    )]
+    pub buckets: String,
+
     /// TTFT histogram buckets in seconds, comma-separated (default: vLLM's).
     #[arg(long, env = "TOKENMETER_BUCKETS_TTFT", value_parser = parse_buckets)]
     pub buckets_ttft: Option<BucketList>,
@@ -335,6 +346,8 @@ pub enum ConfigError {
     NotHttps(&'static str),
     #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
     BadUiSamplePeriod(Duration),
+    #[error("--buckets {0:?} is not a bucket set (expected default or coarse)")]
+    BadBuckets(String),
     #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
     #[error(transparent)]
@@ -550,7 +563,11 @@ impl ProxyArgs {
             allow_file: self.tenant_allow_file.as_deref(),
         }
         .build(host)?;
-        let d = Buckets::default();
+        let d = match self.buckets.trim() {
+            "default" => Buckets::default(),
+            "coarse" => Buckets::coarse(),
+            other => return Err(ConfigError::BadBuckets(other.to_string())),
+        };
         Ok(Config {
             upstream,
             listen: parse_addr("listen", &self.listen)?,
@@ -703,6 +720,17 @@ mod tests {
             Some(ConfigError::Gpus(GpuError::BadFlag("0".into())))
         );
         assert_eq!(parse_buckets("1,2,3"), Ok(BucketList(vec![1.0, 2.0, 3.0])));
+        // --buckets picks the set every measure starts from; a --buckets-* flag still wins.
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.metrics.buckets, Buckets::default());
+        let c = args(&[&up[..], &["--buckets", "coarse"]].concat()).validate();
+        assert_eq!(c.expect("valid").metrics.buckets, Buckets::coarse());
+        let c = args(&[&up[..], &["--buckets", "coarse", "--buckets-tps", "5,50"]].concat());
+        let b = c.validate().expect("valid").metrics.buckets;
+        assert_eq!(b.tps, [5.0, 50.0]);
+        assert_eq!(b.ttft, Buckets::coarse().ttft);
+        let e = args(&[&up[..], &["--buckets", "fine"]].concat()).validate();
+        assert_eq!(e.err(), Some(ConfigError::BadBuckets("fine".into())));
         let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
         assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
         assert!(parse_buckets("1,1").is_err());

@@ -98,6 +98,45 @@ impl Default for Buckets {
     }
 }
 
+impl Buckets {
+    /// `--buckets coarse`: for fleets that count series (docs/fleet.md). Every set is a subset
+    /// of the default one, so each coarse bucket is a sum of default buckets and its edges are
+    /// still vLLM's where the defaults are; each histogram keeps about half its series. Kept on
+    /// purpose: TTFT's 2.5 s (the TTFT SLO rules read `le="2.5"`) and 1 s (the default
+    /// interactive class), and 10 and 20 tokens/s (the speed-floor alert and the interactive
+    /// class's floor), so the rules' thresholds stay exact.
+    pub fn coarse() -> Self {
+        Buckets {
+            ttft: vec![
+                0.01, 0.04, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 80.0, 640.0,
+            ],
+            itl: vec![0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 10.0],
+            tps: vec![
+                5.0, 10.0, 20.0, 30.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+            ],
+            duration: vec![
+                0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 480.0, 1920.0,
+            ],
+            tokens: vec![1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0],
+            per_event: vec![1.0, 2.0, 4.0, 8.0, 16.0, 64.0],
+            stall: vec![0.05, 0.25, 1.0, 5.0, 30.0, 120.0],
+        }
+    }
+
+    /// The measures, in declaration order, for checks that go over every set.
+    pub fn sets(&self) -> [(&'static str, &[f64]); 7] {
+        [
+            ("ttft", &self.ttft),
+            ("itl", &self.itl),
+            ("tps", &self.tps),
+            ("duration", &self.duration),
+            ("tokens", &self.tokens),
+            ("per_event", &self.per_event),
+            ("stall", &self.stall),
+        ]
+    }
+}
+
 /// How a request ended: the `outcome` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

@@ -687,3 +687,61 @@ fn without_tenants_no_series_has_the_label() {
         1.0
     );
 }
+
+#[test]
+fn coarse_buckets_are_a_subset_that_keeps_the_rules_edges() {
+    let (d, c) = (Buckets::default(), Buckets::coarse());
+    let mut kept = 0;
+    let mut all = 0;
+    for ((name, fine), (_, coarse)) in d.sets().into_iter().zip(c.sets()) {
+        assert!(coarse.windows(2).all(|w| w[0] < w[1]), "{name}: {coarse:?}");
+        for b in coarse {
+            assert!(fine.contains(b), "{name}: {b} is not a default boundary");
+        }
+        // Each histogram keeps at most about half its series (boundaries + 3).
+        assert!(2 * (coarse.len() + 3) <= fine.len() + 3 + 6, "{name}");
+        kept += coarse.len() + 3;
+        all += fine.len() + 3;
+    }
+    assert_eq!((kept, all), (82, 147));
+    // The TTFT SLO rules read le="2.5"; the default interactive class is 1 s and 20 tokens/s;
+    // the speed-floor alert is 10 tokens/s.
+    for edge in [1.0, 2.5] {
+        assert!(c.ttft.contains(&edge), "ttft {edge}");
+    }
+    for edge in [10.0, 20.0] {
+        assert!(c.tps.contains(&edge), "tps {edge}");
+    }
+}
+
+#[test]
+fn coarse_buckets_thin_the_per_request_speed_histogram_in_every_band() {
+    let m = Metrics::new(&MetricsConfig {
+        buckets: Buckets::coarse(),
+        ..MetricsConfig::default()
+    })
+    .expect("metrics");
+    for mean in [1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 192.0, 320.0] {
+        m.record(&Finished {
+            mean_in_flight: Some(mean),
+            ..finished()
+        });
+    }
+    let text = String::from_utf8(m.render()).expect("utf8");
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("tokenmeter_request_tokens_per_second"))
+        .count();
+    // 10 boundaries + 3, in 9 bands: 117 series instead of 216.
+    assert_eq!(series, 9 * 13, "{text}");
+    // The default test record decodes at 20 tokens/s: above 10, at most 30.
+    let band = |le: &str| {
+        sum(
+            &text,
+            &format!(
+                "tokenmeter_request_tokens_per_second_bucket{{concurrency=\"2-4\",le=\"{le}\",model=\"m\"}}"
+            ),
+        )
+    };
+    assert_eq!((band("10"), band("30")), (0.0, 1.0));
+}

@@ -103,6 +103,31 @@ VLLM = {
     "vllm:generation_tokens_total": 1,
 }
 
+# --compat otel: the GenAI semantic conventions' recommended boundaries; one operation, provider
+# and model here (an `error.type` adds a label set to the duration histogram).
+OTEL = {
+    "gen_ai_client_token_usage": 2 * 17,  # gen_ai_token_type input and output, 14 boundaries
+    "gen_ai_server_request_duration_seconds": 17,
+    "gen_ai_server_time_to_first_token_seconds": 19,
+    "gen_ai_server_time_per_output_token_seconds": 16,
+}
+
+# --buckets coarse: each histogram family's label sets as above, at its coarse boundaries + 3
+# (Buckets::coarse in src/metrics/mod.rs).
+COARSE = dict(TOKENMETER, **{
+    "tokenmeter_request_tokens_per_second": 13 * 9,
+    "tokenmeter_time_to_first_token_seconds": 15,
+    "tokenmeter_time_to_first_output_seconds": 15,
+    "tokenmeter_time_to_first_byte_seconds": 15,
+    "tokenmeter_request_duration_seconds": 14,
+    "tokenmeter_inter_token_latency_seconds": 12,
+    "tokenmeter_time_per_output_token_seconds": 12,
+    "tokenmeter_request_output_tokens": 10,
+    "tokenmeter_request_input_tokens": 10,
+    "tokenmeter_request_max_stall_seconds": 9,
+    "tokenmeter_tokens_per_event": 9,
+})
+
 # The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants):
 # each repeats per tenant value (at most --max-tenants + `other`, plus an allow-list).
 TENANTED = ["tokenmeter_request_tokens_per_second", "tokenmeter_time_to_first_token_seconds",
@@ -120,9 +145,11 @@ def with_tenants(n):
 # once: --compat adds series under its own prefix and leaves the tokenmeter_* ones as they are
 # (compat_test.py's promtool pass and tests/it/compat.rs check that side).
 SETUPS = [
-    ("default, --compat vllm", ["--compat", "vllm"], {"tokenmeter_": TOKENMETER, "vllm:": VLLM}, [None]),
+    ("default, --compat vllm, --compat otel", ["--compat", "vllm", "--compat", "otel"],
+     {"tokenmeter_": TOKENMETER, "vllm:": VLLM, "gen_ai_": OTEL}, [None]),
     (f"--tenant-from-key, {len(TENANTS)} tenants", ["--tenant-from-key"],
      {"tokenmeter_": with_tenants(len(TENANTS))}, TENANTS),
+    ("--buckets coarse", ["--buckets", "coarse"], {"tokenmeter_": COARSE}, [None]),
 ]
 
 SUFFIX = re.compile(r"_(bucket|sum|count)$")

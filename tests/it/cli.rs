@@ -42,6 +42,11 @@ fn bad_configuration_is_one_line_and_a_nonzero_exit() {
     let (code, err) = run_err(&["--upstream", "http://127.0.0.1:1", "--gpus=-2"]);
     assert_eq!(code, 64, "{err}");
 
+    let (code, err) = run_err(&["--upstream", "http://127.0.0.1:1", "--buckets", "fine"]);
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--buckets \"fine\""), "{err}");
+
     let (code, err) = run_err(&["--no-such-flag"]);
     assert_eq!(code, 2, "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -83,6 +88,7 @@ fn every_flag_reads_an_environment_variable_and_is_explained() {
         "--slo-file",
         "--slo-class-header",
         "--slo-default-class",
+        "--buckets",
     ] {
         let env = format!(
             "TOKENMETER_{}",
