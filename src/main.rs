@@ -50,8 +50,39 @@ fn exit<E: std::fmt::Display>(r: Result<(), E>, is_usage: impl Fn(&E) -> bool) -
     }
 }
 
+/// The command line, or the exit a bad one earns. clap's own errors (an unknown flag, a value of
+/// the wrong type, in a flag or its environment variable) would exit 2 with a usage block; they
+/// get the same one line and code 64 as every other bad flag, so a supervisor or a script sees
+/// one contract. `--help` and `--version` still print and exit 0.
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            let line = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("tokenmeter: error: {line} (see --help)");
+            Err(ExitCode::from(EXIT_USAGE))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("TOKENMETER_LOG").unwrap_or_else(|_| EnvFilter::new("info")),

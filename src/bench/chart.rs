@@ -32,6 +32,9 @@ const LEGEND_GAP: f64 = 24.0;
 /// for mixed text (capitals and digits up to 8), so 7 keeps ordinary labels inside their room.
 const LEGEND_CHAR: f64 = 7.0;
 
+/// Least space between two x-axis labels.
+const X_LABEL_GAP: f64 = 4.0;
+
 /// The room one legend entry takes.
 fn legend_width(name: &str) -> f64 {
     LEGEND_SWATCH + LEGEND_CHAR * name.chars().count() as f64
@@ -249,15 +252,27 @@ pub fn render(c: &Chart) -> String {
         s,
         r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
     );
+    // Every level gets its tick; a label that would run into the one before it (the capacity
+    // chart's class limits fall beside the curve's edges, 30 beside 32) is left out.
+    let mut labelled_to = f64::NEG_INFINITY;
     for &x in &c.xs {
         let px = x_of(x);
+        let text = number(x);
+        let half = LEGEND_CHAR * text.chars().count() as f64 / 2.0;
+        let label = if px - half >= labelled_to + X_LABEL_GAP {
+            labelled_to = px + half;
+            format!(
+                r##"<text class="x-label" x="{px:.1}" y="{:.1}" text-anchor="middle">{text}</text>"##,
+                top + plot_h + 18.0
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            r##"<line x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}" stroke="#333"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            r##"<line x1="{px:.1}" y1="{:.1}" x2="{px:.1}" y2="{:.1}" stroke="#333"/>{label}"##,
             top + plot_h,
             top + plot_h + 5.0,
-            top + plot_h + 18.0,
-            number(x)
         );
     }
     // Axis labels.
@@ -465,6 +480,51 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, names.len() * 2);
+    }
+
+    #[test]
+    fn x_labels_never_run_into_each_other_and_every_level_keeps_its_tick() {
+        let xs = vec![
+            1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 32.0, 64.0, 80.0, 128.0, 256.0,
+        ];
+        let chart = Chart {
+            title: "t".into(),
+            x_label: "x".into(),
+            y_left: "y".into(),
+            y_right: None,
+            series: vec![Series {
+                name: "s".into(),
+                class: "s",
+                color: "#000",
+                axis: Axis::Left,
+                values: xs.iter().map(|x| Some(*x)).collect(),
+            }],
+            xs: xs.clone(),
+        };
+        let svg = render(&chart);
+        let labels: Vec<(f64, String)> = svg
+            .split("<text class=\"x-label\"")
+            .skip(1)
+            .map(|t| {
+                let text = t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()].to_string();
+                (attr(t, "x"), text)
+            })
+            .collect();
+        for pair in labels.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let room = LEGEND_CHAR * (a.1.len() + b.1.len()) as f64 / 2.0;
+            assert!(b.0 - a.0 >= room + X_LABEL_GAP, "{a:?} runs into {b:?}");
+        }
+        // 30 and 32 are 2 px apart here: one of them is labelled; the ends always are.
+        let texts: Vec<&str> = labels.iter().map(|l| l.1.as_str()).collect();
+        assert!(texts.contains(&"1") && texts.contains(&"30"), "{texts:?}");
+        assert!(!texts.contains(&"32"), "{texts:?}");
+        // Every level keeps its tick.
+        let ticks = svg
+            .lines()
+            .filter(|l| l.starts_with("<line") && l.contains("stroke=\"#333\""))
+            .count();
+        assert_eq!(ticks, xs.len(), "{svg}");
     }
 
     #[test]

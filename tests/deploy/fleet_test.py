@@ -32,7 +32,11 @@ Then, against VictoriaMetrics' Prometheus-compatible API (and vmalert's for the 
      histogram bucket of its load client's own median;
   6. once the load has stopped, the fleet's token total in the store equals, exactly, the
      tokens the simulators generated, pod by pod;
-  7. every other dashboard query runs in VictoriaMetrics without an error (MetricsQL accepts it).
+  7. every other dashboard query runs in VictoriaMetrics without an error (MetricsQL accepts it);
+  8. the second case, federation: a cluster's Prometheus (rules.yml loaded) scrapes the same pods
+     and a global Prometheus federates its recorded series and the raw token counter: the
+     fleet's tokens/s there is the sum of its per-pod recordings, per GPU over the 6 GPUs, the
+     per-request p50 between the pods', the token total exactly the simulators'.
 Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
 PROMETHEUS, VICTORIA_METRICS, VMALERT (default: on PATH), FLEET_TRAFFIC_SECONDS (default 20).
 """
@@ -253,6 +257,35 @@ def check_totals(vm, sims):
         fail(f"the fleet's token total {fleet} is not the simulators' {sum(want.values())}")
 
 
+def check_federation(glob, vm, at, sims):
+    """8: the second case, federation. A cluster's Prometheus evaluates the rules over its own
+    pods; a global Prometheus federates the recorded series (and the raw token counter) from it.
+    Its fleet figures must be the sums of its per-pod ones, its percentile between the pods', and
+    its token total the simulators'. (Its 5-minute rates are not the store's here: Prometheus
+    divides an increase by the whole window, so a rate over a series younger than 5 minutes
+    reads low until the window is full; VictoriaMetrics divides by the time the samples span.)"""
+    fed = one(glob, ":tokenmeter_output_tokens:rate5m", at)
+    stored = one(glob, "sum(namespace_pod:tokenmeter_output_tokens:rate5m)", at)
+    per_gpu = one(glob, ":tokenmeter_output_tokens_per_gpu:rate5m", at)
+    p50 = one(glob, 'namespace_model:tokenmeter_request_tokens_per_second:histogram_quantile_rate5m{quantile="0.5"}', at)
+    pods = by_pod(vm, "histogram_quantile(0.5, sum by (pod, le) (rate(tokenmeter_request_tokens_per_second_bucket[5m])))", at)
+    print(f"  federated: fleet tokens/s {fed} (sum of its pods' {stored}), per GPU {per_gpu}, "
+          f"per-request p50 {p50} (pods {pods})")
+    if fed is None or stored is None or not fed > 0 or not close(fed, stored, SAME_TOLERANCE):
+        fail(f"federated fleet tokens/s {fed} is not the sum of its pods' {stored}")
+    elif per_gpu is None or not close(per_gpu, fed / sum(g for _, g, _ in PODS), SAME_TOLERANCE):
+        fail(f"federated tokens/s per GPU {per_gpu} is not {fed:.1f} over the GPUs")
+    if p50 is None or not pods or not min(pods.values()) <= p50 <= max(pods.values()):
+        fail(f"federated per-request p50 {p50} is not between the pods' {pods}")
+    got = one(glob, "sum(tokenmeter_output_tokens_total)", time.time())
+    want = 0.0
+    for port in sims.values():
+        want += float(json.loads(lt.http_get(f"http://127.0.0.1:{port}/sim/stats")[1])["output_tokens"])
+    print(f"  federated token total {got}, simulators {want}")
+    if got != want:
+        fail(f"the federated token total {got} is not the simulators' {want}")
+
+
 def check_all_panels(vm, d, at):
     """7: every dashboard query runs in VictoriaMetrics (MetricsQL) without an error."""
     values = dict(dash.BUILTINS, namespace=".*", pod=".*", model=".*", gpu_hour_price=PRICE,
@@ -333,6 +366,34 @@ def main():
         ])
         lt.wait_for("prometheus", lambda: lt.http_get(f"http://127.0.0.1:{prom_port}/-/ready")[0] == 200, timeout=30)
 
+        # The second case: a cluster's Prometheus with the rules, federated by a global one.
+        cluster_port, global_port = lt.free_port(), lt.free_port()
+        cluster_cfg = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s",
+                       "external_labels": {"cluster": CLUSTER}},
+            "rule_files": [str(REPO / "deploy" / "prometheus" / "rules.yml")],
+            "scrape_configs": config["scrape_configs"],
+        }
+        global_cfg = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{
+                "job_name": "federate", "honor_labels": True, "metrics_path": "/federate",
+                "params": {"match[]": ['{__name__=~"namespace.*:tokenmeter_.*|:tokenmeter_.*"}',
+                                       '{__name__="tokenmeter_output_tokens_total"}']},
+                "static_configs": [{"targets": [f"127.0.0.1:{cluster_port}"]}],
+            }],
+        }
+        for name, port, cfg in [("prometheus-cluster", cluster_port, cluster_cfg),
+                                ("prometheus-global", global_port, global_cfg)]:
+            path = os.path.join(tmp, f"{name}.yml")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            procs.start(name, [prom_bin, f"--config.file={path}", f"--storage.tsdb.path={tmp}/{name}",
+                               f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+        glob = lt.Prom(global_port)
+        for port in (cluster_port, global_port):
+            lt.wait_for("prometheus", lambda p=port: lt.http_get(f"http://127.0.0.1:{p}/-/ready")[0] == 200, timeout=30)
+
         vmalert_port = lt.free_port()
         procs.start("vmalert", [
             vmalert_bin, f"-rule={REPO / 'deploy' / 'prometheus' / 'rules.yml'}",
@@ -394,6 +455,8 @@ def main():
         flush(vm)
         print("fleet_test: exact token totals", flush=True)
         check_totals(vm, sims)
+        print("fleet_test: the second case, federation", flush=True)
+        check_federation(glob, vm, at, sims)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")
     finally:

@@ -16,7 +16,8 @@
 #      family by family against the budget (series_budget.py, ~25 s); several pods scraped by
 #      Prometheus in agent mode, remote_write into VictoriaMetrics, the recording rules in
 #      vmalert, and the fleet's tokens/s, per GPU and percentiles checked there against the
-#      load (fleet_test.py, ~40 s).
+#      load; beside it, a cluster Prometheus with the rules federated by a global one
+#      (fleet_test.py, ~40 s).
 #
 # On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
 # promtool), victoria-metrics (the store and vmalert) and python3-venv with apt, and the

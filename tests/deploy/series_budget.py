@@ -128,8 +128,10 @@ COARSE = dict(TOKENMETER, **{
     "tokenmeter_tokens_per_event": 9,
 })
 
-# The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants):
-# each repeats per tenant value (at most --max-tenants + `other`, plus an allow-list).
+# The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants)
+# and that this load makes (the reasoning and cached-prompt counters carry it too, but the
+# simulator reports neither): each repeats per tenant value (at most --max-tenants, plus the
+# allow-list, plus `other`, `none` and `invalid`).
 TENANTED = ["tokenmeter_request_tokens_per_second", "tokenmeter_time_to_first_token_seconds",
             "tokenmeter_slo_requests_total", "tokenmeter_goodput_output_tokens_total",
             "tokenmeter_output_tokens_total", "tokenmeter_input_tokens_total", "tokenmeter_requests_total"]

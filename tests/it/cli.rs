@@ -47,9 +47,21 @@ fn bad_configuration_is_one_line_and_a_nonzero_exit() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--buckets \"fine\""), "{err}");
 
+    // clap's own errors keep the contract: one line naming the flag, exit 64.
     let (code, err) = run_err(&["--no-such-flag"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--no-such-flag"), "{err}");
+    let (code, err) = run_err(&["--upstream", "http://127.0.0.1:1", "--max-tenants", "many"]);
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("--max-tenants"), "{err}");
+    let (code, err) = run_err_env(
+        &["--upstream", "http://127.0.0.1:1"],
+        &[("TOKENMETER_NO_UI", "maybe")],
+    );
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--no-ui"), "{err}");
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = busy.local_addr().expect("addr").to_string();

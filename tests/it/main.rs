@@ -7,6 +7,7 @@ mod capacity;
 mod cli;
 mod compat;
 mod corpus;
+mod documented;
 mod faults;
 mod https;
 mod inject;

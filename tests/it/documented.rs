@@ -1,0 +1,110 @@
+//! Metric names are a contract: every family the proxy exports is in the README's metric
+//! tables, and every name those tables list is one the code can export.
+//!
+//! A family added without a row (or a row left behind by a rename) fails here, not in a
+//! user's dashboard.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::stream_once;
+use crate::support::upstream;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// The README, as the repository holds it.
+fn readme() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The family names of an exposition (its `# TYPE` lines).
+fn families(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The metric names the README's tables list: the backticked names in the first cell of a
+/// table row that start with one of the exported prefixes (a row may list two names).
+fn listed(readme: &str) -> BTreeSet<String> {
+    let prefixes = ["tokenmeter_", "vllm:", "gen_ai_"];
+    readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .filter(|name| prefixes.iter().any(|p| name.starts_with(p)))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every source file's text, to find the names the code can export.
+fn sources(dir: &Path, out: &mut String) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_exported_family_has_a_row_in_the_readme() {
+    // Every naming scheme and every optional label at once, so every family that one
+    // streamed request can make appears in the scrape.
+    let flags = [
+        "--compat",
+        "vllm,otel",
+        "--tenant-header",
+        "x-tenant",
+        "--gpu-hour-cost",
+        "2.5",
+    ];
+    let steps = upstream::openai_chat(20 * MS, 8, 2 * MS, true);
+    let streamed = stream_once(steps, &flags).await;
+    assert_eq!(streamed.seen.status, 200);
+    let exported = families(&streamed.scrape);
+    // The scrape is a real one: the families of each scheme are there to be checked.
+    for must in [
+        "tokenmeter_requests_total",
+        "tokenmeter_time_to_first_token_seconds",
+        "vllm:time_to_first_token_seconds",
+        "gen_ai_server_time_to_first_token_seconds",
+    ] {
+        assert!(exported.contains(must), "{must} not exported");
+    }
+    let listed = listed(&readme());
+    let missing: Vec<_> = exported.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "exported but not in the README's metric tables: {missing:?}"
+    );
+}
+
+#[test]
+fn every_name_the_readme_lists_is_in_the_code() {
+    let listed = listed(&readme());
+    // The tables are found at all (a change of their layout must not make this test empty).
+    assert!(listed.len() > 40, "only {} names found", listed.len());
+    let mut code = String::new();
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut code,
+    );
+    let unknown: Vec<_> = listed
+        .iter()
+        .filter(|name| !code.contains(&format!("\"{name}\"")))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "listed in the README but no source names them: {unknown:?}"
+    );
+}
