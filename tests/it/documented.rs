@@ -1,5 +1,7 @@
-//! Metric names are a contract: every family the proxy exports is in the README's metric
-//! tables, and every name those tables list is one the code can export.
+//! Metric names and flags are a contract: every family the proxy exports is in the README's
+//! metric tables, and every name those tables list is one the code can export; every flag
+//! `--help` shows reads its `TOKENMETER_*` variable and has a row, naming it, in the README's
+//! flag table.
 //!
 //! A family added without a row (or a row left behind by a rename) fails here, not in a
 //! user's dashboard.
@@ -107,4 +109,59 @@ fn every_name_the_readme_lists_is_in_the_code() {
         unknown.is_empty(),
         "listed in the README but no source names them: {unknown:?}"
     );
+}
+
+/// The proxy's long flags as `--help` prints them (each option line starts with its flags).
+fn help_flags(help: &str) -> Vec<String> {
+    help.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| {
+            l.split([' ', ','])
+                .find(|w| w.starts_with("--"))
+                .map(|w| w.split('=').next().unwrap_or(w).to_owned())
+        })
+        .filter(|f| f != "--help" && f != "--version")
+        .collect()
+}
+
+#[test]
+fn every_proxy_flag_has_its_variable_and_a_readme_row() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let flags = help_flags(&help);
+    assert!(
+        flags.len() > 40,
+        "only {} flags found: {flags:?}",
+        flags.len()
+    );
+    let readme = readme();
+    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
+    let mut problems = Vec::new();
+    for flag in &flags {
+        let var = format!(
+            "TOKENMETER_{}",
+            flag.trim_start_matches("--")
+                .replace('-', "_")
+                .to_uppercase()
+        );
+        if !help.contains(&format!("[env: {var}=")) {
+            problems.push(format!("{flag}: --help names no {var}"));
+        }
+        let cell = format!("| `{flag}");
+        let row = rows
+            .iter()
+            .find(|r| r.starts_with(&cell) && r[cell.len()..].starts_with(['`', ' ']));
+        match row {
+            None => problems.push(format!("{flag}: no row in the README's flag table")),
+            Some(r) if !r.contains(&format!("`{var}`")) => {
+                problems.push(format!("{flag}: its README row does not name {var}"))
+            }
+            Some(_) => {}
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
 }
