@@ -119,9 +119,10 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
 
-    /// Idle pooled upstream connections are closed after this; keep it below the server's
-    /// keep-alive (vLLM's is 5 s) so a request never picks a connection the server is closing.
-    #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
+    /// Idle pooled upstream connections are closed after this (nginx's upstream keep-alive
+    /// default). A server that closes sooner (vLLM: 5 s) costs nothing: a connection it closed
+    /// is dropped, and a request its close crossed is sent again on a new one.
+    #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub pool_idle_timeout: Duration,
 
     /// For streaming OpenAI-compatible requests that did not ask for usage, add

@@ -26,6 +26,7 @@ use pin_project::pin_project;
 use tower::{Layer, Service};
 
 use super::metering::{self, Head};
+use super::pool::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::inject;
 use crate::meter::Recorder;
@@ -141,7 +142,7 @@ where
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
             guard.disarm();
-            let (body, info) = match read {
+            let (body, info, whole) = match read {
                 Ok(read) => read,
                 Err(e) => {
                     tracing::debug!(error = %e, "client request body failed");
@@ -159,6 +160,9 @@ where
                 slo,
                 tenant,
             });
+            if let Some(whole) = whole {
+                parts.extensions.insert(Replayable(whole));
+            }
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             sent.await
         })
@@ -185,23 +189,27 @@ impl Drop for Unread {
     }
 }
 
-/// Reads a JSON body up to `max`; anything else, or anything larger, streams through.
+/// Reads a JSON body up to `max`; anything else, or anything larger, streams through. The body
+/// read whole (or none) comes back a third time, for the pool to send again if it must.
 async fn read_body<B>(
     headers: &mut HeaderMap,
     path: &str,
     mut body: B,
     max: usize,
     inject_usage: bool,
-) -> Result<(ProxyBody, RequestInfo), hyper::Error>
+) -> Result<(ProxyBody, RequestInfo, Option<Bytes>), hyper::Error>
 where
     B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
 {
     let is_json = super::header_str(headers, header::CONTENT_TYPE).contains("json");
     let declared = body.size_hint().upper().unwrap_or(0) as usize;
     if !is_json || declared > max || body.is_end_stream() {
+        // No body at all can be sent again as well as a whole one.
+        let whole = body.is_end_stream().then(Bytes::new);
         return Ok((
             BodyExt::boxed(body.map_err(BoxError::from)),
             RequestInfo::default(),
+            whole,
         ));
     }
     let mut buf = BytesMut::new();
@@ -216,7 +224,7 @@ where
                 prefix: Some(buf.freeze()),
                 rest: body,
             };
-            return Ok((BodyExt::boxed(prefixed), RequestInfo::default()));
+            return Ok((BodyExt::boxed(prefixed), RequestInfo::default(), None));
         }
     }
     let mut bytes = buf.freeze();
@@ -228,7 +236,7 @@ where
             info.usage_injected = true;
         }
     }
-    Ok((full(bytes), info))
+    Ok((full(bytes.clone()), info, Some(bytes)))
 }
 
 /// A body that yields bytes already read, then the rest of the client's body.

@@ -15,8 +15,14 @@
 //! it once, so one the server has closed meanwhile (its FIN is waiting in the socket) is dropped
 //! instead of used. A request that a reused connection could not send (hyper found the
 //! connection closed before it wrote the request) is sent once more on a new connection, as
-//! hyper-util's client does. A sweep every [`SWEEP_EVERY`] closes connections idle past the
-//! timeout, so a burst's connections do not outlive it.
+//! hyper-util's client does. So is one that was written but lost: the reused connection closed
+//! before any byte of the response came back, which is what a server's idle close crossing the
+//! request on the wire looks like (uvicorn drops a connection idle for 5 s without reading
+//! what arrived in the same instant). That needs the body again, so it is done for a body the
+//! proxy read whole ([`Replayable`]: JSON up to `--max-request-body`, or none), once per
+//! request, and never on a fresh connection, where the server saw the request and failed. A
+//! sweep every [`SWEEP_EVERY`] closes connections idle past the timeout and those the server
+//! has closed, so a burst's connections do not outlive it.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -61,6 +67,12 @@ struct Idle {
     conn: Conn,
     since: Instant,
 }
+
+/// The request's body, read whole before it was sent: what a request lost on a reused
+/// connection is sent again with. A request extension, set by the inspect layer; `Bytes`, so
+/// keeping it costs a reference count, not a copy.
+#[derive(Clone, Debug)]
+pub struct Replayable(pub Bytes);
 
 /// One connection: the handle that sends requests, and the future that does its I/O.
 struct Conn {
@@ -125,6 +137,8 @@ impl Pool {
                 Some(c) => (c, true),
                 None => (self.inner.connect().await?, false),
             };
+            // The copy to send again is made only where it can be needed: on a reused connection.
+            let again = if reused { replay(&req) } else { None };
             match conn.send(req).await {
                 Ok(resp) => {
                     let pool = Arc::downgrade(&self.inner);
@@ -138,6 +152,11 @@ impl Pool {
                 Err(SendError::Unsent(r, e)) if reused => {
                     tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
                     req = *r;
+                    reuse = false;
+                }
+                Err(SendError::Failed(e)) if again.is_some() && lost_unanswered(&e) => {
+                    tracing::debug!(error = %e, "pooled connection closed before the response began; sending the request again on a new one");
+                    req = again.unwrap_or_else(|| unreachable!("checked above"));
                     reuse = false;
                 }
                 Err(SendError::Unsent(_, e) | SendError::Failed(e)) => return Err(e.into()),
@@ -162,11 +181,50 @@ async fn sweep(pool: Weak<Inner>) {
                 .iter()
                 .position(|i| now.duration_since(i.since) < pool.idle_timeout)
                 .unwrap_or(idle.len());
-            idle.drain(..keep).collect()
+            let mut gone: Vec<Idle> = idle.drain(..keep).collect();
+            // And those the server closed meanwhile (its FIN is waiting in the socket): vLLM's
+            // after 5 s, long before ours, and each still holds its buffers.
+            let mut i = 0;
+            while i < idle.len() {
+                if idle[i].conn.usable() {
+                    i += 1;
+                } else {
+                    gone.push(idle.remove(i));
+                }
+            }
+            gone
         };
         // Closed outside the lock.
         drop(expired);
     }
+}
+
+/// A copy of a request with a body read whole, to send again on a new connection.
+fn replay(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
+    let body = req.extensions().get::<Replayable>()?.0.clone();
+    let mut again = Request::new(super::full(body));
+    *again.method_mut() = req.method().clone();
+    *again.uri_mut() = req.uri().clone();
+    *again.version_mut() = req.version();
+    *again.headers_mut() = req.headers().clone();
+    Some(again)
+}
+
+/// True for how a written request is lost to a server's close: the connection ended, or was
+/// reset, before a byte of the response (`Conn::send` returns at the response head, so any error
+/// it gives came before one).
+fn lost_unanswered(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    if e.is_incomplete_message() {
+        return true;
+    }
+    let io = std::error::Error::source(e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    io.is_some_and(|io| {
+        matches!(
+            io.kind(),
+            BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof
+        )
+    })
 }
 
 // === impl Inner ===

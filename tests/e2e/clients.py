@@ -249,3 +249,44 @@ class InFlightSampler:
             # The phase includes GuideLLM's own start-up, when nothing is in flight.
             "busy_mean": statistics.fmean(busy) if busy else None,
         }
+
+
+# === one keep-alive connection, requests timed ===
+
+
+def timed_requests(url, model, pauses, max_tokens=4):
+    """Streamed chat completions, one after another on one keep-alive connection (Python's
+    http.client), each sent `pause` seconds after the previous one ended. Returns per request
+    the pause, the status, whether the stream ended with [DONE], and the time to its first
+    body byte."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = json.dumps({
+        "model": model,
+        "messages": [{"role": "user", "content": _prompt(1)}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    })  # fmt: skip
+    out = []
+    for pause in [0.0] + list(pauses):
+        time.sleep(pause)
+        rec = {"pause_s": pause, "status": None, "done": False, "ttfb_s": None, "error": None}
+        t0 = time.perf_counter()
+        try:
+            conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            rec["status"] = resp.status
+            first = resp.read1(65536)
+            rec["ttfb_s"] = time.perf_counter() - t0
+            raw = first + resp.read()
+            rec["done"] = b"data: [DONE]" in raw
+        except Exception as e:  # recorded: the check fails on it
+            rec["error"] = f"{type(e).__name__}: {e}"
+            conn.close()
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        out.append(rec)
+    conn.close()
+    return out[1:]

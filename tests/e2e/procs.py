@@ -144,7 +144,10 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
-    env["TOKENMETER_LOG"] = os.environ.get("E2E_TOKENMETER_LOG", "info,tokenmeter::meter=debug")
+    # The pool's debug lines say when a request was sent again after a server's idle close.
+    env["TOKENMETER_LOG"] = os.environ.get(
+        "E2E_TOKENMETER_LOG", "info,tokenmeter::meter=debug,tokenmeter::proxy::pool=debug"
+    )
     csv = lambda xs: ",".join(repr(x) for x in xs)  # noqa: E731
     argv = [
         binary,

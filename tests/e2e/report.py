@@ -208,6 +208,28 @@ def render(meta, results, checks):
                 f"curl received {_n(cu['events'])} content events.\n"
             )
 
+    ka = results.get("keepalive")
+    if ka:
+        w("## vLLM's 5 s idle close against the pool's 60 s\n")
+        w(
+            "vLLM's HTTP server closes a connection idle for 5 s; tokenmeter keeps idle upstream "
+            "connections 60 s (`--pool-idle-timeout`). One client connection, streamed requests "
+            "of 4 tokens, each sent a set pause after the previous one ended: "
+            f"{_n(ka['requests'] - ka['failed'])} of {_n(ka['requests'])} succeeded; "
+            f"{_n(ka['resent'])} were sent again on a new connection because vLLM's close crossed "
+            "them. Pause (s), status and time to first byte (ms) around the close: "
+            + ", ".join(
+                f"{p:g} s {st} {'-' if t is None else f'{t * 1000:.1f}'}" for p, st, t in ka["sweep"]
+            )
+            + ".\n"
+        )
+        if ka["ttfb_warm_ms"] is not None and ka["ttfb_cold_ms"] is not None:
+            w(
+                f"\nTime to first byte, median of 3: {ka['ttfb_warm_ms']:.1f} ms after 4.5 s idle "
+                f"(the pooled connection still open), {ka['ttfb_cold_ms']:.1f} ms after 5.5 s "
+                "(vLLM closed it: a new connection).\n"
+            )
+
     if results["bytes"]:
         w("## Counting events where there is no usage: a full byte alphabet\n")
         w(

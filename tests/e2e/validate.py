@@ -676,6 +676,44 @@ def curl_phase(cfg, checks, urls, max_tokens):
             "vllm": ph.vllm.value("vllm:generation_tokens_total")}
 
 
+# vLLM's HTTP server (uvicorn) closes a connection idle for 5 s; tokenmeter's pool keeps idle
+# upstream connections 60 s. Requests sent after pauses around that close meet it from both
+# sides: still open, closing as the request crosses it, closed. Then, a few of each, the time to
+# first byte with the upstream connection warm (4.5 s) and after vLLM closed it (5.5 s).
+KEEPALIVE_SWEEP_S = (4.90, 4.95, 4.97, 4.98, 4.99, 5.00, 5.01, 5.02, 5.03, 5.05, 5.10)
+KEEPALIVE_WARM_S, KEEPALIVE_COLD_S, KEEPALIVE_REPS = 4.5, 5.5, 3
+RESENT_LINE = b"sending the request again on a new one"
+
+
+def keepalive_phase(cfg, checks, urls):
+    name = "keep-alive"
+    with open(urls["tm_log"], "rb") as f:
+        resent_before = f.read().count(RESENT_LINE)
+    pauses = list(KEEPALIVE_SWEEP_S) + [KEEPALIVE_WARM_S, KEEPALIVE_COLD_S] * KEEPALIVE_REPS
+    recs = clients.timed_requests(urls["proxy"], MODEL_NAME, pauses)
+    with open(urls["tm_log"], "rb") as f:
+        resent = f.read().count(RESENT_LINE) - resent_before
+    bad = [r for r in recs if r["status"] != 200 or not r["done"]]
+    checks.add(
+        name,
+        "every request timed around vLLM's 5 s idle close succeeded",
+        not bad,
+        f"{len(recs) - len(bad)} of {len(recs)} (pauses {min(pauses):g}-{max(pauses):g} s); "
+        f"{resent} sent again after the close crossed them"
+        + (f"; failed: {[(r['pause_s'], r['status'], r['error']) for r in bad]}" if bad else ""),
+    )
+    ttfb = lambda p: [r["ttfb_s"] for r in recs if r["pause_s"] == p and r["ttfb_s"] is not None]  # noqa: E731
+    warm, cold = ttfb(KEEPALIVE_WARM_S), ttfb(KEEPALIVE_COLD_S)
+    return {
+        "requests": len(recs),
+        "failed": len(bad),
+        "resent": resent,
+        "sweep": [(r["pause_s"], r["status"], r["ttfb_s"]) for r in recs[: len(KEEPALIVE_SWEEP_S)]],
+        "ttfb_warm_ms": statistics.median(warm) * 1000 if warm else None,
+        "ttfb_cold_ms": statistics.median(cold) * 1000 if cold else None,
+    }
+
+
 # === the run ===
 
 
@@ -765,7 +803,7 @@ def main():
     tps = tps_bounds()
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
-    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None, "startup": {}}
+    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None, "keepalive": None, "startup": {}}
     error = None
     stack = []
     try:
@@ -778,6 +816,7 @@ def main():
             results["control"].append(control_phase(cfg, urls, c))
         results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
         results["curl"] = curl_phase(cfg, checks, urls, 64)
+        results["keepalive"] = keepalive_phase(cfg, checks, urls)
         for s in reversed(stack):
             s.stop()
         stack.clear()
