@@ -22,16 +22,17 @@ use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tower::util::Oneshot;
+use tower::ServiceExt;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
-use crate::proxy::{self, Proxy};
+use crate::proxy::{self, Proxy, ProxyBody};
 use crate::replicas;
 use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
@@ -215,8 +216,7 @@ impl Server {
     }
 }
 
-/// What every proxy connection is served with.
-#[derive(Clone)]
+/// What every proxy connection is served with, shared by all of them.
 struct Conn {
     proxy: Proxy,
     tls: Option<ServerTls>,
@@ -227,6 +227,7 @@ struct Conn {
 }
 
 async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>) {
+    let conn = Arc::new(conn);
     loop {
         let (stream, _peer) = match listener.accept().await {
             Ok(s) => s,
@@ -238,7 +239,7 @@ async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>)
             }
         };
         let guard = conns.hold();
-        tokio::spawn(serve_proxy_conn(stream, conn.clone(), guard));
+        tokio::spawn(serve_proxy_conn(stream, Arc::clone(&conn), guard));
     }
 }
 
@@ -264,32 +265,19 @@ async fn handshake(
     Some(TokioIo::new(stream))
 }
 
-async fn serve_proxy_conn(stream: TcpStream, c: Conn, _guard: Held) {
-    let Conn {
-        proxy,
-        tls,
-        mut drain,
-        lent,
-        header_read_timeout,
-    } = c;
-    let Some(io) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+/// One client connection, from its TLS handshake to its end.
+///
+/// Its future is the task tokio allocates for every open connection, so what it holds across
+/// an await is memory per open stream: the shared [`Conn`] by reference count, the handshake
+/// boxed (a TLS handshake's state is large and over by the first request), and the connection
+/// built outside it ([`connection`]), so no copy of the request path is left behind in it.
+async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
+    let Some(io) = Box::pin(handshake(stream, c.tls.as_ref(), c.header_read_timeout)).await else {
         return;
     };
+    let mut drain = c.drain.clone();
     let draining = *drain.borrow();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .keep_alive(!draining);
-    builder.http2().timer(TokioTimer::new());
-    // Each request gets its own clone of the stack (tower's one-shot call), and the drain's
-    // handle for an upgrade to hold.
-    let service = tower::util::MapRequest::new(proxy, move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(lent.clone());
-        req
-    });
-    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
+    let conn = connection(io, c, draining);
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
@@ -304,6 +292,42 @@ async fn serve_proxy_conn(stream: TcpStream, c: Conn, _guard: Held) {
     }
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "client connection ended with an error");
+    }
+}
+
+/// hyper's connection for `io`: HTTP/1.1 or HTTP/2 (h2c or ALPN), upgrades on, keep-alive off
+/// when the server is draining. Each request gets its own clone of the request path (tower's
+/// one-shot call) and the drain's handle for an upgrade to hold.
+fn connection(
+    io: TokioIo<Stream>,
+    c: Arc<Conn>,
+    draining: bool,
+) -> auto::UpgradeableConnection<'static, TokioIo<Stream>, Requests, TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(c.header_read_timeout)
+        .keep_alive(!draining);
+    builder.http2().timer(TokioTimer::new());
+    builder
+        .serve_connection_with_upgrades(io, Requests(c))
+        .into_owned()
+}
+
+/// The proxy's hyper service: each request through a clone of the request path, with the
+/// drain's handle in its extensions.
+#[derive(Clone)]
+struct Requests(Arc<Conn>);
+
+impl hyper::service::Service<Request<Incoming>> for Requests {
+    type Response = hyper::Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Oneshot<Proxy, Request<Incoming>>;
+
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.0.lent.clone());
+        self.0.proxy.clone().oneshot(req)
     }
 }
 

@@ -5,9 +5,21 @@
 //! the process through dhat's global allocator (in testing mode). The figure is a count, not a
 //! time, so it holds on any machine: after a warm-up (the first token fixes the model label and
 //! the histograms' handles), feeding a thousand more chunks allocates nothing.
+//!
+//! The same count bounds what an open stream holds: the heap a whole proxy (in this process)
+//! keeps for each of 200 streams held open after their first chunk, less what the test's own
+//! upstream keeps for each. Bytes allocated, not resident: the loopback benchmark measures RSS
+//! (docs/bench.md); this catches a change that makes every stream carry more.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use clap::Parser;
+use tokenmeter::config::ProxyArgs;
+use tokenmeter::server::Server;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Compat, Metrics, MetricsConfig, Outcome};
@@ -28,6 +40,7 @@ fn blocks() -> u64 {
 fn main() {
     metering_a_content_chunk_allocates_nothing();
     println!("alloc: metering a content chunk allocates nothing: ok");
+    an_open_idle_stream_holds_a_bounded_heap();
 }
 
 fn metering_a_content_chunk_allocates_nothing() {
@@ -90,4 +103,144 @@ fn allocations_over_chunks(metrics: Arc<Metrics>, tenant: bool) -> u64 {
     let allocated = blocks() - before;
     meter.finish(Outcome::Complete);
     allocated
+}
+
+/// Heap a proxy holds per open idle stream, at most. Measured 57.3 KiB, the same in every run
+/// (debug build, hyper 1.12, tokio 1.54): the client side's read buffer (16 KiB: hyper reserves
+/// 8 KiB more once the request is in it) and write buffer (8 KiB), the upstream side's read and
+/// write buffers (8 KiB each) and its request channel (8.4 KiB: hyper's dispatch channel, a
+/// tokio block of 32 slots), the connection task (2.3 KiB), the rest under 1 KiB each. It was
+/// 61.7 KiB while the connection task carried copies of the request path, which this bound
+/// (3% over the measure) would have caught.
+const HEAP_PER_IDLE_STREAM_MAX: f64 = 59.0 * 1024.0;
+/// Streams held open for the measure.
+const HELD: usize = 200;
+
+#[derive(Parser)]
+struct Args {
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+const REQUEST_BODY: &str =
+    r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn an_open_idle_stream_holds_a_bounded_heap() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (upstream, proxy) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let upstream = listener.local_addr().expect("addr");
+        tokio::spawn(hold_streams(listener));
+        let url = format!("http://{upstream}");
+        let argv = [
+            "tokenmeter",
+            "--upstream",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ];
+        let cfg = Args::try_parse_from(argv)
+            .expect("flags")
+            .proxy
+            .validate()
+            .expect("config");
+        let server = Server::bind(&cfg).await.expect("bind the proxy");
+        let proxy = server.proxy_addr();
+        tokio::spawn(server.serve(std::future::pending()));
+        (upstream, proxy)
+    });
+    let direct = heap_per_stream(upstream);
+    let proxied = heap_per_stream(proxy);
+    let own = proxied - direct;
+    println!(
+        "alloc: an open idle stream holds {:.1} KiB of the proxy's heap (at most {:.1}): {}",
+        own / 1024.0,
+        HEAP_PER_IDLE_STREAM_MAX / 1024.0,
+        if own <= HEAP_PER_IDLE_STREAM_MAX {
+            "ok"
+        } else {
+            "FAILED"
+        }
+    );
+    assert!(
+        own <= HEAP_PER_IDLE_STREAM_MAX,
+        "{own:.0} bytes of heap per open idle stream, more than {HEAP_PER_IDLE_STREAM_MAX:.0}"
+    );
+    // The runtime's threads allocate while they stop; the count is done.
+    std::mem::forget(rt);
+}
+
+/// Heap held per stream while [`HELD`] streams to `addr` stay open after their first chunk.
+fn heap_per_stream(addr: SocketAddr) -> f64 {
+    let mut held = Vec::with_capacity(HELD + 8);
+    // The first streams pay the one-off costs (the pool, the model's label, the slabs' first pages).
+    for _ in 0..8 {
+        held.push(open_stream(addr));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let before = dhat::HeapStats::get().curr_bytes;
+    for _ in 0..HELD {
+        held.push(open_stream(addr));
+    }
+    // Until every stream's chunk has passed and its tasks have gone quiet.
+    std::thread::sleep(Duration::from_millis(200));
+    let after = dhat::HeapStats::get().curr_bytes;
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    (after as f64 - before as f64) / HELD as f64
+}
+
+/// Sends a streaming chat request and reads until its first SSE chunk: the stream is open.
+fn open_stream(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
+        REQUEST_BODY.len()
+    );
+    s.write_all(request.as_bytes()).expect("write");
+    let mut buf = [0u8; 4096];
+    let mut seen = 0;
+    while !buf[..seen].windows(5).any(|w| w == b"data:") {
+        let n = s.read(&mut buf[seen..]).expect("read");
+        assert!(n > 0, "the stream closed before its first chunk");
+        seen += n;
+    }
+    s
+}
+
+/// The test's upstream: to every request, the head of an SSE response and one chunk; then the
+/// stream stays open until the peer goes.
+async fn hold_streams(listener: tokio::net::TcpListener) {
+    while let Ok((mut s, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let mut seen = 0;
+            // The test's request is one write: its head and its JSON body, ending in `}`.
+            while !(buf[..seen].windows(4).any(|w| w == b"\r\n\r\n") && buf[..seen].ends_with(b"}"))
+            {
+                match s.read(&mut buf[seen..]).await {
+                    Ok(n) if n > 0 => seen += n,
+                    _ => return,
+                }
+            }
+            let mut out = Vec::from(&b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"[..]);
+            out.extend_from_slice(format!("{:x}\r\n", CHUNK.len()).as_bytes());
+            out.extend_from_slice(CHUNK);
+            out.extend_from_slice(b"\r\n");
+            if s.write_all(&out).await.is_err() {
+                return;
+            }
+            drop(out);
+            let _ = s.read(&mut buf).await;
+        });
+    }
 }
