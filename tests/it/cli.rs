@@ -639,3 +639,30 @@ fn bad_replicas_exit_64_with_one_line_naming_the_flag() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--replicas must be auto"), "{err}");
 }
+
+// The release binary's allocator is jemalloc with its background thread (Cargo feature
+// `jemalloc`, on by default): the thread that gives a burst's memory back to the system runs,
+// under the name jemalloc gives it, in the proxy the user starts.
+#[cfg(all(feature = "jemalloc", target_os = "linux", target_env = "gnu"))]
+#[tokio::test]
+async fn the_binary_runs_jemalloc_with_its_background_thread() {
+    let (mut child, _, _) = start_binary("http://127.0.0.1:9", &[], "warn").await;
+    let threads = |pid: u32| -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|t| t.ok())
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                    .map(|c| c.trim().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let pid = child.id();
+    let found = wait_until(Duration::from_secs(5), || {
+        threads(pid).iter().any(|t| t == "jemalloc_bg_thd")
+    });
+    let seen = threads(pid);
+    sigterm(&child);
+    let _ = child.wait();
+    assert!(found, "no jemalloc background thread among {seen:?}");
+}

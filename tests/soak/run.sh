@@ -50,7 +50,13 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 echo "soak: building release"
-nice -n "$niceness" cargo build --release --locked --quiet
+if [ "$malloc_stats" = 1 ]; then
+  # malloc_stats() is glibc's: the heap probe reads the system allocator, so this build leaves
+  # out the built-in jemalloc (docs/soak.md). It replaces target/release/tokenmeter.
+  nice -n "$niceness" cargo build --release --locked --quiet --no-default-features
+else
+  nice -n "$niceness" cargo build --release --locked --quiet
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up_port=$(free_port)
