@@ -180,6 +180,21 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // Detection parses a response's first event to learn its format, and the extractor then
+    // parses it again: once per request, so what the second parse costs is time to first byte.
+    let mut g = c.benchmark_group("first_event");
+    let first = Message {
+        event: "",
+        data: br#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+    };
+    g.bench_function("detect_sniff", |bench| {
+        bench.iter(|| tokenmeter::protocol::detect::sniff(black_box(&first)))
+    });
+    g.bench_function("openai_extract", |bench| {
+        bench.iter(|| OpenAi::default().on_message(black_box(&first)))
+    });
+    g.finish();
 }
 
 criterion_group!(benches, bench);
