@@ -167,7 +167,12 @@ impl Server {
         let conns = Arc::new(Connections::default());
         let (drain_tx, drain_rx) = watch::channel(false);
         let (cut_tx, cut_rx) = watch::channel(false);
-        let accept = accept_loop(
+        // A task of its own, on the runtime's workers: polled from here, it ran on the thread
+        // that called `serve` (the binary's main thread, inside `block_on`), and every new
+        // connection cost two wake-ups across threads, a worker's to that thread to accept and
+        // that thread's back to a worker to serve it: +0.3 ms of time to first byte per new
+        // connection on the loopback benchmark (docs/bench.md).
+        let mut accept = Aborting(tokio::spawn(accept_loop(
             self.proxy_listener,
             Conn {
                 proxy: self.proxy,
@@ -177,19 +182,22 @@ impl Server {
                 header_read_timeout: self.header_read_timeout,
             },
             Arc::clone(&conns),
-        );
-        tokio::pin!(accept);
-        tokio::select! {
-            _ = &mut accept => {}
-            _ = shutdown => {}
-        }
+        )));
+        // The loop ends only if its task panicked; a finished JoinHandle is not polled again.
+        let accepting = tokio::select! {
+            _ = &mut accept.0 => false,
+            _ = shutdown => true,
+        };
         tracing::info!(open_connections = conns.open(), "draining");
         self.ready.start_draining();
         let _ = drain_tx.send(true);
         let drained = async {
+            if !accepting {
+                return conns.all_closed().await;
+            }
             tokio::select! {
                 _ = conns.all_closed() => {}
-                _ = &mut accept => {}
+                _ = &mut accept.0 => {}
             }
         };
         if tokio::time::timeout(self.drain_timeout, drained)
@@ -203,6 +211,7 @@ impl Server {
         }
         // Joined upgrades end here; the connection tasks end with the process.
         let _ = cut_tx.send(true);
+        drop(accept);
         admin.abort();
         if let Some(sampler) = sampler {
             sampler.abort();
@@ -213,6 +222,16 @@ impl Server {
         for w in watchers {
             w.abort();
         }
+    }
+}
+
+/// A task aborted when this is dropped: the accept loop must not outlive `serve`, however
+/// `serve` ends (returned, or dropped by its caller).
+struct Aborting(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
