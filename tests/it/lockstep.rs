@@ -14,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::support::raw::read_request;
 use crate::support::{serial, spawn_proxy};
 
 /// How long a step may wait for bytes the upstream has already sent. Only a proxy holding them
@@ -59,7 +60,7 @@ async fn lockstep_upstream(steps: Vec<Step>, mut go: mpsc::UnboundedReceiver<()>
             return;
         };
         let _ = s.set_nodelay(true);
-        read_request(&mut s).await;
+        let _ = read_request(&mut s, &mut Vec::new(), None).await;
         for st in &steps {
             if go.recv().await.is_none() {
                 return;
@@ -73,33 +74,6 @@ async fn lockstep_upstream(steps: Vec<Step>, mut go: mpsc::UnboundedReceiver<()>
         while matches!(s.read(&mut tmp).await, Ok(n) if n > 0) {}
     });
     format!("http://{addr}")
-}
-
-/// Reads one request head and its `content-length` body.
-async fn read_request(s: &mut TcpStream) {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        match s.read(&mut tmp).await {
-            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-            _ => return,
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        match s.read(&mut tmp).await {
-            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-            _ => return,
-        }
-    }
 }
 
 /// Runs one lockstep exchange through a proxy started with `flags`; panics naming the first

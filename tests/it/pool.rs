@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::support::client::post;
+use crate::support::client::{post, Seen};
+use crate::support::raw::read_request;
 use crate::support::upstream::{self, Reply};
 use crate::support::{serial, spawn_proxy};
 
@@ -49,41 +50,39 @@ async fn closing_upstream(idle_close: Duration) -> ClosingUpstream {
 async fn serve(mut s: TcpStream, idle_close: Duration, served: Arc<AtomicUsize>) {
     let _ = s.set_nodelay(true);
     let mut buf = Vec::new();
-    loop {
-        // Wait for the next request head at most `idle_close`, then close, as a server does.
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut tmp = [0u8; 4096];
-            match tokio::time::timeout(idle_close, s.read(&mut tmp)).await {
-                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + length {
-            let mut tmp = [0u8; 4096];
-            match s.read(&mut tmp).await {
-                Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-                _ => return,
-            }
-        }
-        buf.drain(..head_end + length);
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{SSE}",
-            SSE.len()
-        );
-        if s.write_all(resp.as_bytes()).await.is_err() {
+    // Wait for the next request head at most `idle_close`, then close, as a server does.
+    while read_request(&mut s, &mut buf, Some(idle_close))
+        .await
+        .is_some()
+    {
+        if !answer(&mut s, &served).await {
             return;
         }
+    }
+}
+
+/// Writes the SSE answer and counts it served; false once the peer is gone.
+async fn answer(s: &mut TcpStream, served: &AtomicUsize) -> bool {
+    let resp = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{SSE}",
+        SSE.len()
+    );
+    let ok = s.write_all(resp.as_bytes()).await.is_ok();
+    if ok {
         served.fetch_add(1, Ordering::SeqCst);
     }
+    ok
+}
+
+/// The upstream's whole answer reached the client, with a 200.
+fn assert_answered(seen: &Seen) {
+    assert_eq!(
+        seen.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&seen.body)
+    );
+    assert_eq!(seen.body, SSE.as_bytes());
 }
 
 #[tokio::test]
@@ -129,13 +128,7 @@ async fn a_connection_the_server_closed_while_idle_is_not_used() {
     assert_eq!(post(&url, CHAT).await.status, 200);
     tokio::time::sleep(Duration::from_millis(600)).await;
     let seen = post(&url, CHAT).await;
-    assert_eq!(
-        seen.status,
-        200,
-        "{:?}",
-        String::from_utf8_lossy(&seen.body)
-    );
-    assert_eq!(seen.body, SSE.as_bytes());
+    assert_answered(&seen);
     assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
     assert_eq!(up.served.load(Ordering::SeqCst), 2);
 }
@@ -198,21 +191,16 @@ async fn losing_upstream() -> LosingUpstream {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 for nth in 0.. {
-                    if read_request(&mut s, &mut buf).await.is_none() {
+                    if read_request(&mut s, &mut buf, None).await.is_none() {
                         return;
                     }
                     read.fetch_add(1, Ordering::SeqCst);
                     if nth > 0 {
                         return; // dropped unanswered: the request is lost
                     }
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{SSE}",
-                        SSE.len()
-                    );
-                    if s.write_all(resp.as_bytes()).await.is_err() {
+                    if !answer(&mut s, &served).await {
                         return;
                     }
-                    served.fetch_add(1, Ordering::SeqCst);
                 }
             });
         }
@@ -226,35 +214,6 @@ async fn losing_upstream() -> LosingUpstream {
     }
 }
 
-/// Reads one request (head and `content-length` body) from `s`; `None` once the peer is gone.
-async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<()> {
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let mut tmp = [0u8; 4096];
-        match s.read(&mut tmp).await {
-            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-            _ => return None,
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        let mut tmp = [0u8; 4096];
-        match s.read(&mut tmp).await {
-            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
-            _ => return None,
-        }
-    }
-    buf.drain(..head_end + length);
-    Some(())
-}
-
 // The second request goes out on the pooled connection, which the server then closes without an
 // answer: the pool sends it again on a new connection, and the client sees one clean response.
 #[tokio::test]
@@ -264,13 +223,7 @@ async fn a_request_lost_on_a_reused_connection_is_sent_again() {
     let url = format!("{}/v1/chat/completions", proxy.url());
     for _ in 0..2 {
         let seen = post(&url, CHAT).await;
-        assert_eq!(
-            seen.status,
-            200,
-            "{:?}",
-            String::from_utf8_lossy(&seen.body)
-        );
-        assert_eq!(seen.body, SSE.as_bytes());
+        assert_answered(&seen);
     }
     // Request 1 on connection 1; request 2 lost on it, then sent on connection 2.
     assert_eq!(up.accepted.load(Ordering::SeqCst), 2);

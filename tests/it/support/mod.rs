@@ -7,6 +7,7 @@ pub mod client;
 pub mod corpus;
 pub mod metrics;
 pub mod promtool;
+pub mod raw;
 pub mod tls;
 pub mod upstream;
 pub mod ws;
