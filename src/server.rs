@@ -170,8 +170,8 @@ impl Server {
         // A task of its own, on the runtime's workers: polled from here, it ran on the thread
         // that called `serve` (the binary's main thread, inside `block_on`), and every new
         // connection cost two wake-ups across threads, a worker's to that thread to accept and
-        // that thread's back to a worker to serve it: +0.3 ms of time to first byte per new
-        // connection on the loopback benchmark (docs/bench.md).
+        // that thread's back to a worker to serve it (strace; the time to first byte it cost
+        // was within the loopback benchmark's noise: docs/bench.md).
         let mut accept = Aborting(tokio::spawn(accept_loop(
             self.proxy_listener,
             Conn {

@@ -139,8 +139,8 @@ impl Pool {
             };
             // The copy to send again is made only where it can be needed: on a reused connection.
             let again = if reused { replay(&req) } else { None };
-            match conn.send(req).await {
-                Ok(resp) => {
+            match (conn.send(req).await, again) {
+                (Ok(resp), _) => {
                     let pool = Arc::downgrade(&self.inner);
                     return Ok(resp.map(|inner| PooledBody {
                         inner,
@@ -149,17 +149,17 @@ impl Pool {
                         pool,
                     }));
                 }
-                Err(SendError::Unsent(r, e)) if reused => {
+                (Err(SendError::Unsent(r, e)), _) if reused => {
                     tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
                     req = *r;
                     reuse = false;
                 }
-                Err(SendError::Failed(e)) if again.is_some() && lost_unanswered(&e) => {
+                (Err(SendError::Failed(e)), Some(again)) if lost_unanswered(&e) => {
                     tracing::debug!(error = %e, "pooled connection closed before the response began; sending the request again on a new one");
-                    req = again.unwrap_or_else(|| unreachable!("checked above"));
+                    req = again;
                     reuse = false;
                 }
-                Err(SendError::Unsent(_, e) | SendError::Failed(e)) => return Err(e.into()),
+                (Err(SendError::Unsent(_, e) | SendError::Failed(e)), _) => return Err(e.into()),
             }
         }
     }
