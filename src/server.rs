@@ -14,10 +14,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -38,6 +41,9 @@ use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
 use crate::ui::Ui;
+
+mod version;
+use version::Version;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -267,13 +273,19 @@ async fn handshake(
     tcp: TcpStream,
     tls: Option<&ServerTls>,
     limit: Duration,
-) -> Option<TokioIo<Stream>> {
+) -> Option<(TokioIo<Stream>, Version)> {
     // Small SSE writes must leave at once.
     let _ = tcp.set_nodelay(true);
-    let stream = match tls {
-        None => Stream::Plain(tcp),
+    let (stream, version) = match tls {
+        None => {
+            let version = version::sniff(&tcp, limit).await?;
+            (Stream::Plain(tcp), version)
+        }
         Some(tls) => match tls.accept(tcp, limit).await {
-            Ok(s) => s,
+            Ok(s) => {
+                let version = version::from_alpn(s.alpn_protocol());
+                (s, version)
+            }
             Err(e) => {
                 // A scanner, a client that does not trust us, plain HTTP on a TLS port.
                 tracing::debug!(error = %e, "TLS handshake with a client failed");
@@ -281,7 +293,7 @@ async fn handshake(
             }
         },
     };
-    Some(TokioIo::new(stream))
+    Some((TokioIo::new(stream), version))
 }
 
 /// One client connection, from its TLS handshake to its end.
@@ -291,12 +303,14 @@ async fn handshake(
 /// boxed (a TLS handshake's state is large and over by the first request), and the connection
 /// built outside it ([`connection`]), so no copy of the request path is left behind in it.
 async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
-    let Some(io) = Box::pin(handshake(stream, c.tls.as_ref(), c.header_read_timeout)).await else {
+    let Some((io, version)) =
+        Box::pin(handshake(stream, c.tls.as_ref(), c.header_read_timeout)).await
+    else {
         return;
     };
     let mut drain = c.drain.clone();
     let draining = *drain.borrow();
-    let conn = connection(io, c, draining);
+    let conn = connection(io, version, c, draining);
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
@@ -314,24 +328,84 @@ async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
     }
 }
 
-/// hyper's connection for `io`: HTTP/1.1 or HTTP/2 (h2c or ALPN), upgrades on, keep-alive off
-/// when the server is draining. Each request gets its own clone of the request path (tower's
-/// one-shot call) and the drain's handle for an upgrade to hold.
-fn connection(
-    io: TokioIo<Stream>,
-    c: Arc<Conn>,
-    draining: bool,
-) -> auto::UpgradeableConnection<'static, TokioIo<Stream>, Requests, TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(c.header_read_timeout)
-        .keep_alive(!draining);
-    builder.http2().timer(TokioTimer::new());
-    builder
-        .serve_connection_with_upgrades(io, Requests(c))
-        .into_owned()
+/// hyper's connection for `io`: HTTP/1.1 (upgrades on) or HTTP/2 by `version`, hyper-util's
+/// `auto` connection when that is not known yet ([`version`] says why it is decided first).
+/// Keep-alive is off when the server is draining. Each request gets its own clone of the
+/// request path (tower's one-shot call) and the drain's handle for an upgrade to hold.
+fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: bool) -> Served {
+    let http1 = || {
+        let mut b = http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(c.header_read_timeout)
+            .keep_alive(!draining);
+        b
+    };
+    let http2 = || {
+        let mut b = http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new());
+        b
+    };
+    match version {
+        Version::Http1 => Served::Http1(
+            http1()
+                .serve_connection(io, Requests(Arc::clone(&c)))
+                .with_upgrades(),
+        ),
+        Version::Http2 => Served::Http2(Box::pin(
+            http2().serve_connection(io, Requests(Arc::clone(&c))),
+        )),
+        Version::Unknown => {
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(c.header_read_timeout)
+                .keep_alive(!draining);
+            builder.http2().timer(TokioTimer::new());
+            Served::Auto(Box::pin(
+                builder
+                    .serve_connection_with_upgrades(io, Requests(Arc::clone(&c)))
+                    .into_owned(),
+            ))
+        }
+    }
+}
+
+type Io = TokioIo<Stream>;
+
+/// A client connection being served, by the protocol [`version`] chose. HTTP/1 is held inline
+/// (it is what nearly every open stream is, and the task holding it is memory per stream);
+/// the other two are boxed, so they do not size every connection's task.
+// The size difference is the point: see above.
+#[allow(clippy::large_enum_variant)]
+#[pin_project::pin_project(project = ServedProj)]
+enum Served {
+    Http1(#[pin] http1::UpgradeableConnection<Io, Requests>),
+    Http2(Pin<Box<http2::Connection<Io, Requests, TokioExecutor>>>),
+    Auto(Pin<Box<auto::UpgradeableConnection<'static, Io, Requests, TokioExecutor>>>),
+}
+
+impl Served {
+    /// Finishes what is in flight and closes: the drain's way out.
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        match self.project() {
+            ServedProj::Http1(c) => c.graceful_shutdown(),
+            ServedProj::Http2(c) => c.as_mut().graceful_shutdown(),
+            ServedProj::Auto(c) => c.as_mut().graceful_shutdown(),
+        }
+    }
+}
+
+impl Future for Served {
+    type Output = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ServedProj::Http1(c) => c.poll(cx).map_err(Into::into),
+            ServedProj::Http2(c) => c.as_mut().poll(cx).map_err(Into::into),
+            ServedProj::Auto(c) => c.as_mut().poll(cx),
+        }
+    }
 }
 
 /// The proxy's hyper service: each request through a clone of the request path, with the
@@ -366,7 +440,7 @@ async fn serve_admin(
         let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
         let ui = ui.clone();
         tokio::spawn(async move {
-            let Some(io) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+            let Some((io, _)) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
                 return;
             };
             let service = service_fn(move |req: Request<Incoming>| {

@@ -202,6 +202,16 @@ impl ServerTls {
     }
 }
 
+impl Stream {
+    /// The protocol ALPN settled on a TLS connection (`None` in plain TCP, or if none was).
+    pub fn alpn_protocol(&self) -> Option<&[u8]> {
+        match self {
+            Stream::Plain(_) => None,
+            Stream::Tls(s) => s.get_ref().1.alpn_protocol(),
+        }
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -200,3 +200,185 @@ async fn the_metrics_listener_takes_tls_too() {
         crate::support::tls::get_over_tls(proxy.metrics_addr, "127.0.0.1", &ca, "/readyz").await;
     assert_eq!(status, 200);
 }
+
+/// A plain connection whose first write carries only `first` bytes; the rest follows after a
+/// pause, so the proxy's first look at it sees no more than that.
+struct SlowStart {
+    tcp: tokio::net::TcpStream,
+    first: usize,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl SlowStart {
+    async fn connect(addr: std::net::SocketAddr, first: usize) -> TokioIo<Self> {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tcp.set_nodelay(true).expect("nodelay");
+        TokioIo::new(SlowStart {
+            tcp,
+            first,
+            pause: None,
+        })
+    }
+}
+
+impl tokio::io::AsyncRead for SlowStart {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SlowStart {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.first > 0 {
+            let n = buf.len().min(this.first);
+            let n = std::task::ready!(std::pin::Pin::new(&mut this.tcp).poll_write(cx, &buf[..n]))?;
+            this.first -= n;
+            if this.first == 0 {
+                this.pause = Some(Box::pin(tokio::time::sleep(Duration::from_millis(150))));
+            }
+            return Poll::Ready(Ok(n));
+        }
+        if let Some(p) = this.pause.as_mut() {
+            std::task::ready!(std::future::Future::poll(p.as_mut(), cx));
+            this.pause = None;
+        }
+        std::pin::Pin::new(&mut this.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+/// The proxy tells HTTP/1 from HTTP/2 (prior knowledge) by a plain connection's first bytes,
+/// without reading them; when too few have come to tell (a request line's `P`, part of the
+/// preface), hyper's `auto` connection reads them instead. Every way gets the whole stream.
+#[tokio::test]
+async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arrive() {
+    let steps = openai_chat(Duration::from_millis(2), 6, Duration::from_millis(1), true);
+    let want = sse_body(&steps);
+    let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
+    let proxy = spawn_proxy(&up.url(), &[]).await;
+    let request = || {
+        http::Request::post("/v1/chat/completions")
+            .header("host", "tokenmeter")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(chat_request(true, true))))
+            .expect("request")
+    };
+    // (HTTP/2?, bytes in the first write): whole, one byte, part of the preface.
+    for (http2, first) in [(false, 1 << 20), (false, 1), (true, 1 << 20), (true, 5)] {
+        let io = SlowStart::connect(proxy.addr, first).await;
+        let resp = if http2 {
+            let (mut send, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .expect("h2 handshake");
+            tokio::spawn(conn);
+            let mut req = request();
+            *req.uri_mut() = format!("http://{}/v1/chat/completions", proxy.addr)
+                .parse()
+                .expect("uri");
+            send.send_request(req).await.expect("h2 response")
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .expect("h1 handshake");
+            tokio::spawn(conn);
+            send.send_request(request()).await.expect("h1 response")
+        };
+        let version = if http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        assert_eq!(resp.version(), version, "first write {first} bytes");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(body.as_ref(), &want[..], "http2={http2} first={first}");
+    }
+    let s = proxy.settled(1.0).await;
+    assert_eq!(metric("tokenmeter_output_tokens_total").value(&s), 24.0);
+    assert_eq!(up.received.lock().expect("lock").len(), 4);
+}
+
+/// A plain connection that never sends a byte is closed after the header read timeout, as one
+/// that sends its head too slowly is (hyper's `auto` connection used to wait for it forever).
+#[tokio::test]
+async fn a_plain_connection_that_sends_nothing_is_closed_after_the_header_read_timeout() {
+    use tokio::io::AsyncReadExt;
+    let up = upstream::spawn(|_| Reply::json(200, "{}")).await;
+    let proxy = spawn_proxy(&up.url(), &["--header-read-timeout", "300ms"]).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+        .await
+        .expect("the proxy must close a silent connection")
+        .unwrap_or(0);
+    let held = start.elapsed();
+    assert_eq!(n, 0, "closed without a response");
+    assert!(
+        held >= Duration::from_millis(250) && held < Duration::from_secs(5),
+        "held {held:?} for a 300 ms header read timeout"
+    );
+    assert_eq!(up.opened(), 0);
+}
+
+/// A TLS client that offers no ALPN is told apart by what it sends, as a plain one is.
+#[tokio::test]
+async fn a_tls_client_that_offers_no_alpn_is_served_by_what_it_sends() {
+    let dir = Dir::new("listen-no-alpn");
+    let ca = Ca::new("listener ca");
+    let leaf = ca.leaf(&["127.0.0.1", "localhost"], Validity::Now);
+    let (cert, key) = (
+        dir.write("tls.crt", &leaf.cert_pem),
+        dir.write("tls.key", &leaf.key_pem),
+    );
+    let steps = openai_chat(Duration::from_millis(2), 5, Duration::from_millis(1), true);
+    let want = sse_body(&steps);
+    let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
+    let proxy = spawn_proxy(
+        &up.url(),
+        &["--tls-cert", Dir::arg(&cert), "--tls-key", Dir::arg(&key)],
+    )
+    .await;
+    let (tls, _) = connect(proxy.addr, "localhost", client_config(&ca, &[]))
+        .await
+        .expect("tls");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_request(true, true))))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(body.as_ref(), &want[..]);
+}
