@@ -11,9 +11,9 @@ use hyper_util::rt::TokioIo;
 
 use crate::support::client::chat_request;
 use crate::support::metrics::metric;
-use crate::support::spawn_proxy;
 use crate::support::tls::{client_config, connect, https_client, Ca, Dir, Validity};
 use crate::support::upstream::{self, openai_chat, Reply, Step};
+use crate::support::{spawn_proxy, Proxy};
 
 fn sse_body(steps: &[Step]) -> Vec<u8> {
     steps
@@ -26,16 +26,25 @@ fn sse_body(steps: &[Step]) -> Vec<u8> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_listener_speaks_http1_and_http2_by_alpn() {
-    let dir = Dir::new("listen-alpn");
+/// A proxy whose listener serves TLS with a certificate of a CA of its own, in front of an
+/// upstream that streams `steps`.
+struct TlsProxy {
+    proxy: Proxy,
+    ca: Ca,
+    /// The body the upstream sends, which every client must get whole.
+    want: Vec<u8>,
+    up: upstream::Upstream,
+    _dir: Dir,
+}
+
+async fn tls_proxy(name: &str, steps: Vec<Step>) -> TlsProxy {
+    let dir = Dir::new(name);
     let ca = Ca::new("listener ca");
     let leaf = ca.leaf(&["127.0.0.1", "localhost"], Validity::Now);
     let (cert, key) = (
         dir.write("tls.crt", &leaf.cert_pem),
         dir.write("tls.key", &leaf.key_pem),
     );
-    let steps = openai_chat(Duration::from_millis(5), 8, Duration::from_millis(2), true);
     let want = sse_body(&steps);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
     let proxy = spawn_proxy(
@@ -43,6 +52,25 @@ async fn the_listener_speaks_http1_and_http2_by_alpn() {
         &["--tls-cert", Dir::arg(&cert), "--tls-key", Dir::arg(&key)],
     )
     .await;
+    TlsProxy {
+        proxy,
+        ca,
+        want,
+        up,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn the_listener_speaks_http1_and_http2_by_alpn() {
+    let steps = openai_chat(Duration::from_millis(5), 8, Duration::from_millis(2), true);
+    let TlsProxy {
+        proxy,
+        ca,
+        want,
+        up,
+        _dir,
+    } = tls_proxy("listen-alpn", steps).await;
     for http2 in [false, true] {
         let req = http::Request::get(format!("https://127.0.0.1:{}/v1/models", proxy.addr.port()))
             .body(http_body_util::Empty::<Bytes>::new())
@@ -349,21 +377,14 @@ async fn a_plain_connection_that_sends_nothing_is_closed_after_the_header_read_t
 /// A TLS client that offers no ALPN is told apart by what it sends, as a plain one is.
 #[tokio::test]
 async fn a_tls_client_that_offers_no_alpn_is_served_by_what_it_sends() {
-    let dir = Dir::new("listen-no-alpn");
-    let ca = Ca::new("listener ca");
-    let leaf = ca.leaf(&["127.0.0.1", "localhost"], Validity::Now);
-    let (cert, key) = (
-        dir.write("tls.crt", &leaf.cert_pem),
-        dir.write("tls.key", &leaf.key_pem),
-    );
     let steps = openai_chat(Duration::from_millis(2), 5, Duration::from_millis(1), true);
-    let want = sse_body(&steps);
-    let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
-    let proxy = spawn_proxy(
-        &up.url(),
-        &["--tls-cert", Dir::arg(&cert), "--tls-key", Dir::arg(&key)],
-    )
-    .await;
+    let TlsProxy {
+        proxy,
+        ca,
+        want,
+        up: _up,
+        _dir,
+    } = tls_proxy("listen-no-alpn", steps).await;
     let (tls, _) = connect(proxy.addr, "localhost", client_config(&ca, &[]))
         .await
         .expect("tls");
