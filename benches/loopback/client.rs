@@ -41,6 +41,11 @@ pub struct Report {
     /// inference server sends after its prefill, when the connection has been quiet).
     #[serde(default)]
     pub first_ns: Vec<u64>,
+    /// For `paced`: the latency of each content event after its stream's first second, ns.
+    /// Every stream opens within one chunk interval, so the first second also carries all the
+    /// connections' setup at once; after it the load is only the paced chunks.
+    #[serde(default)]
+    pub steady_ns: Vec<u64>,
     /// Responses that broke a rule (see the module docs), and the first reason.
     pub errors: u64,
     pub first_error: Option<String>,
@@ -61,6 +66,7 @@ impl Report {
         self.total_events += o.total_events;
         self.samples_ns.extend(o.samples_ns);
         self.first_ns.extend(o.first_ns);
+        self.steady_ns.extend(o.steady_ns);
         self.errors += o.errors;
         if self.first_error.is_none() {
             self.first_error = o.first_error;
@@ -373,6 +379,7 @@ pub async fn paced(
                 Err(e) => r.error(e),
             }
             r.events = lat.len() as u64;
+            r.steady_ns = lat.iter().skip(rate as usize).copied().collect();
             r.samples_ns = lat;
             r.first_ns = first;
             r

@@ -91,6 +91,12 @@ impl Outcome {
         }
         o.figures
             .insert("max_us", s.last().map_or(f64::NAN, |&m| m as f64 / 1e3));
+        let mut steady = r.steady_ns.clone();
+        steady.sort_unstable();
+        o.figures
+            .insert("steady_p50_us", percentile(&steady, 50.0) / 1e3);
+        o.figures
+            .insert("steady_p99_us", percentile(&steady, 99.0) / 1e3);
         let mut f = r.first_ns.clone();
         f.sort_unstable();
         o.figures.insert("first_p50_us", percentile(&f, 50.0) / 1e3);
@@ -291,6 +297,8 @@ pub fn markdown(run: &Run<'_>) -> String {
             ("p50", "p50_us"),
             ("p99", "p99_us"),
             ("max", "max_us"),
+            ("after each stream's first second, p50", "steady_p50_us"),
+            ("after each stream's first second, p99", "steady_p99_us"),
             ("of each response's first chunk, p50", "first_p50_us"),
             ("of each response's first chunk, max", "first_max_us"),
         ] {
