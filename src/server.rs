@@ -355,6 +355,8 @@ fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: boo
             http2().serve_connection(io, Requests(Arc::clone(&c))),
         )),
         Version::Unknown => {
+            // The same settings as above, on `auto`'s own builders (hyper-util takes no hyper
+            // builder in).
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

@@ -4,8 +4,8 @@
 //! the HTTP/2 preface) and handing them back in front of the socket. That costs every open
 //! stream memory: the 24 bytes sit at the start of hyper's read buffer, whose first 8 KiB
 //! reserve then no longer fits and doubles to 16 KiB, and the `auto` future carries the states
-//! of both protocols. The loopback benchmark's hold scenario measured 40.9 KiB per open idle
-//! stream with `auto` and 27.9 KiB with hyper's HTTP/1 connection built directly.
+//! of both protocols. The loopback benchmark's hold scenario measured 40.5 KiB per open idle
+//! stream with `auto` and 27.6 KiB with this module's choice (docs/bench.md).
 //!
 //! So the version is decided here, without consuming a byte: over TLS by what ALPN settled, in
 //! plain TCP by peeking at the first bytes. Only when neither can tell yet (a TLS client that

@@ -61,6 +61,24 @@ async fn tls_proxy(name: &str, steps: Vec<Step>) -> TlsProxy {
     }
 }
 
+/// Sends a streamed chat request over `io` by HTTP/1.1 (the connection driven in a task of
+/// its own) and returns the response as it begins.
+async fn chat_over_http1<I>(io: I, host: &str) -> http::Response<hyper::body::Incoming>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", host)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_request(true, true))))
+        .expect("request");
+    send.send_request(req).await.expect("response")
+}
+
 #[tokio::test]
 async fn the_listener_speaks_http1_and_http2_by_alpn() {
     let steps = openai_chat(Duration::from_millis(5), 8, Duration::from_millis(2), true);
@@ -145,17 +163,10 @@ async fn a_certificate_replaced_on_disk_reaches_new_connections_while_a_stream_f
         .await
         .expect("tls");
     assert_eq!(seen, old.der);
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
-    let req = http::Request::post("/v1/chat/completions")
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(chat_request(true, true))))
-        .expect("request");
     let opened = Instant::now();
-    let mut body = send.send_request(req).await.expect("response").into_body();
+    let mut body = chat_over_http1(TokioIo::new(tls), "127.0.0.1")
+        .await
+        .into_body();
     let mut got = Vec::new();
     // Read a little of the stream before rotating.
     while got.len() < want.len() / 8 {
@@ -307,13 +318,6 @@ async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arri
     let want = sse_body(&steps);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
-    let request = || {
-        http::Request::post("/v1/chat/completions")
-            .header("host", "tokenmeter")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(chat_request(true, true))))
-            .expect("request")
-    };
     // (HTTP/2?, bytes in the first write): whole, one byte, part of the preface.
     for (http2, first) in [(false, 1 << 20), (false, 1), (true, 1 << 20), (true, 5)] {
         let io = SlowStart::connect(proxy.addr, first).await;
@@ -323,17 +327,13 @@ async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arri
                     .await
                     .expect("h2 handshake");
             tokio::spawn(conn);
-            let mut req = request();
-            *req.uri_mut() = format!("http://{}/v1/chat/completions", proxy.addr)
-                .parse()
-                .expect("uri");
+            let req = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(chat_request(true, true))))
+                .expect("request");
             send.send_request(req).await.expect("h2 response")
         } else {
-            let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .expect("h1 handshake");
-            tokio::spawn(conn);
-            send.send_request(request()).await.expect("h1 response")
+            chat_over_http1(io, "tokenmeter").await
         };
         let version = if http2 {
             http::Version::HTTP_2
@@ -389,16 +389,7 @@ async fn a_tls_client_that_offers_no_alpn_is_served_by_what_it_sends() {
         .await
         .expect("tls");
     assert_eq!(tls.get_ref().1.alpn_protocol(), None);
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .expect("h1 handshake");
-    tokio::spawn(conn);
-    let req = http::Request::post("/v1/chat/completions")
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(chat_request(true, true))))
-        .expect("request");
-    let resp = send.send_request(req).await.expect("response");
+    let resp = chat_over_http1(TokioIo::new(tls), "localhost").await;
     assert_eq!(resp.status(), 200);
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(body.as_ref(), &want[..]);
