@@ -26,7 +26,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -100,9 +100,8 @@ impl Wake for NoWake {
     fn wake(self: Arc<Self>) {}
 }
 
-fn no_waker() -> Waker {
-    Waker::from(Arc::new(NoWake))
-}
+/// One for the process: a waker is an `Arc`, and a request's checkout and checkin each check.
+static NO_WAKER: LazyLock<Waker> = LazyLock::new(|| Waker::from(Arc::new(NoWake)));
 
 // === impl Pool ===
 
@@ -294,8 +293,7 @@ impl Conn {
 
     /// True when the connection is open and idle, ready for a request (polled once to see).
     fn usable(&mut self) -> bool {
-        let waker = no_waker();
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(&NO_WAKER);
         self.drive(&mut cx);
         self.driver.is_some() && self.send.is_ready()
     }
