@@ -131,8 +131,14 @@ struct Args {
 const REQUEST_BODY: &str =
     r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 
-fn an_open_idle_stream_holds_a_bounded_heap() {
-    let _profiler = dhat::Profiler::builder().testing().build();
+/// A runtime of one worker thread running `upstream` on a listener of its own and a whole
+/// proxy (`Server`, default flags) in front of it: the runtime, the upstream's address and the
+/// proxy's. Built after the profiler, so that every allocation of both is counted.
+fn proxy_before<F, Fut>(upstream: F) -> (tokio::runtime::Runtime, SocketAddr, SocketAddr)
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -142,9 +148,9 @@ fn an_open_idle_stream_holds_a_bounded_heap() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let upstream = listener.local_addr().expect("addr");
-        tokio::spawn(hold_streams(listener));
-        let url = format!("http://{upstream}");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(upstream(listener));
+        let url = format!("http://{addr}");
         let argv = [
             "tokenmeter",
             "--upstream",
@@ -162,8 +168,22 @@ fn an_open_idle_stream_holds_a_bounded_heap() {
         let server = Server::bind(&cfg).await.expect("bind the proxy");
         let proxy = server.proxy_addr();
         tokio::spawn(server.serve(std::future::pending()));
-        (upstream, proxy)
+        (addr, proxy)
     });
+    (rt, upstream, proxy)
+}
+
+/// The test's streaming chat request, head and body, as one write.
+fn chat_request() -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
+        REQUEST_BODY.len()
+    )
+}
+
+fn an_open_idle_stream_holds_a_bounded_heap() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let (rt, upstream, proxy) = proxy_before(hold_streams);
     let direct = heap_per_stream(upstream);
     let proxied = heap_per_stream(proxy);
     let own = proxied - direct;
@@ -208,11 +228,7 @@ fn heap_per_stream(addr: SocketAddr) -> f64 {
 /// Sends a streaming chat request and reads until its first SSE chunk: the stream is open.
 fn open_stream(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
-        REQUEST_BODY.len()
-    );
-    s.write_all(request.as_bytes()).expect("write");
+    s.write_all(chat_request().as_bytes()).expect("write");
     let mut buf = [0u8; 4096];
     let mut seen = 0;
     while !buf[..seen].windows(5).any(|w| w == b"data:") {
@@ -267,37 +283,7 @@ const REQUESTS: usize = 300;
 
 fn a_proxied_request_makes_a_bounded_count_of_allocations() {
     let _profiler = dhat::Profiler::builder().testing().build();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (upstream, proxy) = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let upstream = listener.local_addr().expect("addr");
-        tokio::spawn(answer_streams(listener));
-        let url = format!("http://{upstream}");
-        let argv = [
-            "tokenmeter",
-            "--upstream",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ];
-        let cfg = Args::try_parse_from(argv)
-            .expect("flags")
-            .proxy
-            .validate()
-            .expect("config");
-        let server = Server::bind(&cfg).await.expect("bind the proxy");
-        let proxy = server.proxy_addr();
-        tokio::spawn(server.serve(std::future::pending()));
-        (upstream, proxy)
-    });
+    let (rt, upstream, proxy) = proxy_before(answer_streams);
     // The test's own client and upstream on one kept-alive connection: what the proxied counts
     // include that is not the proxy's. (Direct on new connections would count the upstream's
     // accepting each one, which the pooled proxied path does not cause.)
@@ -337,10 +323,7 @@ enum Connection {
 /// Heap allocations (of the whole process) per streamed chat request to `addr`, one at a time.
 fn allocations_per_request(addr: SocketAddr, conn: Connection) -> f64 {
     // Formatted once: the count is of the proxy, not of the test's client.
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REQUEST_BODY}",
-        REQUEST_BODY.len()
-    );
+    let request = chat_request();
     let mut kept = None;
     let mut run = |n: usize| {
         for _ in 0..n {
