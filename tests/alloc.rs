@@ -133,7 +133,7 @@ const REQUEST_BODY: &str =
 
 /// A runtime of one worker thread running `upstream` on a listener of its own and a whole
 /// proxy (`Server`, default flags) in front of it: the runtime, the upstream's address and the
-/// proxy's. Built after the profiler, so that every allocation of both is counted.
+/// proxy's. Call it once the profiler runs, so that every allocation of both is counted.
 fn proxy_before<F, Fut>(upstream: F) -> (tokio::runtime::Runtime, SocketAddr, SocketAddr)
 where
     F: FnOnce(tokio::net::TcpListener) -> Fut,

