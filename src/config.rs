@@ -20,6 +20,7 @@ use crate::slo::{self, Classes, SloError};
 use crate::tenant::{self, TenantConfig, TenantError};
 use crate::tls::client::UpstreamTls;
 use crate::tls::KeyPair;
+use crate::units::parse_duration;
 
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
@@ -171,7 +172,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_BUCKETS_TOKENS", value_parser = parse_buckets)]
     pub buckets_tokens: Option<BucketList>,
 
-    // --- The live capacity model (issue 15). ---
+    // --- the live capacity model ---
     /// Sliding window of the live capacity fit (e.g. 15m, 1h; at least 10s).
     #[arg(long, env = "TOKENMETER_CAPACITY_WINDOW", default_value = "15m", value_parser = parse_duration)]
     pub capacity_window: Duration,
@@ -187,7 +188,7 @@ pub struct ProxyArgs {
         value_name = "N|auto"
     )]
     pub replicas: String,
-    // --- TLS, connect timeout (issue 13) ---
+    // --- TLS, connect timeout ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
     #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -233,7 +234,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
     pub ui_sample_period: Duration,
 
-    // --- other naming schemes, tenants (issue 14) ---
+    // --- other naming schemes ---
     /// Also export the series under another naming scheme: "vllm" (vLLM's vllm:* names,
     /// label model_name), "otel" (OpenTelemetry's GenAI names, gen_ai_*). Repeatable or
     /// comma-separated.
@@ -245,7 +246,7 @@ pub struct ProxyArgs {
     )]
     pub compat: Vec<String>,
 
-    // --- tenants (issue 14: who is using the GPUs) ---
+    // --- tenants: who is using the GPUs ---
     /// Label requests by tenant: the value of this request header (e.g. x-tenant, set by the
     /// gateway from the API key or JWT). 1-64 of A-Z a-z 0-9 . _ -, else "invalid"; requests
     /// without it are "none" (or their key's id with --tenant-from-key). Never logged.
@@ -297,7 +298,7 @@ pub struct Config {
     pub api: Option<Api>,
     /// `--inject-usage`.
     pub inject_usage: bool,
-    // --- TLS, connect timeout (issue 13) ---
+    // --- TLS, connect timeout ---
     /// `--connect-timeout`: `None` for no limit.
     pub connect_timeout: Option<Duration>,
     /// How an https upstream is trusted, and the client certificate.
@@ -375,26 +376,6 @@ fn parse_compat(values: &[String]) -> Result<Compat, ConfigError> {
 fn api_names() -> clap::builder::PossibleValuesParser {
     let names = std::iter::once("auto").chain(Api::KNOWN.iter().map(|a| a.as_str()));
     clap::builder::PossibleValuesParser::new(names)
-}
-
-/// Parses durations such as `250ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 30s, 5m)"))?;
-    let secs = match unit.trim() {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// Histogram boundaries from one flag (a newtype, so clap sees one value, not many).
@@ -671,16 +652,6 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(extra);
         T::try_parse_from(v).expect("parse").a
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("5 fortnights").is_err());
-        assert!(parse_duration("").is_err());
     }
 
     #[test]

@@ -33,14 +33,14 @@ enum Command {
     /// Run the proxy (the default when no subcommand is given).
     Proxy(ProxyArgs),
     /// Load-test an OpenAI-compatible server: per-request vs aggregate tokens/s by concurrency.
-    Bench(tokenmeter::bench::BenchArgs),
+    Bench(tokenmeter::tools::bench::BenchArgs),
     /// Run a simulated inference server (continuous batching, OpenAI/Anthropic/Ollama/TGI APIs).
-    Sim(tokenmeter::sim::SimArgs),
+    Sim(tokenmeter::tools::sim::SimArgs),
     /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
-    Demo(tokenmeter::demo::DemoArgs),
+    Demo(tokenmeter::tools::demo::DemoArgs),
     /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
     /// curve, and the chart as SVG.
-    Capacity(tokenmeter::capacity::command::CapacityArgs),
+    Capacity(tokenmeter::tools::capacity_command::CapacityArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -98,11 +98,17 @@ fn main() -> ExitCode {
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
-        Some(Command::Bench(args)) => return tokenmeter::bench::main(&args),
-        Some(Command::Sim(args)) => return exit(tokenmeter::sim::run(&args), |e| e.is_usage()),
-        Some(Command::Demo(args)) => return exit(tokenmeter::demo::run(&args), |e| e.is_usage()),
+        Some(Command::Bench(args)) => return tokenmeter::tools::bench::main(&args),
+        Some(Command::Sim(args)) => {
+            return exit(tokenmeter::tools::sim::run(&args), |e| e.is_usage())
+        }
+        Some(Command::Demo(args)) => {
+            return exit(tokenmeter::tools::demo::run(&args), |e| e.is_usage())
+        }
         Some(Command::Capacity(args)) => {
-            return exit(tokenmeter::capacity::command::run(&args), |e| e.is_usage())
+            return exit(tokenmeter::tools::capacity_command::run(&args), |e| {
+                e.is_usage()
+            })
         }
         None => cli.proxy,
     };

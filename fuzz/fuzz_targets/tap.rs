@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
-use tokenmeter::exposition::Scrape;
+use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome, Phase};
 use tokenmeter::protocol::request::RequestInfo;

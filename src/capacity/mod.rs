@@ -12,7 +12,9 @@
 //! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
 //! - [`plan`]: the answers per class, the curve, and the cost.
 //! - [`stream`]: one stream's observations, the events of one network read grouped.
-//! - [`command`]: `tokenmeter capacity`, which reads the answers back from `/metrics`.
+//!
+//! `tokenmeter capacity`, which reads the answers back from `/metrics`, is a tool:
+//! [`crate::tools::capacity_command`].
 //!
 //! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
 //! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
@@ -23,7 +25,6 @@
 
 pub mod bins;
 pub mod busy;
-pub mod command;
 pub mod fit;
 pub mod plan;
 pub mod stream;

@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(s.dropped(), 3);
     }
 
-    // Must hold (issue 15): the summary's memory stays flat over 1,000,000 token events.
+    // The summary's memory stays flat over 1,000,000 token events.
     #[test]
     fn memory_stays_flat_over_a_million_token_events() {
         let t0 = Instant::now();

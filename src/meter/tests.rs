@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::exposition::Scrape;
 use crate::metrics::MetricsConfig;
+use crate::tools::exposition::Scrape;
 
 fn recorder() -> Arc<Recorder> {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");

@@ -340,7 +340,7 @@ pub struct Finished {
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
     pub slo: Option<SloResult>,
-    // --- for `--compat otel` (issue 14) ---
+    // --- for `--compat otel` ---
     /// What the request's path said: its GenAI operation and the format the path implies.
     pub route: Route,
     /// The model the request body named, as sent (bounded only when it becomes a label).
@@ -1100,7 +1100,7 @@ impl Metrics {
     }
 }
 
-// --- the tenant label (--tenant-header, --tenant-from-key; issue 14) ---
+// --- the tenant label (--tenant-header, --tenant-from-key) ---
 
 /// The label the tenant is exported under, after a family's own labels.
 pub const TENANT_LABEL: &str = "tenant";

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::exposition::Scrape;
+use crate::tools::exposition::Scrape;
 
 #[test]
 fn bands_match_the_documented_edges() {
@@ -463,7 +463,7 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
     );
 }
 
-/// The series issue 12's per-event families add per model, at most (every prompt band and every
+/// The series the per-event families add per model, at most (every prompt band and every
 /// kind seen): the figure the README states.
 #[test]
 fn series_added_per_model_are_counted() {

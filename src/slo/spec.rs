@@ -31,7 +31,7 @@ use super::{
     Class, Classes, Match, Rule, Targets, DEFAULT_CLASS, DEFAULT_CLASS_HEADER, MAX_CLASSES,
     MAX_CLASS_NAME, MAX_RULES,
 };
-use crate::config::parse_duration;
+use crate::units::parse_duration;
 
 /// Why a class table was refused. Each message is one line naming the flag.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -6,10 +6,10 @@ use http_body_util::{BodyExt, Full};
 
 use super::mock::{End, MockBody, Step};
 use super::*;
-use crate::exposition::Scrape;
 use crate::meter::Recorder;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::protocol::request::RequestInfo;
+use crate::tools::exposition::Scrape;
 
 const CHUNK: &str = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n";
 

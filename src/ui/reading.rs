@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{MetricFamily, MetricType};
 
-use crate::exposition::histogram_quantile;
+use crate::quantile::histogram_quantile;
 
 pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
 pub(crate) const OUTPUT_TPS: &str = "tokenmeter_output_tokens_per_second";

@@ -12,11 +12,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::bench::client::Client;
-use tokenmeter::bench::load::Driver;
-use tokenmeter::bench::prompt::{Endpoint, RequestBuilder};
-use tokenmeter::exposition::Scrape;
-use tokenmeter::sim::{Model, Sim, SimConfig, Stall};
+use tokenmeter::tools::bench::client::Client;
+use tokenmeter::tools::bench::load::Driver;
+use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter::tools::exposition::Scrape;
+use tokenmeter::tools::sim::{Model, Sim, SimConfig, Stall};
 
 use crate::support::{serial, spawn_proxy};
 

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter::sim::{Dialect, Model, SimConfig};
+use tokenmeter::tools::sim::{Dialect, Model, SimConfig};
 
 use crate::support::metrics::metric;
 use crate::support::{client, client::Seen, corpus, start_sim};

@@ -1,6 +1,6 @@
 use super::*;
-use crate::exposition::Scrape;
 use crate::metrics::{Compat, Finished, Metrics, MetricsConfig, Route, TokenSource};
+use crate::tools::exposition::Scrape;
 
 /// One family the conventions define, as the OTel Prometheus exporter writes it.
 struct Expected {

@@ -1,8 +1,9 @@
 //! Assertions on a live proxy's `/metrics`, with failures that print the scrape. The text is
-//! read by the library's own exposition reader ([`tokenmeter::exposition`]), the one the bench
+//! read by the library's own exposition reader ([`tokenmeter::tools::exposition`]), the one the bench
 //! uses, so the tests and the tools agree on what a scrape says.
 
-use tokenmeter::exposition::{self, Scrape};
+use tokenmeter::quantile::histogram_quantile;
+use tokenmeter::tools::exposition::Scrape;
 
 /// Selects samples by name and labels: `metric("name").label("k", "v").value(&scrape)`.
 pub struct MetricMatch {
@@ -52,7 +53,7 @@ impl MetricMatch {
     /// PromQL's `histogram_quantile` reads it; panics with the scrape when it has no observation.
     pub fn quantile(&self, q: f64, scrape: &str) -> f64 {
         let buckets = Scrape::parse(scrape).buckets(&self.name, &self.pairs());
-        match exposition::histogram_quantile(q, &buckets) {
+        match histogram_quantile(q, &buckets) {
             Some((v, _)) => v,
             None => panic!(
                 "no observations in {}{:?}:\n{scrape}",

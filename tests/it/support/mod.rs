@@ -19,7 +19,7 @@ use clap::Parser;
 use tokenmeter::config::ProxyArgs;
 use tokenmeter::metrics::Metrics;
 use tokenmeter::server::Server;
-use tokenmeter::sim::{Sim, SimConfig};
+use tokenmeter::tools::sim::{Sim, SimConfig};
 use tokio::sync::oneshot;
 
 use self::client::Seen;

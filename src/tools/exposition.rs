@@ -8,8 +8,7 @@
 //!
 //! The API is three things: [`Scrape::parse`] turns the text into [`Sample`]s (name, labels,
 //! value), [`Scrape::select`] / [`Scrape::sum`] / [`Scrape::buckets`] pick series by name and a
-//! subset of labels, and [`histogram_quantile`] reads a quantile out of cumulative buckets the
-//! way PromQL's `histogram_quantile` does. Bad input is never an error: a line that is not a
+//! subset of labels, and [`crate::quantile::histogram_quantile`] (the product's, which the page uses too) reads a quantile out of cumulative buckets the way PromQL's `histogram_quantile` does. Bad input is never an error: a line that is not a
 //! sample is counted in [`Scrape::skipped`] and the rest is read.
 //!
 //! It knows no metric name: callers bring the names (the product's live in `crate::metrics`).
@@ -126,31 +125,6 @@ impl Scrape {
         out.sort_by(|a, b| a.0.total_cmp(&b.0));
         out
     }
-}
-
-/// The `q`-quantile of cumulative buckets `(le, count)` (ascending), interpolated linearly
-/// inside its bucket as PromQL's `histogram_quantile` does: the first bucket starts at 0, and a
-/// quantile that falls in the `+Inf` bucket is the highest finite bound. Returns the value and
-/// the bounds of the bucket that holds it (the estimate's resolution); `None` when the
-/// histogram is empty.
-pub fn histogram_quantile(q: f64, cumulative: &[(f64, f64)]) -> Option<(f64, (f64, f64))> {
-    let total = cumulative.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q.clamp(0.0, 1.0) * total;
-    let mut lower = (0.0, 0.0);
-    for &(le, cum) in cumulative {
-        if cum >= rank && cum > lower.1 {
-            if le.is_infinite() {
-                return Some((lower.0, (lower.0, le)));
-            }
-            let frac = (rank - lower.1) / (cum - lower.1);
-            return Some((lower.0 + (le - lower.0) * frac, (lower.0, le)));
-        }
-        lower = (le, cum);
-    }
-    None
 }
 
 /// Parses one trimmed, non-comment line; `None` when it is malformed.
@@ -310,25 +284,5 @@ ttft_bucket{model="b",le="+Inf"} 3
         assert_eq!(v[..2], [f64::INFINITY, f64::NEG_INFINITY]);
         assert!(v[2].is_nan());
         assert_eq!(v[3], 0.001);
-    }
-
-    #[test]
-    fn quantile_follows_promql() {
-        let h = [(1.0, 10.0), (2.0, 20.0), (f64::INFINITY, 30.0)];
-        assert_eq!(histogram_quantile(0.5, &h), Some((1.5, (1.0, 2.0))));
-        assert_eq!(histogram_quantile(0.1, &h), Some((0.3, (0.0, 1.0))));
-        // In the +Inf bucket: the highest finite bound.
-        assert_eq!(
-            histogram_quantile(0.9, &h),
-            Some((2.0, (2.0, f64::INFINITY)))
-        );
-        // An empty bucket below the rank is skipped, not divided by.
-        let h = [(1.0, 0.0), (2.0, 0.0), (4.0, 4.0), (f64::INFINITY, 4.0)];
-        assert_eq!(histogram_quantile(0.5, &h), Some((3.0, (2.0, 4.0))));
-        assert_eq!(
-            histogram_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]),
-            None
-        );
-        assert_eq!(histogram_quantile(0.5, &[]), None);
     }
 }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value};
 
 use super::{flag, limit, BodyError, Options, Reply};
-use crate::sim::text::Token;
+use crate::tools::sim::text::Token;
 
 pub(super) fn options(obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
     Ok(Options {

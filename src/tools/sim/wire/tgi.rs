@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value};
 
 use super::{flag, json_string, limit, object, BodyError, Options, Reply, Route};
-use crate::sim::text::Token;
+use crate::tools::sim::text::Token;
 
 pub(super) fn options(route: Route, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
     let parameters = object(obj, "parameters");

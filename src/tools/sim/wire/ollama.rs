@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Map, Value};
 
 use super::{flag, limit, object, BodyError, Options, Reply, Route, Timings};
-use crate::sim::text::Token;
+use crate::tools::sim::text::Token;
 
 pub(super) fn options(obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
     let options = object(obj, "options");

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::client::{Client, Sample};
-use super::progress::Live;
+use super::live::Live;
 use super::prompt::RequestBuilder;
 
 /// When a level stops sending new requests.

@@ -28,7 +28,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio::net::TcpListener;
 
-use crate::config::parse_duration;
+use crate::units::parse_duration;
 pub use engine::Model;
 use engine::{Engine, Stats};
 pub use stall::Stall;

@@ -2,14 +2,14 @@
 //!
 //! It is drawn only when stderr is a terminal: in CI logs and pipes a bar is noise (and carriage
 //! returns garble files), and the results table on stdout already says everything. Workers only
-//! bump atomic counters in [`Live`]; the drawing runs on its own task, off the request path.
+//! bump atomic counters in a [`Live`]; the drawing runs on its own task, off the request path.
 
 use std::io::{IsTerminal, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::client::Sample;
+use super::live::Live;
 use super::load::Stop;
 
 /// How often the bar is redrawn.
@@ -17,25 +17,6 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// Width of the bar itself, in characters.
 const BAR: usize = 24;
-
-/// Counters the workers of one level update as requests end.
-#[derive(Debug, Default)]
-pub struct Live {
-    pub sent: AtomicU64,
-    pub done: AtomicU64,
-    pub errors: AtomicU64,
-    pub tokens: AtomicU64,
-}
-
-impl Live {
-    pub fn record(&self, s: &Sample) {
-        self.done.fetch_add(1, Ordering::Relaxed);
-        if !s.is_ok() {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        self.tokens.fetch_add(s.output_tokens(), Ordering::Relaxed);
-    }
-}
 
 /// Draws bars, or nothing when stderr is not a terminal.
 #[derive(Debug, Clone, Copy)]

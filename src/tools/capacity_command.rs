@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::bench::chart::{self, Axis, Chart, Series};
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
-use crate::exposition::Sample;
 use crate::metrics::capacity::{names, BOUNDS, KINDS, TERMS};
-use crate::scrape::{scrape, ScrapeError};
+use crate::tools::bench::chart::{self, Axis, Chart, Series};
+use crate::tools::exposition::Sample;
+use crate::tools::scrape::{scrape, ScrapeError};
 
 /// The command's flags.
 #[derive(Debug, Clone, Args)]
@@ -365,7 +365,7 @@ pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exposition::Scrape;
+    use crate::tools::exposition::Scrape;
 
     fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
         Sample {

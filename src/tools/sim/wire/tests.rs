@@ -3,7 +3,7 @@
 
 use super::ollama::rfc3339;
 use super::*;
-use crate::sim::text::{Rng, Words};
+use crate::tools::sim::text::{Rng, Words};
 use serde_json::Value;
 use std::time::Duration;
 

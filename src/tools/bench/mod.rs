@@ -12,6 +12,7 @@
 
 pub mod chart;
 pub mod client;
+pub mod live;
 pub mod load;
 pub mod progress;
 pub mod prompt;
@@ -29,12 +30,13 @@ use clap::Args;
 use http::Uri;
 
 use self::client::{Client, RequestError};
+use self::live::Live;
 use self::load::{Driver, LevelRun, Stop};
-use self::progress::{Live, Progress};
+use self::progress::Progress;
 use self::prompt::{Endpoint, RequestBuilder};
 use self::proxy_view::{ProxyTotals, ProxyViewError, Scraper};
 use self::report::{LevelReport, Report};
-use crate::config::parse_duration;
+use crate::units::parse_duration;
 
 /// The bench's flags.
 #[derive(Debug, Clone, Args)]

@@ -1,7 +1,7 @@
 //! One GET of a `/metrics` page, parsed: what the tools beside the proxy (`tokenmeter bench
 //! --proxy-metrics`, `tokenmeter capacity --metrics`) read tokenmeter's figures back with.
 //!
-//! [`crate::exposition`] parses text and does no I/O; this is the I/O around it: a plain
+//! [`crate::tools::exposition`] parses text and does no I/O; this is the I/O around it: a plain
 //! `http://` URL, a timeout over the whole exchange, a success status, and a bounded body (a
 //! wrong URL that streams forever must not fill the memory). The request path never uses it.
 
@@ -14,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::exposition::Scrape;
+use crate::tools::exposition::Scrape;
 
 /// How long one scrape may take, answer and body together: tokenmeter renders its exposition
 /// in milliseconds, so this only ends a wait for something that is not a tokenmeter.

@@ -16,8 +16,9 @@
 
 use serde::Serialize;
 
-use crate::exposition::{histogram_quantile, Scrape};
-use crate::scrape::{self, ScrapeError};
+use crate::quantile::histogram_quantile;
+use crate::tools::exposition::Scrape;
+use crate::tools::scrape::{self, ScrapeError};
 
 const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
 const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
@@ -118,7 +119,7 @@ pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Scrapes the proxy's `/metrics` (through [`crate::scrape`]) into [`ProxyTotals`].
+/// Scrapes the proxy's `/metrics` (through [`crate::tools::scrape`]) into [`ProxyTotals`].
 pub struct Scraper(scrape::Scraper);
 
 impl Scraper {

@@ -1,15 +1,15 @@
 //! `tokenmeter demo`: tokenmeter doing its job with one command and no GPU.
 //!
-//! One process runs the simulator ([`crate::sim`]) on a free loopback port, the proxy in front of
+//! One process runs the simulator ([`crate::tools::sim`]) on a free loopback port, the proxy in front of
 //! it (`--listen`, default 127.0.0.1:8080) with its metrics endpoint (`--metrics-listen`, default
 //! 127.0.0.1:9090; the same flags and `TOKENMETER_*` variables as the proxy), and a load that
 //! ramps concurrency 1, 2, 4 ... `--max-concurrency` and back down, through the proxy. Once a
 //! second it prints a row: concurrency, per-request TPS (p50/p90), aggregate TPS, per-GPU TPS,
 //! TTFT (p50/p99), and tokenmeter's own aggregate gauge beside them.
 //!
-//! The load is the bench's: its client measures every request ([`crate::bench::client`]), its
-//! closed loop follows the ramp ([`crate::bench::load::Ramp`]), and its statistics give the
-//! percentiles ([`crate::bench::stats`]), so the demo and `tokenmeter bench` define TTFT,
+//! The load is the bench's: its client measures every request ([`crate::tools::bench::client`]), its
+//! closed loop follows the ramp ([`crate::tools::bench::load::Ramp`]), and its statistics give the
+//! percentiles ([`crate::tools::bench::stats`]), so the demo and `tokenmeter bench` define TTFT,
 //! per-request tokens/s and a percentile the same way. The table's figures are measured by the
 //! clients (exact values, not histogram buckets); the last column is what tokenmeter exports, and
 //! the closing summary sets the two token totals side by side. Ctrl-C stops everything cleanly;
@@ -24,16 +24,17 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser};
 use tokio::sync::oneshot;
 
-use crate::bench::client::{Client, Sample};
-use crate::bench::load::{Driver, Ramp, RampCounts};
-use crate::bench::prompt::{Endpoint, RequestBuilder};
-use crate::bench::stats::Summary;
 use crate::capacity::Report;
-use crate::config::{parse_duration, ConfigError, ProxyArgs};
+use crate::config::{ConfigError, ProxyArgs};
 use crate::metrics::Metrics;
 use crate::server::{Server, ServerError};
-use crate::sim::text::{Lengths, Rng};
-use crate::sim::{Model, Sim, SimConfig, SimError};
+use crate::tools::bench::client::{Client, Sample};
+use crate::tools::bench::load::{Driver, Ramp, RampCounts};
+use crate::tools::bench::prompt::{Endpoint, RequestBuilder};
+use crate::tools::bench::stats::Summary;
+use crate::tools::sim::text::{Lengths, Rng};
+use crate::tools::sim::{Model, Sim, SimConfig, SimError};
+use crate::units::parse_duration;
 
 /// The demo's flags.
 #[derive(Debug, Clone, Args)]

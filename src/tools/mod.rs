@@ -1,0 +1,20 @@
+//! The tools beside the product: each a subcommand of the one binary, none on the request path.
+//!
+//! They may use the product (the demo runs the real [`crate::server`]; the bench and the
+//! capacity command read the metric names of [`crate::metrics`]); the product never imports
+//! them, and `tests/layering.rs` fails the build's tests if it does.
+//!
+//! - [`sim`]: `tokenmeter sim`, a simulated inference server, the test instrument.
+//! - [`bench`](mod@bench): `tokenmeter bench`, a load generator that measures any
+//!   OpenAI-compatible server.
+//! - [`demo`]: `tokenmeter demo`, the simulator, the proxy and a ramping load in one process.
+//! - [`capacity_command`]: `tokenmeter capacity`, the live capacity model read back from
+//!   `/metrics`, drawn with the bench's charts.
+//! - [`exposition`]: a `/metrics` text read back into samples; [`scrape`] fetches one.
+
+pub mod bench;
+pub mod capacity_command;
+pub mod demo;
+pub mod exposition;
+pub mod scrape;
+pub mod sim;
