@@ -227,6 +227,9 @@ SLO_NOTE = (
 )
 
 CACHE_READ = FM + ', kind="read"'
+# The parts of TTFT the engines state; `other` is observed for every request that states any.
+PART = "tokenmeter_time_to_first_token_part_seconds"
+PART_OTHER = FM + ', part="other"'
 
 SPEED_NOTE = (
     "Per-request decode speed: (output tokens - 1) / (last token time - first token time), what "
@@ -382,6 +385,27 @@ def layout():
         (heatmap("Input length distribution", "Requests per second in each prompt-length bucket (tokens; where the "
                  "stream reports usage).",
                  "tokenmeter_request_input_tokens", "short"), 8, 8),
+
+        (row("Where TTFT goes"), 24, 1),
+        (timeseries("Mean TTFT by part", "Where the engine says the wait before the first token went, for the "
+                    "requests whose stream states it (vLLM --enable-per-request-metrics, Ollama, llama.cpp): queue, "
+                    "model_load and prefill as stated, other = tokenmeter's TTFT less them (the API server, the "
+                    "network, the proxy). Each part's total over the requests that state any part, stacked: the "
+                    "stack is their mean TTFT.",
+                    targets((f"sum by (part) ({rate(PART + '_sum')}) / scalar(sum({rate(PART + '_count', PART_OTHER)}))",
+                             "{{part}}")), "s", stack=True), 8, 8),
+        (timeseries("TTFT p99 by part", "The slow tail of each part: which part's tail grew when TTFT's did. A part "
+                    "counts only the requests that state it.",
+                    targets((quantile(0.99, PART, by="part"), "{{part}}")), "s"), 8, 8),
+        (timeseries("Timings coverage and mismatches", "Share of requests whose stream stated the engine's timings, "
+                    "by engine: how much of the traffic the split speaks for. Mismatches: the share of those whose "
+                    "stated parts exceeded tokenmeter's own TTFT (their other part is 0): the server counts from "
+                    "another clock, trust TTFT over the parts.",
+                    targets((f"sum by (source) ({rate('tokenmeter_engine_timings_requests_total')})"
+                             f" / scalar(sum({rate('tokenmeter_requests_total')}))", "{{source}}"),
+                            (f"(sum({rate('tokenmeter_engine_timing_mismatch_total')}) or vector(0))"
+                             f" / scalar(sum({rate('tokenmeter_engine_timings_requests_total')}))", "mismatches")),
+                    "percentunit"), 8, 8),
 
         (row("What the wire shows"), 24, 1),
         (timeseries("Time to first token by prompt band (p50)", "TTFT is prefill, and prefill grows with the prompt: "

@@ -364,6 +364,7 @@ impl State {
                 read: summary.cached_read,
                 write: summary.cached_write,
             },
+            engine: summary.engine,
             parse_errors: ParseErrors {
                 line_too_long: self.reader.errors().line_too_long,
                 invalid_json: summary.malformed,

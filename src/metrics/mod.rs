@@ -20,6 +20,7 @@
 
 pub mod capacity;
 mod capped;
+mod engine;
 pub mod otel;
 mod rate;
 mod vllm;
@@ -35,6 +36,7 @@ use prometheus::{
 };
 
 pub use self::capped::{Capped, OTHER};
+use self::engine::EngineMetrics;
 use self::otel::Otel;
 pub use self::otel::{Operation, Route};
 pub use self::rate::RateWindow;
@@ -42,6 +44,7 @@ pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
 use crate::capacity::{Capacity, CapacityConfig};
 use crate::gpus;
+pub use crate::protocol::timings::EngineTimings;
 use crate::protocol::Api;
 pub use crate::protocol::{OutputKind, Stop, TokenSource};
 use crate::slo::Verdict;
@@ -336,6 +339,8 @@ pub struct Finished {
     pub reasoning_tokens: Option<u64>,
     /// Prompt tokens read from and written to the server's prompt cache, where usage says.
     pub cached_input: CachedInput,
+    /// Where the engine says the request's time went, where its stream stated it.
+    pub engine: Option<EngineTimings>,
     /// What could not be parsed.
     pub parse_errors: ParseErrors,
     /// The request's SLO class and result.
@@ -534,6 +539,8 @@ pub struct Metrics {
     decoding: IntGauge,
     capacity: Capacity,
     capacity_families: capacity::CapacityMetrics,
+    /// The parts of TTFT the engines state, and their coverage.
+    engine: EngineMetrics,
     slo_requests: IntCounterVec,
     goodput_tokens: IntCounterVec,
     /// The families marked `tenant` below carry the `tenant` label (`MetricsConfig::tenant`).
@@ -834,6 +841,7 @@ impl Metrics {
             )?,
             decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
             capacity_families: capacity::CapacityMetrics::register(&r, &cfg.capacity.classes)?,
+            engine: EngineMetrics::new(&r, b)?,
             capacity: Capacity::new(cfg.capacity.clone(), Instant::now()),
             in_flight,
             parse_errors,
@@ -980,6 +988,7 @@ impl Metrics {
         if let Some(v) = &self.vllm {
             v.record(f);
         }
+        self.engine.record(f);
         let output = f.output_tokens;
         self.token_source
             .with_label_values(&[f.token_source.as_str()])

@@ -60,6 +60,7 @@ pub(super) fn finished() -> Finished {
         first_output: [None, Some(Duration::from_millis(100)), None],
         reasoning_tokens: None,
         cached_input: CachedInput::default(),
+        engine: None,
         parse_errors: ParseErrors::default(),
         slo: None,
         route: Route {

@@ -9,9 +9,12 @@
 //! `vllm/v1/metrics/loggers.py`; its length histograms stop at the model's context length,
 //! which the wire does not say, so ours use `--buckets-tokens`).
 //!
-//! Only what the wire shows is exported. KV-cache usage, prefix-cache hits, preemptions and
-//! the split of the wait before the first token into queue and prefill happen inside the
-//! engine: those series are absent, not faked. Definitions follow vLLM's where the wire allows
+//! Only what the wire shows is exported. KV-cache usage, prefix-cache hits and preemptions
+//! happen inside the engine: those series are absent, not faked. The split of the wait before
+//! the first token into queue and prefill is inside the engine too, but an engine may state it
+//! in the stream ([`crate::protocol::timings`]): `vllm:request_queue_time_seconds` and
+//! `vllm:request_prefill_time_seconds` are observed from the stated values, for the requests
+//! whose stream states them, and absent otherwise. Definitions follow vLLM's where the wire allows
 //! (docs/definitions.md has them side by side with tokenmeter's, OpenTelemetry's, GuideLLM's
 //! and vLLM bench's):
 //! - TTFT and e2e latency run from the request's arrival at the proxy (vLLM: at its API server);
@@ -83,6 +86,8 @@ pub(super) struct Vllm {
     tpot: HistogramVec,
     e2e: HistogramVec,
     decode: HistogramVec,
+    queue: HistogramVec,
+    prefill: HistogramVec,
     prompt_tokens: HistogramVec,
     generation_tokens: HistogramVec,
     prompt_total: IntCounterVec,
@@ -154,6 +159,20 @@ impl Vllm {
                 r,
                 "vllm:request_decode_time_seconds",
                 "Histogram of time spent in DECODE phase for request (first to last token).",
+                l,
+                &b.duration,
+            )?,
+            queue: histogram(
+                r,
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request (as the engine's stream states it).",
+                l,
+                &b.duration,
+            )?,
+            prefill: histogram(
+                r,
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request (as the engine's stream states it).",
                 l,
                 &b.duration,
             )?,
@@ -230,6 +249,13 @@ impl Vllm {
         self.e2e
             .with_label_values(&l)
             .observe(f.duration.as_secs_f64());
+        if let Some(t) = &f.engine {
+            for (h, stated) in [(&self.queue, t.queue), (&self.prefill, t.prefill)] {
+                if let Some(d) = stated {
+                    h.with_label_values(&l).observe(d.as_secs_f64());
+                }
+            }
+        }
         let output = f.output_tokens;
         // Counted as they streamed (`VllmLive::generation`); the final count settles the rest,
         // as for `tokenmeter_output_tokens_total`: what is missing is added, nothing taken back.

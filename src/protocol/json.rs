@@ -40,6 +40,11 @@ pub struct Flag(pub bool);
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Count(pub Option<u64>);
 
+/// A measure that may have a fraction (a duration in milliseconds, a rate): any finite
+/// non-negative JSON number; anything else (a negative number, a string, `null`) is `None`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Number(pub Option<f64>);
+
 /// The length of an array; anything else is 0.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Len(pub u64);
@@ -215,6 +220,40 @@ impl<'de> Deserialize<'de> for Count {
                 Ok(Count(None))
             }
             other_values!(Count(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// === impl Number ===
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(Some(v as f64)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
+                Ok(Number((v.is_finite() && v >= 0.0).then_some(v)))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Number, E> {
+                Ok(Number(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Number, A::Error> {
+                drain_seq(seq)?;
+                Ok(Number(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Number, A::Error> {
+                drain_map(map)?;
+                Ok(Number(None))
+            }
+            // A negative integer is no duration: `visit_i64` is among these.
+            other_values!(Number(None));
         }
         d.deserialize_any(V)
     }

@@ -5,7 +5,9 @@
 //! Recent servers put the running `tokens_predicted` in every event, the exact number of tokens
 //! each carries ([`Cumulative`]); the final event (`"stop": true`) always has it, with
 //! `tokens_evaluated` (the whole prompt, cached part included) and `timings`
-//! (`predicted_n`, `prompt_n`) as fallbacks.
+//! (`predicted_n`, `prompt_n`) as fallbacks. `timings` also states the prefill and generation
+//! times and, with `tokens_evaluated`, the prompt tokens the server's cache served
+//! ([`super::timings`]).
 //!
 //! `"stop": true` marks the final event, which ends the stream ([`Summary::ended`]): the
 //! native API sends no `[DONE]`. One case breaks this: a `prompt` given as an array streams
@@ -17,6 +19,7 @@ use serde::Deserialize;
 
 use super::cumulative::Cumulative;
 use super::json::{parse, Count, Flag, Reason, Str, Text};
+use super::timings::LlamacppTimings;
 use super::{Api, Extractor, Message, Stop, Summary};
 
 /// The llama.cpp extractor.
@@ -35,7 +38,7 @@ struct Event<'a> {
     #[serde(default)]
     tokens_evaluated: Count,
     #[serde(default)]
-    timings: Option<Timings>,
+    timings: Option<LlamacppTimings>,
     #[serde(default, borrow)]
     model: Str<'a>,
     #[serde(default)]
@@ -46,14 +49,6 @@ struct Event<'a> {
     /// Older servers: which of these is true says why it stopped.
     #[serde(default)]
     stopped_limit: Flag,
-}
-
-#[derive(Deserialize)]
-struct Timings {
-    #[serde(default)]
-    prompt_n: Count,
-    #[serde(default)]
-    predicted_n: Count,
 }
 
 impl Extractor for LlamaCpp {
@@ -93,6 +88,14 @@ impl Extractor for LlamaCpp {
         }
         if input.is_some() {
             self.summary.input_tokens = input;
+        }
+        if let Some(t) = timings {
+            if let Some(stated) = t.timings() {
+                self.summary.engine = Some(stated);
+            }
+            if let Some(cached) = t.cached(ev.tokens_evaluated.0) {
+                self.summary.cached_read = Some(cached);
+            }
         }
         self.running.tokens(output, u32::from(ev.content.0))
     }

@@ -6,7 +6,7 @@
 //! Extractors never fail: a message they cannot read is counted in [`Summary::malformed`].
 //!
 //! [`detect::Auto`] recognises the format from the first message (the request path is the
-//! tie-breaker). This module imports nothing above it: the reader chooses an extractor from
+//! tie-breaker). [`timings`] reads what three engines state about a request's time. This module imports nothing above it: the reader chooses an extractor from
 //! here, and the metrics take only the label enums ([`Api`], [`TokenSource`]). Adding a format
 //! is one file here, one [`Api`] variant (with its arms in [`Api::as_str`] and [`extractor`]),
 //! its shapes in `detect`, plus corpus tests.
@@ -25,6 +25,7 @@ pub mod request;
 pub mod responses;
 pub mod sglang;
 pub mod tgi;
+pub mod timings;
 pub mod triton;
 pub mod watsonx;
 
@@ -250,7 +251,7 @@ impl Kinds {
 }
 
 /// What a stream has said about itself so far.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
     /// The model the response names.
     pub model: Option<String>,
@@ -276,6 +277,9 @@ pub struct Summary {
     /// never set it. A non-streaming response is read only after its body ended, so there it
     /// does not matter; it is set where the document has the final event's shape.
     pub ended: bool,
+    /// Where the engine says the request's time went (vLLM's `metrics`, Ollama's durations,
+    /// llama.cpp's `timings`): the latest statement wins.
+    pub engine: Option<timings::EngineTimings>,
 }
 
 impl Summary {

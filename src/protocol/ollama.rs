@@ -3,7 +3,8 @@
 //! Each line is one token (Ollama streams token by token). A token-bearing line has generated
 //! output: `response` or `thinking` (generate), `message.content`, `message.thinking` or
 //! `message.tool_calls` (chat). The last line (`"done": true`) reports `eval_count` (output
-//! tokens) and `prompt_eval_count` (prompt tokens evaluated), and ends the stream
+//! tokens), `prompt_eval_count` (prompt tokens evaluated) and the nanoseconds it spent loading
+//! the model, on the prompt and generating ([`super::timings`]), and ends the stream
 //! ([`Summary::ended`]). A non-streaming answer is that last line with the whole text.
 //! `thinking` is reasoning (Ollama reports no reasoning count, so it is counted from these
 //! lines), `tool_calls` a tool call, `response` and `content` content.
@@ -11,6 +12,7 @@
 use serde::Deserialize;
 
 use super::json::{parse, Count, Flag, Reason, Str, Text};
+use super::timings;
 use super::{Api, Extractor, Kinds, Message, OutputKind, Stop, Summary};
 
 /// The Ollama extractor.
@@ -34,6 +36,13 @@ struct Line<'a> {
     eval_count: Count,
     #[serde(default)]
     prompt_eval_count: Count,
+    /// Nanoseconds spent loading the model, computing the prompt, and generating.
+    #[serde(default)]
+    load_duration: Count,
+    #[serde(default)]
+    prompt_eval_duration: Count,
+    #[serde(default)]
+    eval_duration: Count,
     #[serde(default)]
     done: Flag,
     #[serde(default)]
@@ -71,6 +80,14 @@ impl Extractor for Ollama {
         }
         if line.prompt_eval_count.0.is_some() {
             self.summary.input_tokens = line.prompt_eval_count.0;
+        }
+        let stated = timings::ollama(
+            line.load_duration,
+            line.prompt_eval_duration,
+            line.eval_duration,
+        );
+        if stated.is_some() {
+            self.summary.engine = stated;
         }
         let chat = line.message.unwrap_or_default();
         self.kinds = Kinds::NONE

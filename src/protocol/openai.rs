@@ -21,6 +21,9 @@
 //! reasoning count and `prompt_tokens_details.cached_tokens` the cached prompt tokens read
 //! (OpenAI, vLLM with `--enable-prompt-tokens-details`, SGLang).
 //!
+//! Engines that state where a request's time went put it on the final chunk: vLLM's `metrics`
+//! object, llama.cpp's `timings` ([`super::timings`]).
+//!
 //! The stream ends with `data: [DONE]` ([`Summary::ended`]); a stream without it (some hosts
 //! leave it out) never says it has ended.
 
@@ -31,6 +34,7 @@ use serde::Deserialize;
 
 use super::cumulative::Cumulative;
 use super::json::{parse, Count, Len, Reason, Str, Text};
+use super::timings::{LlamacppTimings, VllmMetrics};
 use super::{is_done, Api, Extractor, Kinds, Message, OutputKind, Summary};
 
 /// The OpenAI extractor.
@@ -52,6 +56,12 @@ struct Chunk<'a> {
     /// Groq reports usage here instead.
     #[serde(default)]
     x_groq: Option<XGroq>,
+    /// vLLM's per-request timings (`--enable-per-request-metrics`), on the usage chunk.
+    #[serde(default)]
+    metrics: Option<VllmMetrics>,
+    /// llama.cpp's timings, on its final chunk.
+    #[serde(default)]
+    timings: Option<LlamacppTimings>,
 }
 
 /// A chunk's choices, folded as they are parsed: a `Vec` of them was one heap allocation per
@@ -222,6 +232,10 @@ impl Extractor for OpenAi {
             return 0;
         };
         self.summary.name_model(chunk.model.0);
+        let engine = chunk.metrics.as_ref().and_then(VllmMetrics::timings);
+        if let Some(t) = engine.or(chunk.timings.as_ref().and_then(LlamacppTimings::timings)) {
+            self.summary.engine = Some(t);
+        }
         let usage = chunk.usage.or(chunk.x_groq.and_then(|x| x.usage));
         let mut reported = None;
         if let Some(u) = usage {
@@ -241,6 +255,10 @@ impl Extractor for OpenAi {
             if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens.0) {
                 self.summary.cached_read = Some(c);
             }
+        }
+        // llama.cpp states its cache hits in `timings` where its usage has no details.
+        if let Some(c) = chunk.timings.as_ref().and_then(|t| t.cached(None)) {
+            self.summary.cached_read.get_or_insert(c);
         }
         let Choices {
             bearing,

@@ -306,6 +306,8 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     let sim_cfg = SimConfig {
         listen: sim_listen,
         seed: args.seed,
+        // As vLLM with `--enable-per-request-metrics`: the page shows where TTFT went.
+        per_request_metrics: true,
         ..SimConfig::default()
     };
     let sim = Sim::bind(&sim_cfg).await?;

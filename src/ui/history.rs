@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::reading::{Hist, Reading};
+use super::reading::{Hist, PartSum, Reading};
 use crate::metrics::concurrency_band;
 
 /// How far back the time series reach: what a person glancing at the page wants to see.
@@ -60,6 +60,7 @@ pub(crate) struct Base {
     pub at: Instant,
     pub unix_ms: u64,
     pub ttft: Hist,
+    pub ttft_parts: BTreeMap<String, PartSum>,
     pub request_tps: Hist,
     pub slo: BTreeMap<(String, String), f64>,
 }
@@ -70,6 +71,7 @@ impl Base {
             at,
             unix_ms,
             ttft: r.ttft.clone(),
+            ttft_parts: r.ttft_parts.clone(),
             request_tps: r.request_tps.clone(),
             slo: r.slo.clone().unwrap_or_default(),
         }

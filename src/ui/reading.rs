@@ -18,6 +18,7 @@ pub(crate) const GPUS: &str = "tokenmeter_gpus";
 pub(crate) const BUILD_INFO: &str = "tokenmeter_build_info";
 pub(crate) const START_TIME: &str = "tokenmeter_start_time_seconds";
 pub(crate) const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
+pub(crate) const TTFT_PART: &str = "tokenmeter_time_to_first_token_part_seconds";
 pub(crate) const REQUEST_TPS: &str = "tokenmeter_request_tokens_per_second";
 pub(crate) const REQUESTS: &str = "tokenmeter_requests_total";
 pub(crate) const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
@@ -74,6 +75,24 @@ impl Hist {
     }
 }
 
+/// One part of TTFT summed over series: its seconds and its observations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PartSum {
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl PartSum {
+    /// What was observed since `base`.
+    pub fn since(&self, base: Option<&PartSum>) -> PartSum {
+        let b = base.copied().unwrap_or_default();
+        PartSum {
+            sum: (self.sum - b.sum).max(0.0),
+            count: (self.count - b.count).max(0.0),
+        }
+    }
+}
+
 /// One point of the capacity model's curve.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CurvePoint {
@@ -92,6 +111,8 @@ pub struct Reading {
     pub output_tps_per_gpu: f64,
     pub gpus: f64,
     pub ttft: Hist,
+    /// The parts of TTFT the engines state, by `part`: seconds summed and requests observed.
+    pub ttft_parts: BTreeMap<String, PartSum>,
     pub request_tps: Hist,
     /// Per-request tokens/s by concurrency band.
     pub request_tps_by_band: BTreeMap<String, Hist>,
@@ -131,6 +152,15 @@ impl Reading {
                 let v = match family.get_field_type() {
                     MetricType::HISTOGRAM => {
                         let h = m.get_histogram();
+                        if name == TTFT_PART {
+                            let part = r
+                                .ttft_parts
+                                .entry(label("part").unwrap_or("").to_string())
+                                .or_default();
+                            part.sum += h.get_sample_sum();
+                            part.count += h.get_sample_count() as f64;
+                            continue;
+                        }
                         let target = match name {
                             TTFT => &mut r.ttft,
                             REQUEST_TPS => r

@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::history::{History, Point};
-use super::reading::{CurvePoint, Hist, Reading};
+use super::reading::{CurvePoint, Hist, PartSum, Reading};
 
 /// The whole document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -56,6 +56,24 @@ pub struct Now {
     pub ttft_p99_seconds: Option<f64>,
     pub request_tps_requests: f64,
     pub request_tokens_per_second_p50: Option<f64>,
+    /// Of `ttft_requests`, those whose stream stated the engine's timings (their `other` part
+    /// was observed).
+    pub ttft_split_requests: f64,
+    /// Where their TTFT went: each part's seconds over the split requests, in stacking order
+    /// (`queue`, `model_load`, `prefill`, `other`; a part no request stated is left out), so the
+    /// means add up to their mean TTFT. Empty when no request stated any.
+    pub ttft_parts: Vec<TtftPart>,
+}
+
+/// One part of the TTFT split, over [`Now::window`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TtftPart {
+    pub part: String,
+    /// Requests that stated this part.
+    pub requests: f64,
+    /// The part's seconds summed over the window, divided by the split requests: its share of
+    /// their mean TTFT (a part some requests did not state counts 0 for them).
+    pub mean_seconds: f64,
 }
 
 /// SLO results of one class.
@@ -186,6 +204,27 @@ impl Summary {
         let empty = Hist::default();
         let ttft = r.ttft.since(base.map_or(&empty, |b| &b.ttft));
         let tps = r.request_tps.since(base.map_or(&empty, |b| &b.request_tps));
+        let part = |name: &str| {
+            r.ttft_parts
+                .get(name)
+                .map(|p| p.since(base.and_then(|b| b.ttft_parts.get(name))))
+                .unwrap_or_default()
+        };
+        let split = part("other").count;
+        let ttft_parts = if split > 0.0 {
+            ["queue", "model_load", "prefill", "other"]
+                .into_iter()
+                .map(|name| (name, part(name)))
+                .filter(|(_, p): &(&str, PartSum)| p.count > 0.0)
+                .map(|(name, p)| TtftPart {
+                    part: name.to_string(),
+                    requests: p.count,
+                    mean_seconds: p.sum / split,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let now = Now {
             in_flight_prefill: r.in_flight_prefill,
             in_flight_decode: r.in_flight_decode,
@@ -201,6 +240,8 @@ impl Summary {
             ttft_p99_seconds: ttft.quantile(0.99),
             request_tps_requests: tps.count,
             request_tokens_per_second_p50: tps.quantile(0.5),
+            ttft_split_requests: split,
+            ttft_parts,
         };
         // The section exists once classes are exported: counted, or declared with an objective.
         let declared = (r.slo.is_some() || !r.slo_objective.is_empty()).then_some(());

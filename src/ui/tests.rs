@@ -330,3 +330,58 @@ fn declared_classes_show_before_their_first_request() {
         .iter()
         .all(|c| c.window.requests == 0.0 && c.window.attainment.is_none()));
 }
+
+/// The split of TTFT: each part's seconds over the requests that stated any (so the means stack
+/// to their mean TTFT), a part no request stated left out, and only what the window holds.
+#[test]
+fn the_ttft_split_is_each_part_over_the_split_requests_in_the_window() {
+    let f = Fixture::new();
+    let parts = hist(&f.registry, TTFT_PART, &["model", "part"], &[0.1, 1.0]);
+    let observe = |part: &str, v: f64| parts.with_label_values(&["m", part]).observe(v);
+    // Before the window: one request, all queue.
+    observe("queue", 5.0);
+    observe("other", 0.0);
+    let mut h = History::new(PERIOD, WINDOW);
+    let t0 = Instant::now();
+    h.record(&f.reading(), t0, 1_000_000);
+    let s = Summary::compute(&f.reading(), &h, t0, 1_000_000);
+    assert_eq!(s.now.ttft_split_requests, 1.0);
+    // In the window: a vLLM request (queue 0.1, prefill 0.2, other 0.05) and an Ollama one
+    // (model load 0.4, prefill 0.3, other 0.01).
+    for (p, v) in [("queue", 0.1), ("prefill", 0.2), ("other", 0.05)] {
+        observe(p, v);
+    }
+    for (p, v) in [("model_load", 0.4), ("prefill", 0.3), ("other", 0.01)] {
+        observe(p, v);
+    }
+    let s = Summary::compute(&f.reading(), &h, t0 + Duration::from_secs(61), 1_061_000);
+    assert_eq!(s.now.ttft_split_requests, 2.0);
+    let got: Vec<_> = s
+        .now
+        .ttft_parts
+        .iter()
+        .map(|p| {
+            (
+                p.part.as_str(),
+                p.requests,
+                (p.mean_seconds * 1e6).round() / 1e6,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("queue", 1.0, 0.05),
+            ("model_load", 1.0, 0.2),
+            ("prefill", 2.0, 0.25),
+            ("other", 2.0, 0.03)
+        ]
+    );
+    // The stack is the mean TTFT of the two: (0.35 + 0.71) / 2.
+    let stack: f64 = s.now.ttft_parts.iter().map(|p| p.mean_seconds).sum();
+    assert!((stack - 0.53).abs() < 1e-9, "{stack}");
+    // Nothing stated: no split.
+    let g = Fixture::new();
+    let s = Summary::compute(&g.reading(), &h, t0, 1_000_000);
+    assert!(s.now.ttft_parts.is_empty() && s.now.ttft_split_requests == 0.0);
+}

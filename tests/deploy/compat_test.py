@@ -4,7 +4,8 @@ tokenmeter with --compat vllm in front of the simulator, and `promtool check met
 exposition of every mode.
 
 On loopback only, in a temporary directory, it starts:
-  - `tokenmeter sim` (OpenAI-compatible, continuous batching),
+  - `tokenmeter sim` (OpenAI-compatible, continuous batching, stating its queue and prefill as
+    vLLM does with --enable-per-request-metrics),
   - one tokenmeter per mode in front of it: plain, --compat vllm, --compat otel and
     --compat vllm,otel,
   - Prometheus (the Debian package) scraping them every second,
@@ -132,10 +133,15 @@ VLLM_PANELS = [
     ("Finish Reason", [
         f"sum by(finished_reason) (increase(vllm:request_success_total{Q}{RI}))",
     ], None),
-    ("Queue Time", None, ("vllm:request_queue_time_seconds", "the wait before the first token is one interval on the wire; the engine alone knows where its queue ends and prefill begins")),
+    # The engine states its queue and prefill in the stream (the simulator runs with
+    # --enable-per-request-metrics, as vLLM would): vLLM's own panels read them.
+    ("Queue Time", [
+        f"rate(vllm:request_queue_time_seconds_sum{Q}{RI})",
+    ], None),
     ("Requests Prefill and Decode Time", [
+        f"rate(vllm:request_prefill_time_seconds_sum{Q}{RI})",
         f"rate(vllm:request_decode_time_seconds_sum{Q}{RI})",
-    ], ("vllm:request_prefill_time_seconds", "decode time works (first to last token); prefill time does not: it starts when the engine schedules the request, which the wire does not show")),
+    ], None),
     ("Max Generation Token in Sequence Group", None, ("vllm:request_max_num_generation_tokens", "a sequence group is the engine's (parallel sampling, n > 1); the wire shows each choice's tokens, not the group's maximum as vLLM counts it")),
 ]
 
@@ -246,7 +252,7 @@ def main():
     try:
         sim_port = lt.free_port()
         procs.start("sim", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
-                            "--step-base", "10ms"])
+                            "--step-base", "10ms", "--enable-per-request-metrics"])
         lt.wait_for("the simulator", lambda: lt.http_get(f"http://127.0.0.1:{sim_port}/v1/models")[0] == 200)
         targets = []
         for name, flags in MODES:

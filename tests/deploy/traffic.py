@@ -14,7 +14,8 @@ mid-stream: upstream_error), `slow_headers` (headers after 3 s: a 504 timeout be
 `--upstream-timeout 2s`), `bad_json` (one malformed event: parse_errors{reason="invalid_json"}),
 `reasoning` (a third of the tokens as `reasoning_content` deltas, then content, a tool-call delta
 last, a stall of 5 gaps midway, and usage with `reasoning_tokens`). Every usage report states
-half the prompt as `prompt_tokens_details.cached_tokens`.
+half the prompt as `prompt_tokens_details.cached_tokens`, and carries vLLM's per-request `metrics`
+(queue two fifths of the wait before the first token, prefill half of it).
 The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
 requests and streaming requests without `include_usage` (token_count_source="counted"), and with
 `--classes a,b,` names an SLO class in `x-tokenmeter-class` on each request, picked at random
@@ -147,6 +148,12 @@ async def respond(writer, req, counters):
             "prompt_tokens_details": {"cached_tokens": prompt // 2},
             "completion_tokens_details": {"reasoning_tokens": thinking},
         })
+        # As vLLM with --enable-per-request-metrics states them: two fifths of the wait queued,
+        # half of it prefill, the rest outside the engine.
+        usage["metrics"] = {
+            "queue_time_ms": ttft * 400, "time_to_first_token_ms": ttft * 500,
+            "generation_time_ms": gap * (n - 1) * 1000,
+        }
         writer.write(chunk(sse(usage)))
     writer.write(chunk(sse(b"[DONE]")) + b"0\r\n\r\n")
     await writer.drain()

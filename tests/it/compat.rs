@@ -80,7 +80,7 @@ async fn vllm_names_show_a_crafted_streams_ttft_latency_and_tokens() {
             .value(&s),
         20.0
     );
-    // What the wire cannot show is absent, not faked.
+    // What the wire cannot show, and what this stream does not state (no `metrics`), is absent.
     for absent in [
         "vllm:kv_cache_usage_perc",
         "vllm:request_queue_time_seconds",

@@ -614,9 +614,32 @@ fn usage_states(msgs: &[Msg], keys: &[&str]) -> Option<u64> {
     found
 }
 
+/// The prompt tokens a llama.cpp stream says its cache served, read with a plain JSON walk:
+/// `timings.cache_n`, else `tokens_evaluated` (the whole prompt) less `timings.prompt_n` (the
+/// tokens computed).
+fn llamacpp_cached(msgs: &[Msg]) -> Option<u64> {
+    let mut found = None;
+    for (_, data) in msgs {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+            continue;
+        };
+        let t = &v["timings"];
+        let computed = t["prompt_n"].as_u64();
+        let cached = t["cache_n"].as_u64().or_else(|| {
+            v["tokens_evaluated"]
+                .as_u64()
+                .zip(computed)
+                .and_then(|(all, n)| all.checked_sub(n))
+        });
+        found = cached.or(found);
+    }
+    found
+}
+
 /// Reasoning and cached prompt tokens: every corpus file whose usage states them gives exactly
 /// those counts (reasoning from `reasoning_tokens` / `thoughtsTokenCount`, cache reads from
-/// `cached_tokens` / `cache_read_input_tokens` / `cachedContentTokenCount`, writes from
+/// `cached_tokens` / `cache_read_input_tokens` / `cachedContentTokenCount` / llama.cpp's
+/// `timings`, writes from
 /// `cache_creation_input_tokens`), and a stream whose usage has no reasoning count but that
 /// marks reasoning events (Anthropic thinking, Ollama `thinking`) counts them, within its output.
 #[test]
@@ -642,6 +665,8 @@ fn reasoning_and_cached_tokens_equal_what_usage_states() {
                 "cachedContentTokenCount",
             ],
         );
+        // llama.cpp states its cache hits in `timings`, not in a usage count.
+        let read_ = read_.or_else(|| llamacpp_cached(&msgs));
         let write = usage_states(&msgs, &["cache_creation_input_tokens"]);
         let mut check = |what: &str, want: Option<u64>, got: Option<u64>| {
             if want != got {
@@ -672,7 +697,7 @@ fn reasoning_and_cached_tokens_equal_what_usage_states() {
     // Coverage: the files that state each count, so a field that stops parsing cannot pass.
     assert_eq!(
         checked,
-        (57, 11, 58, 17),
+        (57, 11, 59, 17),
         "(usage reasoning, counted reasoning, cache read, cache write) files checked"
     );
     // Spot checks against the values the manifest's notes state in words.

@@ -70,7 +70,13 @@ async fn every_exported_family_has_a_row_in_the_readme() {
         "--gpu-hour-cost",
         "2.5",
     ];
-    let steps = upstream::openai_chat(20 * MS, 8, 2 * MS, true);
+    let mut steps = upstream::openai_chat(20 * MS, 8, 2 * MS, true);
+    // The engine's own timings too (vLLM's `metrics` object), for the families they make.
+    let done = steps.pop();
+    steps.push(upstream::Step::Send(bytes::Bytes::from_static(
+        b"data: {\"model\":\"test-model\",\"choices\":[],\"metrics\":{\"queue_time_ms\":1.0,\"time_to_first_token_ms\":2.0,\"speculative_decoding\":{\"draft_acceptance_rate\":0.5}}}\n\n",
+    )));
+    steps.extend(done);
     let streamed = stream_once(steps, &flags).await;
     assert_eq!(streamed.seen.status, 200);
     let exported = families(&streamed.scrape);
@@ -80,6 +86,7 @@ async fn every_exported_family_has_a_row_in_the_readme() {
         "tokenmeter_time_to_first_token_seconds",
         "vllm:time_to_first_token_seconds",
         "gen_ai_server_time_to_first_token_seconds",
+        "tokenmeter_time_to_first_token_part_seconds",
     ] {
         assert!(exported.contains(must), "{must} not exported");
     }

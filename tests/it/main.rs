@@ -19,6 +19,7 @@ mod proxy;
 mod sim;
 mod slo;
 mod tenant;
+mod timings;
 mod tls;
 mod ui;
 mod upgrade;

@@ -248,6 +248,11 @@ READ_DOM = """(() => {
     refreshes: Number(document.body.getAttribute('data-refreshes') || 0),
     status: document.getElementById('status').textContent,
     figures: figures,
+    split: {
+      hidden: document.getElementById('now-split').hidden,
+      text: document.getElementById('now-split').textContent,
+      parts: JSON.parse(document.getElementById('now-split').getAttribute('data-parts') || '[]'),
+    },
     charts: charts,
     sloHidden: document.getElementById('slo').hidden,
     slo: Array.from(document.querySelectorAll('#slo-table tbody tr')).map((tr) => ({
@@ -278,7 +283,22 @@ def summaries_seen(browser, seen):
         seen[str(s["generated_unix_ms"])] = s
 
 
+def check_split(dom, summary):
+    """The TTFT split under the figures: shown exactly when the summary has one, with its parts."""
+    want = [[p["part"], p["mean_seconds"]] for p in summary["now"].get("ttft_parts", [])]
+    split = dom["split"]
+    if split["hidden"] != (not want):
+        fail(f"TTFT split hidden={split['hidden']} but the summary's parts are {want}")
+    if split["parts"] != want:
+        fail(f"TTFT split shows {split['parts']}, its api/summary said {want}")
+    for part, _ in want:
+        if part.replace("_", " ") not in split["text"]:
+            fail(f"TTFT split text {split['text']!r} does not name {part}")
+    return bool(want)
+
+
 def check_figures(dom, summary):
+    check_split(dom, summary)
     now = summary["now"]
     for fig, field in FIGURES.items():
         want = now[field]
@@ -390,6 +410,9 @@ def live(binary, out, update_docs):
             if not -0.5 <= age <= REFRESH_S + RENDER_SLACK_S:
                 fail(f"the page's figures are {age:.2f}s old, more than one refresh ({REFRESH_S}s)")
             check_figures(dom, summary)
+            # The demo's simulator states its queue and prefill as vLLM does: the split shows.
+            if not check_split(dom, summary):
+                fail(f"no TTFT split on the page during the demo: {summary['now']}")
             check_charts(dom, {"chart-tradeoff": ["per_request", "aggregate"], "chart-inflight": ["decode"]})
             if dom["sloHidden"] != (summary["slo"] is None):
                 fail(f"SLO section hidden={dom['sloHidden']} but summary slo={summary['slo']!r}")
@@ -445,6 +468,7 @@ def fixture(with_optional):
             "window": {"from_unix_ms": now - 60000, "seconds": 60.0},
             "ttft_requests": 40.0, "ttft_p50_seconds": 0.0425, "ttft_p99_seconds": 0.31,
             "request_tps_requests": 40.0, "request_tokens_per_second_p50": 55.5,
+            "ttft_split_requests": 0.0, "ttft_parts": [],
         },
         "slo": None,
         "tradeoff": {
@@ -467,6 +491,13 @@ def fixture(with_optional):
         "totals": {"requests": 10.0, "output_tokens": 1000.0, "input_tokens": 500.0},
     }
     if with_optional:
+        s["now"]["ttft_split_requests"] = 30.0
+        s["now"]["ttft_parts"] = [
+            {"part": "queue", "requests": 30.0, "mean_seconds": 0.012},
+            {"part": "model_load", "requests": 2.0, "mean_seconds": 0.004},
+            {"part": "prefill", "requests": 30.0, "mean_seconds": 0.021},
+            {"part": "other", "requests": 30.0, "mean_seconds": 0.003},
+        ]
         s["slo"] = [
             {"class": "interactive", "objective": 0.95,
              "window": {"requests": 10.0, "met": 6.0, "attainment": 0.75, "results": {"met": 6.0, "ttft_missed": 2.0, "client_disconnect": 2.0}},

@@ -77,15 +77,58 @@ pub struct Job {
     pub output_tokens: u32,
 }
 
-/// Tokens the engine has emitted for one sequence so far. Written by the engine, read by the body.
-#[derive(Debug, Default)]
+/// Tokens the engine has emitted for one sequence so far, and how long it queued and prefilled
+/// (what vLLM states with `--enable-per-request-metrics`). Written by the engine, read by the
+/// body.
+#[derive(Debug)]
 pub struct Progress {
     emitted: AtomicU32,
+    /// Arrival to admission, in nanoseconds; [`UNSET`] until admitted.
+    queue_ns: AtomicU64,
+    /// Admission (the start of the step that runs its prefill) to the first token; [`UNSET`]
+    /// until then. Stored before the first token's `emitted`, so a reader that sees a token
+    /// sees it.
+    prefill_ns: AtomicU64,
+}
+
+/// A time not measured yet.
+const UNSET: u64 = u64::MAX;
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            emitted: AtomicU32::new(0),
+            queue_ns: AtomicU64::new(UNSET),
+            prefill_ns: AtomicU64::new(UNSET),
+        }
+    }
+}
+
+fn stored(v: &AtomicU64) -> Option<Duration> {
+    let ns = v.load(Ordering::Acquire);
+    (ns != UNSET).then(|| Duration::from_nanos(ns))
+}
+
+fn store(v: &AtomicU64, d: Duration) {
+    v.store(
+        u64::try_from(d.as_nanos()).unwrap_or(UNSET - 1),
+        Ordering::Release,
+    );
 }
 
 impl Progress {
     pub fn emitted(&self) -> u32 {
         self.emitted.load(Ordering::Acquire)
+    }
+
+    /// How long the sequence waited in the queue, once it was admitted.
+    pub fn queue(&self) -> Option<Duration> {
+        stored(&self.queue_ns)
+    }
+
+    /// From admission to the first token, once it came.
+    pub fn prefill(&self) -> Option<Duration> {
+        stored(&self.prefill_ns)
     }
 }
 
@@ -254,6 +297,10 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
                 continue;
             }
             s.admitted = Some(start);
+            store(
+                &s.progress.queue_ns,
+                start.saturating_duration_since(s.arrived),
+            );
             prefill += u64::from(s.job.prompt_tokens);
             running.push(s);
         }
@@ -273,6 +320,11 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             emitted += 1;
             if s.first_token.is_none() {
                 s.first_token = Some(t);
+                let admitted = s.admitted.unwrap_or(t);
+                store(
+                    &s.progress.prefill_ns,
+                    t.saturating_duration_since(admitted),
+                );
             } else {
                 s.model_decode += step;
             }

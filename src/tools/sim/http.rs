@@ -52,6 +52,8 @@ pub struct State {
     pub model: String,
     pub seed: u64,
     pub lengths: Lengths,
+    /// `--enable-per-request-metrics`.
+    pub per_request_metrics: bool,
 }
 
 /// Accepts connections until `shutdown` completes. Connections already open are left to finish
@@ -227,6 +229,7 @@ async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
         output_tokens,
         limited: p.max_tokens.is_some(),
         details: p.details,
+        per_request_metrics: state.per_request_metrics,
     };
     let id = ticket.id;
     let mut body = TokenBody {
@@ -292,9 +295,12 @@ impl TokenBody {
     fn timings(&self) -> Timings {
         let now = Instant::now();
         let first = self.first.unwrap_or(now);
+        let progress = &self.ticket.progress;
         Timings {
             prefill: first.saturating_duration_since(self.received),
             decode: now.saturating_duration_since(first),
+            engine_queue: progress.queue(),
+            engine_prefill: progress.prefill(),
         }
     }
 

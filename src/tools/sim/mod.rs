@@ -105,6 +105,12 @@ pub struct SimArgs {
     /// How long a stalling request pauses.
     #[arg(long, env = "TOKENMETER_SIM_STALL_FOR", default_value = "1s", value_parser = parse_duration)]
     pub stall_for: Duration,
+
+    /// Put vLLM's per-request `metrics` object (queue, prefill and generation time, as the
+    /// simulated engine timed them) on the usage chunk of OpenAI streams, as vLLM does with the
+    /// same flag.
+    #[arg(long, env = "TOKENMETER_SIM_ENABLE_PER_REQUEST_METRICS")]
+    pub enable_per_request_metrics: bool,
 }
 
 /// The validated simulator settings.
@@ -120,6 +126,8 @@ pub struct SimConfig {
     pub threads: Option<usize>,
     /// `--stall-every`: `None` when no request stalls.
     pub stall: Option<Stall>,
+    /// `--enable-per-request-metrics`.
+    pub per_request_metrics: bool,
 }
 
 /// Why the simulator could not start.
@@ -168,6 +176,7 @@ impl Default for SimConfig {
             stats_keep: 10_000,
             threads: None,
             stall: None,
+            per_request_metrics: false,
         }
     }
 }
@@ -209,6 +218,7 @@ impl SimArgs {
                 after_tokens: self.stall_after,
                 pause: self.stall_for,
             }),
+            per_request_metrics: self.enable_per_request_metrics,
         })
     }
 }
@@ -236,6 +246,7 @@ impl Sim {
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
                 lengths: cfg.lengths,
+                per_request_metrics: cfg.per_request_metrics,
             }),
         })
     }

@@ -209,6 +209,18 @@
       `TTFT and per-request speed: the ${fmt(n.ttft_requests)} requests recorded in the last ` +
       `${fmt(n.window.seconds)} s (since ${clock(n.window.from_unix_ms)}), read from histogram buckets ` +
       'as PromQL histogram_quantile does. Aggregate: tokenmeter_output_tokens_per_second (its --rate-window).';
+    renderSplit(n);
+  }
+
+  // Where TTFT went, for the requests whose engine stated it (absent when none did).
+  function renderSplit(n) {
+    const p = document.getElementById('now-split');
+    const parts = n.ttft_parts || [];
+    p.hidden = parts.length === 0;
+    p.textContent = parts.length === 0 ? '' :
+      `Where TTFT went, as the engine states it (${fmt(n.ttft_split_requests)} of ${fmt(n.ttft_requests)} requests): ` +
+      parts.map((x) => `${x.part.replace('_', ' ')} ${fmtMs(x.mean_seconds)} ms`).join(' + ') + ' (mean per request).';
+    p.setAttribute('data-parts', JSON.stringify(parts.map((x) => [x.part, x.mean_seconds])));
   }
 
   function fillTable(id, rows) {

@@ -22,6 +22,15 @@ pub fn dir() -> Option<PathBuf> {
     p.join("MANIFEST.tsv").is_file().then_some(p)
 }
 
+/// The streams captured from a real vLLM here: `$TOKENMETER_CAPTURED`, else
+/// `<repo>/../shared/captured` (same manifest columns as the corpus).
+pub fn captured_dir() -> Option<PathBuf> {
+    let p = std::env::var_os("TOKENMETER_CAPTURED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/captured"));
+    p.join("MANIFEST.tsv").is_file().then_some(p)
+}
+
 /// Every corpus entry with its body. Without the corpus: panics under CI=true, else prints a loud
 /// SKIPPED line and returns None.
 pub fn load(test: &str) -> Option<Vec<Entry>> {
@@ -33,6 +42,30 @@ pub fn load(test: &str) -> Option<Vec<Entry>> {
         eprintln!("SKIPPED {test}: corpus not found (set TOKENMETER_CORPUS)");
         return None;
     };
+    let entries = read_manifest(&dir);
+    assert!(
+        entries.len() >= 100,
+        "corpus looks truncated: {} files",
+        entries.len()
+    );
+    Some(entries)
+}
+
+/// Every captured stream with its body; without them, as [`load`] does without the corpus.
+pub fn load_captured(test: &str) -> Option<Vec<Entry>> {
+    let Some(dir) = captured_dir() else {
+        assert!(
+            !super::in_ci(),
+            "{test}: captured streams not found (set TOKENMETER_CAPTURED or put them at ../shared/captured)"
+        );
+        eprintln!("SKIPPED {test}: captured streams not found (set TOKENMETER_CAPTURED)");
+        return None;
+    };
+    Some(read_manifest(&dir))
+}
+
+/// The rows of `dir/MANIFEST.tsv`, each with its file's bytes.
+fn read_manifest(dir: &std::path::Path) -> Vec<Entry> {
     let manifest = std::fs::read_to_string(dir.join("MANIFEST.tsv")).expect("read manifest");
     let mut lines = manifest.lines();
     let header: Vec<&str> = lines.next().expect("header").split('\t').collect();
@@ -43,7 +76,7 @@ pub fn load(test: &str) -> Option<Vec<Entry>> {
         col("expected_input_tokens"),
         col("content_events"),
     );
-    let entries = lines
+    lines
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
@@ -58,11 +91,5 @@ pub fn load(test: &str) -> Option<Vec<Entry>> {
                 body: std::fs::read(dir.join(f[path])).expect("read corpus file"),
             }
         })
-        .collect::<Vec<_>>();
-    assert!(
-        entries.len() >= 100,
-        "corpus looks truncated: {} files",
-        entries.len()
-    );
-    Some(entries)
+        .collect()
 }

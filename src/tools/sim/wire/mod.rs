@@ -223,13 +223,17 @@ pub fn error_body(route: Option<Route>, status: u16, message: &str) -> Value {
     }
 }
 
-/// How long the parts of a request took, for the formats that report it (Ollama).
+/// How long the parts of a request took, for the formats that report it (Ollama; OpenAI with
+/// `--enable-per-request-metrics`, as vLLM does).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timings {
     /// Request received to first token.
     pub prefill: Duration,
     /// First token to last token.
     pub decode: Duration,
+    /// As the engine timed them: waiting in its queue, and from admission to the first token.
+    pub engine_queue: Option<Duration>,
+    pub engine_prefill: Option<Duration>,
 }
 
 /// Everything needed to write one response.
@@ -249,6 +253,8 @@ pub struct Reply {
     /// The length came from the request's limit: finish reason "length" rather than "stop".
     pub limited: bool,
     pub details: bool,
+    /// `--enable-per-request-metrics`: vLLM's `metrics` object on the usage chunk.
+    pub per_request_metrics: bool,
 }
 
 fn json_string(s: &str) -> String {
@@ -294,7 +300,7 @@ impl Reply {
     /// What a stream sends after its last token.
     pub fn tail(&self, t: &Timings, out: &mut String) {
         match self.route.dialect() {
-            Dialect::Openai => openai::tail(self, out),
+            Dialect::Openai => openai::tail(self, t, out),
             Dialect::Anthropic => anthropic::tail(self, out),
             Dialect::Ollama => ollama::tail(self, t, out),
             // TGI's last token event carries the summary.

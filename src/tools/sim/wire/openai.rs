@@ -1,12 +1,13 @@
 //! OpenAI chat and completions (`/v1/chat/completions`, `/v1/completions`), as vLLM streams
 //! them: a role chunk first, `finish_reason` on the last token's chunk, a `choices: []` usage
-//! chunk when `stream_options.include_usage` is set, then `data: [DONE]`.
+//! chunk when `stream_options.include_usage` is set (with vLLM's per-request `metrics` object
+//! under `--enable-per-request-metrics`), then `data: [DONE]`.
 
 use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use super::{flag, limit, object, BodyError, Options, Reply, Route};
+use super::{flag, limit, object, BodyError, Options, Reply, Route, Timings};
 use crate::tools::sim::text::Token;
 
 pub(super) fn options(route: Route, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
@@ -92,10 +93,25 @@ pub(super) fn token(r: &Reply, index: u32, tok: Token, out: &mut String) {
     out.push_str("}\n\n");
 }
 
-pub(super) fn tail(r: &Reply, out: &mut String) {
+/// vLLM's per-request `metrics` object: milliseconds, as vLLM 0.32 writes them.
+fn metrics_json(t: &Timings) -> String {
+    let ms = |d: Option<std::time::Duration>| d.unwrap_or_default().as_secs_f64() * 1e3;
+    format!(
+        ",\"metrics\":{{\"time_to_first_token_ms\":{},\"generation_time_ms\":{},\"queue_time_ms\":{}}}",
+        ms(t.engine_prefill),
+        ms(Some(t.decode)),
+        ms(t.engine_queue)
+    )
+}
+
+pub(super) fn tail(r: &Reply, t: &Timings, out: &mut String) {
     if r.include_usage {
         prefix(r, out);
-        let _ = write!(out, "\"choices\":[],\"usage\":{}}}\n\n", usage_json(r));
+        let _ = write!(out, "\"choices\":[],\"usage\":{}", usage_json(r));
+        if r.per_request_metrics {
+            out.push_str(&metrics_json(t));
+        }
+        out.push_str("}\n\n");
     }
     out.push_str("data: [DONE]\n\n");
 }

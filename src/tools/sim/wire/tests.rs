@@ -19,6 +19,7 @@ fn response(route: Route, stream: bool, n: u32) -> Reply {
         output_tokens: n,
         limited: true,
         details: true,
+        per_request_metrics: false,
     }
 }
 
@@ -226,4 +227,38 @@ fn rfc3339_dates() {
         rfc3339(Duration::from_secs(951_782_400)),
         "2000-02-29T00:00:00.000000Z"
     );
+}
+
+/// With `--enable-per-request-metrics` the usage chunk states the engine's queue, prefill and
+/// generation as vLLM does, and tokenmeter's own reader gets the very values back.
+#[test]
+fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
+    use crate::protocol::{extractor, Api, Message};
+    let mut r = response(Route::Chat, true, 3);
+    r.per_request_metrics = true;
+    let t = Timings {
+        prefill: Duration::from_millis(30),
+        decode: Duration::from_millis(40),
+        engine_queue: Some(Duration::from_millis(12)),
+        engine_prefill: Some(Duration::from_millis(18)),
+    };
+    let mut out = String::new();
+    r.tail(&t, &mut out);
+    let mut x = extractor(Api::OpenAi);
+    for line in out.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        x.on_message(&Message {
+            event: "",
+            data: line.as_bytes(),
+        });
+    }
+    let stated = x.summary().engine.expect("metrics stated");
+    let ms = |d: Option<Duration>| d.map(|d| (d.as_secs_f64() * 1e3 * 1e6).round() / 1e6);
+    assert_eq!(ms(stated.queue), Some(12.0));
+    assert_eq!(ms(stated.prefill), Some(18.0));
+    assert_eq!(ms(stated.generation), Some(40.0));
+    // Without the flag there is no `metrics` object.
+    r.per_request_metrics = false;
+    let mut plain = String::new();
+    r.tail(&t, &mut plain);
+    assert!(!plain.contains("metrics"), "{plain}");
 }
