@@ -386,7 +386,8 @@ impl State {
 }
 
 /// One `debug` line per request, and one more per decoded request (TTFT, decode time, mean,
-/// band) so the real-server check can pair each request with the client's record of it. Never
+/// band, and the engine's stated parts) so the real-server check can pair each request with
+/// the client's record of it and hold the engine's account against the wire's. Never
 /// the body, the path or headers: only bounded, non-secret facts.
 fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Option<Instant>) {
     tracing::debug!(
@@ -413,6 +414,9 @@ fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Optio
         .and_then(|w| w.checked_sub(now - last))
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    // The engine's stated parts, where its stream stated them (absent fields otherwise).
+    let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1e3);
+    let engine = f.engine.as_ref();
     tracing::debug!(
         output = f.output_tokens,
         ttft_ms = first.as_secs_f64() * 1e3,
@@ -420,6 +424,10 @@ fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Optio
         last_token_unix_ms,
         mean_in_flight = f.mean_in_flight.unwrap_or(1.0),
         band = f.band(),
+        queue_ms = ms(engine.and_then(|t| t.queue)),
+        model_load_ms = ms(engine.and_then(|t| t.model_load)),
+        prefill_ms = ms(engine.and_then(|t| t.prefill)),
+        generation_ms = ms(engine.and_then(|t| t.generation)),
         "request decoded"
     );
 }

@@ -36,7 +36,8 @@ PAIR_S = 2.0
 
 def decoded(log_path, t_from, t_to):
     """The `request decoded` lines of tokenmeter's log whose window ended in [t_from, t_to]
-    (Unix seconds): [{"first", "last", "mean", "band", "output", "ttft"}], by first token."""
+    (Unix seconds): [{"first", "last", "mean", "band", "output", "ttft", "queue", "model_load",
+    "prefill", "generation"}], by first token; an engine part the stream did not state is None."""
     out = []
     with open(log_path, encoding="utf-8", errors="replace") as f:
         for raw in f:
@@ -52,11 +53,14 @@ def decoded(log_path, t_from, t_to):
                 band = fields["band"]
                 output = int(fields["output"])
                 ttft = float(fields["ttft_ms"]) / 1e3
+                # The engine's stated parts, where its stream stated them (else None).
+                stated = {k: float(fields[f"{k}_ms"]) / 1e3 if f"{k}_ms" in fields else None
+                          for k in ("queue", "model_load", "prefill", "generation")}
             except (KeyError, ValueError):
                 continue
             if t_from <= last <= t_to:
                 out.append({"first": first, "last": last, "mean": mean, "band": band,
-                            "output": output, "ttft": ttft})
+                            "output": output, "ttft": ttft, **stated})
     return sorted(out, key=lambda w: w["first"])
 
 

@@ -133,6 +133,9 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
         "--dtype", "float32",
         "--max-model-len", "2048",
         "--custom-histogram-buckets", json.dumps(buckets),
+        # The engine's own queue, prefill and generation time on each usage chunk: tokenmeter
+        # splits its TTFT by them, and the check holds them against the wire.
+        "--enable-per-request-metrics",
     ]  # fmt: skip
     return Server(
         f"vLLM ({name})", argv, env, log, f"http://127.0.0.1:{port}/health", timeout

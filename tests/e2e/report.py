@@ -164,6 +164,8 @@ def render(meta, results, checks):
         )
         w("")
 
+    _split(w, results["guidellm"], checks)
+
     if results.get("capacity"):
         _capacity(w, results["capacity"])
 
@@ -312,6 +314,39 @@ def render(meta, results, checks):
         w(f"| {phase} | {what} | {'pass' if ok else '**FAIL**'} | {detail} |")
     w("")
     return "\n".join(out) + "\n"
+
+
+def _split(w, rows, checks):
+    """Where TTFT went, per concurrency level: vLLM's stated parts and tokenmeter's `other`."""
+    rows = [r for r in rows if r.get("split")]
+    if not rows:
+        return
+    w("### Where TTFT went, as vLLM states it\n")
+    w(
+        "vLLM ran with `--enable-per-request-metrics`: each usage chunk states the request's "
+        "queue time (queued to scheduled) and prefill (scheduled to first token). tokenmeter "
+        "splits its own TTFT by them; `other` is the rest (vLLM's API server, the loopback, the "
+        "proxy). Each part's mean is its total over the requests that stated timings, so the "
+        "means add up to their mean TTFT; p99 from `tokenmeter_time_to_first_token_part_seconds`. "
+        "Checked request by request: queue + prefill at most tokenmeter's TTFT, the stated "
+        "generation time at most the decode window plus one inter-token gap, and every request "
+        "with usage carried timings.\n"
+    )
+    w("| level | requests split | queue mean (p99) | prefill mean (p99) | other mean (p99) | mean TTFT | checks |")
+    w("|---|---|---|---|---|---|---|")
+    for r in rows:
+        sp = r["split"]
+        cell = lambda p: (  # noqa: E731
+            f"{_ms(sp['parts'][p][0])} ({_ms(sp['parts'][p][1])})" if p in sp["parts"] else "not stated"
+        )
+        phase = f"GuideLLM c={r['c']}"
+        verdicts = [_verdict(checks, phase, x) for x in ("every request with usage", "stated queue", "stated generation")]
+        verdict = "agree" if all(v == "agree" for v in verdicts) else "**DISAGREE**"
+        w(
+            f"| c={r['c']} | {_n(sp['requests'])} | {cell('queue')} | {cell('prefill')} | "
+            f"{cell('other')} | {_ms(sp['ttft_mean'])} | {verdict} |"
+        )
+    w("")
 
 
 def _token_table(w, rows, error=False):

@@ -449,7 +449,63 @@ def guidellm_phase(cfg, checks, urls, c):
             total > 0 and bands.get(want, 0) > total / 2,
             f"{_num(bands.get(want, 0))} of {_num(total)} in band {want}",
         )
+    engine_timings(name, checks, t, windows, row)
     return row
+
+
+# Seconds of slack for comparing the engine's stated times with tokenmeter's: both are logged
+# with microsecond digits and more, so this is rounding, not tolerance.
+STATED_EPS_S = 1e-6
+PARTS = ("queue", "model_load", "prefill", "other")
+
+
+def engine_timings(name, checks, t, windows, row):
+    """vLLM, started with --enable-per-request-metrics, states each request's queue, prefill and
+    generation time on its usage chunk; tokenmeter splits its own TTFT by them. Held against the
+    wire, request by request: the engine's wait before the first token (queue + prefill) is at
+    most tokenmeter's TTFT (vLLM's clock starts when its engine gets the request, after its API
+    server and the proxy), so `other` is never below 0; the stated generation time is at most
+    tokenmeter's decode window plus one inter-token gap (the last token leaves the engine before
+    it passes the proxy, the first may leave a step before it is timed); and every request with
+    usage carried timings. The split per level is reported (docs/validation.md)."""
+    stated = [w for w in windows if w["prefill"] is not None]
+    usage = t.value("tokenmeter_token_count_source_total", source="usage")
+    covered = t.value("tokenmeter_engine_timings_requests_total")
+    checks.add(
+        name,
+        "every request with usage carried vLLM's timings (coverage)",
+        usage > 0 and covered == usage,
+        f"{_num(covered)} requests with timings, {_num(usage)} with usage",
+    )
+    over = [w for w in stated if (w["queue"] or 0) + w["prefill"] > w["ttft"] + STATED_EPS_S]
+    worst = max(((w["queue"] or 0) + w["prefill"] - w["ttft"] for w in stated), default=None)
+    checks.add(
+        name,
+        "stated queue + prefill at most tokenmeter's TTFT, request by request (other >= 0)",
+        stated and not over and t.value("tokenmeter_engine_timing_mismatch_total") == 0,
+        f"{len(stated)} of {len(windows)} decoded requests stated them; {len(over)} over; "
+        f"largest (queue + prefill - TTFT) {_ms(worst)}",
+    )
+    late = []
+    for w in stated:
+        decode = w["last"] - w["first"]
+        gap = decode / (w["output"] - 1) if w["output"] > 1 else 0.0
+        if w["generation"] is not None and w["generation"] > decode + gap + STATED_EPS_S:
+            late.append(w["generation"] - decode - gap)
+    checks.add(
+        name,
+        "stated generation time at most tokenmeter's decode window plus one inter-token gap",
+        stated and not late,
+        f"{len(late)} of {len(stated)} over" + (f", by up to {_ms(max(late))}" if late else ""),
+    )
+    split = {}
+    n = t.histogram("tokenmeter_time_to_first_token_part_seconds", part="other").count
+    for p in PARTS:
+        h = t.histogram("tokenmeter_time_to_first_token_part_seconds", part=p)
+        if h.count:
+            split[p] = (h.sum / n if n else None, h.quantile(0.99), h.count)
+    row["split"] = {"requests": n, "parts": split,
+                    "ttft_mean": statistics.mean(w["ttft"] for w in stated) if stated else None}
 
 
 # === the capacity ramp (reported, never a check) ===
