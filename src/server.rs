@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -37,6 +37,7 @@ use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::overload::Limiter;
 use crate::proxy::{self, ClientBody, Proxy};
+use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::replicas;
 use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
@@ -197,6 +198,7 @@ impl Server {
             Limits {
                 max_connections: self.max_connections,
                 metrics: Arc::clone(&self.metrics),
+                refusing: RateLimited::new(LOG_PERIOD),
             },
         )));
         // The loop ends only if its task panicked; a finished JoinHandle is not polled again.
@@ -267,6 +269,8 @@ struct Limits {
     max_connections: usize,
     /// Where a refused connection is counted.
     metrics: Arc<Metrics>,
+    /// One warning a minute while connections are closed, not one per connection.
+    refusing: RateLimited<()>,
 }
 
 async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>, limits: Limits) {
@@ -286,6 +290,13 @@ async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>,
         if conns.open() >= limits.max_connections {
             limits.metrics.connection_refused();
             drop(stream);
+            if let Some(held_back) = limits.refusing.check((), Instant::now()) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused_since_last_line = held_back,
+                    "at --max-connections: new connections are closed"
+                );
+            }
             continue;
         }
         let guard = conns.hold();

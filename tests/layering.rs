@@ -68,8 +68,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "admin", "config", "drain", "meter", "metrics", "overload", "proxy", "replicas",
-            "tenant", "tls", "ui",
+            "admin", "config", "drain", "meter", "metrics", "overload", "proxy", "ratelog",
+            "replicas", "tenant", "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.

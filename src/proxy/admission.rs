@@ -25,6 +25,7 @@ use super::metering::{self, Head};
 use super::{ProxyBody, ProxyError};
 use crate::meter::Recorder;
 use crate::overload::{Limiter, Permit};
+use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::tap::BoxError;
 
 /// Builds [`Admission`] services.
@@ -33,6 +34,7 @@ pub struct AdmissionLayer {
     limiter: Arc<Limiter>,
     recorder: Arc<Recorder>,
     retry_after: u32,
+    shedding: Arc<RateLimited<()>>,
 }
 
 /// Admits a request under the cap, or sheds it.
@@ -42,6 +44,8 @@ pub struct Admission<S> {
     limiter: Arc<Limiter>,
     recorder: Arc<Recorder>,
     retry_after: u32,
+    /// One warning a minute while requests are shed, not one per request.
+    shedding: Arc<RateLimited<()>>,
 }
 
 // === impl AdmissionLayer ===
@@ -53,6 +57,7 @@ impl AdmissionLayer {
             limiter,
             recorder,
             retry_after,
+            shedding: Arc::new(RateLimited::new(LOG_PERIOD)),
         }
     }
 }
@@ -66,6 +71,7 @@ impl<S> Layer<S> for AdmissionLayer {
             limiter: Arc::clone(&self.limiter),
             recorder: Arc::clone(&self.recorder),
             retry_after: self.retry_after,
+            shedding: Arc::clone(&self.shedding),
         }
     }
 }
@@ -98,6 +104,13 @@ where
                 let (parts, _body) = req.into_parts();
                 let head = Head::of(&self.recorder, &parts, Instant::now());
                 metering::record_refusal(&self.recorder, head, &err);
+                if let Some(held_back) = self.shedding.check((), Instant::now()) {
+                    tracing::warn!(
+                        max_in_flight = self.limiter.cap(),
+                        shed_since_last_line = held_back,
+                        "at --max-in-flight: new requests are shed (503)"
+                    );
+                }
                 ResponseFuture::Shed {
                     resp: Some(err.to_response()),
                 }
