@@ -12,15 +12,31 @@ use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::metrics::Metrics;
+use crate::overload::Limiter;
 use crate::ui::Ui;
 
-/// Whether the proxy should get new traffic.
+/// Whether the proxy should get new traffic: not while it drains, nor while it is at its
+/// in-flight cap (until it is back to the low-water mark, [`crate::overload`]).
 #[derive(Debug, Default)]
 pub struct Readiness {
     draining: AtomicBool,
+    limiter: Option<Arc<Limiter>>,
 }
 
 impl Readiness {
+    /// Readiness that also reports the limiter's overload.
+    pub fn with_limiter(limiter: Arc<Limiter>) -> Self {
+        Readiness {
+            draining: AtomicBool::new(false),
+            limiter: Some(limiter),
+        }
+    }
+
+    /// At the in-flight cap, and not yet back to the low-water mark.
+    pub fn is_overloaded(&self) -> bool {
+        self.limiter.as_ref().is_some_and(|l| l.is_overloaded())
+    }
+
     /// From now on `/readyz` answers 503.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
@@ -74,6 +90,7 @@ pub fn handle_with_ui<B>(
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if ready.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+        "/readyz" if ready.is_overloaded() => text(StatusCode::SERVICE_UNAVAILABLE, "overloaded\n"),
         "/readyz" => text(StatusCode::OK, "ready\n"),
         _ if ui.is_some() => text(
             StatusCode::NOT_FOUND,

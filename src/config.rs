@@ -22,6 +22,15 @@ use crate::tls::client::UpstreamTls;
 use crate::tls::KeyPair;
 use crate::units::parse_duration;
 
+/// `--max-in-flight`'s default: 8,192 open streams at about 26 KiB each (the measured memory
+/// of an open stream, docs/bench.md) are 208 MiB, under half of a 512 MiB sidecar limit.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
+
+/// `--max-connections`' default: 16,384 connections, each counted as if it carried a stream
+/// (an idle keep-alive connection costs less), are 416 MiB; with the idle process (about
+/// 10 MiB) that leaves some 86 MiB of a 512 MiB limit for request bodies being read.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
+
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
@@ -115,6 +124,25 @@ pub struct ProxyArgs {
     /// stream is ended, outcome "timeout".
     #[arg(long, env = "TOKENMETER_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
     pub idle_timeout: Duration,
+
+    /// Requests proxied at once; beyond it a request is answered 503 at once (shed), with
+    /// Retry-After, and never sent upstream. The default fits a 512 MiB memory limit (README,
+    /// "Overload").
+    #[arg(long, env = "TOKENMETER_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT, value_name = "N")]
+    pub max_in_flight: usize,
+
+    /// Open client connections; beyond it a new connection is closed as soon as it is accepted.
+    #[arg(long, env = "TOKENMETER_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+
+    /// The Retry-After header of a shed request's 503, in whole seconds.
+    #[arg(
+        long,
+        env = "TOKENMETER_RETRY_AFTER",
+        default_value_t = 1,
+        value_name = "SECONDS"
+    )]
+    pub retry_after: u32,
 
     /// Longest time a client may take to send its request headers.
     #[arg(long, env = "TOKENMETER_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -294,6 +322,12 @@ pub struct Config {
     pub header_read_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub upstream_http2: bool,
+    /// `--max-in-flight`: at least 1.
+    pub max_in_flight: usize,
+    /// `--max-connections`: at least 1.
+    pub max_connections: usize,
+    /// `--retry-after`, seconds: at least 1.
+    pub retry_after: u32,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
     /// `--inject-usage`.
@@ -508,6 +542,15 @@ impl ProxyArgs {
         if self.max_line_bytes == 0 {
             return Err(ConfigError::Zero("max-line-bytes"));
         }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::Zero("max-in-flight"));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::Zero("max-connections"));
+        }
+        if self.retry_after == 0 {
+            return Err(ConfigError::Zero("retry-after"));
+        }
         if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
@@ -599,6 +642,9 @@ impl ProxyArgs {
             header_read_timeout: self.header_read_timeout,
             pool_idle_timeout: self.pool_idle_timeout,
             upstream_http2: self.upstream_http2,
+            max_in_flight: self.max_in_flight,
+            max_connections: self.max_connections,
+            retry_after: self.retry_after,
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             inject_usage: self.inject_usage,
@@ -829,6 +875,34 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
+    }
+
+    #[test]
+    fn admission_caps_have_their_defaults_and_refuse_zero() {
+        let up = ["--upstream", "http://u:1"];
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(
+            (c.max_in_flight, c.max_connections, c.retry_after),
+            (DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_CONNECTIONS, 1)
+        );
+        let set = [
+            "--max-in-flight",
+            "10",
+            "--max-connections",
+            "20",
+            "--retry-after",
+            "5",
+        ];
+        let c = args(&[&up[..], &set].concat()).validate().expect("valid");
+        assert_eq!(
+            (c.max_in_flight, c.max_connections, c.retry_after),
+            (10, 20, 5)
+        );
+        for flag in ["max-in-flight", "max-connections", "retry-after"] {
+            let zero = format!("--{flag}=0");
+            let e = args(&[&up[..], &[zero.as_str()]].concat()).validate();
+            assert_eq!(e.err(), Some(ConfigError::Zero(flag)));
+        }
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //!
 //! **The request path**, in the order a request meets it:
 //!
-//! - [`server`]: binds the proxy and metrics listeners, accepts connections, drains on shutdown;
-//!   [`drain`] is what a request sees of the drain, [`tls`] both sides' TLS.
-//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::inspect`] (the
+//! - [`server`]: binds the proxy and metrics listeners, accepts connections (up to
+//!   `--max-connections`), drains on shutdown; [`drain`] is what a request sees of the drain,
+//!   [`tls`] both sides' TLS.
+//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::admission`] (a
+//!   place under `--max-in-flight`, [`overload`], or a 503 at once), [`proxy::inspect`] (the
 //!   request body, the model), [`proxy::metering`] (one meter per request, the tap),
 //!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
@@ -45,6 +47,7 @@
 pub mod drain;
 pub mod inject;
 pub mod meter;
+pub mod overload;
 pub mod protocol;
 pub mod proxy;
 pub mod read;

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -35,7 +35,9 @@ use crate::config::Config;
 use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
-use crate::proxy::{self, Proxy, ProxyBody};
+use crate::overload::Limiter;
+use crate::proxy::{self, ClientBody, Proxy};
+use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::replicas;
 use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
@@ -80,6 +82,8 @@ pub struct Server {
     ui: Option<Arc<Ui>>,
     drain_timeout: Duration,
     header_read_timeout: Duration,
+    /// `--max-connections`.
+    max_connections: usize,
     /// With `--replicas auto`: the upstream's host and port, whose addresses are counted.
     replicas_host: Option<(String, u16)>,
 }
@@ -104,10 +108,12 @@ impl Server {
                 .with_classes(Arc::clone(&cfg.slo))
                 .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t)))),
         );
+        let limiter = Arc::new(Limiter::new(cfg.max_in_flight));
+        metrics.set_limits(cfg.max_in_flight, cfg.max_connections);
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
-            proxy: proxy::stack(cfg, recorder, &client_tls),
+            proxy: proxy::stack(cfg, recorder, &client_tls, Arc::clone(&limiter)),
             tls,
             metrics_tls,
             ui: cfg.ui.map(|period| {
@@ -118,9 +124,10 @@ impl Server {
                 ))
             }),
             metrics,
-            ready: Arc::new(Readiness::default()),
+            ready: Arc::new(Readiness::with_limiter(limiter)),
             drain_timeout: cfg.drain_timeout,
             header_read_timeout: cfg.header_read_timeout,
+            max_connections: cfg.max_connections,
             replicas_host: (cfg.replicas == replicas::Setting::Auto)
                 .then(|| cfg.upstream.host_and_port()),
         })
@@ -188,6 +195,11 @@ impl Server {
                 header_read_timeout: self.header_read_timeout,
             },
             Arc::clone(&conns),
+            Limits {
+                max_connections: self.max_connections,
+                metrics: Arc::clone(&self.metrics),
+                refusing: RateLimited::new(LOG_PERIOD),
+            },
         )));
         // The loop ends only if its task panicked; a finished JoinHandle is not polled again.
         let accepting = tokio::select! {
@@ -251,7 +263,17 @@ struct Conn {
     header_read_timeout: Duration,
 }
 
-async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>) {
+/// What the accept loop holds new connections to.
+struct Limits {
+    /// `--max-connections`.
+    max_connections: usize,
+    /// Where a refused connection is counted.
+    metrics: Arc<Metrics>,
+    /// One warning a minute while connections are closed, not one per connection.
+    refusing: RateLimited<()>,
+}
+
+async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>, limits: Limits) {
     let conn = Arc::new(conn);
     loop {
         let (stream, _peer) = match listener.accept().await {
@@ -263,6 +285,20 @@ async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>)
                 continue;
             }
         };
+        // Accepted and closed at once: left in the backlog, it would wait there unanswered
+        // (a joined upgrade is an open connection too, see `drain`).
+        if conns.open() >= limits.max_connections {
+            limits.metrics.connection_refused();
+            drop(stream);
+            if let Some(held_back) = limits.refusing.check((), Instant::now()) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused_since_last_line = held_back,
+                    "at --max-connections: new connections are closed"
+                );
+            }
+            continue;
+        }
         let guard = conns.hold();
         tokio::spawn(serve_proxy_conn(stream, Arc::clone(&conn), guard));
     }
@@ -416,7 +452,7 @@ impl Future for Served {
 struct Requests(Arc<Conn>);
 
 impl hyper::service::Service<Request<Incoming>> for Requests {
-    type Response = hyper::Response<ProxyBody>;
+    type Response = hyper::Response<ClientBody>;
     type Error = Infallible;
     type Future = Oneshot<Proxy, Request<Incoming>>;
 

@@ -28,6 +28,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("signal", &[]),
     ("ratelog", &[]),
     ("drain", &[]),
+    ("overload", &[]),
     ("replicas", &[]),
     ("capacity", &[]),
     ("protocol", &[]),
@@ -50,12 +51,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "proxy",
         &[
-            "config", "drain", "inject", "meter", "metrics", "protocol", "ratelog", "read", "slo",
-            "tap", "tls", "upgrade",
+            "config", "drain", "inject", "meter", "metrics", "overload", "protocol", "ratelog",
+            "read", "slo", "tap", "tls", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile"]),
-    ("admin", &["metrics", "ui"]),
+    ("admin", &["metrics", "overload", "ui"]),
     // Settings: flags and variables mapped onto each subsystem's types.
     (
         "config",
@@ -67,8 +68,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "admin", "config", "drain", "meter", "metrics", "proxy", "replicas", "tenant", "tls",
-            "ui",
+            "admin", "config", "drain", "meter", "metrics", "overload", "proxy", "ratelog",
+            "replicas", "tenant", "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.

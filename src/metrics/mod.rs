@@ -157,6 +157,8 @@ pub enum Outcome {
     /// The upstream switched protocols (`101`, a WebSocket): the two connections were joined
     /// until they closed.
     Upgraded,
+    /// The proxy was at `--max-in-flight` and answered 503 itself: never sent upstream.
+    Shed,
 }
 
 impl Outcome {
@@ -168,6 +170,7 @@ impl Outcome {
             Outcome::Timeout => "timeout",
             Outcome::BadRequest => "bad_request",
             Outcome::Upgraded => "upgraded",
+            Outcome::Shed => "shed",
         }
     }
 }
@@ -545,6 +548,9 @@ pub struct Metrics {
     goodput_tokens: IntCounterVec,
     /// The families marked `tenant` below carry the `tenant` label (`MetricsConfig::tenant`).
     tenant: bool,
+    in_flight_limit: IntGauge,
+    connections_limit: IntGauge,
+    connections_refused: IntCounter,
 }
 
 /// Settings the metrics need.
@@ -699,6 +705,21 @@ impl Metrics {
                 .map_or(0, |d| d.as_secs() as i64),
         );
         r.register(Box::new(uptime))?;
+        let in_flight_limit = IntGauge::new(
+            "tokenmeter_in_flight_limit",
+            "--max-in-flight: requests proxied at once; more are shed (503, outcome shed).",
+        )?;
+        r.register(Box::new(in_flight_limit.clone()))?;
+        let connections_limit = IntGauge::new(
+            "tokenmeter_connections_limit",
+            "--max-connections: open client connections; more are closed when accepted.",
+        )?;
+        r.register(Box::new(connections_limit.clone()))?;
+        let connections_refused = IntCounter::new(
+            "tokenmeter_connections_refused_total",
+            "Client connections closed as soon as they were accepted, at --max-connections.",
+        )?;
+        r.register(Box::new(connections_refused.clone()))?;
         let parse_errors = counter(
             &r,
             "tokenmeter_parse_errors_total",
@@ -868,8 +889,23 @@ impl Metrics {
                 &t(&["class", "model"]),
             )?,
             tenant: cfg.tenant,
+            in_flight_limit,
+            connections_limit,
+            connections_refused,
             registry: r,
         })
+    }
+
+    /// Exports the admission caps (`--max-in-flight`, `--max-connections`).
+    pub fn set_limits(&self, in_flight: usize, connections: usize) {
+        let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.in_flight_limit.set(g(in_flight));
+        self.connections_limit.set(g(connections));
+    }
+
+    /// Counts a client connection closed at `--max-connections`.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// The `model` label value for a model name (bounded: see [`ModelLabels`]).

@@ -64,7 +64,7 @@ impl FinishedReason {
 
     /// A finished request's reason: the stream's own word when it ended normally (a complete
     /// response that names none ended by itself: `stop`), else how the request ended. `None`
-    /// for requests that never reached an engine (the proxy's own 400) or were no inference
+    /// for requests that never reached an engine (the proxy's own 400, a request shed) or were no inference
     /// (an upgraded connection).
     pub fn of(outcome: Outcome, stop: Option<Stop>) -> Option<FinishedReason> {
         match outcome {
@@ -74,7 +74,7 @@ impl FinishedReason {
             }),
             Outcome::ClientDisconnect | Outcome::Timeout => Some(FinishedReason::Abort),
             Outcome::UpstreamError => Some(FinishedReason::Error),
-            Outcome::BadRequest | Outcome::Upgraded => None,
+            Outcome::BadRequest | Outcome::Upgraded | Outcome::Shed => None,
         }
     }
 }

@@ -127,14 +127,7 @@ where
             let classes = Arc::clone(&recorder.classes);
             // Inference is always a POST: a GET of /v1/models or /health is no consumer of speed.
             let judged = parts.method == http::Method::POST;
-            let head_slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), None));
-            // Once per request, from the head: the hot path only carries the value.
-            let tenant = recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers));
-            let head = Head {
-                arrived,
-                slo: head_slo,
-                tenant,
-            };
+            let head = Head::of(&recorder, &parts, arrived);
             let guard = Unread {
                 recorder: Some(Arc::clone(&recorder)),
                 head: head.clone(),

@@ -85,6 +85,24 @@ pub struct Head {
     pub tenant: Option<Arc<str>>,
 }
 
+impl Head {
+    /// What the head of a request says, as inspection and admission both learn it: its SLO
+    /// class from the headers and path (a POST only: inference is always one), its tenant.
+    pub fn of(recorder: &Recorder, parts: &http::request::Parts, arrived: Instant) -> Head {
+        let judged = parts.method == http::Method::POST;
+        Head {
+            arrived,
+            slo: judged.then(|| {
+                recorder
+                    .classes
+                    .resolve(&parts.headers, parts.uri.path(), None)
+            }),
+            // Once per request, from the head: the hot path only carries the value.
+            tenant: recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers)),
+        }
+    }
+}
+
 fn finish_with_error(mut meter: Meter, err: &ProxyError) {
     meter.set_status(err.status().as_u16());
     meter.finish(err.outcome());

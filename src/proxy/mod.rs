@@ -2,6 +2,9 @@
 //!
 //! Read [`stack`] top to bottom to follow a request. Each layer is one file and one idea:
 //!
+//! 0. [`admission`]: a place under `--max-in-flight`, held until the response body ends; at the
+//!    cap the request is shed at once, before its body is read: 503 with `Retry-After`, outcome
+//!    `shed`, nothing sent upstream.
 //! 1. [`inspect`]: notes the request head's arrival, reads a JSON body up to
 //!    `--max-request-body` to learn the model (an inference server cannot start before it has the
 //!    whole body anyway, so this costs no latency), and applies `--inject-usage`'s request
@@ -21,7 +24,8 @@
 //!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
 //! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
-//! [`inspect`] when it refuses the request before a meter exists, otherwise by the one
+//! [`admission`] when it sheds it, by [`inspect`] when it refuses the request before a meter
+//! exists, otherwise by the one
 //! [`Meter`](crate::meter::Meter) [`metering`] starts. The proxy never fails a request for a
 //! reason of its own other than those in [`ProxyError`], and never answers 400 for an upstream's
 //! failure.
@@ -42,9 +46,11 @@ use tower::ServiceBuilder;
 use crate::config::Config;
 use crate::meter::Recorder;
 use crate::metrics::Outcome;
+use crate::overload::Limiter;
 use crate::tap::BoxError;
 use crate::tls::client::{self as tls_client, ClientTls, Failure};
 
+pub mod admission;
 pub mod inspect;
 pub mod metering;
 pub mod pool;
@@ -59,14 +65,31 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The whole request path, outermost layer first (what [`stack`] builds).
-pub type Proxy = inspect::Inspect<metering::Metering<timeout::Timeout<upstream::Upstream>>>;
+pub type Proxy = admission::Admission<
+    inspect::Inspect<metering::Metering<timeout::Timeout<upstream::Upstream>>>,
+>;
+
+/// The body of every response the proxy gives a client: it holds the request's place under
+/// `--max-in-flight` until it ends.
+pub type ClientBody = admission::Admitted<ProxyBody>;
 
 /// Builds the request path. It reads top to bottom, the order a request passes the layers.
 ///
 /// The result is a `tower::Service<Request<Incoming>>` that never fails (every error is a
 /// response) and is cheap to clone (one clone per request; the client pool is shared).
-pub fn stack(cfg: &Config, recorder: Arc<Recorder>, tls: &ClientTls) -> Proxy {
+/// `limiter` counts the requests in flight (`--max-in-flight`); `/readyz` reads it too.
+pub fn stack(
+    cfg: &Config,
+    recorder: Arc<Recorder>,
+    tls: &ClientTls,
+    limiter: Arc<Limiter>,
+) -> Proxy {
     ServiceBuilder::new()
+        .layer(admission::AdmissionLayer::new(
+            limiter,
+            Arc::clone(&recorder),
+            cfg.retry_after,
+        ))
         .layer(inspect::InspectLayer::new(
             Arc::clone(&recorder),
             cfg.max_request_body,
@@ -93,6 +116,9 @@ pub enum ProxyError {
     /// (hyper-util's error for HTTP/2, TLS and upgrades; the pool's for plain HTTP/1.1.)
     #[error("{}", tls_client::message(Failure::classify(&**.0), &**.0))]
     Unavailable(#[source] BoxError),
+    /// `--max-in-flight` requests are being proxied already: shed, never sent upstream.
+    #[error("tokenmeter is at its limit of requests in flight; retry in {retry_after} s")]
+    Overloaded { retry_after: u32 },
 }
 
 // === impl ProxyError ===
@@ -104,6 +130,7 @@ impl ProxyError {
             ProxyError::RequestBody(_) | ProxyError::BadUri(_) => StatusCode::BAD_REQUEST,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Unavailable(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -114,6 +141,7 @@ impl ProxyError {
             ProxyError::BadUri(_) => "bad_uri",
             ProxyError::UpstreamTimeout(_) => "upstream_timeout",
             ProxyError::Unavailable(e) => Failure::classify(&**e).kind(),
+            ProxyError::Overloaded { .. } => "overloaded",
         }
     }
 
@@ -131,6 +159,7 @@ impl ProxyError {
             ProxyError::RequestBody(_) | ProxyError::BadUri(_) => Outcome::BadRequest,
             ProxyError::UpstreamTimeout(_) => Outcome::Timeout,
             ProxyError::Unavailable(_) => Outcome::UpstreamError,
+            ProxyError::Overloaded { .. } => Outcome::Shed,
         }
     }
 
@@ -140,7 +169,16 @@ impl ProxyError {
         if let (Some(cause), Some(e)) = (self.cause(), body.get_mut("error")) {
             e["cause"] = cause.into();
         }
-        json_response(self.status(), &body)
+        if let (ProxyError::Overloaded { .. }, Some(e)) = (self, body.get_mut("error")) {
+            // OpenAI's own overload error carries its reason as a string code; SDKs retry on it.
+            e["code"] = self.kind().into();
+        }
+        let mut resp = json_response(self.status(), &body);
+        if let ProxyError::Overloaded { retry_after } = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        resp
     }
 }
 

@@ -547,7 +547,7 @@ async fn sigterm_lets_an_open_websocket_finish_within_the_drain_timeout() {
 // === SLO classes and GPUs ===
 
 /// Runs the binary with these flags and environment, expecting a configuration error.
-fn run_err_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+pub(crate) fn run_err_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut c = tokenmeter();
     for var in ["TOKENMETER_SLO", "TOKENMETER_SLO_FILE", "TOKENMETER_GPUS"] {
         c.env_remove(var);

@@ -13,6 +13,7 @@ mod https;
 mod inject;
 mod listener;
 mod lockstep;
+mod overload;
 mod pool;
 mod props;
 mod proxy;
