@@ -11,7 +11,7 @@
 //!   `prompt_eval_duration` (prefill) and `eval_duration` (generation), in nanoseconds;
 //! - **llama.cpp**'s final event (native, and its OpenAI-compatible final chunk): `timings` with
 //!   `prompt_ms` (prefill) and `predicted_ms` (generation), and `cache_n`, the prompt tokens its
-//!   cache served ([`LlamacppTimings::cached`]).
+//!   cache served (`LlamacppTimings::cached`).
 //!
 //! Each reader turns its engine's fields into one [`EngineTimings`] and states only what the
 //! stream stated: a part the engine did not give stays `None`, never 0, so a reader of the
