@@ -87,6 +87,10 @@ TOKENMETER = {
     "tokenmeter_capacity_utilization": 1,
     "tokenmeter_capacity_tps_floor": 1,
     "tokenmeter_capacity_replicas": 1,
+    # The admission caps (--max-in-flight, --max-connections) and the connections closed there.
+    "tokenmeter_in_flight_limit": 1,
+    "tokenmeter_connections_limit": 1,
+    "tokenmeter_connections_refused_total": 1,
 }
 VLLM = {
     "vllm:time_to_first_token_seconds": 25,
