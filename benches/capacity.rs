@@ -1,5 +1,6 @@
-//! What the capacity model costs: one push (on every token-bearing event of every stream), and
-//! one refit (every few seconds, when /metrics is rendered), beside a Prometheus histogram
+//! What the capacity model costs: one push (on every token-bearing event of every stream), one
+//! wait and one finished request (per request), and one refit (every few seconds, when /metrics
+//! is rendered: with a TTFT target it replays the engine over the mix), beside a Prometheus histogram
 //! observation (what the meter already does once per token for the inter-token latency) so the
 //! figures read as ratios on a noisy machine.
 //!
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use prometheus::{Histogram, HistogramOpts};
-use tokenmeter::capacity::{Capacity, CapacityConfig, Class};
+use tokenmeter::capacity::{Capacity, CapacityConfig, Class, Request};
 
 fn model() -> Capacity {
     Capacity::new(
@@ -18,6 +19,8 @@ fn model() -> Capacity {
             classes: vec![Class {
                 name: "interactive".into(),
                 tps_floor: Some(20.0),
+                ttft: Some(2.0),
+                objective: 0.9,
             }],
             ..CapacityConfig::default()
         },
@@ -84,6 +87,36 @@ fn bench(c: &mut Criterion) {
     c.bench_function("capacity refit (64 concurrencies x 10 slots)", |bench| {
         bench.iter(|| black_box(full.refit(end)))
     });
+
+    // Per request: the first token's wait and the finished request joining the mix.
+    let request = |i: u32| Request {
+        at: end,
+        prompt: 200 + 37 * (i % 100),
+        cached: 100 * (i % 3),
+        output: 50 + 13 * (i % 40),
+        ttft: Some(0.05 + 0.0002 * f64::from(200 + 37 * (i % 100))),
+        stated_prefill: None,
+    };
+    let mut i = 0u32;
+    c.bench_function("capacity waited (per request)", |bench| {
+        bench.iter(|| cap.waited(black_box(Duration::from_millis(300)), at))
+    });
+    c.bench_function("capacity finished (per request)", |bench| {
+        bench.iter(|| {
+            i = i.wrapping_add(1);
+            cap.finished(black_box(request(i)))
+        })
+    });
+
+    // The same refit with a full mix of 1,024 varied requests: the prefill fit and the replays
+    // (the TTFT curve, the class's concurrency and rate limits).
+    for i in 0..1024 {
+        full.finished(request(i));
+    }
+    c.bench_function(
+        "capacity refit with the first-token end (1,024 requests)",
+        |bench| bench.iter(|| black_box(full.refit(end))),
+    );
 }
 
 criterion_group!(benches, bench);

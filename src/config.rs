@@ -618,6 +618,8 @@ impl ProxyArgs {
                         .map(|(name, t)| capacity::Class {
                             name: name.to_string(),
                             tps_floor: t.tps,
+                            ttft: t.ttft.map(|d| d.as_secs_f64()),
+                            objective: t.objective,
                         })
                         .collect(),
                     fleet: capacity::Fleet {

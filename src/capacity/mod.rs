@@ -8,10 +8,19 @@
 //!
 //! - [`summary`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
 //! - [`bins`]: its time-per-token axis and the per-concurrency median.
-//! - [`busy`]: the mean decoding concurrency over the last minute, for utilization.
+//! - [`busy`]: the time-weighted mean of a count over the last minute, for utilization.
 //! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
 //! - [`plan`]: the answers per class, the curve, and the cost.
 //! - [`stream`]: one stream's observations, the events of one network read grouped.
+//!
+//! Prefill, the compute-bound half, is the first token's end of the answer:
+//!
+//! - [`workload`]: the live mix of prompt, cached and output lengths, bounded.
+//! - [`prefill`]: the cost per uncached prompt token, from the engine's stated prefill times
+//!   or the proxy's TTFTs.
+//! - [`replay`]: the engine replayed over the mix with both costs, closed loop or open.
+//! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
+//!   and the predicted TTFT curve.
 //!
 //! `tokenmeter capacity`, which reads the answers back from `/metrics`, is a tool:
 //! [`crate::tools::capacity_command`].
@@ -26,17 +35,24 @@
 pub mod bins;
 pub mod busy;
 pub mod fit;
+pub mod limits;
 pub mod plan;
+pub mod prefill;
+pub mod replay;
 pub mod stream;
 pub mod summary;
+pub mod workload;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub use fit::Fit;
-pub use plan::{Answer, Class, CurvePoint, Fleet};
+pub use limits::TtftPoint;
+pub use plan::{Answer, Bound, Class, CurvePoint, Fleet};
+pub use prefill::PrefillFit;
 pub use stream::StreamGaps;
+pub use workload::{Mix, Request};
 
 /// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
 /// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
@@ -84,8 +100,17 @@ pub struct Report {
     /// One per class with a floor, once there is a fit.
     pub answers: Vec<Answer>,
     pub curve: Vec<CurvePoint>,
+    /// The predicted TTFT at the curve's concurrencies, once the prefill cost is known.
+    pub ttft_curve: Vec<TtftPoint>,
+    /// The prefill cost, once the window has enough long prompts (or only short ones).
+    pub prefill: Option<PrefillFit>,
+    /// The workload the predictions assume: the window's mix.
+    pub mix: Option<Mix>,
     /// Mean decoding concurrency per engine over the last minute.
     pub decoding: f64,
+    /// Mean requests in flight per engine over the last minute (decoding, or waiting for
+    /// their first token): what utilization divides.
+    pub in_flight: f64,
     /// The replicas the concurrency was divided by at this refit.
     pub replicas: u32,
 }
@@ -94,6 +119,10 @@ pub struct Report {
 pub struct Capacity {
     summary: summary::Summary,
     busy: busy::Busy,
+    /// Time requests spent waiting for their first token, per second: with `busy`, the
+    /// time-weighted count of requests in flight.
+    waiting: busy::Busy,
+    workload: workload::Workload,
     config: CapacityConfig,
     /// The replicas now (`--replicas`, or what `auto` last found), at least 1.
     replicas: AtomicU32,
@@ -105,6 +134,8 @@ impl Capacity {
         Capacity {
             summary: summary::Summary::new(config.window, origin),
             busy: busy::Busy::new(origin),
+            waiting: busy::Busy::new(origin),
+            workload: workload::Workload::new(config.window),
             replicas: AtomicU32::new(config.fleet.replicas.max(1)),
             config,
             last: Mutex::new(None),
@@ -137,6 +168,17 @@ impl Capacity {
         self.busy.add(gap, at);
     }
 
+    /// A request waited `wait` for its first token, which came at `at` (or it ended at `at`
+    /// without one): load the engine held before it decoded. Lock-free.
+    pub fn waited(&self, wait: Duration, at: Instant) {
+        self.waiting.add(wait, at);
+    }
+
+    /// A request finished: its lengths and first-token wait join the mix. One short lock.
+    pub fn finished(&self, r: Request) {
+        self.workload.push(r);
+    }
+
     /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
     pub fn report(&self, now: Instant) -> Report {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -165,21 +207,45 @@ impl Capacity {
             replicas,
             ..self.config.fleet
         };
+        let in_flight = (self.busy.mean(now) + self.waiting.mean(now)) / f64::from(replicas);
         let fit = fit::fit(&columns);
+        let recent = self.workload.recent(now);
+        let mix = workload::mix(&recent);
+        let prefill = fit
+            .as_ref()
+            .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
+            .and_then(|f| prefill::fit(&recent, f.step(1.0)));
+        let jobs = workload::jobs(&recent);
+        let mut replays = match (&fit, &prefill) {
+            (Some(f), Some(p)) => Some(limits::Replays::new(
+                replay::Engine {
+                    base: f.base,
+                    per_seq: f.per_seq,
+                    prefill_per_token: p.per_token,
+                },
+                &jobs,
+            )),
+            _ => None,
+        };
         let (answers, curve) = match &fit {
             Some(f) => (
-                plan::answers(f, &self.config.classes, &fleet, decoding),
+                plan::answers(f, &self.config.classes, &fleet, in_flight, replays.as_mut()),
                 plan::curve(f),
             ),
             None => (Vec::new(), Vec::new()),
         };
+        let ttft_curve = replays.as_mut().map(|r| r.curve()).unwrap_or_default();
         Report {
             fit,
             samples,
             observed,
             answers,
             curve,
+            ttft_curve,
+            prefill,
+            mix,
             decoding,
+            in_flight,
             replicas,
         }
     }
@@ -205,10 +271,7 @@ mod tests {
         let t0 = Instant::now();
         let cap = Capacity::new(
             CapacityConfig {
-                classes: vec![Class {
-                    name: "interactive".into(),
-                    tps_floor: Some(40.0),
-                }],
+                classes: vec![Class::floor("interactive", 40.0)],
                 fleet: Fleet {
                     replicas: 2,
                     gpus: 2.0,
@@ -245,10 +308,7 @@ mod tests {
         let t0 = Instant::now();
         let cap = Capacity::new(
             CapacityConfig {
-                classes: vec![Class {
-                    name: "interactive".into(),
-                    tps_floor: Some(40.0),
-                }],
+                classes: vec![Class::floor("interactive", 40.0)],
                 ..CapacityConfig::default()
             },
             t0,
@@ -276,7 +336,8 @@ mod tests {
             &f,
             &cap.config().classes,
             &cap.config().fleet,
-            r.decoding * 4.0,
+            r.in_flight * 4.0,
+            None,
         );
         assert!((r.answers[0].output_tps / one[0].output_tps - 4.0).abs() < 1e-9);
         cap.set_replicas(0);

@@ -3,20 +3,55 @@
 //!
 //! With `t(b) = base + per_seq * b` one stream gets `1/t(b)` tokens/s and the engine `b/t(b)`.
 //! The largest `b` whose `1/t(b)` still meets a floor `F` is `floor((1/F - base) / per_seq)`.
+//! That is the decode end. The first-token end, where a class has a TTFT target, comes from
+//! replaying the engine ([`super::limits`]); a class's max concurrency is the smaller of the two.
 //! Everything here is per engine (one replica) unless it says fleet.
 
 use super::fit::Fit;
+use super::limits::Replays;
 use super::summary::MAX_CONCURRENCY;
 
 /// The concurrencies the curve is reported at: the concurrency bands' edges.
 pub const CURVE: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
-/// A class's speed floor, as the SLO classes declare it.
+/// A class's targets, as the SLO classes declare them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Class {
     pub name: String,
-    /// Per-request decode tokens/s the class needs; `None`: no floor, so no capacity answer.
+    /// Per-request decode tokens/s the class needs; `None`: no floor, no decode bound.
     pub tps_floor: Option<f64>,
+    /// The longest TTFT the class allows, seconds; `None`: no first-token bound.
+    pub ttft: Option<f64>,
+    /// The share of requests that must meet the targets.
+    pub objective: f64,
+}
+
+impl Class {
+    /// A class with a speed floor only, met by 95% of requests.
+    pub fn floor(name: &str, tps: f64) -> Self {
+        Class {
+            name: name.into(),
+            tps_floor: Some(tps),
+            ttft: None,
+            objective: 0.95,
+        }
+    }
+}
+
+/// Which end of the engine a limit comes from: the `bound` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    Ttft,
+    TokensPerSecond,
+}
+
+impl Bound {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bound::Ttft => "ttft",
+            Bound::TokensPerSecond => "tokens_per_second",
+        }
+    }
 }
 
 /// What the fleet looks like, beyond the fit.
@@ -34,9 +69,18 @@ pub struct Fleet {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     pub class: String,
-    /// Largest per-engine concurrency that meets the floor (0: not even one stream does;
-    /// [`MAX_CONCURRENCY`] when the fit shows no slowdown within it).
+    /// Largest per-engine concurrency whose predicted per-request speed meets the floor (0:
+    /// not even one stream does; [`MAX_CONCURRENCY`] when the fit shows no slowdown within it);
+    /// `None` without a floor.
+    pub limit_tps: Option<u32>,
+    /// Largest number of requests in flight per engine whose predicted TTFT meets the target
+    /// at the objective; `None` without a target or while the prefill cost is not known yet.
+    pub limit_ttft: Option<u32>,
+    /// The smaller of the two: what the engine can hold for this class.
     pub max_concurrency: u32,
+    pub binding: Bound,
+    /// Poisson arrivals per second per engine at which the class still holds.
+    pub max_request_rate: Option<f64>,
     /// Tokens/s the fleet produces with every engine at that concurrency.
     pub output_tps: f64,
     /// The same per GPU.
@@ -44,7 +88,7 @@ pub struct Answer {
     /// Cost per million output tokens there; `None` without `--gpu-hour-cost` or when nothing
     /// is produced.
     pub cost_per_million: Option<f64>,
-    /// Mean decoding concurrency per engine over the last minute / `max_concurrency`; `None`
+    /// Mean requests in flight per engine over the last minute / `max_concurrency`; `None`
     /// when `max_concurrency` is 0.
     pub utilization: Option<f64>,
 }
@@ -93,17 +137,34 @@ pub fn curve(fit: &Fit) -> Vec<CurvePoint> {
         .collect()
 }
 
-/// Every class with a floor; `decoding` is the mean decoding concurrency per engine.
-pub fn answers(fit: &Fit, classes: &[Class], fleet: &Fleet, decoding: f64) -> Vec<Answer> {
+/// Every class with a floor or a TTFT target; `in_flight` is the mean number of requests in
+/// flight per engine. `replays` is `None` until the prefill cost is known, and then only the
+/// decode bound is answered.
+pub fn answers(
+    fit: &Fit,
+    classes: &[Class],
+    fleet: &Fleet,
+    in_flight: f64,
+    mut replays: Option<&mut Replays>,
+) -> Vec<Answer> {
     classes
         .iter()
         .filter_map(|c| {
-            let floor = c.tps_floor?;
-            let b = max_concurrency(fit, floor);
-            let engine_tps = if b > 0 {
-                f64::from(b) / fit.step(f64::from(b))
-            } else {
-                0.0
+            let limit_tps = c.tps_floor.map(|f| max_concurrency(fit, f));
+            let limit_ttft = match (c.ttft, replays.as_deref_mut()) {
+                (Some(t), Some(r)) => r.concurrency_limit(t, c.objective),
+                _ => None,
+            };
+            let (b, binding) = match (limit_tps, limit_ttft) {
+                (Some(d), Some(f)) if f < d => (f, Bound::Ttft),
+                (Some(d), _) => (d, Bound::TokensPerSecond),
+                (None, Some(f)) => (f, Bound::Ttft),
+                (None, None) => return None,
+            };
+            let engine_tps = match (binding, replays.as_deref_mut()) {
+                _ if b == 0 => 0.0,
+                (Bound::Ttft, Some(r)) => r.output_tps(b).unwrap_or(0.0),
+                _ => f64::from(b) / fit.step(f64::from(b)),
             };
             let output_tps = engine_tps * f64::from(fleet.replicas.max(1));
             let per_gpu = if fleet.gpus > 0.0 {
@@ -115,13 +176,20 @@ pub fn answers(fit: &Fit, classes: &[Class], fleet: &Fleet, decoding: f64) -> Ve
                 .gpu_hour_cost
                 .filter(|_| per_gpu > 0.0)
                 .map(|cost| cost / (per_gpu * 3600.0) * 1e6);
+            let max_request_rate = replays
+                .as_deref()
+                .and_then(|r| r.rate_limit(c.ttft, c.tps_floor, c.objective));
             Some(Answer {
                 class: c.name.clone(),
+                limit_tps,
+                limit_ttft,
                 max_concurrency: b,
+                binding,
+                max_request_rate,
                 output_tps,
                 output_tps_per_gpu: per_gpu,
                 cost_per_million,
-                utilization: (b > 0).then(|| decoding / f64::from(b)),
+                utilization: (b > 0).then(|| in_flight / f64::from(b)),
             })
         })
         .collect()
@@ -159,28 +227,27 @@ mod tests {
     fn answers_scale_to_the_fleet_and_cost_what_the_gpus_cost() {
         let f = line(0.010, 0.0005);
         let classes = [
+            Class::floor("interactive", 40.0),
             Class {
-                name: "interactive".into(),
-                tps_floor: Some(40.0),
-            },
-            Class {
-                name: "batch".into(),
                 tps_floor: None,
+                ..Class::floor("batch", 1.0)
             },
-            Class {
-                name: "fast".into(),
-                tps_floor: Some(200.0),
-            },
+            Class::floor("fast", 200.0),
         ];
         let fleet = Fleet {
             replicas: 2,
             gpus: 4.0,
             gpu_hour_cost: Some(2.0),
         };
-        let a = answers(&f, &classes, &fleet, 15.0);
+        let a = answers(&f, &classes, &fleet, 15.0, None);
         assert_eq!(a.len(), 2);
         let i = &a[0];
         assert_eq!((i.class.as_str(), i.max_concurrency), ("interactive", 30));
+        assert_eq!(
+            (i.limit_tps, i.limit_ttft, i.binding),
+            (Some(30), None, Bound::TokensPerSecond)
+        );
+        assert_eq!(i.max_request_rate, None);
         // 30 / 25 ms = 1,200 tok/s per engine, 2,400 for two, 600 per GPU.
         assert!((i.output_tps - 2400.0).abs() < 1e-6, "{i:?}");
         assert!((i.output_tps_per_gpu - 600.0).abs() < 1e-6);
@@ -191,6 +258,51 @@ mod tests {
         let fast = &a[1];
         assert_eq!((fast.max_concurrency, fast.output_tps), (0, 0.0));
         assert_eq!((fast.cost_per_million, fast.utilization), (None, None));
+    }
+
+    #[test]
+    fn a_ttft_target_binds_first_with_long_prompts() {
+        use crate::capacity::limits::Replays;
+        use crate::capacity::replay::{Engine, Job};
+        let f = line(0.010, 0.0002);
+        let jobs = [Job {
+            uncached: 2000,
+            output: 100,
+        }];
+        let mut replays = Replays::new(
+            Engine {
+                base: f.base,
+                per_seq: f.per_seq,
+                prefill_per_token: 0.0002,
+            },
+            &jobs,
+        );
+        let chat = Class {
+            name: "chat".into(),
+            tps_floor: Some(10.0),
+            ttft: Some(2.0),
+            objective: 0.9,
+        };
+        let fleet = Fleet {
+            replicas: 1,
+            gpus: 1.0,
+            gpu_hour_cost: None,
+        };
+        let a = &answers(&f, &[chat], &fleet, 8.0, Some(&mut replays))[0];
+        // Decode alone would hold 256 at 10 tok/s; the first token holds four.
+        assert_eq!((a.limit_tps, a.limit_ttft), (Some(256), Some(4)));
+        assert_eq!((a.max_concurrency, a.binding), (4, Bound::Ttft));
+        assert_eq!(a.utilization, Some(2.0));
+        let rate = a.max_request_rate.expect("a rate");
+        assert!(rate > 0.0 && rate < 2.5, "{rate}");
+        // Four clients in step: each cycle is 1.6 s of prefill and 99 steps of 10.8 ms for
+        // 400 tokens.
+        let want = 400.0 / (1.6 + 0.0108 + 99.0 * 0.0108 + 4.0 * 0.0108 / 2.0);
+        assert!(
+            (a.output_tps / want - 1.0).abs() < 0.05,
+            "{} vs {want}",
+            a.output_tps
+        );
     }
 
     #[test]

@@ -505,6 +505,8 @@ impl Clock {
                 let h = m.model(self.model_label(named), self.tenant.as_ref());
                 self.model_from_response = named.is_some();
                 self.ttft_pending = Some(since);
+                // The wait was load the engine held before the request decoded.
+                m.capacity().waited(since, now);
                 self.model = Some(h);
                 self.first_token = Some(now);
                 let rec = &self.recorder;
@@ -557,10 +559,13 @@ impl Clock {
         if std::mem::replace(&mut self.left, true) {
             return;
         }
-        self.gaps.finish(self.recorder.metrics.capacity());
+        let capacity = self.recorder.metrics.capacity();
+        self.gaps.finish(capacity);
         let phase = if self.first_token.is_some() {
             Phase::Decode
         } else {
+            // It held the engine (or its queue) until it ended, without a first token.
+            capacity.waited(now.saturating_duration_since(self.start), now);
             Phase::Prefill
         };
         self.in_flight.add(phase, -1);

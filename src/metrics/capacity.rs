@@ -9,7 +9,7 @@
 use prometheus::{Gauge, GaugeVec, Opts, Registry};
 
 use crate::capacity::plan::CURVE;
-use crate::capacity::{Class, Report};
+use crate::capacity::{Bound, Class, Report};
 
 /// The family names, for the readers of an exposition (`tokenmeter capacity`).
 pub mod names {
@@ -25,7 +25,21 @@ pub mod names {
     pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
     pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
     pub const REPLICAS: &str = "tokenmeter_capacity_replicas";
+    pub const LIMIT_CONCURRENCY: &str = "tokenmeter_capacity_limit_concurrency";
+    pub const MAX_REQUEST_RATE: &str = "tokenmeter_capacity_max_request_rate";
+    pub const TTFT_SECONDS: &str = "tokenmeter_capacity_ttft_seconds";
+    pub const PREFILL_PER_TOKEN: &str = "tokenmeter_capacity_prefill_seconds_per_token";
+    pub const WORKLOAD_TOKENS: &str = "tokenmeter_capacity_workload_tokens";
+    pub const WORKLOAD_REQUESTS: &str = "tokenmeter_capacity_workload_requests";
+    pub const IN_FLIGHT: &str = "tokenmeter_capacity_in_flight";
 }
+
+/// The `bound` label of [`names::LIMIT_CONCURRENCY`].
+pub const LIMIT_BOUNDS: [Bound; 2] = [Bound::Ttft, Bound::TokensPerSecond];
+/// The `quantile` label of [`names::TTFT_SECONDS`], as `capacity::limits::QUANTILES` holds them.
+pub const QUANTILE_LABELS: [&str; 3] = ["0.5", "0.9", "0.99"];
+/// The `kind` label of [`names::WORKLOAD_TOKENS`].
+pub const WORKLOAD_KINDS: [&str; 3] = ["prompt", "cached", "output"];
 
 /// The `term` label of [`names::STEP_SECONDS`].
 pub const TERMS: [&str; 2] = ["base", "per_sequence"];
@@ -47,6 +61,13 @@ pub struct CapacityMetrics {
     curve: GaugeVec,
     utilization: GaugeVec,
     replicas: Gauge,
+    limit: GaugeVec,
+    rate: GaugeVec,
+    ttft: GaugeVec,
+    prefill: GaugeVec,
+    workload: GaugeVec,
+    workload_requests: Gauge,
+    in_flight: Gauge,
     /// Every class name a series may carry.
     classes: Vec<String>,
 }
@@ -71,6 +92,16 @@ impl CapacityMetrics {
             "Inference engines the decoding concurrency is divided by (--replicas, or what auto found).",
         ))?;
         r.register(Box::new(replicas.clone()))?;
+        let workload_requests = Gauge::with_opts(Opts::new(
+            WORKLOAD_REQUESTS,
+            "Requests in the capacity window's mix that the first-token predictions replay.",
+        ))?;
+        r.register(Box::new(workload_requests.clone()))?;
+        let in_flight = Gauge::with_opts(Opts::new(
+            IN_FLIGHT,
+            "Mean requests in flight per engine over the last minute (decoding or waiting for the first token).",
+        ))?;
+        r.register(Box::new(in_flight.clone()))?;
         // The floors are the classes' own: constant, set once, so a chart can draw them beside
         // the curve without knowing the configuration.
         let floor = vec(
@@ -107,7 +138,7 @@ impl CapacityMetrics {
             max_concurrency: vec(
                 r,
                 MAX_CONCURRENCY,
-                "Largest concurrency per engine whose predicted per-request tokens/s meets the class's floor.",
+                "Requests in flight per engine the class holds: the smaller of its two limits.",
                 &["class"],
             )?,
             output_tps: vec(
@@ -137,10 +168,42 @@ impl CapacityMetrics {
             utilization: vec(
                 r,
                 UTILIZATION,
-                "Mean decoding concurrency per engine over the last minute / the class's max concurrency.",
+                "Mean requests in flight per engine over the last minute / the class's max concurrency.",
                 &["class"],
             )?,
             replicas,
+            limit: vec(
+                r,
+                LIMIT_CONCURRENCY,
+                "Requests in flight per engine at which the class's TTFT target or tokens/s floor still holds.",
+                &["class", "bound"],
+            )?,
+            rate: vec(
+                r,
+                MAX_REQUEST_RATE,
+                "Poisson arrivals per second per engine at which the class's targets still hold.",
+                &["class"],
+            )?,
+            ttft: vec(
+                r,
+                TTFT_SECONDS,
+                "Predicted TTFT per engine at a concurrency of clients over the window's mix, in seconds.",
+                &["concurrency", "quantile"],
+            )?,
+            prefill: vec(
+                r,
+                PREFILL_PER_TOKEN,
+                "Fitted prefill cost per uncached prompt token, in seconds; source: stated, wire or none.",
+                &["source"],
+            )?,
+            workload: vec(
+                r,
+                WORKLOAD_TOKENS,
+                "Mean tokens per request of the mix the first-token predictions assume, by kind.",
+                &["kind"],
+            )?,
+            workload_requests,
+            in_flight,
             classes: classes.iter().map(|c| c.name.clone()).collect(),
         })
     }
@@ -168,9 +231,35 @@ impl CapacityMetrics {
             set(&self.curve, &[&c, KINDS[0]], point.map(|p| p.per_request));
             set(&self.curve, &[&c, KINDS[1]], point.map(|p| p.aggregate));
         }
+        self.in_flight.set(report.in_flight);
+        self.workload_requests
+            .set(report.mix.map_or(0.0, |m| m.requests as f64));
+        let mix = report.mix.map(|m| [m.prompt, m.cached, m.output]);
+        for (i, kind) in WORKLOAD_KINDS.iter().enumerate() {
+            set(&self.workload, &[kind], mix.map(|m| m[i]));
+        }
+        for source in ["stated", "wire", "none"] {
+            let p = report.prefill.filter(|p| p.source.as_str() == source);
+            set(&self.prefill, &[source], p.map(|p| p.per_token));
+        }
+        for b in CURVE {
+            let point = report.ttft_curve.iter().find(|p| p.concurrency == b);
+            let c = b.to_string();
+            for (i, q) in QUANTILE_LABELS.iter().enumerate() {
+                set(&self.ttft, &[&c, q], point.map(|p| p.quantiles[i]));
+            }
+        }
         for class in &self.classes {
             let a = report.answers.iter().find(|a| &a.class == class);
             let l = [class.as_str()];
+            for bound in LIMIT_BOUNDS {
+                let v = a.and_then(|a| match bound {
+                    Bound::Ttft => a.limit_ttft,
+                    Bound::TokensPerSecond => a.limit_tps,
+                });
+                set(&self.limit, &[class, bound.as_str()], v.map(f64::from));
+            }
+            set(&self.rate, &l, a.and_then(|a| a.max_request_rate));
             set(
                 &self.max_concurrency,
                 &l,
@@ -208,13 +297,10 @@ mod tests {
     #[test]
     fn series_appear_with_the_fit_and_carry_the_issues_names() {
         let classes = vec![
+            Class::floor("interactive", 40.0),
             Class {
-                name: "interactive".into(),
-                tps_floor: Some(40.0),
-            },
-            Class {
-                name: "batch".into(),
                 tps_floor: None,
+                ..Class::floor("batch", 1.0)
             },
         ];
         let r = Registry::new();

@@ -1025,6 +1025,7 @@ impl Metrics {
             v.record(f);
         }
         self.engine.record(f);
+        self.capacity_sample(f);
         let output = f.output_tokens;
         self.token_source
             .with_label_values(&[f.token_source.as_str()])
@@ -1103,6 +1104,27 @@ impl Metrics {
             .flat_map(|mf| mf.get_metric())
             .map(|m| m.get_counter().get_value() as u64)
             .sum()
+    }
+
+    /// A complete response that said how long its prompt was joins the capacity model's mix.
+    fn capacity_sample(&self, f: &Finished) {
+        let (Outcome::Complete, Some(prompt), Some(_)) = (f.outcome, f.input_tokens, f.first_token)
+        else {
+            return;
+        };
+        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        self.capacity.finished(crate::capacity::Request {
+            at: Instant::now(),
+            prompt: count(prompt),
+            cached: count(f.cached_input.read.unwrap_or(0)),
+            output: count(f.output_tokens),
+            ttft: f.first_token.map(|d| d.as_secs_f64()),
+            stated_prefill: f
+                .engine
+                .as_ref()
+                .and_then(|e| e.prefill)
+                .map(|d| d.as_secs_f64()),
+        });
     }
 
     /// The `tenant` label value of a finished request, when the label exists.

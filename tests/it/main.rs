@@ -9,6 +9,7 @@ mod compat;
 mod corpus;
 mod documented;
 mod faults;
+mod first_token_capacity;
 mod https;
 mod inject;
 mod listener;

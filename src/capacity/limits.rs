@@ -1,0 +1,178 @@
+//! The first-token end of the capacity answer: how many requests in flight an engine can hold,
+//! and how many arrivals a second, before a class's TTFT objective breaks.
+//!
+//! Both come from replaying the engine ([`super::replay`]) with the fitted decode and prefill
+//! costs over the live mix: the concurrency limit is the largest number of closed-loop clients
+//! whose replayed TTFTs meet the class's target at its objective; the rate limit the highest
+//! Poisson arrival rate whose replayed requests meet every target the class has (TTFT and
+//! decode speed). Replays of one refit are memoised by their load, so classes share them.
+
+use std::collections::HashMap;
+
+use super::plan::CURVE;
+use super::replay::{self, Engine, Job, Load, Replayed};
+use super::summary::MAX_CONCURRENCY;
+
+/// Bisection steps for the rate: the interval shrinks 2^-12 times, far below the replay's own
+/// sampling error.
+const RATE_STEPS: u32 = 12;
+
+/// The TTFT quantiles the curve reports.
+pub const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+
+/// The predicted TTFT at one concurrency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtftPoint {
+    pub concurrency: u32,
+    /// At [`QUANTILES`], seconds.
+    pub quantiles: [f64; 3],
+}
+
+/// One refit's replays.
+pub struct Replays<'a> {
+    engine: Engine,
+    jobs: &'a [Job],
+    closed: HashMap<u32, Option<Replayed>>,
+}
+
+impl<'a> Replays<'a> {
+    pub fn new(engine: Engine, jobs: &'a [Job]) -> Self {
+        Replays {
+            engine,
+            jobs,
+            closed: HashMap::new(),
+        }
+    }
+
+    fn closed(&mut self, n: u32) -> Option<&Replayed> {
+        let (engine, jobs) = (self.engine, self.jobs);
+        self.closed
+            .entry(n)
+            .or_insert_with(|| replay::run(&engine, jobs, Load::Closed(n)))
+            .as_ref()
+    }
+
+    /// Output tokens/s per engine with `n` clients.
+    pub fn output_tps(&mut self, n: u32) -> Option<f64> {
+        self.closed(n).map(|r| r.output_tps)
+    }
+
+    /// The curve at [`CURVE`]'s concurrencies.
+    pub fn curve(&mut self) -> Vec<TtftPoint> {
+        CURVE
+            .iter()
+            .filter_map(|&n| {
+                let r = self.closed(n)?;
+                let q = |i: usize| r.ttft_quantile(QUANTILES[i]);
+                Some(TtftPoint {
+                    concurrency: n,
+                    quantiles: [q(0)?, q(1)?, q(2)?],
+                })
+            })
+            .collect()
+    }
+
+    /// The largest number of clients whose TTFTs meet `ttft` seconds in `objective` of
+    /// requests; 0 when one client alone does not.
+    pub fn concurrency_limit(&mut self, ttft: f64, objective: f64) -> Option<u32> {
+        let meets = |s: &mut Self, n: u32| -> Option<bool> {
+            Some(s.closed(n)?.share_meeting(Some(ttft), None) >= objective)
+        };
+        if !meets(self, 1)? {
+            return Some(0);
+        }
+        let top = MAX_CONCURRENCY as u32;
+        if meets(self, top)? {
+            return Some(top);
+        }
+        // meets(lo) and not meets(hi): TTFT grows with the clients, so the edge is between.
+        let (mut lo, mut hi) = (1u32, top);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if meets(self, mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
+    }
+
+    /// The highest arrival rate per second whose requests meet `ttft` seconds and `tps`
+    /// tokens/s (each where given) in `objective` of requests; 0 when even a trickle does not.
+    pub fn rate_limit(&self, ttft: Option<f64>, tps: Option<f64>, objective: f64) -> Option<f64> {
+        if ttft.is_none() && tps.is_none() {
+            return None;
+        }
+        let meets = |rate: f64| -> Option<bool> {
+            let r = replay::run(&self.engine, self.jobs, Load::Open(rate))?;
+            Some(r.share_meeting(ttft, tps) >= objective)
+        };
+        // The rate one request at a time would take, the engine's time per request alone.
+        let one = replay::run(&self.engine, self.jobs, Load::Closed(1))?;
+        let alone = one.output_tps / mean_output(self.jobs);
+        let mut lo = alone / 64.0;
+        if !meets(lo)? {
+            return Some(0.0);
+        }
+        let mut hi = lo * 2.0;
+        let mut doublings = 0;
+        while meets(hi)? {
+            lo = hi;
+            hi *= 2.0;
+            doublings += 1;
+            if doublings > 16 {
+                return Some(lo);
+            }
+        }
+        for _ in 0..RATE_STEPS {
+            let mid = (lo + hi) / 2.0;
+            if meets(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
+    }
+}
+
+fn mean_output(jobs: &[Job]) -> f64 {
+    (jobs.iter().map(|j| f64::from(j.output.max(1))).sum::<f64>() / jobs.len().max(1) as f64)
+        .max(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Engine = Engine {
+        base: 0.010,
+        per_seq: 0.0002,
+        prefill_per_token: 0.0002,
+    };
+
+    #[test]
+    fn long_prompts_bind_at_the_first_token() {
+        let jobs = [Job {
+            uncached: 2000,
+            output: 100,
+        }];
+        let mut r = Replays::new(LONG, &jobs);
+        // In step, n clients wait n x 400 ms: four meet 2 s at 0.9, five do not.
+        assert_eq!(r.concurrency_limit(2.0, 0.9), Some(4));
+        assert_eq!(r.concurrency_limit(0.3, 0.9), Some(0));
+        assert_eq!(r.concurrency_limit(1000.0, 0.9), Some(256));
+        let curve = r.curve();
+        assert_eq!(curve.len(), CURVE.len());
+        assert!((curve[0].quantiles[1] - 0.4102).abs() < 1e-6, "{curve:?}");
+        assert!(curve
+            .windows(2)
+            .all(|w| w[0].quantiles[1] < w[1].quantiles[1]));
+        // One request needs about 1.4 s of the engine alone; arrivals faster than the prefill
+        // can take (2.5/s) queue without end. The rate that keeps 90% under 2 s is between.
+        let rate = r.rate_limit(Some(2.0), None, 0.9).expect("a rate");
+        assert!((0.7..2.5).contains(&rate), "{rate}");
+        assert_eq!(r.rate_limit(None, None, 0.9), None);
+    }
+}

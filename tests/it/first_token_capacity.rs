@@ -1,0 +1,215 @@
+//! The capacity answer's first-token end against the simulator, whose prefill cost is known.
+//!
+//! With long prompts the engine runs out of prefill long before decode slows: the bench's own
+//! clients see TTFT grow with every stream while the decode bound still says hundreds. Each
+//! case runs closed-loop levels the way `tokenmeter bench --concurrency` does (the level's
+//! clients start together, each sends its next request when the last ends), measures each
+//! level's TTFT p90 at the clients, and then holds the proxy's answer to it:
+//!
+//! - `tokenmeter_capacity_max_concurrency` lies between the last level that met the class and
+//!   the first that missed;
+//! - the TTFT bound is the one that binds, the decode bound is far above it;
+//! - the utilization read at the end of the ramp, at more streams than the limit, is above 1.
+//!
+//! Each case takes its levels' time (90 s and 60 s of wall time).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokenmeter::tools::bench::client::Client;
+use tokenmeter::tools::bench::live::Live;
+use tokenmeter::tools::bench::load::{Driver, Stop};
+use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter::tools::exposition::Scrape;
+use tokenmeter::tools::sim::{Model, Sim, SimConfig};
+
+use crate::support::{serial, spawn_proxy};
+
+struct Case {
+    model: Model,
+    prompt_tokens: usize,
+    output_tokens: u64,
+    /// The `--slo` class, named `chat`.
+    class: &'static str,
+    ttft: f64,
+    levels: &'static [usize],
+    hold: Duration,
+}
+
+/// What a case measured and what the proxy answered.
+#[derive(Debug)]
+struct Outcome {
+    /// Each level and its TTFT p90 at the clients.
+    p90: Vec<(usize, f64)>,
+    limit_ttft: f64,
+    limit_tps: f64,
+    max_concurrency: f64,
+    utilization: f64,
+    prefill_per_token: f64,
+    workload_prompt: f64,
+    /// The mean prompt tokens the responses' usage stated, at the clients.
+    usage_prompt: f64,
+}
+
+fn p90(mut ttfts: Vec<f64>) -> f64 {
+    ttfts.sort_by(f64::total_cmp);
+    let rank = ((0.9 * ttfts.len() as f64).ceil() as usize).clamp(1, ttfts.len());
+    ttfts[rank - 1]
+}
+
+async fn run(case: &Case) -> Outcome {
+    let sim = Sim::bind(&SimConfig {
+        model: case.model,
+        ..SimConfig::default()
+    })
+    .await
+    .expect("bind the simulator");
+    let upstream = format!("http://{}", sim.local_addr());
+    let sim_task = tokio::spawn(sim.serve(std::future::pending()));
+    let proxy = spawn_proxy(&upstream, &["--slo", case.class]).await;
+    let driver = Driver {
+        client: Arc::new(Client::new(
+            format!("{}/v1", proxy.url()),
+            None,
+            Duration::from_secs(120),
+        )),
+        requests: Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "first-token-test".into(),
+            prompt_tokens: case.prompt_tokens,
+            output_tokens: case.output_tokens,
+            seed: 11,
+        }),
+        next_id: Arc::new(AtomicU64::new(0)),
+        interrupted: Default::default(),
+    };
+    let mut measured = Vec::new();
+    let mut prompts = Vec::new();
+    for &n in case.levels {
+        let level = driver
+            .run_level(n, Stop::After(case.hold), Arc::new(Live::default()))
+            .await;
+        let ttfts: Vec<f64> = level.samples.iter().filter_map(|s| s.ttft_secs()).collect();
+        assert!(!ttfts.is_empty(), "level {n} measured nothing");
+        prompts.extend(level.samples.iter().filter_map(|s| s.input_tokens));
+        measured.push((n, p90(ttfts)));
+    }
+    // Past the refit interval, so the answer includes the last level.
+    tokio::time::sleep(Duration::from_millis(5100)).await;
+    let text = proxy.scrape().await;
+    sim_task.abort();
+    let s = Scrape::parse(&text);
+    let one = |name: &str, labels: &[(&str, &str)]| {
+        s.select(name, labels)
+            .next()
+            .unwrap_or_else(|| panic!("no {name}{labels:?} in\n{text}"))
+            .value
+    };
+    let chat = [("class", "chat")];
+    Outcome {
+        p90: measured,
+        limit_ttft: one(
+            "tokenmeter_capacity_limit_concurrency",
+            &[("class", "chat"), ("bound", "ttft")],
+        ),
+        limit_tps: one(
+            "tokenmeter_capacity_limit_concurrency",
+            &[("class", "chat"), ("bound", "tokens_per_second")],
+        ),
+        max_concurrency: one("tokenmeter_capacity_max_concurrency", &chat),
+        utilization: one("tokenmeter_capacity_utilization", &chat),
+        prefill_per_token: one(
+            "tokenmeter_capacity_prefill_seconds_per_token",
+            &[("source", "wire")],
+        ),
+        workload_prompt: one("tokenmeter_capacity_workload_tokens", &[("kind", "prompt")]),
+        usage_prompt: prompts.iter().sum::<u64>() as f64 / prompts.len().max(1) as f64,
+    }
+}
+
+/// The must-hold check of one case.
+fn check(case: &Case, o: &Outcome) {
+    let why = format!("{o:#?}");
+    let met = |p: f64| p <= case.ttft;
+    let first_missed = o
+        .p90
+        .iter()
+        .find(|(_, p)| !met(*p))
+        .map(|(n, _)| *n as f64)
+        .unwrap_or_else(|| panic!("every level met the class: the case is too light\n{why}"));
+    let last_met = o
+        .p90
+        .iter()
+        .take_while(|(_, p)| met(*p))
+        .last()
+        .map(|(n, _)| *n as f64)
+        .unwrap_or_else(|| panic!("no level met the class\n{why}"));
+    assert!(
+        (last_met..=first_missed).contains(&o.max_concurrency),
+        "max concurrency {} outside [{last_met}, {first_missed}]\n{why}",
+        o.max_concurrency
+    );
+    assert_eq!(o.max_concurrency, o.limit_ttft, "{why}");
+    assert!(o.limit_tps > 4.0 * o.limit_ttft, "{why}");
+    assert!(o.utilization > 1.0, "{why}");
+    // The prefill cost within 15% of the simulator's, and the mix is the bench's prompt.
+    let truth = case.model.prefill_per_token.as_secs_f64();
+    assert!(
+        (o.prefill_per_token / truth - 1.0).abs() < 0.15,
+        "prefill {} vs {truth}\n{why}",
+        o.prefill_per_token
+    );
+    // The mix's prompt is the prompt the responses' usage stated (the simulator's tokens, a
+    // little more than the bench's words).
+    assert!(
+        (o.workload_prompt / o.usage_prompt - 1.0).abs() < 0.02,
+        "{why}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_hold_the_limit_where_the_first_token_misses() {
+    let _turn = serial().await;
+    // The case as a planner tried it: 10 ms + 0.2 ms steps, 0.2 ms per prompt token, 2,000
+    // token prompts and 100 token answers, a class of 2 s TTFT at 90%.
+    let case = Case {
+        model: Model {
+            step_base: Duration::from_millis(10),
+            step_per_seq: Duration::from_micros(200),
+            prefill_per_token: Duration::from_micros(200),
+            max_batch: 256,
+        },
+        prompt_tokens: 2000,
+        output_tokens: 100,
+        class: "chat:ttft=2s,tps=10,objective=0.9",
+        ttft: 2.0,
+        levels: &[1, 2, 3, 4, 6, 8],
+        hold: Duration::from_secs(15),
+    };
+    let o = run(&case).await;
+    check(&case, &o);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_prefill_cost_prompt_and_target() {
+    let _turn = serial().await;
+    // 0.5 ms per prompt token and 1,000 token prompts (500 ms of prefill each), 20 ms +
+    // 0.25 ms steps, 50 token answers, 2.8 s at 90%.
+    let case = Case {
+        model: Model {
+            step_base: Duration::from_millis(20),
+            step_per_seq: Duration::from_micros(250),
+            prefill_per_token: Duration::from_micros(500),
+            max_batch: 256,
+        },
+        prompt_tokens: 1000,
+        output_tokens: 50,
+        class: "chat:ttft=2.8s,tps=10,objective=0.9",
+        ttft: 2.8,
+        levels: &[1, 2, 4, 6, 8],
+        hold: Duration::from_secs(12),
+    };
+    let o = run(&case).await;
+    check(&case, &o);
+}
