@@ -13,7 +13,8 @@ use clap::Args;
 
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
-use crate::metrics::capacity::{names, BOUNDS, KINDS, TERMS};
+use crate::capacity::Bound;
+use crate::metrics::capacity::{names, BOUNDS, KINDS, QUANTILE_LABELS, TERMS, WORKLOAD_KINDS};
 use crate::tools::bench::chart::{self, Axis, Chart, Series};
 use crate::tools::exposition::Sample;
 use crate::tools::scrape::{scrape, ScrapeError};
@@ -70,6 +71,21 @@ pub struct ClassRow {
     pub output_tps_per_gpu: Option<f64>,
     pub cost_per_million: Option<f64>,
     pub utilization: Option<f64>,
+    /// The two limits, the TTFT end's and the decode end's.
+    pub limit_ttft: Option<f64>,
+    pub limit_tps: Option<f64>,
+    pub max_request_rate: Option<f64>,
+}
+
+/// The mix the first-token predictions assume.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    pub requests: Option<f64>,
+    pub prompt: Option<f64>,
+    pub cached: Option<f64>,
+    pub output: Option<f64>,
+    /// The prefill cost per uncached token and where it was read from.
+    pub prefill: Option<(f64, String)>,
 }
 
 /// The capacity families of one scrape.
@@ -84,6 +100,11 @@ pub struct Reading {
     pub classes: Vec<ClassRow>,
     /// (concurrency, per-request, aggregate) as exported.
     pub curve: Vec<(u32, Option<f64>, Option<f64>)>,
+    /// (concurrency, TTFT at 0.5, 0.9, 0.99) as exported.
+    pub ttft: Vec<(u32, [Option<f64>; 3])>,
+    pub workload: Workload,
+    /// Mean requests in flight per engine over the last minute.
+    pub in_flight: Option<f64>,
 }
 
 impl Reading {
@@ -94,6 +115,8 @@ impl Reading {
         let mut seen = false;
         let mut curve: Vec<(u32, Option<f64>, Option<f64>)> =
             CURVE.iter().map(|&b| (b, None, None)).collect();
+        let mut ttft: Vec<(u32, [Option<f64>; 3])> =
+            CURVE.iter().map(|&b| (b, [None; 3])).collect();
         for s in samples {
             let v = Some(s.value);
             let class = |r: &mut Reading| -> Option<usize> {
@@ -133,8 +156,41 @@ impl Reading {
                         }
                     }
                 }
+                names::TTFT_SECONDS => {
+                    let b = s.label("concurrency").and_then(|c| c.parse::<u32>().ok());
+                    let q = s
+                        .label("quantile")
+                        .and_then(|q| QUANTILE_LABELS.iter().position(|l| *l == q));
+                    if let (Some(p), Some(q)) = (ttft.iter_mut().find(|p| Some(p.0) == b), q) {
+                        p.1[q] = v;
+                    }
+                }
+                names::WORKLOAD_REQUESTS => r.workload.requests = v,
+                names::WORKLOAD_TOKENS => match s.label("kind") {
+                    Some(k) if k == WORKLOAD_KINDS[0] => r.workload.prompt = v,
+                    Some(k) if k == WORKLOAD_KINDS[1] => r.workload.cached = v,
+                    Some(k) if k == WORKLOAD_KINDS[2] => r.workload.output = v,
+                    _ => {}
+                },
+                names::PREFILL_PER_TOKEN => {
+                    let source = s.label("source").unwrap_or("-").to_string();
+                    r.workload.prefill = Some((s.value, source));
+                }
+                names::IN_FLIGHT => r.in_flight = v,
+                names::LIMIT_CONCURRENCY => {
+                    let bound = s.label("bound");
+                    if let Some(i) = class(&mut r) {
+                        let c = &mut r.classes[i];
+                        match bound {
+                            Some(b) if b == Bound::Ttft.as_str() => c.limit_ttft = v,
+                            Some(b) if b == Bound::TokensPerSecond.as_str() => c.limit_tps = v,
+                            _ => {}
+                        }
+                    }
+                }
                 name => {
                     let field: fn(&mut ClassRow) -> &mut Option<f64> = match name {
+                        names::MAX_REQUEST_RATE => |c| &mut c.max_request_rate,
                         names::TPS_FLOOR => |c| &mut c.floor,
                         names::MAX_CONCURRENCY => |c| &mut c.max_concurrency,
                         names::OUTPUT_TPS => |c| &mut c.output_tps,
@@ -151,6 +207,7 @@ impl Reading {
         }
         r.classes.sort_by(|a, b| a.name.cmp(&b.name));
         r.curve = curve;
+        r.ttft = ttft;
         seen.then_some(r)
     }
 
@@ -160,11 +217,13 @@ impl Reading {
         (t > 0.0).then_some(t)
     }
 
-    /// The mean decoding concurrency per engine now, from any class's utilization.
+    /// The mean requests in flight per engine now: exported, or from any class's utilization.
     pub fn operating_point(&self) -> Option<f64> {
-        self.classes
-            .iter()
-            .find_map(|c| Some(c.utilization? * c.max_concurrency?))
+        self.in_flight.or_else(|| {
+            self.classes
+                .iter()
+                .find_map(|c| Some(c.utilization? * c.max_concurrency?))
+        })
     }
 
     /// True when concurrency `b` is outside the observed range (an extrapolation).
@@ -205,7 +264,7 @@ impl Reading {
         if let Some(now) = self.operating_point() {
             let _ = writeln!(
                 s,
-                "decoding now: {now:.1} streams per engine (mean of the last minute)"
+                "in flight now: {now:.1} requests per engine (mean of the last minute)"
             );
         }
         let _ = writeln!(
@@ -263,7 +322,68 @@ impl Reading {
                 opt(aggregate, 1)
             );
         }
+        self.first_token_text(&mut s);
         s
+    }
+
+    /// The first token's end: both limits per class, the arrival rate, the mix the predictions
+    /// assume and the predicted TTFT curve. Nothing when the scrape has none of it.
+    fn first_token_text(&self, s: &mut String) {
+        let opt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+        };
+        let w = &self.workload;
+        if w.requests.is_none() && self.ttft.iter().all(|p| p.1[1].is_none()) {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\nthe first token: {} requests in the mix, mean prompt {} tokens ({} cached), output {}; prefill {}",
+            opt(w.requests, 0),
+            opt(w.prompt, 0),
+            opt(w.cached, 0),
+            opt(w.output, 0),
+            w.prefill.as_ref().map_or_else(
+                || "not known yet".to_string(),
+                |(v, source)| format!("{:.4} ms per uncached token ({source})", v * 1e3)
+            ),
+        );
+        let _ = writeln!(
+            s,
+            "{:<16} {:>12} {:>13} {:>18} {:>10}",
+            "class", "ttft limit", "tok/s limit", "binds", "max req/s"
+        );
+        for c in &self.classes {
+            let binds = match (c.limit_ttft, c.limit_tps) {
+                (Some(f), Some(d)) if f < d => "ttft",
+                (_, Some(_)) => "tokens_per_second",
+                (Some(_), None) => "ttft",
+                (None, None) => "-",
+            };
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>13} {:>18} {:>10}",
+                c.name,
+                opt(c.limit_ttft, 0),
+                opt(c.limit_tps, 0),
+                binds,
+                opt(c.max_request_rate, 2),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:>11} {:>14} {:>14} {:>14}",
+            "concurrency", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s"
+        );
+        for (b, q) in &self.ttft {
+            let _ = writeln!(
+                s,
+                "{b:>11} {:>14} {:>14} {:>14}",
+                opt(q[0], 3),
+                opt(q[1], 3),
+                opt(q[2], 3)
+            );
+        }
     }
 
     /// The trade-off chart: per-request tokens/s (left) and aggregate (right) against
@@ -416,6 +536,61 @@ mod tests {
     }
 
     #[test]
+    fn the_first_tokens_end_is_read_back_and_printed() {
+        let mut v = scrape();
+        let chat = ("class", "chat");
+        v.extend([
+            sample(names::LIMIT_CONCURRENCY, &[chat, ("bound", "ttft")], 4.0),
+            sample(
+                names::LIMIT_CONCURRENCY,
+                &[chat, ("bound", "tokens_per_second")],
+                256.0,
+            ),
+            sample(names::MAX_CONCURRENCY, &[chat], 4.0),
+            sample(names::MAX_REQUEST_RATE, &[chat], 1.25),
+            sample(names::WORKLOAD_REQUESTS, &[], 300.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "prompt")], 2225.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "cached")], 0.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "output")], 100.0),
+            sample(names::PREFILL_PER_TOKEN, &[("source", "wire")], 0.0002),
+            sample(names::IN_FLIGHT, &[], 6.5),
+        ]);
+        for (q, t) in [("0.5", 0.41), ("0.9", 0.42), ("0.99", 0.43)] {
+            v.push(sample(
+                names::TTFT_SECONDS,
+                &[("concurrency", "1"), ("quantile", q)],
+                t,
+            ));
+        }
+        let r = Reading::from_samples(&v).expect("capacity families");
+        let c = r.classes.iter().find(|c| c.name == "chat").expect("chat");
+        assert_eq!(
+            (c.limit_ttft, c.limit_tps, c.max_request_rate),
+            (Some(4.0), Some(256.0), Some(1.25))
+        );
+        assert_eq!(r.ttft[0], (1, [Some(0.41), Some(0.42), Some(0.43)]));
+        assert_eq!(r.operating_point(), Some(6.5));
+        let text = r.text();
+        assert!(
+            text.contains("300 requests in the mix, mean prompt 2225 tokens (0 cached), output 100; prefill 0.2000 ms per uncached token (wire)"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("chat "))
+            .expect("chat's limits row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["chat", "4", "256", "ttft", "1.25"]
+        );
+        assert!(
+            text.contains("          1          0.410          0.420          0.430"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn a_scrape_is_read_back_into_the_model_and_printed() {
         let r = Reading::from_samples(&scrape()).expect("capacity families");
         assert_eq!((r.base, r.per_seq), (Some(0.010), Some(0.0005)));
@@ -425,7 +600,9 @@ mod tests {
         let text = r.text();
         assert!(text.contains("t(b) = 10.000 ms + 0.5000 ms x b"), "{text}");
         assert!(text.contains("interactive"), "{text}");
-        assert!(text.contains("decoding now: 15.0 streams"), "{text}");
+        assert!(text.contains("in flight now: 15.0 requests"), "{text}");
+        // No first-token families in this scrape: no such section.
+        assert!(!text.contains("the first token"), "{text}");
         // 128 and 256 lie beyond the observed 64.
         assert_eq!(text.matches("(extrapolated)").count(), 2, "{text}");
         let svg = chart::render(&r.chart());
