@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{MetricFamily, MetricType};
 
+use crate::metrics::capacity::names as capacity;
 use crate::quantile::histogram_quantile;
 
 pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
@@ -130,6 +131,11 @@ pub struct Reading {
     pub capacity_max_concurrency: BTreeMap<String, f64>,
     /// Each class's per-request speed floor, as the capacity model uses it.
     pub capacity_tps_floor: BTreeMap<String, f64>,
+    /// Each class's two limits by `bound` (`ttft`, `tokens_per_second`).
+    pub capacity_limits: BTreeMap<String, BTreeMap<String, f64>>,
+    /// The mix the first-token predictions assume: mean tokens per request by kind, and
+    /// `requests`.
+    pub capacity_workload: BTreeMap<String, f64>,
 }
 
 fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
@@ -241,6 +247,14 @@ impl Reading {
             CAPACITY_TPS_FLOOR => {
                 r.capacity_tps_floor.insert(class(), v);
             }
+            capacity::LIMIT_CONCURRENCY => {
+                if let Some(bound) = label("bound") {
+                    let limits = r.capacity_limits.entry(class()).or_default();
+                    limits.insert(bound.to_string(), v);
+                }
+            }
+            capacity::WORKLOAD_TOKENS => bump(&mut r.capacity_workload, label("kind"), v),
+            capacity::WORKLOAD_REQUESTS => bump(&mut r.capacity_workload, Some("requests"), v),
             _ => {}
         }
     }

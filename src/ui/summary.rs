@@ -106,6 +106,11 @@ pub struct Tradeoff {
     pub max_concurrency: BTreeMap<String, f64>,
     /// `tokenmeter_capacity_tps_floor{class}`: each class's per-request speed floor.
     pub floors: Vec<Floor>,
+    /// `tokenmeter_capacity_limit_concurrency{class, bound}`: each class's two limits.
+    pub limits: BTreeMap<String, BTreeMap<String, f64>>,
+    /// The mix the predictions assume (`tokenmeter_capacity_workload_tokens` by kind, and
+    /// `requests`); `{}` when not exported.
+    pub workload: BTreeMap<String, f64>,
 }
 
 /// A class's per-request speed floor.
@@ -299,6 +304,8 @@ impl Summary {
                 bands,
                 capacity_curve: r.capacity_curve.clone(),
                 max_concurrency: r.capacity_max_concurrency.clone(),
+                limits: r.capacity_limits.clone(),
+                workload: r.capacity_workload.clone(),
                 floors: r
                     .capacity_tps_floor
                     .iter()

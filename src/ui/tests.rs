@@ -254,6 +254,24 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     let floor = GaugeVec::new(Opts::new(CAPACITY_TPS_FLOOR, "g"), &["class"]).unwrap();
     floor.with_label_values(&["interactive"]).set(40.0);
     f.registry.register(Box::new(floor)).unwrap();
+    let limits = GaugeVec::new(
+        Opts::new("tokenmeter_capacity_limit_concurrency", "g"),
+        &["class", "bound"],
+    )
+    .unwrap();
+    limits.with_label_values(&["interactive", "ttft"]).set(12.0);
+    limits
+        .with_label_values(&["interactive", "tokens_per_second"])
+        .set(30.0);
+    f.registry.register(Box::new(limits)).unwrap();
+    let mix = GaugeVec::new(
+        Opts::new("tokenmeter_capacity_workload_tokens", "g"),
+        &["kind"],
+    )
+    .unwrap();
+    mix.with_label_values(&["prompt"]).set(2000.0);
+    mix.with_label_values(&["output"]).set(100.0);
+    f.registry.register(Box::new(mix)).unwrap();
     let s = Summary::compute(
         &f.reading(),
         &History::new(PERIOD, WINDOW),
@@ -273,6 +291,13 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     assert_eq!(s.tradeoff.floors.len(), 1);
     assert_eq!(s.tradeoff.floors[0].class, "interactive");
     assert_eq!(s.tradeoff.floors[0].tokens_per_second, 40.0);
+    let l = &s.tradeoff.limits["interactive"];
+    assert_eq!((l["ttft"], l["tokens_per_second"]), (12.0, 30.0));
+    assert_eq!(
+        (s.tradeoff.workload["prompt"], s.tradeoff.workload["output"]),
+        (2000.0, 100.0)
+    );
+    assert!(!s.tradeoff.workload.contains_key("requests"));
 }
 
 #[test]

@@ -325,7 +325,12 @@
       });
     }
     const hlines = (t.floors || []).map((f) => ({ axis: 'left', y: f.tokens_per_second, label: `${f.class} floor ${fmt(f.tokens_per_second)} tok/s` }));
-    const vlines = Object.keys(t.max_concurrency).map((c) => ({ x: t.max_concurrency[c], label: `${c}: max ${fmt(t.max_concurrency[c])}` }));
+    const binds = (c) => {
+      const l = (t.limits || {})[c] || {};
+      return l.ttft !== undefined && (l.tokens_per_second === undefined || l.ttft < l.tokens_per_second) ? ' (TTFT binds)' : '';
+    };
+    const vlines = Object.keys(t.max_concurrency).map((c) => ({ x: t.max_concurrency[c], label: `${c}: max ${fmt(t.max_concurrency[c])}${binds(c)}` }));
+    renderLimits(t);
     drawChart(document.getElementById('chart-tradeoff'), {
       height: 300,
       x: { min: 1, max: top, log2: true, ticks: pow2Ticks(top), label: 'concurrency (mean requests in flight, log scale)' },
@@ -334,6 +339,24 @@
       series: series, hlines: hlines, vlines: vlines,
       empty: 'no request measured yet',
     });
+  }
+
+  // Each class's two limits and the mix the first-token prediction assumes, beside the chart.
+  function renderLimits(t) {
+    const el = document.getElementById('tradeoff-limits');
+    if (!el) return;
+    const classes = Object.keys(t.limits || {});
+    const w = t.workload || {};
+    if (!classes.length && w.requests === undefined) { el.textContent = ''; return; }
+    const parts = classes.map((c) => {
+      const l = t.limits[c];
+      const one = (b, name) => (l[b] === undefined ? '' : `${name} ${fmt(l[b])}`);
+      return `${c}: ` + [one('ttft', 'TTFT limit'), one('tokens_per_second', 'tokens/s limit')].filter((x) => x).join(', ');
+    });
+    if (w.requests !== undefined) {
+      parts.push(`assuming the last ${fmt(w.requests)} requests: prompt ${fmt(w.prompt || 0)} tokens (${fmt(w.cached || 0)} cached), output ${fmt(w.output || 0)}`);
+    }
+    el.textContent = 'Capacity per engine, requests in flight. ' + parts.join('; ') + '.';
   }
 
   function renderHistory(s) {
