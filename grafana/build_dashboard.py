@@ -333,34 +333,51 @@ def layout():
               COST_GOOD_RANGE, "currencyUSD", 2, instant=True), 6, 8),
 
         (row("Capacity at SLO"), 24, 1),
+        (capacity_curve(), 12, 9),
+        (ttft_curve(), 12, 9),
         (timeseries("Fitted per-request speed by concurrency, each class's floor, and now",
                     CAPACITY_NOTE + " Lines: the fitted per-request tokens/s at 1, 2, 4 ... 256 streams per engine. "
-                    "Dashed: each class's floor. Thick: the speed the fit predicts at the last minute's mean "
-                    "decoding concurrency (the operating point); where it meets a floor, that class is at its edge.",
+                    "Dashed: each class's floor. Thick: the speed the fit predicts at the last minute's requests in "
+                    "flight per engine (the operating point); where it meets a floor, that class is at its edge.",
                     targets((f"avg by (concurrency) (tokenmeter_capacity_curve_tokens_per_second{{{F}, kind=\"per_request\"}})",
                              "at {{concurrency}} streams"),
                             (f"max by (class) (tokenmeter_capacity_tps_floor{{{F}}})", "floor {{class}}"),
                             (CAPACITY_NOW, "now {{pod}}")), TOKS,
                     overrides=[dashed("floor .*"), thick("now .*")]), 12, 9),
-        (capacity_curve(), 12, 9),
-        (bargauge("Max concurrency per engine at each class's floor",
-                  CAPACITY_NOTE + " The largest number of streams per engine whose predicted per-request speed "
-                  "meets the class's floor (tokenmeter_capacity_max_concurrency).",
-                  f"max by (class) (tokenmeter_capacity_max_concurrency{{{F}}})", "{{class}}", "short", 0), 6, 8),
-        (bargauge("Cost per 1M output tokens at each class's floor",
-                  "With --gpu-hour-cost: the GPUs' cost of a million output tokens when every engine runs at the "
-                  "class's max concurrency (tokenmeter_capacity_cost_per_million_output_tokens).",
-                  f"max by (class) (tokenmeter_capacity_cost_per_million_output_tokens{{{F}}})", "{{class}}",
-                  "currencyUSD", 3), 6, 8),
-        (timeseries("Capacity utilization by class", "Mean decoding concurrency per engine over the last minute / "
-                    "the class's max concurrency, per pod: 1.0 is the SLO's edge. The autoscaling examples in "
-                    "deploy/ hold it at 0.8.",
+        (timeseries("Limits per engine by class: TTFT vs tokens/s",
+                    CAPACITY_NOTE + " Per class, the requests in flight per engine at which the predicted TTFT still "
+                    "meets the class's ttft target (bound ttft) and at which the predicted per-request speed still "
+                    "meets its floor (bound tokens_per_second), tokenmeter_capacity_limit_concurrency. The lower "
+                    "line binds: it is the class's max concurrency. Thick: requests in flight per engine now "
+                    "(utilization x max concurrency), per pod.",
+                    targets((f"max by (class, bound) (tokenmeter_capacity_limit_concurrency{{{F}}})", "{{class}} {{bound}}"),
+                            (IN_FLIGHT_PER_ENGINE, "in flight now {{pod}}")), "short",
+                    overrides=[thick("in flight now .*")]), 12, 9),
+        (capacity_limits_table(), 12, 8),
+        (timeseries("Capacity utilization by class", "Requests in flight per engine over the last minute (those "
+                    "waiting for their first token too) / the class's binding limit, per pod: 1.0 is the SLO's "
+                    "edge, whichever of the TTFT and tokens/s limits binds. The autoscaling examples in deploy/ "
+                    "hold it at 0.8; TokenmeterCapacityExhaustionSoon warns when the mean over pods is predicted "
+                    "to reach 1.0 within 30 minutes.",
                     targets((f"max by (namespace, pod, class) (tokenmeter_capacity_utilization{{{F}}})",
                              "{{pod}} {{class}}")), "percentunit",
                     thresholds={"mode": "absolute", "steps": [{"color": "transparent", "value": None},
                                                               {"color": "orange", "value": 0.8},
                                                               {"color": "red", "value": 1.0}]}), 6, 8),
         (capacity_fit_table(), 6, 8),
+        (bargauge("Max concurrency per engine by class",
+                  CAPACITY_NOTE + " The most requests in flight per engine at which the class still holds: the "
+                  "smaller of its TTFT and tokens/s limits (tokenmeter_capacity_max_concurrency).",
+                  f"max by (class) (tokenmeter_capacity_max_concurrency{{{F}}})", "{{class}}", "short", 0), 8, 8),
+        (bargauge("Max request rate per engine by class",
+                  CAPACITY_NOTE + " Requests per second per engine at which the class still holds, for services "
+                  "that see arrivals rather than a fixed number of users (tokenmeter_capacity_max_request_rate).",
+                  f"max by (class) (tokenmeter_capacity_max_request_rate{{{F}}})", "{{class}}", "reqps", 2), 8, 8),
+        (bargauge("Cost per 1M output tokens at each class's limit",
+                  "With --gpu-hour-cost: the GPUs' cost of a million output tokens when every engine runs at the "
+                  "class's max concurrency (tokenmeter_capacity_cost_per_million_output_tokens).",
+                  f"max by (class) (tokenmeter_capacity_cost_per_million_output_tokens{{{F}}})", "{{class}}",
+                  "currencyUSD", 3), 8, 8),
 
         (row("Latency"), 24, 1),
         (timeseries("Time to first token (p50 / p90 / p99)", "From the request sent upstream to the first token-bearing event: "
@@ -488,12 +505,18 @@ CAPACITY_NOTE = (
     "itself (docs/capacity.md); check the fit's samples, r2 and observed concurrency range in the "
     "fit table before trusting an answer outside that range."
 )
-# Predicted per-request tok/s at the operating point: 1 / t(mean decoding concurrency), the
-# decoding concurrency recovered from any class's utilization x max concurrency.
+# Requests in flight per engine over the last minute, per pod, recovered from any class's
+# utilization x max concurrency (the binding limit utilization is measured against).
+IN_FLIGHT_PER_ENGINE = (
+    f"max by (namespace, pod) (tokenmeter_capacity_utilization{{{F}}} * tokenmeter_capacity_max_concurrency{{{F}}})"
+)
+# Predicted per-request tok/s at the operating point: 1 / t(requests in flight per engine). The
+# fit's concurrency counts decoding streams; with short prompts the two are close, with long
+# ones the requests still waiting for their first token make this a little pessimistic.
 CAPACITY_NOW = (
     f"1 / (max by (namespace, pod) (tokenmeter_capacity_step_seconds{{{F}, term=\"base\"}})"
     f" + max by (namespace, pod) (tokenmeter_capacity_step_seconds{{{F}, term=\"per_sequence\"}})"
-    f" * max by (namespace, pod) (tokenmeter_capacity_utilization{{{F}}} * tokenmeter_capacity_max_concurrency{{{F}}}))"
+    f" * {IN_FLIGHT_PER_ENGINE})"
 )
 
 
@@ -543,6 +566,90 @@ def capacity_curve():
         ]},
         "options": {"xField": "concurrency", "orientation": "vertical", "showValue": "never",
                     "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+    }
+
+
+def ttft_curve():
+    """The predicted TTFT per engine by concurrency, p50 / p90 / p99, beside the tokens/s curve."""
+    sel = F + ', quantile=\"{}\"'
+    tgts = [
+        dict(target(f"avg by (concurrency) (tokenmeter_capacity_ttft_seconds{{{sel.format(q)}}})",
+                    f"p{q[2:]}", ref=ref, fmt="table", instant=True))
+        for ref, q in (("A", "0.5"), ("B", "0.9"), ("C", "0.99"))
+    ]
+    return {
+        "type": "barchart",
+        "title": "Predicted TTFT by concurrency per engine (p50 / p90 / p99)",
+        "description": CAPACITY_NOTE + " Per concurrency (requests in flight per engine): the time to first token "
+                       "the model predicts (tokenmeter_capacity_ttft_seconds) for the live mix of prompt, cached and "
+                       "output lengths over --capacity-window: prefill of the uncached prompt, the queue before it "
+                       "as prefill load nears what the engine can prefill, and decode steps slowed while it "
+                       "prefills. Where a class's ttft target meets its quantile is the class's TTFT limit.",
+        "datasource": DS,
+        "targets": tgts,
+        "transformations": [
+            {"id": "joinByField", "options": {"byField": "concurrency", "mode": "outer"}},
+            {"id": "convertFieldType", "options": {"conversions": [
+                {"targetField": "concurrency", "destinationType": "number"}]}},
+            {"id": "sortBy", "options": {"sort": [{"field": "concurrency"}]}},
+            {"id": "convertFieldType", "options": {"conversions": [
+                {"targetField": "concurrency", "destinationType": "string"}]}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Time 1": True, "Time 2": True, "Time 3": True},
+                "renameByName": {"Value #A": "p50", "Value #B": "p90", "Value #C": "p99"},
+            }},
+        ],
+        "fieldConfig": {"defaults": {"unit": "s", "min": 0}, "overrides": []},
+        "options": {"xField": "concurrency", "orientation": "vertical", "showValue": "never",
+                    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+    }
+
+
+def capacity_limits_table():
+    """Per class: both limits, the one that binds, the max request rate and the utilization now."""
+    limit = "tokenmeter_capacity_limit_concurrency"
+
+    def q(expr, ref, by="class"):
+        return dict(target(f"max by ({by}) ({expr})", ref=ref, fmt="table", instant=True))
+    tgts = [
+        q(f'{limit}{{{F}, bound="ttft"}}', "A"),
+        q(f'{limit}{{{F}, bound="tokens_per_second"}}', "B"),
+        q(f"tokenmeter_capacity_max_concurrency{{{F}}}", "C"),
+        q(f"tokenmeter_capacity_max_request_rate{{{F}}}", "D"),
+        q(f"tokenmeter_capacity_utilization{{{F}}}", "E"),
+        # The bound whose limit is the max concurrency, per pod; the value is how many pods it binds on.
+        dict(target(f"count by (class, bound) ({limit}{{{F}}}"
+                    f" == on (namespace, pod, class) group_left tokenmeter_capacity_max_concurrency{{{F}}})",
+                    ref="F", fmt="table", instant=True)),
+    ]
+    return {
+        "type": "table",
+        "title": "Limits per engine by class now: which one binds",
+        "description": CAPACITY_NOTE + " Per class, the largest over the selected pods (select one pod to read its "
+                       "own): the concurrency limits from TTFT and from tokens/s, the max concurrency (the smaller "
+                       "of the two), the max request rate, and utilization (in flight / max concurrency). binds: the "
+                       "bound whose limit is the max concurrency, and on how many pods. No row: the fit is still "
+                       "warming up, or the class has neither target.",
+        "datasource": DS,
+        "targets": tgts,
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "renameByName": {"Value #A": "TTFT limit", "Value #B": "tokens/s limit",
+                                 "Value #C": "max concurrency", "Value #D": "max requests/s",
+                                 "Value #E": "utilization", "bound": "binds", "Value #F": "pods"},
+            }},
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": [
+            {"matcher": {"id": "byRegexp", "options": "TTFT limit|tokens/s limit|max concurrency"},
+             "properties": [{"id": "decimals", "value": 0}]},
+            {"matcher": {"id": "byName", "options": "max requests/s"},
+             "properties": [{"id": "unit", "value": "reqps"}, {"id": "decimals", "value": 2}]},
+            {"matcher": {"id": "byName", "options": "utilization"},
+             "properties": [{"id": "unit", "value": "percentunit"}]},
+        ]},
+        "options": {"showHeader": True},
     }
 
 
