@@ -349,11 +349,23 @@ def layout():
                     "meets the class's ttft target (bound ttft) and at which the predicted per-request speed still "
                     "meets its floor (bound tokens_per_second), tokenmeter_capacity_limit_concurrency. The lower "
                     "line binds: it is the class's max concurrency. Thick: requests in flight per engine now "
-                    "(utilization x max concurrency), per pod.",
+                    "(tokenmeter_capacity_in_flight, the last minute's mean), per pod.",
                     targets((f"max by (class, bound) (tokenmeter_capacity_limit_concurrency{{{F}}})", "{{class}} {{bound}}"),
                             (IN_FLIGHT_PER_ENGINE, "in flight now {{pod}}")), "short",
                     overrides=[thick("in flight now .*")]), 12, 9),
         (capacity_limits_table(), 12, 8),
+        (timeseries("The workload the TTFT predictions assume",
+                    "The live mix the model replays: mean prompt, cached and output tokens per request over the "
+                    "last 1,024 requests within --capacity-window (tokenmeter_capacity_workload_tokens), per pod. "
+                    "A prediction holds for this mix: longer prompts move the TTFT limit down.",
+                    targets((f"max by (namespace, pod, kind) (tokenmeter_capacity_workload_tokens{{{F}}})",
+                             "{{pod}} {{kind}}")), "short"), 6, 8),
+        (timeseries("Prefill cost per uncached prompt token",
+                    "The fitted prefill cost (tokenmeter_capacity_prefill_seconds_per_token), per pod; source is "
+                    "stated (the engine's own prefill times), wire (TTFTs at the proxy) or none (only short "
+                    "prompts: taken as free).",
+                    targets((f"max by (namespace, pod, source) (tokenmeter_capacity_prefill_seconds_per_token{{{F}}})",
+                             "{{pod}} {{source}}")), "s"), 6, 8),
         (timeseries("Capacity utilization by class", "Requests in flight per engine over the last minute (those "
                     "waiting for their first token too) / the class's binding limit, per pod: 1.0 is the SLO's "
                     "edge, whichever of the TTFT and tokens/s limits binds. The autoscaling examples in deploy/ "
@@ -507,9 +519,7 @@ CAPACITY_NOTE = (
 )
 # Requests in flight per engine over the last minute, per pod, recovered from any class's
 # utilization x max concurrency (the binding limit utilization is measured against).
-IN_FLIGHT_PER_ENGINE = (
-    f"max by (namespace, pod) (tokenmeter_capacity_utilization{{{F}}} * tokenmeter_capacity_max_concurrency{{{F}}})"
-)
+IN_FLIGHT_PER_ENGINE = f"max by (namespace, pod) (tokenmeter_capacity_in_flight{{{F}}})"
 # Predicted per-request tok/s at the operating point: 1 / t(requests in flight per engine). The
 # fit's concurrency counts decoding streams; with short prompts the two are close, with long
 # ones the requests still waiting for their first token make this a little pessimistic.
