@@ -370,6 +370,14 @@ def _token_table(w, rows, error=False):
         w(line)
 
 
+def _ms(v):
+    return "n/a" if v is None else f"{1000 * v:.1f} ms"
+
+
+def _met(v, target):
+    return "n/a" if v is None else ("yes" if v <= target else "no")
+
+
 def _capacity(w, cap):
     """The live capacity fit: reported, never a check (the tiny model's step costs are not
     known, so there is no truth to hold it to; its predictions are set beside what the load
@@ -414,7 +422,10 @@ def _capacity(w, cap):
         for c in classes:
             for key, label, d in (
                 ("tps_floor", "floor, tokens/s", 0),
+                ("limit_concurrency_ttft", "limit_concurrency{bound=\"ttft\"}", 0),
+                ("limit_concurrency_tokens_per_second", "limit_concurrency{bound=\"tokens_per_second\"}", 0),
                 ("max_concurrency", "max_concurrency", 0),
+                ("max_request_rate", "max_request_rate, requests/s", 2),
                 ("output_tokens_per_second", "output_tokens_per_second", 1),
                 ("utilization", "utilization", 3),
             ):
@@ -422,13 +433,24 @@ def _capacity(w, cap):
                     f"`{c}`: {label}",
                     lambda r, c=c, key=key, d=d: num(r["classes"].get(c, {}).get(key), d),
                 )
+        line("`in_flight` (mean requests in flight, last minute)", lambda r: num(r.get("in_flight"), 2))
+        line(
+            "`prefill_seconds_per_token`",
+            lambda r: ", ".join(f"{1000 * v:.4f} ms ({k})" for k, v in sorted(r.get("prefill", {}).items()))
+            or "absent",
+        )
         w("")
     if cap.get("measured"):
         w("Each level of the ramp: the load generator's median per-request decode speed and the "
           "fit's prediction at that concurrency.\n")
+        w("The first token's end beside it: the level's TTFT p90 at the load generator and the "
+          "model's predicted TTFT p90 at that many clients (`capacity_ttft_seconds`, exported at "
+          "1, 2, 4, 8 and 16 of these levels), and whether the measured p90 met the `interactive` "
+          "class's 1 s target.\n")
         w("| streams | requests | measured per-request tok/s (median) | predicted 1/t(b) | "
-          "prediction - measured | measured aggregate tok/s |")
-        w("|---:|---:|---:|---:|---:|---:|")
+          "prediction - measured | measured aggregate tok/s | TTFT p90 measured | TTFT p90 predicted | "
+          "p90 within 1 s |")
+        w("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
         for m in cap["measured"]:
             diff = "n/a"
             if m["tps_p50"] and m["predicted"]:
@@ -436,7 +458,9 @@ def _capacity(w, cap):
             w(
                 f"| {m['c']} | {_n(m['requests'])}"
                 + (f" ({m['errors']} failed)" if m["errors"] else "")
-                + f" | {_n(m['tps_p50'])} | {_n(m['predicted'])} | {diff} | {_n(m['aggregate'])} |"
+                + f" | {_n(m['tps_p50'])} | {_n(m['predicted'])} | {diff} | {_n(m['aggregate'])}"
+                + f" | {_ms(m.get('ttft_p90'))} | {_ms(m.get('predicted_ttft_p90'))}"
+                + f" | {_met(m.get('ttft_p90'), 1.0)} |"
             )
         w("")
     if cap.get("command"):

@@ -546,11 +546,25 @@ def capacity_reading(tm_metrics, path):
     snap = prom.parse(text)
     out = {k: prom.sample(snap, n, **ls) for k, (n, ls) in CAPACITY_GAUGES.items()}
     classes = {}
+    ttft = {}
     for (n, ls), v in snap.items():
         d = dict(ls)
         if n.startswith("tokenmeter_capacity_") and "class" in d:
-            classes.setdefault(d["class"], {})[n[len("tokenmeter_capacity_"):]] = v
+            key = n[len("tokenmeter_capacity_"):]
+            # The two limits, one key per bound (limit_concurrency_ttft, ..._tokens_per_second).
+            if "bound" in d:
+                key = f"{key}_{d['bound']}"
+            classes.setdefault(d["class"], {})[key] = v
+        if n == "tokenmeter_capacity_ttft_seconds":
+            ttft.setdefault(int(d["concurrency"]), {})[d["quantile"]] = v
     out["classes"] = classes
+    out["ttft"] = ttft
+    out["prefill"] = {
+        dict(ls).get("source"): v
+        for (n, ls), v in snap.items()
+        if n == "tokenmeter_capacity_prefill_seconds_per_token"
+    }
+    out["in_flight"] = prom.sample(snap, "tokenmeter_capacity_in_flight")
     return out
 
 
@@ -597,9 +611,13 @@ def capacity_phase(cfg, urls):
             if a["base"] is not None and a["per_seq"] is not None:
                 step = a["base"] + a["per_seq"] * c
             predicted = 1.0 / step if step and step > 0 else None
+            # The first token's end: the level's TTFT p90 at the clients beside the model's
+            # prediction at that many clients (exported at 1, 2, 4 ... 256 only).
+            ttft_p90 = (lv.get("ttft") or {}).get("p90")
             row["measured"].append(
                 {"c": c, "requests": lv["requests"], "errors": lv["errors"], "tps_p50": tps,
-                 "aggregate": lv["aggregate_tps"], "predicted": predicted}
+                 "aggregate": lv["aggregate_tps"], "predicted": predicted,
+                 "ttft_p90": ttft_p90, "predicted_ttft_p90": a["ttft"].get(c, {}).get("0.9")}
             )  # fmt: skip
         # The planner's command on the same exposition: what it prints is shown as is.
         svg = os.path.join(out_dir, "capacity.svg")
