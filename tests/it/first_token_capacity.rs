@@ -35,6 +35,9 @@ struct Case {
     ttft: f64,
     levels: &'static [usize],
     hold: Duration,
+    /// The simulator states its queue and prefill as vLLM's `--enable-per-request-metrics`
+    /// does: the prefill cost is then read from them (`source="stated"`).
+    stated: bool,
 }
 
 /// What a case measured and what the proxy answered.
@@ -61,6 +64,7 @@ fn p90(mut ttfts: Vec<f64>) -> f64 {
 async fn run(case: &Case) -> Outcome {
     let sim = Sim::bind(&SimConfig {
         model: case.model,
+        per_request_metrics: case.stated,
         ..SimConfig::default()
     })
     .await
@@ -121,7 +125,7 @@ async fn run(case: &Case) -> Outcome {
         utilization: one("tokenmeter_capacity_utilization", &chat),
         prefill_per_token: one(
             "tokenmeter_capacity_prefill_seconds_per_token",
-            &[("source", "wire")],
+            &[("source", if case.stated { "stated" } else { "wire" })],
         ),
         workload_prompt: one("tokenmeter_capacity_workload_tokens", &[("kind", "prompt")]),
         usage_prompt: prompts.iter().sum::<u64>() as f64 / prompts.len().max(1) as f64,
@@ -186,6 +190,7 @@ async fn long_prompts_hold_the_limit_where_the_first_token_misses() {
         ttft: 2.0,
         levels: &[1, 2, 3, 4, 6, 8],
         hold: Duration::from_secs(15),
+        stated: false,
     };
     let o = run(&case).await;
     check(&case, &o);
@@ -195,7 +200,7 @@ async fn long_prompts_hold_the_limit_where_the_first_token_misses() {
 async fn a_second_prefill_cost_prompt_and_target() {
     let _turn = serial().await;
     // 0.5 ms per prompt token and 1,000 token prompts (500 ms of prefill each), 20 ms +
-    // 0.25 ms steps, 50 token answers, 2.8 s at 90%.
+    // 0.25 ms steps, 50 token answers, 2.8 s at 90%; the engine states its own prefill times.
     let case = Case {
         model: Model {
             step_base: Duration::from_millis(20),
@@ -209,6 +214,7 @@ async fn a_second_prefill_cost_prompt_and_target() {
         ttft: 2.8,
         levels: &[1, 2, 4, 6, 8],
         hold: Duration::from_secs(12),
+        stated: true,
     };
     let o = run(&case).await;
     check(&case, &o);
