@@ -1,6 +1,6 @@
 //! The simulator's HTTP server: routes, request handling, and the streaming response body.
 //!
-//! A generation request is read whole, turned into a [`Job`] for the engine, and answered with a
+//! A generation request is read whole, turned into a [`Job`](super::engine::Job) for the engine, and answered with a
 //! `TokenBody` that writes each token as the engine emits it (streaming), or with one JSON document
 //! once the last token is out (non-streaming: the headers wait too, as on a real server). A client
 //! that hangs up drops the body, which takes the sequence out of the batch at the next step.
