@@ -147,6 +147,8 @@ pub enum BenchError {
     ClosedAndOpen,
     #[error("--requests {requests} is below the highest --concurrency {max}: that level could never hold {max} requests in flight")]
     TooFewRequests { requests: u64, max: usize },
+    #[error("--requests must be at least 1")]
+    NoRequests,
     #[error("--output-tokens must be at least 1")]
     NoOutput,
     #[error("--duration must be more than 0")]
@@ -174,6 +176,7 @@ impl BenchError {
                 | BenchError::RequestRate(_)
                 | BenchError::ClosedAndOpen
                 | BenchError::TooFewRequests { .. }
+                | BenchError::NoRequests
                 | BenchError::NoOutput
                 | BenchError::NoDuration
                 | BenchError::ProxyView(ProxyViewError::BadUrl(_))
@@ -202,6 +205,7 @@ impl BenchArgs {
         // Open-loop levels hold no fixed number in flight: any budget of requests will do.
         let max = concurrency.last().copied().unwrap_or(1);
         let stop = match self.requests {
+            Some(0) => return Err(BenchError::NoRequests),
             Some(requests) if requests < max as u64 => {
                 return Err(BenchError::TooFewRequests { requests, max })
             }
@@ -634,6 +638,15 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.stop, Stop::Requests(3));
+        let none = parse(&[
+            "--target",
+            "http://h",
+            "--request-rate",
+            "1",
+            "--requests",
+            "0",
+        ]);
+        assert!(matches!(none, Err(BenchError::NoRequests)));
         let both = parse(&[
             "--target",
             "http://h",
