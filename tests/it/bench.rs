@@ -358,6 +358,10 @@ fn synthetic_report(levels: &[usize]) -> Report {
             .iter()
             .map(|&c| LevelReport {
                 concurrency: c,
+                request_rate: None,
+                mean_concurrency: c as f64,
+                not_sent: 0,
+                send_late: summary(0.0),
                 requests: 100,
                 errors: usize::from(c > 8),
                 error_kinds: Default::default(),
@@ -877,4 +881,223 @@ async fn the_command_runs_against_the_simulator_and_names_its_files() {
             "{stdout}"
         );
     }
+}
+
+// === The open loop ===
+
+/// An OpenAI server that serves one request at a time: each holds the server for `service`,
+/// then gets its whole answer (two tokens, usage, `[DONE]`) at once, so a request's first token
+/// comes `service` after the server took it up, and a backlog queues, in arrival order.
+async fn spawn_serial_upstream(service: Duration) -> String {
+    use http_body_util::{BodyExt, Full};
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // tokio's mutex is fair: waiters take it in the order they asked.
+    let server = Arc::new(tokio::sync::Mutex::new(()));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let server = server.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let server = server.clone();
+                    async move {
+                        let models = req.uri().path() == "/v1/models";
+                        let _ = req.into_body().collect().await;
+                        let body = if models {
+                            r#"{"object":"list","data":[{"id":"test-model"}]}"#.to_string()
+                        } else {
+                            let _turn = server.lock().await;
+                            tokio::time::sleep(service).await;
+                            let chunk = |c: &str| {
+                                format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{c}\"}}}}]}}\n\n")
+                            };
+                            format!(
+                                "{}{}data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}}}\n\ndata: [DONE]\n\n",
+                                chunk("a"),
+                                chunk(" b")
+                            )
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            bytes::Bytes::from(body),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn serial_driver(url: &str) -> Driver {
+    Driver {
+        client: Arc::new(Client::new(
+            format!("{url}/v1"),
+            None,
+            Duration::from_secs(30),
+        )),
+        requests: Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "test-model".into(),
+            prompt_tokens: 5,
+            output_tokens: 2,
+            seed: 0,
+        }),
+        next_id: Default::default(),
+        interrupted: Default::default(),
+    }
+}
+
+/// At twice the rate a one-at-a-time server can serve (50 ms each, 40 requests/s), the open
+/// loop's latency, counted from each request's due time, grows with the backlog: the server
+/// cannot have given the j-th first token before `a_0 + (j + 1) x 50 ms` (a_0 the first due
+/// time), so the latencies sum to at least `sum over j of (j + 1) x 50 ms - (a_j - a_0)`, and the
+/// request served last waited at least `16 x 50 ms - (a_15 - a_0)` (about 400 ms at this rate).
+/// These bounds hold whatever order the server took them in. A closed loop of one on the same
+/// server never queues: none of its requests comes near that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_latency_counts_the_backlog_a_closed_loop_hides() {
+    use tokenmeter::tools::bench::arrivals::Arrivals;
+    use tokenmeter::tools::bench::load::Stop;
+    let _turn = s::serial().await;
+    let service = Duration::from_millis(50);
+    let url = spawn_serial_upstream(service).await;
+    let driver = serial_driver(&url);
+    let (n, rate, seed) = (16usize, 40.0, 3);
+    let run = driver
+        .run_open(rate, seed, Stop::Requests(n as u64), Default::default())
+        .await;
+    assert_eq!(run.rate, Some(rate));
+    assert_eq!(run.samples.len(), n);
+    assert!(run.samples.iter().all(|s| s.is_ok()), "{:?}", run.samples);
+    // The requests were due exactly when the seeded schedule says, to the nanosecond.
+    let due: Vec<Duration> = run.samples.iter().map(|s| s.sent - run.started).collect();
+    let schedule: Vec<Duration> = Arrivals::new(rate, seed).take(n).collect();
+    assert_eq!(due, schedule);
+    let a = |j: usize| schedule[j].as_secs_f64();
+    let first_token = |s: &Sample| (s.sent - run.started).as_secs_f64() + s.ttft_secs().unwrap();
+    let mut firsts: Vec<f64> = run.samples.iter().map(first_token).collect();
+    firsts.sort_by(f64::total_cmp);
+    let sv = service.as_secs_f64();
+    for (j, t) in firsts.iter().enumerate() {
+        assert!(*t >= a(0) + (j + 1) as f64 * sv, "first token {j} at {t}");
+    }
+    let latencies: Vec<f64> = run.samples.iter().map(|s| s.ttft_secs().unwrap()).collect();
+    let floor: f64 = (0..n).map(|j| (j + 1) as f64 * sv - (a(j) - a(0))).sum();
+    let total: f64 = latencies.iter().sum();
+    assert!(total >= floor, "latencies sum {total} below {floor}");
+    let longest = latencies.iter().copied().fold(0.0, f64::max);
+    let last_floor = n as f64 * sv - (a(n - 1) - a(0));
+    assert!(
+        last_floor > 4.0 * sv,
+        "the schedule builds a backlog: {last_floor}"
+    );
+    assert!(
+        longest >= last_floor,
+        "longest {longest} below {last_floor}"
+    );
+    // Every request of the open level queued behind some before it: at most the first was
+    // served at once.
+    assert!(
+        latencies.iter().filter(|&&l| l < 2.0 * sv).count() <= 4,
+        "{latencies:?}"
+    );
+    let report = LevelReport::from_run(&run);
+    assert_eq!(report.request_rate, Some(rate));
+    assert!(report.mean_concurrency > 1.0, "{}", report.mean_concurrency);
+    assert_eq!(report.not_sent, 0);
+
+    let closed = driver
+        .run_level(1, Stop::Requests(8), Default::default())
+        .await;
+    let worst = closed
+        .samples
+        .iter()
+        .map(|s| s.ttft_secs().unwrap())
+        .fold(0.0, f64::max);
+    assert!(
+        worst < last_floor,
+        "closed loop TTFT {worst} vs open-loop backlog {last_floor}"
+    );
+    assert!(closed.samples.iter().all(|s| s.late.is_zero()));
+}
+
+/// `--request-rate` levels run one after the other, and the JSON, CSV, table and charts carry
+/// each level's rate and the concurrency it resulted in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_rate_levels_carry_their_rate_into_every_file() {
+    let _turn = s::serial().await;
+    let up = spawn_upstream(SCRIPT).await;
+    let out = tempdir("open-loop");
+    let cfg = config(
+        &up.url(),
+        &[
+            "--request-rate",
+            "40,10",
+            "--requests",
+            "6",
+            "--output-tokens",
+            "5",
+            "--seed",
+            "9",
+        ],
+        &out,
+    );
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    let rates: Vec<Option<f64>> = report.levels.iter().map(|l| l.request_rate).collect();
+    assert_eq!(rates, [Some(10.0), Some(40.0)]);
+    for l in &report.levels {
+        assert_eq!((l.requests, l.errors, l.not_sent), (6, 0, 0));
+        assert_eq!(l.output_tokens, 6 * 5);
+        assert!(l.concurrency >= 1 && l.mean_concurrency > 0.0);
+        // Latency from the due time is never below the server's own 40 ms.
+        assert!(l.ttft.unwrap().min >= 0.04);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join(bench::JSON_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(json["levels"][0]["request_rate"], 10.0);
+    assert_eq!(json["levels"][1]["request_rate"], 40.0);
+    assert!(json["levels"][1]["mean_concurrency"].as_f64().unwrap() > 0.0);
+    assert!(json["levels"][1]["send_late"]["p99"].is_number());
+    let csv = std::fs::read_to_string(out.join(bench::CSV_FILE)).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| report::CSV_COLUMNS.iter().position(|c| *c == name).unwrap();
+    assert_eq!(rows[1][col("request_rate")], "10");
+    assert_eq!(rows[2][col("request_rate")], "40");
+    assert_eq!(rows[2][col("not_sent")], "0");
+    assert!(rows[2][col("concurrency_mean")].parse::<f64>().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(out.join(bench::TTFT_SVG)).unwrap();
+    assert!(svg.contains("against request rate"), "{svg}");
+    assert!(report::table_row(&report.levels[0])
+        .trim_start()
+        .starts_with("10 "));
+    assert!(report::table_header(true).contains("rate/s"));
+
+    // And the two loops are exclusive.
+    let both = Cli::try_parse_from([
+        "bench",
+        "--target",
+        "http://h",
+        "--concurrency",
+        "1",
+        "--request-rate",
+        "1",
+    ])
+    .unwrap()
+    .bench
+    .validate()
+    .unwrap_err();
+    assert!(matches!(both, BenchError::ClosedAndOpen));
 }

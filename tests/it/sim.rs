@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter::tools::sim::{Dialect, Model, SimConfig};
+use tokenmeter::tools::sim::{Dialect, Model, PrefixCache, SimConfig};
 
 use crate::support::metrics::metric;
 use crate::support::{client, client::Seen, corpus, start_sim};
@@ -361,6 +361,93 @@ async fn sim_prompt_tokens_are_estimated_from_the_text() {
     let v = json(&post(addr, "/v1/chat/completions", &body).await);
     assert_eq!(v["usage"]["prompt_tokens"], 100);
     assert_eq!(v["usage"]["total_tokens"], 103);
+}
+
+/// `--prefix-cache-hit-rate 0.9`: a 2000-token prompt has floor(2000 x 0.9) = 1800 tokens
+/// served from the cache. The usage says so exactly in each format (OpenAI's
+/// `prompt_tokens_details.cached_tokens`, read by tokenmeter's own extractor; Anthropic's
+/// `cache_read_input_tokens` beside the uncached `input_tokens`), `/sim/stats` states the rate and
+/// each request's cached count, and only the 200 uncached tokens are charged prefill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_usage_states_the_prefix_cached_tokens_exactly() {
+    let cfg = |api| SimConfig {
+        api,
+        model: Model {
+            step_base: Duration::from_millis(1),
+            step_per_seq: Duration::ZERO,
+            prefill_per_token: Duration::from_micros(100),
+            ..SimConfig::default().model
+        },
+        prefix_cache: PrefixCache::new(0.9).expect("valid"),
+        per_request_metrics: true,
+        ..SimConfig::default()
+    };
+    let addr = start_sim(cfg(Dialect::Openai)).await;
+    let content = "x".repeat(7996); // + "user" = 8000 characters = 2000 tokens
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string();
+    let reply = post(addr, "/v1/chat/completions", &body).await;
+    let (tokens, summary) = openai_tokens(&reply);
+    assert_eq!(total(&tokens), 3);
+    assert_eq!(
+        (summary.input_tokens, summary.cached_read),
+        (Some(2000), Some(1800))
+    );
+    // The engine's own prefill (vLLM's per-request metrics): 1 ms + 200 x 0.1 ms = 21 ms, far
+    // from the 201 ms the whole prompt would cost.
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let usage_chunk = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| d.contains("\"metrics\""))
+        .map(|d| serde_json::from_str::<Value>(d).expect("json"))
+        .next()
+        .expect("a usage chunk with metrics");
+    let prefill_ms = usage_chunk["metrics"]["time_to_first_token_ms"]
+        .as_f64()
+        .expect("a number");
+    assert!((21.0..201.0).contains(&prefill_ms), "{prefill_ms}");
+
+    let whole = serde_json::json!({"prompt": "x".repeat(400), "max_tokens": 2}).to_string();
+    let v = json(&post(addr, "/v1/completions", &whole).await);
+    assert_eq!(v["usage"]["prompt_tokens"], 100);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 90);
+
+    let s = stats(addr).await;
+    assert_eq!(s["prefix_cache_hit_rate"], 0.9);
+    let cached: Vec<(u64, u64)> = s["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .map(|r| {
+            let n = |k: &str| r[k].as_u64().expect("count");
+            (n("prompt_tokens"), n("cached_tokens"))
+        })
+        .collect();
+    assert_eq!(cached, [(2000, 1800), (100, 90)]);
+
+    let addr = start_sim(cfg(Dialect::Anthropic)).await;
+    let body = serde_json::json!({
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string();
+    let v = json(&post(addr, "/v1/messages", &body).await);
+    let u = &v["usage"];
+    let (input, read) = (
+        u["input_tokens"].as_u64().expect("input"),
+        u["cache_read_input_tokens"].as_u64().expect("read"),
+    );
+    assert_eq!(read, (input + read) * 9 / 10, "{u}");
+    let s = stats(addr).await;
+    assert_eq!(s["requests"][0]["prompt_tokens"], input + read);
+    assert_eq!(s["requests"][0]["cached_tokens"], read);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

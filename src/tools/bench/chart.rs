@@ -88,14 +88,29 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
-/// Per-request and aggregate tokens/s against concurrency.
+/// The x axis of a run: its request rates when every level has one (the open loop), else its
+/// concurrency levels. Returns the axis name (for titles), its label and the values.
+fn x_axis(levels: &[LevelReport]) -> (&'static str, &'static str, Vec<f64>) {
+    let rates: Option<Vec<f64>> = levels.iter().map(|l| l.request_rate).collect();
+    match rates {
+        Some(r) if !r.is_empty() => ("request rate", "requests/s (Poisson arrivals)", r),
+        _ => (
+            "concurrency",
+            "concurrent requests",
+            levels.iter().map(|l| l.concurrency as f64).collect(),
+        ),
+    }
+}
+
+/// Per-request and aggregate tokens/s against concurrency (or the request rate).
 pub fn throughput(levels: &[LevelReport], subtitle: &str) -> String {
+    let (against, x_label, xs) = x_axis(levels);
     render(&Chart {
-        title: format!("Tokens/s against concurrency ({subtitle})"),
-        x_label: "concurrent requests".into(),
+        title: format!("Tokens/s against {against} ({subtitle})"),
+        x_label: x_label.into(),
         y_left: "per-request tokens/s (p50)".into(),
         y_right: Some("aggregate tokens/s".into()),
-        xs: levels.iter().map(|l| l.concurrency as f64).collect(),
+        xs,
         series: vec![
             Series {
                 name: "per-request tokens/s, p50".into(),
@@ -126,12 +141,13 @@ pub fn ttft(levels: &[LevelReport], subtitle: &str) -> String {
             .map(|l| l.ttft.as_ref().map(|s| f(s) * 1e3))
             .collect()
     };
+    let (against, x_label, xs) = x_axis(levels);
     render(&Chart {
-        title: format!("Time to first token against concurrency ({subtitle})"),
-        x_label: "concurrent requests".into(),
+        title: format!("Time to first token against {against} ({subtitle})"),
+        x_label: x_label.into(),
         y_left: "TTFT (ms)".into(),
         y_right: None,
-        xs: levels.iter().map(|l| l.concurrency as f64).collect(),
+        xs,
         series: vec![
             Series {
                 name: "TTFT p50".into(),

@@ -65,10 +65,14 @@ impl RequestError {
     }
 }
 
-/// What one request measured. Offsets are from the moment the request was handed to the client.
+/// What one request measured. Offsets are from the moment the request was handed to the client
+/// or, in the open loop, from the moment it was due ([`Client::send_scheduled`]).
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub sent: Instant,
+    /// How late the request actually left after `sent`, the time it was due: zero in the closed
+    /// loop; in the open loop, the client's own lateness, counted in every latency.
+    pub late: Duration,
     /// Sent to the first token-bearing event.
     pub ttft: Option<Duration>,
     /// Sent to the end of the response body (or to the failure).
@@ -199,6 +203,7 @@ impl Client {
     pub async fn send_counting(&self, path: &str, body: Vec<u8>, arrived: &AtomicU64) -> Sample {
         let mut sample = Sample {
             sent: Instant::now(),
+            late: Duration::ZERO,
             ttft: None,
             e2e: Duration::ZERO,
             events: Vec::new(),
@@ -271,6 +276,14 @@ impl Client {
         sample
     }
 
+    /// As [`Client::send`], for a request that was due at `scheduled`: every offset (TTFT,
+    /// end-to-end, each token) is measured from `scheduled`, not from when the request left,
+    /// so a client that could not send on time counts its lateness instead of hiding the
+    /// server's queue behind it (no coordinated omission).
+    pub async fn send_scheduled(&self, path: &str, body: Vec<u8>, scheduled: Instant) -> Sample {
+        self.send(path, body).await.from_scheduled(scheduled)
+    }
+
     /// The first model the server lists at `/v1/models`.
     pub async fn first_model(&self) -> Result<String, RequestError> {
         let uri = self.uri("/models")?;
@@ -316,6 +329,19 @@ impl Client {
 }
 
 impl Sample {
+    /// Re-bases the sample on the time it was due (at or before it was sent).
+    pub fn from_scheduled(mut self, scheduled: Instant) -> Sample {
+        let late = self.sent.saturating_duration_since(scheduled);
+        self.sent = self.sent.min(scheduled);
+        self.late = late;
+        self.ttft = self.ttft.map(|t| t + late);
+        self.e2e += late;
+        for (at, _) in &mut self.events {
+            *at += late;
+        }
+        self
+    }
+
     fn failed(mut self, error: RequestError) -> Sample {
         self.e2e = self.sent.elapsed();
         self.error = Some(error);
@@ -357,6 +383,7 @@ mod tests {
     fn sample(events: &[(u64, u32)], usage: Option<u64>) -> Sample {
         Sample {
             sent: Instant::now(),
+            late: Duration::ZERO,
             ttft: events.first().map(|&(ms, _)| Duration::from_millis(ms)),
             e2e: Duration::from_millis(events.last().map_or(0, |&(ms, _)| ms)),
             events: events
@@ -377,6 +404,35 @@ mod tests {
         let ms: Vec<f64> = itl.iter().map(|x| (x * 1e3).round()).collect();
         assert_eq!(ms, [20.0, 20.0, 20.0]);
         assert_eq!(s.counted_tokens(), 4);
+    }
+
+    #[test]
+    fn a_late_send_counts_its_lateness_in_every_latency() {
+        let s = sample(&[(100, 1), (150, 2)], Some(3));
+        let sent = s.sent;
+        let due = sent - Duration::from_millis(30);
+        let r = s.from_scheduled(due);
+        assert_eq!(r.sent, due);
+        assert_eq!(r.late, Duration::from_millis(30));
+        assert_eq!(r.ttft, Some(Duration::from_millis(130)));
+        assert_eq!(r.e2e, Duration::from_millis(180));
+        assert_eq!(
+            r.events,
+            [
+                (Duration::from_millis(130), 1),
+                (Duration::from_millis(180), 2)
+            ]
+        );
+        // The tokens arrived when they did: the window counts them at the same instants.
+        assert_eq!(r.tokens_until(sent + Duration::from_millis(100)), 1.0);
+        // On time: nothing moves.
+        let on_time = sample(&[(100, 1)], None);
+        let at = on_time.sent;
+        let r = on_time.from_scheduled(at);
+        assert_eq!(
+            (r.late, r.ttft),
+            (Duration::ZERO, Some(Duration::from_millis(100)))
+        );
     }
 
     #[test]

@@ -9,6 +9,12 @@
 //! inside the window, divided by the window: the server's throughput at N, not a blend of N and
 //! the drain.
 //!
+//! [`Driver::run_open`] is the open loop (`--request-rate`): requests are sent on a seeded
+//! Poisson schedule ([`Arrivals`]) whatever the server is doing, and every latency is measured
+//! from the time a request was due, so a server that queues shows its queue and a client that
+//! falls behind shows its lateness. Nothing caps the requests in flight but
+//! [`MAX_OUTSTANDING`]; a request due while that many are out is not sent, and counted.
+//!
 //! [`Ramp`] is the same closed loop with a target that moves while it runs (the demo's ramp):
 //! worker `i` sends while the target is above `i`, so when the target drops, the workers above it
 //! finish the request they are on and then wait; no request is cut off by the ramp.
@@ -20,6 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::arrivals::Arrivals;
 use super::client::{Client, Sample};
 use super::live::Live;
 use super::prompt::RequestBuilder;
@@ -36,7 +43,12 @@ pub enum Stop {
 /// Everything one level measured.
 #[derive(Debug)]
 pub struct LevelRun {
+    /// Closed loop: the requests held in flight. Open loop: the most that were in flight at once.
     pub concurrency: usize,
+    /// Open loop: the level's rate, requests/s; `None` for a closed-loop level.
+    pub rate: Option<f64>,
+    /// Open loop: requests due while [`MAX_OUTSTANDING`] were in flight, so never sent.
+    pub not_sent: u64,
     pub started: Instant,
     /// The end of the window: the first moment fewer than N requests were in flight.
     pub window_end: Instant,
@@ -56,6 +68,25 @@ impl LevelRun {
             .iter()
             .map(|s| s.tokens_until(self.window_end))
             .sum()
+    }
+
+    /// The mean number of requests in flight over the window: the time each request spent in
+    /// flight inside the window (from when it actually left), summed, over the window.
+    pub fn mean_concurrency(&self) -> f64 {
+        let w = self.window().as_secs_f64();
+        if w <= 0.0 {
+            return 0.0;
+        }
+        let busy: f64 = self
+            .samples
+            .iter()
+            .map(|s| {
+                let from = (s.sent + s.late).max(self.started);
+                let to = (s.sent + s.e2e).min(self.window_end);
+                to.saturating_duration_since(from).as_secs_f64()
+            })
+            .sum();
+        busy / w
     }
 
     /// Output tokens per second over the window, all requests together.
@@ -163,6 +194,93 @@ impl Driver {
         let samples = std::mem::take(&mut *level.samples.lock().unwrap_or_else(|e| e.into_inner()));
         LevelRun {
             concurrency,
+            rate: None,
+            not_sent: 0,
+            started,
+            window_end,
+            finished,
+            samples,
+        }
+    }
+}
+
+/// The most requests the open loop keeps in flight. Past it a due request is not sent (and is
+/// counted as such): each request in flight holds a connection, and a server that has stopped
+/// answering would otherwise take the client's file descriptors and memory with it. Far above
+/// what an engine batches, so a server that is merely slow never meets it.
+pub const MAX_OUTSTANDING: usize = 4096;
+
+impl Driver {
+    /// Runs one open-loop level: requests sent at `rate` requests/s on the Poisson schedule of
+    /// `seed`, until `stop` (the window ends at the deadline, or when the last request is
+    /// due), then waits for the requests still in flight.
+    pub async fn run_open(&self, rate: f64, seed: u64, stop: Stop, live: Arc<Live>) -> LevelRun {
+        let started = Instant::now();
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let mut peak = 0usize;
+        let mut not_sent = 0u64;
+        let mut tasks = JoinSet::new();
+        let mut last_due = started;
+        for (i, offset) in Arrivals::new(rate, seed).enumerate() {
+            let within = match stop {
+                Stop::After(d) => offset < d,
+                Stop::Requests(n) => (i as u64) < n,
+            };
+            if !within || self.interrupted.load(Ordering::Relaxed) {
+                break;
+            }
+            let due = started + offset;
+            tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+            last_due = due;
+            // Finished tasks are reaped as we go, so the set holds only those in flight.
+            while let Some(joined) = tasks.try_join_next() {
+                if let Err(e) = joined {
+                    tracing::error!(error = %e, "bench request task failed");
+                }
+            }
+            let now_in_flight = in_flight.load(Ordering::Relaxed);
+            if now_in_flight >= MAX_OUTSTANDING {
+                not_sent += 1;
+                continue;
+            }
+            peak = peak.max(now_in_flight + 1);
+            in_flight.fetch_add(1, Ordering::Relaxed);
+            let d = self.clone();
+            let (samples, in_flight, live) = (samples.clone(), in_flight.clone(), live.clone());
+            tasks.spawn(async move {
+                let id = d.next_id.fetch_add(1, Ordering::Relaxed);
+                let body = d.requests.body(id, d.requests.output_tokens);
+                live.sent.fetch_add(1, Ordering::Relaxed);
+                let sample = d
+                    .client
+                    .send_scheduled(d.requests.endpoint.path(), body, due)
+                    .await;
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+                live.record(&sample);
+                samples
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(sample);
+            });
+        }
+        let window_end = match stop {
+            Stop::After(d) if !self.interrupted.load(Ordering::Relaxed) => started + d,
+            _ => last_due.max(started),
+        };
+        while let Some(joined) = tasks.join_next().await {
+            if let Err(e) = joined {
+                tracing::error!(error = %e, "bench request task failed");
+            }
+        }
+        let finished = Instant::now();
+        let mut samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+        // In the order they were due, whatever order they ended in.
+        samples.sort_by_key(|s| s.sent);
+        LevelRun {
+            concurrency: peak,
+            rate: Some(rate),
+            not_sent,
             started,
             window_end,
             finished,

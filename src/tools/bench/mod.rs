@@ -1,7 +1,9 @@
 //! `tokenmeter bench`: a load generator for any OpenAI-compatible streaming endpoint, which
 //! measures the per-request vs aggregate tokens/s trade-off at stated concurrency.
 //!
-//! For each concurrency level it keeps exactly N requests in flight ([`load`]), measures every
+//! For each concurrency level it keeps exactly N requests in flight ([`load`]); with
+//! `--request-rate` it sends on a seeded Poisson schedule instead ([`arrivals`]), measuring
+//! every latency from the time a request was due. It measures every
 //! request on the client side ([`client`]), and reports per-request speed, aggregate throughput,
 //! TTFT, inter-token latency and TPOT as a table, JSON, CSV and two SVG charts ([`report`],
 //! [`chart`]). With `--proxy-metrics` it puts tokenmeter's own figures next to the client's
@@ -10,6 +12,7 @@
 //! As for the proxy, flags are parsed in two layers: [`BenchArgs`] as clap reads them, then a
 //! validated [`BenchConfig`], so validation is testable without a process.
 
+pub mod arrivals;
 pub mod chart;
 pub mod client;
 pub mod live;
@@ -46,9 +49,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "URL")]
     pub target: String,
 
-    /// Concurrency levels, comma-separated; each is held for --duration (or --requests).
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
-    pub concurrency: Vec<usize>,
+    /// Concurrency levels, comma-separated; each is held for --duration (or --requests)
+    /// [default: 1,4,16,64,256].
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Option<Vec<usize>>,
+
+    /// Open loop instead of --concurrency: request rates (requests/s), comma-separated; each
+    /// level sends Poisson arrivals seeded by --seed for --duration (or --requests), and every
+    /// latency counts from the time a request was due.
+    #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
+    pub request_rate: Option<Vec<f64>>,
 
     /// How long each level keeps its requests in flight (e.g. 30s, 2m).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -107,8 +117,10 @@ pub struct BenchConfig {
     /// The `/v1` base the endpoint paths are appended to.
     pub base: String,
     pub target: String,
-    /// Ascending, without repeats.
+    /// Ascending, without repeats; empty with `--request-rate`.
     pub concurrency: Vec<usize>,
+    /// `--request-rate`, ascending, without repeats; empty in the closed loop.
+    pub request_rate: Vec<f64>,
     pub stop: Stop,
     pub prompt_tokens: usize,
     pub output_tokens: u64,
@@ -129,8 +141,14 @@ pub enum BenchError {
     Target(String, String),
     #[error("--concurrency: {0}")]
     Concurrency(String),
+    #[error("--request-rate: {0}")]
+    RequestRate(String),
+    #[error("--concurrency and --request-rate are exclusive: give a closed loop (a number of users) or an open one (arrivals per second), not both")]
+    ClosedAndOpen,
     #[error("--requests {requests} is below the highest --concurrency {max}: that level could never hold {max} requests in flight")]
     TooFewRequests { requests: u64, max: usize },
+    #[error("--requests must be at least 1")]
+    NoRequests,
     #[error("--output-tokens must be at least 1")]
     NoOutput,
     #[error("--duration must be more than 0")]
@@ -155,7 +173,10 @@ impl BenchError {
             self,
             BenchError::Target(..)
                 | BenchError::Concurrency(_)
+                | BenchError::RequestRate(_)
+                | BenchError::ClosedAndOpen
                 | BenchError::TooFewRequests { .. }
+                | BenchError::NoRequests
                 | BenchError::NoOutput
                 | BenchError::NoDuration
                 | BenchError::ProxyView(ProxyViewError::BadUrl(_))
@@ -167,8 +188,13 @@ impl BenchArgs {
     pub fn validate(&self) -> Result<BenchConfig, BenchError> {
         let base = base_url(&self.target)
             .map_err(|reason| BenchError::Target(self.target.clone(), reason))?;
-        let mut concurrency = self.concurrency.clone();
-        if concurrency.is_empty() {
+        let (mut concurrency, request_rate) = match (&self.concurrency, &self.request_rate) {
+            (Some(_), Some(_)) => return Err(BenchError::ClosedAndOpen),
+            (_, Some(rates)) => (Vec::new(), rates_of(rates)?),
+            (Some(c), None) => (c.clone(), Vec::new()),
+            (None, None) => (DEFAULT_CONCURRENCY.to_vec(), Vec::new()),
+        };
+        if concurrency.is_empty() && request_rate.is_empty() {
             return Err(BenchError::Concurrency("give at least one level".into()));
         }
         if concurrency.contains(&0) {
@@ -176,8 +202,10 @@ impl BenchArgs {
         }
         concurrency.sort_unstable();
         concurrency.dedup();
+        // Open-loop levels hold no fixed number in flight: any budget of requests will do.
         let max = concurrency.last().copied().unwrap_or(1);
         let stop = match self.requests {
+            Some(0) => return Err(BenchError::NoRequests),
             Some(requests) if requests < max as u64 => {
                 return Err(BenchError::TooFewRequests { requests, max })
             }
@@ -192,6 +220,7 @@ impl BenchArgs {
             base,
             target: self.target.clone(),
             concurrency,
+            request_rate,
             stop,
             prompt_tokens: self.prompt_tokens,
             output_tokens: self.output_tokens,
@@ -205,6 +234,32 @@ impl BenchArgs {
             api_key: self.api_key.clone(),
         })
     }
+}
+
+/// The closed-loop levels when no flag names any.
+const DEFAULT_CONCURRENCY: [usize; 5] = [1, 4, 16, 64, 256];
+
+/// `--request-rate`: finite rates above 0, ascending, without repeats.
+fn rates_of(rates: &[f64]) -> Result<Vec<f64>, BenchError> {
+    if rates.is_empty() {
+        return Err(BenchError::RequestRate("give at least one rate".into()));
+    }
+    if let Some(bad) = rates.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        return Err(BenchError::RequestRate(format!(
+            "{bad} is not a rate: give requests/s above 0 (and finite)"
+        )));
+    }
+    let mut r = rates.to_vec();
+    r.sort_by(f64::total_cmp);
+    r.dedup();
+    Ok(r)
+}
+
+/// One level of a run: a closed loop of N, or an open loop at a rate.
+#[derive(Debug, Clone, Copy)]
+enum LevelKind {
+    Closed(usize),
+    Open(f64),
 }
 
 /// The `/v1` base of a target URL: `http://h:8000` and `http://h:8000/v1/` both give
@@ -340,22 +395,48 @@ pub async fn run(
         Stop::Requests(n) => ("requests", n as f64),
     };
     println!(
-        "tokenmeter bench: {} model {model}, prompt ~{} tokens, output {} tokens, {} per level",
+        "tokenmeter bench: {} model {model}, prompt ~{} tokens, output {} tokens, {} per level{}",
         cfg.base,
         cfg.prompt_tokens,
         cfg.output_tokens,
         match cfg.stop {
             Stop::After(d) => format!("{d:?}"),
             Stop::Requests(n) => format!("{n} requests"),
+        },
+        if cfg.request_rate.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", open loop (Poisson arrivals, seed {}; latency from each request's due time)",
+                cfg.seed
+            )
         }
     );
-    println!("{}", report::table_header());
+    let kinds: Vec<LevelKind> = if cfg.request_rate.is_empty() {
+        cfg.concurrency
+            .iter()
+            .map(|&n| LevelKind::Closed(n))
+            .collect()
+    } else {
+        cfg.request_rate
+            .iter()
+            .map(|&r| LevelKind::Open(r))
+            .collect()
+    };
+    println!("{}", report::table_header(!cfg.request_rate.is_empty()));
     let mut levels = Vec::new();
-    for (i, &n) in cfg.concurrency.iter().enumerate() {
+    for (i, &kind) in kinds.iter().enumerate() {
         if interrupted.load(Ordering::Relaxed) {
             break;
         }
-        let label = format!("level {}/{} c={n}", i + 1, cfg.concurrency.len());
+        let (label, n) = match kind {
+            LevelKind::Closed(n) => (format!("level {}/{} c={n}", i + 1, kinds.len()), n),
+            // The warmup of an open level: one round as many wide as a second of its arrivals.
+            LevelKind::Open(r) => (
+                format!("level {}/{} rate={r}/s", i + 1, kinds.len()),
+                (r.ceil() as usize).clamp(1, load::MAX_OUTSTANDING),
+            ),
+        };
         if cfg.warmup {
             let live = Arc::new(Live::default());
             let _bar = progress.level(
@@ -372,7 +453,10 @@ pub async fn run(
         let live = Arc::new(Live::default());
         let run: LevelRun = {
             let _bar = progress.level(label, cfg.stop, live.clone());
-            driver.run_level(n, cfg.stop, live).await
+            match kind {
+                LevelKind::Closed(n) => driver.run_level(n, cfg.stop, live).await,
+                LevelKind::Open(r) => driver.run_open(r, cfg.seed, cfg.stop, live).await,
+            }
         };
         let mut level = LevelReport::from_run(&run);
         if let (Some(s), Some(before)) = (&scraper, before) {
@@ -531,5 +615,55 @@ mod tests {
             .is_usage());
         assert!(parse(&["--target", "http://h", "--output-tokens", "0"]).is_err());
         assert!(parse(&["--target", "ftp://h"]).unwrap_err().is_usage());
+    }
+
+    #[test]
+    fn request_rates_are_an_open_loop_exclusive_of_concurrency() {
+        let c = parse(&["--target", "http://h"]).unwrap();
+        assert_eq!(
+            (c.concurrency, c.request_rate),
+            (vec![1, 4, 16, 64, 256], vec![])
+        );
+        let c = parse(&["--target", "http://h", "--request-rate", "8,0.5,2,2"]).unwrap();
+        assert_eq!(c.request_rate, [0.5, 2.0, 8.0]);
+        assert!(c.concurrency.is_empty());
+        // Any budget of requests will do: no level holds a number in flight.
+        let c = parse(&[
+            "--target",
+            "http://h",
+            "--request-rate",
+            "100",
+            "--requests",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(c.stop, Stop::Requests(3));
+        let none = parse(&[
+            "--target",
+            "http://h",
+            "--request-rate",
+            "1",
+            "--requests",
+            "0",
+        ]);
+        assert!(matches!(none, Err(BenchError::NoRequests)));
+        let both = parse(&[
+            "--target",
+            "http://h",
+            "--concurrency",
+            "4",
+            "--request-rate",
+            "2",
+        ])
+        .unwrap_err();
+        assert!(matches!(both, BenchError::ClosedAndOpen) && both.is_usage());
+        for bad in ["0", "-1", "inf", "NaN"] {
+            let flag = format!("--request-rate={bad}");
+            let e = parse(&["--target", "http://h", &flag]).unwrap_err();
+            assert!(
+                matches!(e, BenchError::RequestRate(_)) && e.is_usage(),
+                "{bad}"
+            );
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! The results: one [`LevelReport`] per concurrency level, shown as a table on stdout and
+//! The results: one [`LevelReport`] per level (a concurrency, or a request rate in the open
+//! loop), shown as a table on stdout and
 //! written as JSON (everything, nested) and CSV (one flat row per level, for spreadsheets).
 //!
 //! Latency and speed statistics are over the level's successful requests; output token totals
@@ -15,10 +16,20 @@ use super::load::LevelRun;
 use super::proxy_view::ProxyLevel;
 use super::stats::Summary;
 
-/// One concurrency level's figures.
+/// One level's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct LevelReport {
+    /// Closed loop: the requests held in flight. Open loop: the most in flight at once.
     pub concurrency: usize,
+    /// Open loop (`--request-rate`): the level's rate, requests/s; `null` in the closed loop.
+    pub request_rate: Option<f64>,
+    /// The mean number of requests in flight over the window, measured.
+    pub mean_concurrency: f64,
+    /// Open loop: requests due while the safety bound were in flight, so never sent.
+    pub not_sent: u64,
+    /// Seconds a request left after it was due (open loop; zero in the closed loop). Every
+    /// latency below includes it.
+    pub send_late: Option<Summary>,
     /// Requests that completed without error.
     pub requests: usize,
     pub errors: usize,
@@ -36,13 +47,13 @@ pub struct LevelReport {
     pub aggregate_tps: f64,
     /// Per request: (output tokens - 1) / (e2e - TTFT).
     pub request_tps: Option<Summary>,
-    /// Seconds, request sent to first token.
+    /// Seconds, request sent (open loop: due) to first token.
     pub ttft: Option<Summary>,
     /// Seconds, per token.
     pub itl: Option<Summary>,
     /// Seconds, per request: (e2e - TTFT) / (output tokens - 1).
     pub tpot: Option<Summary>,
-    /// Seconds, request sent to end of response.
+    /// Seconds, request sent (open loop: due) to end of response.
     pub e2e: Option<Summary>,
     /// Output tokens per successful request.
     pub output_tokens_per_request: Option<Summary>,
@@ -71,6 +82,10 @@ impl LevelReport {
         let window_output_tokens = run.tokens_in_window();
         LevelReport {
             concurrency: run.concurrency,
+            request_rate: run.rate,
+            mean_concurrency: run.mean_concurrency(),
+            not_sent: run.not_sent,
+            send_late: summarise(&|s| Some(s.late.as_secs_f64())),
             requests: ok.len(),
             errors: run.samples.len() - ok.len(),
             error_kinds,
@@ -107,11 +122,21 @@ pub struct Report {
     pub levels: Vec<LevelReport>,
 }
 
-/// The table's header line.
-pub fn table_header() -> String {
+/// The table's header line; `open` for an open-loop run, whose rows lead with the rate and end
+/// with the concurrency it resulted in and the client's lateness.
+pub fn table_header(open: bool) -> String {
+    let (first, extra, extra_units) = if open {
+        (
+            "rate/s",
+            format!(" | {:>6} {:>6} {:>8}", "conc", "", "late p99"),
+            format!(" | {:>6} {:>6} {:>8}", "mean", "peak", "ms"),
+        )
+    } else {
+        ("conc", String::new(), String::new())
+    };
     format!(
-        "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
-        "conc",
+        "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}{extra}",
+        first,
         "reqs",
         "err",
         "req tok/s",
@@ -123,7 +148,7 @@ pub fn table_header() -> String {
         "p99",
         "TPOT p50",
     ) + &format!(
-        "\n{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
+        "\n{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}{extra_units}",
         "", "", "", "p50", "", "", "ms", "ms", "ms", "ms", "ms"
     )
 }
@@ -132,9 +157,13 @@ pub fn table_header() -> String {
 pub fn table_row(l: &LevelReport) -> String {
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}", v * 1e3));
     let tps = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
+    let first = match l.request_rate {
+        Some(r) => format!("{r}"),
+        None => l.concurrency.to_string(),
+    };
     let mut row = format!(
         "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9.1} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
-        l.concurrency,
+        first,
         l.requests,
         l.errors,
         tps(l.request_tps.map(|s| s.p50)),
@@ -147,6 +176,18 @@ pub fn table_row(l: &LevelReport) -> String {
         ms(l.itl.map(|s| s.p99)),
         ms(l.tpot.map(|s| s.p50)),
     );
+    if l.request_rate.is_some() {
+        let _ = write!(
+            row,
+            " | {:>6.1} {:>6} {:>8}",
+            l.mean_concurrency,
+            l.concurrency,
+            ms(l.send_late.map(|s| s.p99))
+        );
+        if l.not_sent > 0 {
+            let _ = write!(row, " ({} not sent: too many in flight)", l.not_sent);
+        }
+    }
     if let Some(p) = &l.proxy {
         let bucket = p.ttft_p50_bucket.map_or(String::new(), |(lo, hi)| {
             format!(" (bucket {:.0}-{:.0} ms)", lo * 1e3, hi * 1e3)
@@ -205,6 +246,10 @@ pub const CSV_COLUMNS: &[&str] = &[
     "client_ttft_p50_binned_s",
     "proxy_ttft_mean_s",
     "proxy_output_tokens",
+    "request_rate",
+    "concurrency_mean",
+    "send_late_p99_s",
+    "not_sent",
 ];
 
 /// Writes one row per level under a header of [`CSV_COLUMNS`]. Every cell is a number (or
@@ -242,6 +287,10 @@ pub fn write_csv(report: &Report, path: &Path) -> io::Result<()> {
             f(l.proxy.as_ref().and_then(|p| p.client_ttft_p50_binned)),
             f(l.proxy.as_ref().and_then(|p| p.ttft_mean)),
             f(l.proxy.as_ref().map(|p| p.output_tokens as f64)),
+            f(l.request_rate),
+            format!("{}", l.mean_concurrency),
+            f(l.send_late.map(|s| s.p99)),
+            l.not_sent.to_string(),
         ];
         debug_assert_eq!(cells.len(), CSV_COLUMNS.len());
         out.push_str(&cells.join(","));

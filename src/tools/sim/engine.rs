@@ -2,7 +2,9 @@
 //! one forward pass for its whole batch.
 //!
 //! Each step emits one token for every running sequence and takes
-//! `step_base + step_per_seq x batch + prefill_per_token x (prompt tokens admitted this step)`.
+//! `step_base + step_per_seq x batch + prefill_per_token x (uncached prompt tokens admitted this
+//! step)`: the share of a prompt the prefix cache serves ([`PrefixCache`]) costs nothing, as a
+//! cached block's KV is read rather than computed.
 //! New requests wait in a FIFO queue and join at a step boundary while fewer than `max_batch`
 //! sequences run, so a full batch shows up as queueing in TTFT, and a joining prompt's prefill
 //! stalls everyone's next token, as it does on a server without chunked prefill.
@@ -63,6 +65,64 @@ impl Model {
     }
 }
 
+/// `--prefix-cache-hit-rate`: the share of every prompt's tokens served from the prefix cache.
+///
+/// Held in millionths, so the cached count is exact integer arithmetic: `floor(prompt x rate)`
+/// for any rate given to six decimals, with no float rounding a 0.29 down to 0.28999.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCache {
+    millionths: u32,
+}
+
+/// [`PrefixCache`]'s unit.
+const MILLION: u32 = 1_000_000;
+
+impl PrefixCache {
+    /// No prompt token is cached.
+    pub const OFF: PrefixCache = PrefixCache { millionths: 0 };
+
+    /// A hit rate from 0 to 1 (rounded to a millionth); `None` outside that range.
+    pub fn new(rate: f64) -> Option<PrefixCache> {
+        (0.0..=1.0).contains(&rate).then(|| PrefixCache {
+            millionths: (rate * f64::from(MILLION)).round() as u32,
+        })
+    }
+
+    /// The hit rate, 0 to 1.
+    pub fn rate(&self) -> f64 {
+        f64::from(self.millionths) / f64::from(MILLION)
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.millionths == 0
+    }
+
+    /// The tokens of a `prompt_tokens` prompt served from the cache: `floor(prompt x rate)`.
+    pub fn cached(&self, prompt_tokens: u32) -> u32 {
+        let c = u64::from(prompt_tokens) * u64::from(self.millionths) / u64::from(MILLION);
+        // At most prompt_tokens, since millionths is at most a million.
+        u32::try_from(c).unwrap_or(prompt_tokens)
+    }
+
+    /// The job for a prompt: its cached share taken from the cache.
+    pub fn job(&self, prompt_tokens: u32, output_tokens: u32) -> Job {
+        Job {
+            prompt_tokens,
+            cached_tokens: self.cached(prompt_tokens),
+            output_tokens,
+        }
+    }
+}
+
+/// Reads `--prefix-cache-hit-rate`: a number from 0 to 1.
+pub fn parse_hit_rate(s: &str) -> Result<PrefixCache, String> {
+    let rate: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    PrefixCache::new(rate).ok_or_else(|| format!("{s} is not between 0 and 1"))
+}
+
 /// A step may start late by this much and the engine still keeps to its ideal schedule, running
 /// the late steps back to back: the simulated GPU does not slow down because the host stalled the
 /// simulator (a busy CI machine does that for tens of milliseconds at a time). A longer stall is
@@ -73,6 +133,8 @@ const MAX_CATCH_UP: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Copy)]
 pub struct Job {
     pub prompt_tokens: u32,
+    /// Of the prompt, the tokens served from the prefix cache: not charged prefill.
+    pub cached_tokens: u32,
     /// Tokens to generate; at least 1.
     pub output_tokens: u32,
 }
@@ -301,7 +363,7 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
                 &s.progress.queue_ns,
                 start.saturating_duration_since(s.arrived),
             );
-            prefill += u64::from(s.job.prompt_tokens);
+            prefill += u64::from(s.job.prompt_tokens.saturating_sub(s.job.cached_tokens));
             running.push(s);
         }
         stats.set_load(running.len(), queue.len());
@@ -373,6 +435,8 @@ pub struct Record {
     pub id: u64,
     pub outcome: SeqOutcome,
     pub prompt_tokens: u32,
+    /// Of the prompt, served from the prefix cache (not charged prefill).
+    pub cached_tokens: u32,
     /// Tokens requested.
     pub target_tokens: u32,
     /// Tokens emitted.
@@ -466,6 +530,7 @@ impl Stats {
             id: seq.id,
             outcome,
             prompt_tokens: seq.job.prompt_tokens,
+            cached_tokens: seq.job.cached_tokens,
             target_tokens: seq.job.output_tokens,
             output_tokens: seq.emitted,
             arrived_s: self.secs(seq.arrived),
@@ -544,6 +609,7 @@ mod tests {
         let mut t = e
             .submit(Job {
                 prompt_tokens: 100,
+                cached_tokens: 0,
                 output_tokens: 10,
             })
             .expect("running");
@@ -564,6 +630,71 @@ mod tests {
         assert!((0.0212..0.0222).contains(&ttft), "{r:?}");
     }
 
+    #[test]
+    fn the_cached_share_is_floor_of_prompt_times_rate_exactly() {
+        let c = |rate: &str, prompt: u32| parse_hit_rate(rate).expect("valid").cached(prompt);
+        assert_eq!(c("0", 2000), 0);
+        assert_eq!(c("0.9", 2000), 1800);
+        // 100 x 0.29 is 28.999999999999996 in floats; the cache holds millionths: 29.
+        assert_eq!(c("0.29", 100), 29);
+        assert_eq!(c("0.5", 7), 3);
+        assert_eq!(c("1", 1234), 1234);
+        assert_eq!(c("0.333333", 3), 0);
+        assert_eq!(parse_hit_rate("0.25").expect("valid").rate(), 0.25);
+        assert!(parse_hit_rate("1.01").is_err());
+        assert!(parse_hit_rate("-0.1").is_err());
+        assert!(parse_hit_rate("NaN").is_err());
+        assert!(parse_hit_rate("lots").is_err());
+        assert!(PrefixCache::new(0.0).expect("valid").is_off());
+    }
+
+    /// Only the uncached share of a prompt is charged: with 75% of a 1000-token prompt cached,
+    /// the admitting step prefills 250 tokens (12.5 ms at 50 us), not 1000 (50 ms).
+    #[tokio::test(start_paused = true)]
+    async fn a_cached_prompt_is_charged_only_its_uncached_tokens() {
+        let e = Engine::start(model(), 10);
+        let cache = PrefixCache::new(0.75).expect("valid");
+        let job = cache.job(1000, 3);
+        assert_eq!(job.cached_tokens, 750);
+        let mut t = e.submit(job).expect("running");
+        assert_eq!(drain(&mut t).await, 3);
+        let snap = e.stats().report();
+        let r = &snap.requests[0];
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (1000, 750));
+        // First step: base + 1 seq + 250 x 50 us = 28.7 ms (uncached 1000 would be 66.2 ms). The
+        // token leaves when the timer fires, on tokio's 1 ms grid, so within one grid step of it.
+        let grid = Duration::from_millis(1);
+        let first = Duration::from_micros(28_700);
+        let prefill = t.progress.prefill().expect("first token");
+        assert!(prefill >= first && prefill < first + grid, "{prefill:?}");
+        assert!((r.ttft_s.expect("ttft") - 0.0287).abs() < 1e-3, "{r:?}");
+        // Then two plain steps: the cache does not touch decode.
+        assert!((r.model_decode_s - 2.0 * 0.0162).abs() < 1e-9, "{r:?}");
+        assert_eq!(t.progress.queue(), Some(Duration::ZERO));
+    }
+
+    /// Two prompts admitted by one step: the step is charged the sum of their uncached tokens,
+    /// and both see it (the step that prefills stalls everyone's token).
+    #[tokio::test(start_paused = true)]
+    async fn a_step_admitting_several_prompts_charges_their_uncached_sum() {
+        let e = Engine::start(model(), 10);
+        let cache = PrefixCache::new(0.5).expect("valid");
+        // 601 cached 300 (301 charged), 200 cached 100 (100 charged): 401 x 50 us = 20.05 ms.
+        let mut a = e.submit(cache.job(601, 1)).expect("running");
+        let mut b = e.submit(cache.job(200, 1)).expect("running");
+        assert_eq!((drain(&mut a).await, drain(&mut b).await), (1, 1));
+        // Admitted apart, the first would see 31.25 ms: the 1 ms grid tells the two apart.
+        let expect = Duration::from_micros(16_000 + 2 * 200 + 20_050);
+        let grid = Duration::from_millis(1);
+        for t in [&a, &b] {
+            let p = t.progress.prefill().expect("first token");
+            assert!(p >= expect && p < expect + grid, "{p:?}");
+        }
+        let snap = e.stats().report();
+        let cached: Vec<u32> = snap.requests.iter().map(|r| r.cached_tokens).collect();
+        assert_eq!(cached, [300, 100]);
+    }
+
     /// Runs one 20-token job, stalling the engine's timer by `stall` after its first token;
     /// returns how long the job took.
     async fn with_stall(stall: Duration) -> Duration {
@@ -576,6 +707,7 @@ mod tests {
         let mut t = e
             .submit(Job {
                 prompt_tokens: 1,
+                cached_tokens: 0,
                 output_tokens: 20,
             })
             .expect("running");
@@ -618,6 +750,7 @@ mod tests {
         let t0 = Instant::now();
         let job = Job {
             prompt_tokens: 1,
+            cached_tokens: 0,
             output_tokens: 100,
         };
         let mut one = e.submit(job).expect("running");
@@ -655,6 +788,7 @@ mod tests {
             .map(|_| {
                 e.submit(Job {
                     prompt_tokens: 1,
+                    cached_tokens: 0,
                     output_tokens: 5,
                 })
                 .expect("running")
@@ -680,12 +814,14 @@ mod tests {
         let mut keep = e
             .submit(Job {
                 prompt_tokens: 1,
+                cached_tokens: 0,
                 output_tokens: 50,
             })
             .expect("running");
         let mut gone = e
             .submit(Job {
                 prompt_tokens: 1,
+                cached_tokens: 0,
                 output_tokens: 50,
             })
             .expect("running");

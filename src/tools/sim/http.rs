@@ -1,6 +1,6 @@
 //! The simulator's HTTP server: routes, request handling, and the streaming response body.
 //!
-//! A generation request is read whole, turned into a [`Job`] for the engine, and answered with a
+//! A generation request is read whole, turned into a [`Job`](super::engine::Job) for the engine, and answered with a
 //! `TokenBody` that writes each token as the engine emits it (streaming), or with one JSON document
 //! once the last token is out (non-streaming: the headers wait too, as on a real server). A client
 //! that hangs up drops the body, which takes the sequence out of the batch at the next step.
@@ -27,7 +27,7 @@ use hyper_util::server::conn::auto;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
-use super::engine::{Engine, Job, StatsReport, Ticket};
+use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
 use super::text::{estimate_tokens, Lengths, Rng, Words};
 use super::wire::{self, BodyError, Dialect, Parsed, Reply, Route, Timings};
 
@@ -51,6 +51,8 @@ pub struct State {
     /// Reported when the request names no model.
     pub model: String,
     pub seed: u64,
+    /// `--prefix-cache-hit-rate`.
+    pub prefix_cache: PrefixCache,
     pub lengths: Lengths,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
@@ -178,6 +180,7 @@ struct StatsBody<'a> {
     step_base_s: f64,
     step_per_seq_s: f64,
     prefill_per_token_s: f64,
+    prefix_cache_hit_rate: f64,
     max_batch: usize,
     #[serde(flatten)]
     report: StatsReport,
@@ -192,6 +195,7 @@ fn stats(state: &State) -> StatsBody<'_> {
         step_base_s: m.step_base.as_secs_f64(),
         step_per_seq_s: m.step_per_seq.as_secs_f64(),
         prefill_per_token_s: m.prefill_per_token.as_secs_f64(),
+        prefix_cache_hit_rate: state.prefix_cache.rate(),
         max_batch: m.max_batch,
         report: state.engine.stats().report(),
     }
@@ -205,10 +209,8 @@ async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
     let natural = state.lengths.sample(&mut rng);
     let output_tokens = p.max_tokens.unwrap_or(natural);
     let prompt_tokens = estimate_tokens(p.prompt_chars);
-    let Ok(ticket) = state.engine.submit(Job {
-        prompt_tokens,
-        output_tokens,
-    }) else {
+    let job = state.prefix_cache.job(prompt_tokens, output_tokens);
+    let Ok(ticket) = state.engine.submit(job) else {
         return error(
             Some(route),
             StatusCode::SERVICE_UNAVAILABLE,
@@ -226,6 +228,9 @@ async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         prompt_tokens,
+        // Stated only with the cache on, as vLLM states it only when asked to: without it the
+        // responses stay as they were.
+        cached_tokens: (!state.prefix_cache.is_off()).then_some(job.cached_tokens),
         output_tokens,
         limited: p.max_tokens.is_some(),
         details: p.details,

@@ -4,7 +4,8 @@
 //! It serves an OpenAI-compatible API (and, with `--api`, Anthropic's, Ollama's or TGI's) and
 //! behaves like continuous batching on a GPU ([`engine`]): every decode step emits one token for
 //! each running request and takes `step_base + step_per_seq x batch`, prefill costs time per
-//! prompt token, and past `--max-batch` requests queue. It is deterministic given `--seed` (the
+//! prompt token (less the share `--prefix-cache-hit-rate` serves from the cache), and past
+//! `--max-batch` requests queue. It is deterministic given `--seed` (the
 //! tokens and lengths depend only on the seed and the request, see [`text`]) and exact about what
 //! it sent: `GET /sim/stats` reports its own per-request timestamps. The modules:
 //!
@@ -29,8 +30,8 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use crate::units::parse_duration;
-pub use engine::Model;
-use engine::{Engine, Stats};
+use engine::{parse_hit_rate, Engine, Stats};
+pub use engine::{Model, PrefixCache};
 pub use stall::Stall;
 use text::Lengths;
 pub use wire::Dialect;
@@ -61,6 +62,11 @@ pub struct SimArgs {
     /// Prefill cost per prompt token (prompt tokens are estimated at 4 characters each).
     #[arg(long, env = "TOKENMETER_SIM_PREFILL_PER_TOKEN", default_value = "0.05ms", value_parser = parse_duration)]
     pub prefill_per_token: Duration,
+
+    /// Share of every prompt's tokens served from the prefix cache, 0 to 1: floor(prompt x R)
+    /// tokens are not charged --prefill-per-token, and the usage states them as cached.
+    #[arg(long, env = "TOKENMETER_SIM_PREFIX_CACHE_HIT_RATE", default_value = "0", value_parser = parse_hit_rate, value_name = "R")]
+    pub prefix_cache_hit_rate: PrefixCache,
 
     /// Requests decoded at once; the rest wait in a FIFO queue (visible in TTFT).
     #[arg(long, env = "TOKENMETER_SIM_MAX_BATCH", default_value_t = 256)]
@@ -120,6 +126,8 @@ pub struct SimConfig {
     pub api: Dialect,
     pub model_name: String,
     pub model: Model,
+    /// `--prefix-cache-hit-rate`.
+    pub prefix_cache: PrefixCache,
     pub lengths: Lengths,
     pub seed: u64,
     pub stats_keep: usize,
@@ -171,6 +179,7 @@ impl Default for SimConfig {
                 prefill_per_token: Duration::from_micros(50),
                 max_batch: 256,
             },
+            prefix_cache: PrefixCache::OFF,
             lengths: Lengths { min: 32, max: 512 },
             seed: 0,
             stats_keep: 10_000,
@@ -209,6 +218,7 @@ impl SimArgs {
                 prefill_per_token: self.prefill_per_token,
                 max_batch: self.max_batch,
             },
+            prefix_cache: self.prefix_cache_hit_rate,
             lengths: self.output_tokens,
             seed: self.seed,
             stats_keep: self.stats_keep,
@@ -245,6 +255,7 @@ impl Sim {
                 dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
+                prefix_cache: cfg.prefix_cache,
                 lengths: cfg.lengths,
                 per_request_metrics: cfg.per_request_metrics,
             }),
@@ -286,6 +297,7 @@ pub fn run(args: &SimArgs) -> Result<(), SimError> {
             single_user_tps = format!("{:.1}", m.request_tps(1)),
             aggregate_tps_at_128 = format!("{:.0}", m.aggregate_tps(128)),
             max_batch = m.max_batch,
+            prefix_cache_hit_rate = cfg.prefix_cache.rate(),
             "simulator started"
         );
         sim.serve(crate::signal::shutdown()).await;
@@ -314,6 +326,7 @@ mod tests {
         let d = SimConfig::default();
         assert_eq!(cfg.model, d.model);
         assert_eq!(cfg.lengths, d.lengths);
+        assert_eq!(cfg.prefix_cache, d.prefix_cache);
         assert_eq!((cfg.api, cfg.seed), (d.api, d.seed));
     }
 
@@ -337,6 +350,9 @@ mod tests {
             Some(SimError::Zero("max-batch"))
         ));
         assert!(T::try_parse_from(["t", "--api", "gemini"]).is_err());
+        assert!(T::try_parse_from(["t", "--prefix-cache-hit-rate", "1.5"]).is_err());
+        let cached = T::try_parse_from(["t", "--prefix-cache-hit-rate", "0.9"]).expect("parse");
+        assert_eq!(cached.a.prefix_cache_hit_rate.cached(2000), 1800);
         assert!(T::try_parse_from(["t", "--output-tokens", "9-3"]).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! Anthropic's Messages API (`/v1/messages`): `message_start`, `content_block_start`, `ping`,
 //! one `content_block_delta` per token, `content_block_stop`, `message_delta` with the output
-//! count, `message_stop`.
+//! count, `message_stop`. With the prefix cache on, the usage splits the prompt as Anthropic's
+//! does: `input_tokens` the uncached part, `cache_read_input_tokens` the cached one.
 
 use std::fmt::Write as _;
 
@@ -34,11 +35,22 @@ fn stop_reason(r: &Reply) -> &'static str {
     }
 }
 
+/// The usage's prompt fields (without braces).
+fn input_usage(r: &Reply) -> String {
+    match r.cached_tokens {
+        None => format!("\"input_tokens\":{}", r.prompt_tokens),
+        Some(c) => format!(
+            "\"input_tokens\":{},\"cache_read_input_tokens\":{c}",
+            r.prompt_tokens.saturating_sub(c)
+        ),
+    }
+}
+
 pub(super) fn head(r: &Reply, out: &mut String) {
     let _ = write!(
         out,
-        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_sim_{:016}\",\"type\":\"message\",\"role\":\"assistant\",\"model\":{},\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}\n\n",
-        r.id, r.model, r.prompt_tokens
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_sim_{:016}\",\"type\":\"message\",\"role\":\"assistant\",\"model\":{},\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":1}}}}}}\n\n",
+        r.id, r.model, input_usage(r)
     );
     out.push_str("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
     out.push_str("event: ping\ndata: {\"type\": \"ping\"}\n\n");
@@ -58,5 +70,5 @@ pub(super) fn tail(r: &Reply, out: &mut String) {
 
 /// `text` is already a JSON string literal.
 pub(super) fn whole(r: &Reply, text: &str, out: &mut String) {
-    let _ = write!(out, "{{\"id\":\"msg_sim_{:016}\",\"type\":\"message\",\"role\":\"assistant\",\"model\":{},\"content\":[{{\"type\":\"text\",\"text\":{text}}}],\"stop_reason\":\"{}\",\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}", r.id, r.model, stop_reason(r), r.prompt_tokens, r.output_tokens);
+    let _ = write!(out, "{{\"id\":\"msg_sim_{:016}\",\"type\":\"message\",\"role\":\"assistant\",\"model\":{},\"content\":[{{\"type\":\"text\",\"text\":{text}}}],\"stop_reason\":\"{}\",\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":{}}}}}", r.id, r.model, stop_reason(r), input_usage(r), r.output_tokens);
 }

@@ -249,6 +249,8 @@ pub struct Reply {
     /// Unix seconds, for `created`.
     pub created: u64,
     pub prompt_tokens: u32,
+    /// Of the prompt, served from the prefix cache; `None` with the cache off (nothing stated).
+    pub cached_tokens: Option<u32>,
     pub output_tokens: u32,
     /// The length came from the request's limit: finish reason "length" rather than "stop".
     pub limited: bool,

@@ -1,7 +1,8 @@
 //! OpenAI chat and completions (`/v1/chat/completions`, `/v1/completions`), as vLLM streams
 //! them: a role chunk first, `finish_reason` on the last token's chunk, a `choices: []` usage
 //! chunk when `stream_options.include_usage` is set (with vLLM's per-request `metrics` object
-//! under `--enable-per-request-metrics`), then `data: [DONE]`.
+//! under `--enable-per-request-metrics`), then `data: [DONE]`. With the prefix cache on, the
+//! usage states its share as `prompt_tokens_details.cached_tokens`, as vLLM does.
 
 use std::fmt::Write as _;
 
@@ -55,8 +56,11 @@ fn prefix(r: &Reply, out: &mut String) {
 }
 
 fn usage_json(r: &Reply) -> String {
+    let details = r.cached_tokens.map_or(String::new(), |c| {
+        format!(",\"prompt_tokens_details\":{{\"cached_tokens\":{c}}}")
+    });
     format!(
-        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}{details}}}",
         r.prompt_tokens,
         r.output_tokens,
         u64::from(r.prompt_tokens) + u64::from(r.output_tokens)

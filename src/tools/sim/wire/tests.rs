@@ -16,6 +16,7 @@ fn response(route: Route, stream: bool, n: u32) -> Reply {
         id: 7,
         created: 1_700_000_000,
         prompt_tokens: 5,
+        cached_tokens: None,
         output_tokens: n,
         limited: true,
         details: true,
@@ -261,4 +262,51 @@ fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
     let mut plain = String::new();
     r.tail(&t, &mut plain);
     assert!(!plain.contains("metrics"), "{plain}");
+}
+
+/// With the prefix cache on, OpenAI states the cached share in `prompt_tokens_details` (the
+/// prompt count unchanged), and Anthropic splits the prompt into uncached and cache-read tokens.
+#[test]
+fn the_cached_share_is_stated_in_each_formats_usage() {
+    let cached = |route: Route, stream: bool| Reply {
+        prompt_tokens: 2000,
+        cached_tokens: Some(1800),
+        ..response(route, stream, 2)
+    };
+    for route in [Route::Chat, Route::Completions] {
+        let mut tail = String::new();
+        cached(route, true).tail(&Timings::default(), &mut tail);
+        let usage = "\"usage\":{\"prompt_tokens\":2000,\"completion_tokens\":2,\"total_tokens\":2002,\"prompt_tokens_details\":{\"cached_tokens\":1800}}";
+        assert!(tail.contains(usage), "{tail}");
+        let whole: Value =
+            serde_json::from_str(&cached(route, false).whole("x", &Timings::default()))
+                .expect("json");
+        assert_eq!(
+            whole["usage"]["prompt_tokens_details"]["cached_tokens"],
+            1800
+        );
+        assert_eq!(whole["usage"]["prompt_tokens"], 2000);
+    }
+    let mut head = String::new();
+    cached(Route::Messages, true).head(&mut head);
+    assert!(
+        head.contains(
+            "\"usage\":{\"input_tokens\":200,\"cache_read_input_tokens\":1800,\"output_tokens\":1}"
+        ),
+        "{head}"
+    );
+    let whole: Value =
+        serde_json::from_str(&cached(Route::Messages, false).whole("x", &Timings::default()))
+            .expect("json");
+    assert_eq!(
+        (
+            &whole["usage"]["input_tokens"],
+            &whole["usage"]["cache_read_input_tokens"]
+        ),
+        (&Value::from(200), &Value::from(1800))
+    );
+    // Off: nothing stated, the bytes as before.
+    let mut tail = String::new();
+    response(Route::Chat, true, 2).tail(&Timings::default(), &mut tail);
+    assert!(!tail.contains("prompt_tokens_details"));
 }
