@@ -1113,10 +1113,19 @@ impl Metrics {
             return;
         };
         let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let read = f.cached_input.read.unwrap_or(0);
+        // Anthropic's `input_tokens` leaves out the tokens read from and written to the cache;
+        // the others count the whole prompt.
+        let prompt = match f.api {
+            Api::Anthropic => prompt
+                .saturating_add(read)
+                .saturating_add(f.cached_input.write.unwrap_or(0)),
+            _ => prompt,
+        };
         self.capacity.finished(crate::capacity::Request {
             at: Instant::now(),
             prompt: count(prompt),
-            cached: count(f.cached_input.read.unwrap_or(0)),
+            cached: count(read),
             output: count(f.output_tokens),
             ttft: f.first_token.map(|d| d.as_secs_f64()),
             stated_prefill: f

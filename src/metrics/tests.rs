@@ -746,3 +746,45 @@ fn coarse_buckets_thin_the_per_request_speed_histogram_in_every_band() {
     };
     assert_eq!((band("10"), band("30")), (0.0, 1.0));
 }
+
+#[test]
+fn complete_requests_join_the_capacity_mix_with_their_whole_prompt() {
+    let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
+    // OpenAI counts the cached tokens inside the prompt.
+    m.record(&Finished {
+        input_tokens: Some(1000),
+        cached_input: CachedInput {
+            read: Some(600),
+            write: None,
+        },
+        ..finished()
+    });
+    // Anthropic counts them beside it: 100 new, 600 read, 300 written = 1,000.
+    m.record(&Finished {
+        api: Api::Anthropic,
+        input_tokens: Some(100),
+        cached_input: CachedInput {
+            read: Some(600),
+            write: Some(300),
+        },
+        ..finished()
+    });
+    // Neither a failed request nor one without a prompt count is workload.
+    m.record(&Finished {
+        outcome: Outcome::UpstreamError,
+        ..finished()
+    });
+    m.record(&Finished {
+        input_tokens: None,
+        ..finished()
+    });
+    let mix = m
+        .capacity()
+        .refit(Instant::now())
+        .mix
+        .expect("a mix of two");
+    assert_eq!(
+        (mix.requests, mix.prompt, mix.cached, mix.output),
+        (2, 1000.0, 600.0, 5.0)
+    );
+}
