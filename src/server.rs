@@ -6,8 +6,9 @@
 //! switched off), new connections are still served (without keep-alive) while the drain lasts,
 //! and after `--drain-timeout` whatever is left is cut and `serve` returns.
 //!
-//! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first (within
-//! `--header-read-timeout`, like the request head it precedes), and the certificate's files are
+//! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first; the
+//! handshake, the first bytes that tell the HTTP version and the first request head share one
+//! budget, `--header-read-timeout` from accept ([`head`]), and the certificate's files are
 //! watched for a rotation ([`crate::tls::listener`]). Connections are served with upgrades on;
 //! an upgraded connection counts as open while it is joined ([`crate::drain`]).
 
@@ -44,7 +45,9 @@ use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
 use crate::ui::Ui;
 
+mod head;
 mod version;
+use head::HeadTimer;
 use version::Version;
 
 /// Why the server could not start.
@@ -300,24 +303,26 @@ async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>,
             continue;
         }
         let guard = conns.hold();
-        tokio::spawn(serve_proxy_conn(stream, Arc::clone(&conn), guard));
+        let accepted = Instant::now();
+        tokio::spawn(serve_proxy_conn(stream, accepted, Arc::clone(&conn), guard));
     }
 }
 
-/// Completes the TLS handshake when the listener has TLS.
+/// Completes the TLS handshake when the listener has TLS, and tells the HTTP version; both
+/// before `deadline` (the request head's: accept plus `--header-read-timeout`).
 async fn handshake(
     tcp: TcpStream,
     tls: Option<&ServerTls>,
-    limit: Duration,
+    deadline: Instant,
 ) -> Option<(TokioIo<Stream>, Version)> {
     // Small SSE writes must leave at once.
     let _ = tcp.set_nodelay(true);
     let (stream, version) = match tls {
         None => {
-            let version = version::sniff(&tcp, limit).await?;
+            let version = version::sniff(&tcp, deadline).await?;
             (Stream::Plain(tcp), version)
         }
-        Some(tls) => match tls.accept(tcp, limit).await {
+        Some(tls) => match tls.accept(tcp, head::remaining(deadline)).await {
             Ok(s) => {
                 let version = version::from_alpn(s.alpn_protocol());
                 (s, version)
@@ -338,15 +343,15 @@ async fn handshake(
 /// an await is memory per open stream: the shared [`Conn`] by reference count, the handshake
 /// boxed (a TLS handshake's state is large and over by the first request), and the connection
 /// built outside it ([`connection`]), so no copy of the request path is left behind in it.
-async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
-    let Some((io, version)) =
-        Box::pin(handshake(stream, c.tls.as_ref(), c.header_read_timeout)).await
-    else {
+async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Conn>, _guard: Held) {
+    // The handshake, the first bytes and the first head share one budget from accept.
+    let deadline = accepted + c.header_read_timeout;
+    let Some((io, version)) = Box::pin(handshake(stream, c.tls.as_ref(), deadline)).await else {
         return;
     };
     let mut drain = c.drain.clone();
     let draining = *drain.borrow();
-    let conn = connection(io, version, c, draining);
+    let conn = connection(io, version, c, draining, accepted);
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
@@ -368,10 +373,16 @@ async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
 /// `auto` connection when that is not known yet ([`version`] says why it is decided first).
 /// Keep-alive is off when the server is draining. Each request gets its own clone of the
 /// request path (tower's one-shot call) and the drain's handle for an upgrade to hold.
-fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: bool) -> Served {
+fn connection(
+    io: TokioIo<Stream>,
+    version: Version,
+    c: Arc<Conn>,
+    draining: bool,
+    accepted: Instant,
+) -> Served {
     let http1 = || {
         let mut b = http1::Builder::new();
-        b.timer(TokioTimer::new())
+        b.timer(HeadTimer::new(accepted))
             .header_read_timeout(c.header_read_timeout)
             .keep_alive(!draining);
         b
@@ -396,7 +407,7 @@ fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: boo
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
-                .timer(TokioTimer::new())
+                .timer(HeadTimer::new(accepted))
                 .header_read_timeout(c.header_read_timeout)
                 .keep_alive(!draining);
             builder.http2().timer(TokioTimer::new());
@@ -478,7 +489,8 @@ async fn serve_admin(
         let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
         let ui = ui.clone();
         tokio::spawn(async move {
-            let Some((io, _)) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+            let deadline = Instant::now() + header_read_timeout;
+            let Some((io, _)) = handshake(stream, tls.as_ref(), deadline).await else {
                 return;
             };
             let service = service_fn(move |req: Request<Incoming>| {

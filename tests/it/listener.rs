@@ -310,8 +310,8 @@ impl tokio::io::AsyncWrite for SlowStart {
 }
 
 /// The proxy tells HTTP/1 from HTTP/2 (prior knowledge) by a plain connection's first bytes,
-/// without reading them; when too few have come to tell (a request line's `P`, part of the
-/// preface), hyper's `auto` connection reads them instead. Every way gets the whole stream.
+/// without reading them, and waits for more when too few have come to tell (a request line's
+/// `P`, part of the preface). Every way gets the whole stream.
 #[tokio::test]
 async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arrive() {
     let steps = openai_chat(Duration::from_millis(2), 6, Duration::from_millis(1), true);

@@ -9,6 +9,7 @@ mod compat;
 mod corpus;
 mod documented;
 mod faults;
+mod hostile;
 mod https;
 mod inject;
 mod listener;
