@@ -21,10 +21,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::{http1, http2 as hyper_http2};
 use hyper::service::service_fn;
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -46,6 +46,7 @@ use crate::tls::TlsError;
 use crate::ui::Ui;
 
 mod head;
+pub mod http2;
 mod version;
 use head::HeadTimer;
 use version::Version;
@@ -387,11 +388,6 @@ fn connection(
             .keep_alive(!draining);
         b
     };
-    let http2 = || {
-        let mut b = http2::Builder::new(TokioExecutor::new());
-        b.timer(TokioTimer::new());
-        b
-    };
     match version {
         Version::Http1 => Served::Http1(
             http1()
@@ -399,7 +395,7 @@ fn connection(
                 .with_upgrades(),
         ),
         Version::Http2 => Served::Http2(Box::pin(
-            http2().serve_connection(io, Requests(Arc::clone(&c))),
+            http2::builder().serve_connection(io, Requests(Arc::clone(&c))),
         )),
         Version::Unknown => {
             // The same settings as above, on `auto`'s own builders (hyper-util takes no hyper
@@ -410,7 +406,7 @@ fn connection(
                 .timer(HeadTimer::new(accepted))
                 .header_read_timeout(c.header_read_timeout)
                 .keep_alive(!draining);
-            builder.http2().timer(TokioTimer::new());
+            http2::configure(&mut builder);
             Served::Auto(Box::pin(
                 builder
                     .serve_connection_with_upgrades(io, Requests(Arc::clone(&c)))
@@ -430,7 +426,7 @@ type Io = TokioIo<Stream>;
 #[pin_project::pin_project(project = ServedProj)]
 enum Served {
     Http1(#[pin] http1::UpgradeableConnection<Io, Requests>),
-    Http2(Pin<Box<http2::Connection<Io, Requests, TokioExecutor>>>),
+    Http2(Pin<Box<hyper_http2::Connection<Io, Requests, TokioExecutor>>>),
     Auto(Pin<Box<auto::UpgradeableConnection<'static, Io, Requests, TokioExecutor>>>),
 }
 
@@ -497,9 +493,9 @@ async fn serve_admin(
                 let resp = admin::handle_with_ui(&req, &metrics, &ready, ui.as_deref());
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(io, service)
-                .await;
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            http2::configure(&mut builder);
+            let _ = builder.serve_connection(io, service).await;
         });
     }
 }

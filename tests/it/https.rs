@@ -14,7 +14,7 @@ use crate::support::client::{chat_request, post};
 use crate::support::metrics::metric;
 use crate::support::raw::read_request;
 use crate::support::tls::{acceptor, Ca, Dir, Leaf, Validity};
-use crate::support::upstream::{self, openai_chat, Reply, Step, Upstream};
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step, Upstream};
 use crate::support::{serial, spawn_proxy};
 
 const H2_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
@@ -27,17 +27,6 @@ fn script() -> Vec<Step> {
         Duration::from_millis(4),
         true,
     )
-}
-
-fn body_of(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 async fn sse_upstream(tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
@@ -91,7 +80,7 @@ async fn streams_over_https_are_byte_exact_and_metered_as_over_http() {
     let ca = Ca::new("upstream ca");
     let ca_file = dir.write("ca.pem", &ca.pem);
     let leaf = ca.leaf(&["127.0.0.1"], Validity::Now);
-    let want = body_of(&script());
+    let want = script_bytes(&script());
     let mut figures = Vec::new();
     let cases: [(Option<&[&[u8]]>, &str); 3] = [
         (None, "HTTP/1.1"),
@@ -225,7 +214,7 @@ async fn mutual_tls_works_with_the_client_certificate_and_fails_without() {
     .await;
     let url = |p: &crate::support::Proxy| format!("{}/v1/chat/completions", p.url());
     let seen = post(&url(&with), &chat_request(true, true)).await;
-    assert_eq!((seen.status, seen.body), (200, body_of(&script())));
+    assert_eq!((seen.status, seen.body), (200, script_bytes(&script())));
 
     let without = spawn_proxy(&up.https_url(), &["--upstream-ca", Dir::arg(&ca_file)]).await;
     let seen = post(&url(&without), &chat_request(true, true)).await;

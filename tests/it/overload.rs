@@ -14,25 +14,13 @@ use tokio::net::TcpStream;
 
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
-use crate::support::upstream::{self, openai_chat, Reply, Step};
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step};
 use crate::support::{serial, spawn_proxy, Proxy};
 
 const MS: Duration = Duration::from_millis(1);
 
 fn chat_url(proxy: &Proxy) -> String {
     format!("{}/v1/chat/completions", proxy.url())
-}
-
-/// The bytes a script sends, in order.
-fn script_bytes(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 async fn readyz(proxy: &Proxy) -> (u16, String) {
