@@ -4,6 +4,7 @@ mod support;
 
 mod bench;
 mod capacity;
+mod cgroup;
 mod cli;
 mod compat;
 mod corpus;

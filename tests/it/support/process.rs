@@ -21,6 +21,12 @@ fn free_port() -> SocketAddr {
 impl Binary {
     /// Starts the proxy in front of `upstream` with `extra` flags, and waits until it listens.
     pub fn start(upstream: &str, extra: &[&str]) -> Binary {
+        Binary::start_in(None, upstream, extra)
+    }
+
+    /// The same, in the cgroup whose `cgroup.procs` is `procs` from its first instruction (a
+    /// shell joins it, then becomes tokenmeter), so every page it touches is charged there.
+    pub fn start_in(procs: Option<&std::path::Path>, upstream: &str, extra: &[&str]) -> Binary {
         let (addr, metrics_addr) = (free_port(), free_port());
         let (listen, metrics) = (addr.to_string(), metrics_addr.to_string());
         let bin = env!("CARGO_BIN_EXE_tokenmeter");
@@ -34,7 +40,17 @@ impl Binary {
             "--no-ui",
         ];
         argv.extend_from_slice(extra);
-        let child = Command::new(bin)
+        let mut cmd = match procs {
+            None => Command::new(bin),
+            Some(procs) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+                    .arg(procs)
+                    .arg(bin);
+                c
+            }
+        };
+        let child = cmd
             .args(&argv)
             .env("TOKENMETER_LOG", "warn,h2=error")
             .env_remove("TOKENMETER_GPUS")
@@ -67,6 +83,12 @@ impl Binary {
     /// The process's resident memory now, in bytes (`VmRSS`).
     pub fn rss(&self) -> u64 {
         status_kib(self.child.id(), "VmRSS:") * 1024
+    }
+
+    /// Its own resident memory now, in bytes (`RssAnon`: the heap and stacks, not the pages of
+    /// the binary's file, which the page cache shares).
+    pub fn anon_rss(&self) -> u64 {
+        status_kib(self.child.id(), "RssAnon:") * 1024
     }
 
     /// The most it has been resident, in bytes (`VmHWM`).
