@@ -19,6 +19,7 @@ mod overload;
 mod pool;
 mod props;
 mod proxy;
+mod queue_or_shed;
 mod sim;
 mod slo;
 mod tenant;
