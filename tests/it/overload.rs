@@ -94,7 +94,7 @@ async fn at_max_in_flight_the_rest_are_shed_at_once_and_never_reach_the_upstream
                 assert_eq!(seen.headers["content-type"], "application/json");
                 let v: serde_json::Value = serde_json::from_slice(&seen.body).expect("json");
                 assert_eq!(v["error"]["type"], "overloaded", "{v}");
-                assert_eq!(v["error"]["code"], "overloaded", "{v}");
+                assert_eq!(v["error"]["code"], 503, "{v}");
                 assert!(v["error"]["message"].as_str().is_some(), "{v}");
             }
             other => panic!("unexpected status {other}"),
