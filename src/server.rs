@@ -8,7 +8,7 @@
 //!
 //! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first; the
 //! handshake, the first bytes that tell the HTTP version and the first request head share one
-//! budget, `--header-read-timeout` from accept ([`head`]), and the certificate's files are
+//! budget, `--header-read-timeout` from accept (`server/head.rs`), and the certificate's files are
 //! watched for a rotation ([`crate::tls::listener`]). Connections are served with upgrades on;
 //! an upgraded connection counts as open while it is joined ([`crate::drain`]).
 
