@@ -90,9 +90,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // h2 warns once per connection that trips a flood limit: under a rapid-reset flood that
+    // is thousands of lines a second, a flood of the log in turn. The GOAWAY is the answer.
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("TOKENMETER_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("TOKENMETER_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,h2=error")),
         )
         .with_writer(std::io::stderr)
         .init();

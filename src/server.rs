@@ -6,8 +6,9 @@
 //! switched off), new connections are still served (without keep-alive) while the drain lasts,
 //! and after `--drain-timeout` whatever is left is cut and `serve` returns.
 //!
-//! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first (within
-//! `--header-read-timeout`, like the request head it precedes), and the certificate's files are
+//! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first; the
+//! handshake, the first bytes that tell the HTTP version and the first request head share one
+//! budget, `--header-read-timeout` from accept (`server/head.rs`), and the certificate's files are
 //! watched for a rotation ([`crate::tls::listener`]). Connections are served with upgrades on;
 //! an upgraded connection counts as open while it is joined ([`crate::drain`]).
 
@@ -20,10 +21,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
-use hyper::server::conn::{http1, http2};
+use hyper::server::conn::{http1, http2 as hyper_http2};
 use hyper::service::service_fn;
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -44,7 +45,10 @@ use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
 use crate::ui::Ui;
 
+mod head;
+pub mod http2;
 mod version;
+use head::HeadTimer;
 use version::Version;
 
 /// Why the server could not start.
@@ -300,24 +304,26 @@ async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>,
             continue;
         }
         let guard = conns.hold();
-        tokio::spawn(serve_proxy_conn(stream, Arc::clone(&conn), guard));
+        let accepted = Instant::now();
+        tokio::spawn(serve_proxy_conn(stream, accepted, Arc::clone(&conn), guard));
     }
 }
 
-/// Completes the TLS handshake when the listener has TLS.
+/// Completes the TLS handshake when the listener has TLS, and tells the HTTP version; both
+/// before `deadline` (the request head's: accept plus `--header-read-timeout`).
 async fn handshake(
     tcp: TcpStream,
     tls: Option<&ServerTls>,
-    limit: Duration,
+    deadline: Instant,
 ) -> Option<(TokioIo<Stream>, Version)> {
     // Small SSE writes must leave at once.
     let _ = tcp.set_nodelay(true);
     let (stream, version) = match tls {
         None => {
-            let version = version::sniff(&tcp, limit).await?;
+            let version = version::sniff(&tcp, deadline).await?;
             (Stream::Plain(tcp), version)
         }
-        Some(tls) => match tls.accept(tcp, limit).await {
+        Some(tls) => match tls.accept(tcp, head::remaining(deadline)).await {
             Ok(s) => {
                 let version = version::from_alpn(s.alpn_protocol());
                 (s, version)
@@ -338,15 +344,15 @@ async fn handshake(
 /// an await is memory per open stream: the shared [`Conn`] by reference count, the handshake
 /// boxed (a TLS handshake's state is large and over by the first request), and the connection
 /// built outside it ([`connection`]), so no copy of the request path is left behind in it.
-async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
-    let Some((io, version)) =
-        Box::pin(handshake(stream, c.tls.as_ref(), c.header_read_timeout)).await
-    else {
+async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Conn>, _guard: Held) {
+    // The handshake, the first bytes and the first head share one budget from accept.
+    let deadline = accepted + c.header_read_timeout;
+    let Some((io, version)) = Box::pin(handshake(stream, c.tls.as_ref(), deadline)).await else {
         return;
     };
     let mut drain = c.drain.clone();
     let draining = *drain.borrow();
-    let conn = connection(io, version, c, draining);
+    let conn = connection(io, version, c, draining, accepted);
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
@@ -368,17 +374,18 @@ async fn serve_proxy_conn(stream: TcpStream, c: Arc<Conn>, _guard: Held) {
 /// `auto` connection when that is not known yet ([`version`] says why it is decided first).
 /// Keep-alive is off when the server is draining. Each request gets its own clone of the
 /// request path (tower's one-shot call) and the drain's handle for an upgrade to hold.
-fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: bool) -> Served {
+fn connection(
+    io: TokioIo<Stream>,
+    version: Version,
+    c: Arc<Conn>,
+    draining: bool,
+    accepted: Instant,
+) -> Served {
     let http1 = || {
         let mut b = http1::Builder::new();
-        b.timer(TokioTimer::new())
+        b.timer(HeadTimer::new(accepted))
             .header_read_timeout(c.header_read_timeout)
             .keep_alive(!draining);
-        b
-    };
-    let http2 = || {
-        let mut b = http2::Builder::new(TokioExecutor::new());
-        b.timer(TokioTimer::new());
         b
     };
     match version {
@@ -388,7 +395,7 @@ fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: boo
                 .with_upgrades(),
         ),
         Version::Http2 => Served::Http2(Box::pin(
-            http2().serve_connection(io, Requests(Arc::clone(&c))),
+            http2::builder().serve_connection(io, Requests(Arc::clone(&c))),
         )),
         Version::Unknown => {
             // The same settings as above, on `auto`'s own builders (hyper-util takes no hyper
@@ -396,10 +403,10 @@ fn connection(io: TokioIo<Stream>, version: Version, c: Arc<Conn>, draining: boo
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
-                .timer(TokioTimer::new())
+                .timer(HeadTimer::new(accepted))
                 .header_read_timeout(c.header_read_timeout)
                 .keep_alive(!draining);
-            builder.http2().timer(TokioTimer::new());
+            http2::configure(&mut builder);
             Served::Auto(Box::pin(
                 builder
                     .serve_connection_with_upgrades(io, Requests(Arc::clone(&c)))
@@ -419,7 +426,7 @@ type Io = TokioIo<Stream>;
 #[pin_project::pin_project(project = ServedProj)]
 enum Served {
     Http1(#[pin] http1::UpgradeableConnection<Io, Requests>),
-    Http2(Pin<Box<http2::Connection<Io, Requests, TokioExecutor>>>),
+    Http2(Pin<Box<hyper_http2::Connection<Io, Requests, TokioExecutor>>>),
     Auto(Pin<Box<auto::UpgradeableConnection<'static, Io, Requests, TokioExecutor>>>),
 }
 
@@ -478,16 +485,17 @@ async fn serve_admin(
         let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
         let ui = ui.clone();
         tokio::spawn(async move {
-            let Some((io, _)) = handshake(stream, tls.as_ref(), header_read_timeout).await else {
+            let deadline = Instant::now() + header_read_timeout;
+            let Some((io, _)) = handshake(stream, tls.as_ref(), deadline).await else {
                 return;
             };
             let service = service_fn(move |req: Request<Incoming>| {
                 let resp = admin::handle_with_ui(&req, &metrics, &ready, ui.as_deref());
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(io, service)
-                .await;
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            http2::configure(&mut builder);
+            let _ = builder.serve_connection(io, service).await;
         });
     }
 }

@@ -100,7 +100,9 @@ where
                 let err = ProxyError::Overloaded {
                     retry_after: self.retry_after,
                 };
-                // The body is never read: hyper discards it, or closes the connection.
+                // The body is never read: hyper discards it, or closes the connection. So the
+                // model stays `unknown`: reading the body for it would cost every shed request
+                // what shedding saves (up to `--max-request-body`, and a wait on the client).
                 let (parts, _body) = req.into_parts();
                 let head = Head::of(&self.recorder, &parts, Instant::now());
                 metering::record_refusal(&self.recorder, head, &err);
@@ -267,7 +269,7 @@ mod tests {
         let body = shed.into_body().collect().await.expect("body").to_bytes();
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["error"]["type"], "overloaded");
-        assert_eq!(v["error"]["code"], "overloaded");
+        assert_eq!(v["error"]["code"], 503);
         assert!(v["error"]["message"]
             .as_str()
             .is_some_and(|m| !m.is_empty()));

@@ -169,10 +169,6 @@ impl ProxyError {
         if let (Some(cause), Some(e)) = (self.cause(), body.get_mut("error")) {
             e["cause"] = cause.into();
         }
-        if let (ProxyError::Overloaded { .. }, Some(e)) = (self, body.get_mut("error")) {
-            // OpenAI's own overload error carries its reason as a string code; SDKs retry on it.
-            e["code"] = self.kind().into();
-        }
         let mut resp = json_response(self.status(), &body);
         if let ProxyError::Overloaded { retry_after } = self {
             resp.headers_mut()

@@ -23,18 +23,27 @@
 //! request, and never on a fresh connection, where the server saw the request and failed. A
 //! sweep every [`SWEEP_EVERY`] closes connections idle past the timeout and those the server
 //! has closed, so a burst's connections do not outlive it.
+//!
+//! An `https://` upstream goes through the pool too, so a request it loses to its idle close is
+//! sent again as over plain HTTP (hyper-util's client would answer it with a 502). Its
+//! connections offer `h2` and `http/1.1` by ALPN; the first time one settles on `h2` the pool
+//! hands that request back ([`Sent::Http2`]) and remembers it, and from then on HTTP/2 goes
+//! through hyper-util's client, whose HTTP/2 connection carries every request at once.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::client::legacy::connect::Connection as _;
 use tower::Service;
 
 use super::ProxyBody;
@@ -61,6 +70,20 @@ struct Inner {
     idle_timeout: Duration,
     /// Oldest first: connections are taken from the end and put back at the end.
     idle: Mutex<Vec<Idle>>,
+    /// An `https://` upstream settled on `h2` by ALPN: requests go elsewhere ([`Sent::Http2`]).
+    http2: AtomicBool,
+}
+
+/// What [`Pool::send`] did with a request.
+// The response is every request's path and moved once: boxing it would cost an allocation per
+// request to shrink a value that lives for one return.
+#[allow(clippy::large_enum_variant)]
+pub enum Sent {
+    /// Sent, and the response head is here; its body drives the connection.
+    Response(Response<PooledBody>),
+    /// Not sent: the upstream speaks HTTP/2 (ALPN said so), which this pool does not. The
+    /// request comes back as it was given.
+    Http2(Box<Request<ProxyBody>>),
 }
 
 struct Idle {
@@ -113,6 +136,7 @@ impl Pool {
             connector,
             idle_timeout,
             idle: Mutex::new(Vec::new()),
+            http2: AtomicBool::new(false),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(sweep(Arc::downgrade(&inner)));
@@ -125,28 +149,34 @@ impl Pool {
         self.inner.lock().len()
     }
 
-    /// Sends `req` and returns the response head; its body drives the connection.
-    pub async fn send(
-        &self,
-        mut req: Request<ProxyBody>,
-    ) -> Result<Response<PooledBody>, BoxError> {
+    /// True once a connection to the upstream settled on HTTP/2 by ALPN.
+    pub fn speaks_http2(&self) -> bool {
+        self.inner.http2.load(Ordering::Relaxed)
+    }
+
+    /// Sends `req` (its URI absolute, as the client's would be; it goes on the wire in origin
+    /// form) and returns the response head; its body drives the connection.
+    pub async fn send(&self, mut req: Request<ProxyBody>) -> Result<Sent, BoxError> {
         let mut reuse = true;
         loop {
             let (mut conn, reused) = match reuse.then(|| self.inner.checkout()).flatten() {
                 Some(c) => (c, true),
-                None => (self.inner.connect().await?, false),
+                None => match self.inner.connect().await? {
+                    Some(c) => (c, false),
+                    None => return Ok(Sent::Http2(Box::new(req))),
+                },
             };
             // The copy to send again is made only where it can be needed: on a reused connection.
             let again = if reused { replay(&req) } else { None };
             match (conn.send(req).await, again) {
                 (Ok(resp), _) => {
                     let pool = Arc::downgrade(&self.inner);
-                    return Ok(resp.map(|inner| PooledBody {
+                    return Ok(Sent::Response(resp.map(|inner| PooledBody {
                         inner,
                         conn: Some(conn),
                         ended: false,
                         pool,
-                    }));
+                    })));
                 }
                 (Err(SendError::Unsent(r, e)), _) if reused => {
                     tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
@@ -209,6 +239,22 @@ fn replay(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
     Some(again)
 }
 
+/// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
+/// origin in `Host` (what hyper-util's client does on its own).
+fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(a) = parts.uri.authority() {
+        if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    if let Ok(u) = Uri::try_from(pq) {
+        parts.uri = u;
+    }
+    Request::from_parts(parts, body)
+}
+
 /// True for how a written request is lost to a server's close: the connection ended, or was
 /// reset, before a byte of the response (`Conn::send` returns at the response head, so any error
 /// it gives came before one).
@@ -265,13 +311,18 @@ impl Inner {
         });
     }
 
-    async fn connect(&self) -> Result<Conn, BoxError> {
+    /// A new connection; `None` when TLS settled on `h2`, which is then remembered.
+    async fn connect(&self) -> Result<Option<Conn>, BoxError> {
         let io = self.connector.clone().call(self.origin.clone()).await?;
+        if io.connected().is_negotiated_h2() {
+            self.http2.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
         let (send, driver) = http1::handshake(io).await?;
-        Ok(Conn {
+        Ok(Some(Conn {
             send,
             driver: Some(Mutex::new(Box::pin(driver))),
-        })
+        }))
     }
 }
 
@@ -300,7 +351,7 @@ impl Conn {
 
     /// Sends one request and waits for its response head, driving the connection meanwhile.
     async fn send(&mut self, req: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
-        let mut sent = Box::pin(self.send.try_send_request(req));
+        let mut sent = Box::pin(self.send.try_send_request(origin_form(req)));
         let driver = &mut self.driver;
         let out = poll_fn(|cx| {
             if let Some(d) = driver {

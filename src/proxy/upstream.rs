@@ -16,10 +16,11 @@
 //! connection never returns to a pool). On a `101` both sides' pending connections travel up in
 //! the response's extensions as [`Pending`], for the metering layer to join.
 //!
-//! Plain HTTP/1.1 (`http://`, no `--upstream-http2`, no upgrade) goes through [`Pool`], whose
-//! connections the response body drives in the client connection's task; there the request
-//! line carries the path (origin form) and `Host` the upstream's authority, as hyper-util's
-//! client writes them.
+//! HTTP/1.1 (no `--upstream-http2`, no upgrade; over TLS, what ALPN settled) goes through
+//! [`Pool`], whose connections the response body drives in the client connection's task, and
+//! which sends again a request a reused connection lost; there the request line carries the
+//! path (origin form) and `Host` the upstream's authority, as hyper-util's client writes them.
+//! HTTP/2 goes through hyper-util's client.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,7 +28,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -36,7 +37,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
-use super::pool::{Pool, PooledBody};
+use super::pool::{Pool, PooledBody, Sent};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::config::{Config, Upstream as Target};
 use crate::ratelog::RateLimited;
@@ -50,7 +51,7 @@ pub struct Upstream {
     client: Client<Connector, ProxyBody>,
     /// HTTP/1.1 only, for upgrade requests.
     upgrades: Client<Connector, ProxyBody>,
-    /// Plain HTTP/1.1 requests (`None` for `https://` and `--upstream-http2`).
+    /// HTTP/1.1 requests (`None` with `--upstream-http2`).
     pool: Option<Pool>,
     target: Target,
     http2: bool,
@@ -106,12 +107,16 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_idle_timeout(cfg.pool_idle_timeout)
             .build(tls.connector(Alpn::Http1, cfg.connect_timeout));
-        // TLS negotiates HTTP/2 or HTTP/1.1 per connection: that stays with hyper-util's client.
-        let plain = cfg.upstream.origin.scheme_str() != Some("https");
-        let pool = (plain && !cfg.upstream_http2).then(|| {
+        // Over TLS the pool offers both by ALPN and hands HTTP/2 over to `client` (see `pool`).
+        let pool_alpn = if cfg.upstream.is_https() {
+            Alpn::Negotiate
+        } else {
+            Alpn::Http1
+        };
+        let pool = (!cfg.upstream_http2).then(|| {
             Pool::new(
                 cfg.upstream.origin.clone(),
-                tls.connector(Alpn::Http1, cfg.connect_timeout),
+                tls.connector(pool_alpn, cfg.connect_timeout),
                 cfg.pool_idle_timeout,
             )
         });
@@ -173,15 +178,17 @@ impl Service<Request<ProxyBody>> for Upstream {
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &self.pool) {
-            (None, Some(pool)) => {
-                let pool = pool.clone();
+            (None, Some(pool)) if !pool.speaks_http2() => {
+                let (pool, client) = (pool.clone(), self.client.clone());
                 Box::pin(async move {
-                    let resp = pool.send(origin_form(req)).await?;
-                    Ok(resp.map(UpstreamBody::Pooled))
+                    match pool.send(req).await? {
+                        Sent::Response(resp) => Ok(resp.map(UpstreamBody::Pooled)),
+                        Sent::Http2(req) => client_request(&client, *req).await,
+                    }
                 })
             }
             (Some(_), _) => client_request(&self.upgrades, req),
-            (None, None) => client_request(&self.client, req),
+            (None, _) => client_request(&self.client, req),
         };
         let failures = Arc::clone(&self.failures);
         Box::pin(async move {
@@ -259,22 +266,6 @@ impl Body for UpstreamBody {
             UpstreamBody::Client(b) => b.size_hint(),
         }
     }
-}
-
-/// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
-/// origin in `Host` (what hyper-util's client does on its own).
-fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
-    let (mut parts, body) = req.into_parts();
-    if let Some(a) = parts.uri.authority() {
-        if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-            parts.headers.insert(header::HOST, v);
-        }
-    }
-    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    if let Ok(u) = Uri::try_from(pq) {
-        parts.uri = u;
-    }
-    Request::from_parts(parts, body)
 }
 
 /// The upstream's origin and base path, then the client's path and query.

@@ -8,11 +8,11 @@
 //! stream with `auto` and 27.6 KiB with this module's choice (docs/bench.md).
 //!
 //! So the version is decided here, without consuming a byte: over TLS by what ALPN settled, in
-//! plain TCP by peeking at the first bytes. Only when neither can tell yet (a TLS client that
-//! offered no ALPN, or fewer bytes arrived than tell the preface from a request line) does the
-//! `auto` connection read the version itself, as before.
+//! plain TCP by peeking at the first bytes until they tell (a request line's `P`, or part of
+//! the preface, does not yet), within the head's budget. Only a TLS client that offered no
+//! ALPN is left to the `auto` connection, which reads the version itself.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
@@ -51,14 +51,35 @@ pub fn from_alpn(protocol: Option<&[u8]>) -> Version {
     }
 }
 
-/// Peeks at a plain connection's first bytes, waiting at most `limit` for them (the header
-/// read timeout: a client that sends nothing is cut like one that sends its head too slowly).
-/// `None` when the client closed, failed or sent nothing in time.
-pub async fn sniff(tcp: &TcpStream, limit: Duration) -> Option<Version> {
+/// The first wait before peeking again at bytes that do not tell the version yet, and the
+/// longest. Only a client whose first bytes are a prefix of the preface waits (a real client
+/// sends its request line or the whole preface in one write), a few milliseconds at first.
+const PEEK_AGAIN: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(100));
+
+/// Peeks at a plain connection's first bytes until they tell the version, waiting at most
+/// until `deadline` (the header read timeout's: a client that sends nothing, or trickles a
+/// prefix of the preface, is cut like one that sends its head too slowly; hyper-util's `auto`
+/// connection, which would read the version itself, has no timeout of its own). `None` when
+/// the client closed, failed or did not tell in time.
+pub async fn sniff(tcp: &TcpStream, deadline: Instant) -> Option<Version> {
     let mut first = [0u8; PREFACE.len()];
-    match tokio::time::timeout(limit, tcp.peek(&mut first)).await {
-        Ok(Ok(0)) | Ok(Err(_)) | Err(_) => None,
-        Ok(Ok(n)) => Some(from_prefix(&first[..n])),
+    let mut wait = PEEK_AGAIN.0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let version = match tokio::time::timeout(left, tcp.peek(&mut first)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+            Ok(Ok(n)) => from_prefix(&first[..n]),
+        };
+        if version != Version::Unknown {
+            return Some(version);
+        }
+        // A peek returns at once while bytes wait: sleep before the next, within the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        tokio::time::sleep(wait.min(left)).await;
+        wait = (wait * 2).min(PEEK_AGAIN.1);
     }
 }
 

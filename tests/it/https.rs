@@ -1,13 +1,20 @@
 //! `--upstream https://...` through tokenmeter: streams byte-exact and metered as over plain
 //! HTTP (HTTP/1.1 and HTTP/2 by ALPN), certificate failures as 502s naming their cause, mutual
-//! TLS, and the connect timeout on a black-holed upstream.
+//! TLS, the connect timeout on a black-holed upstream, and a request lost to the upstream's idle
+//! close sent again.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
 
 use crate::support::client::{chat_request, post};
 use crate::support::metrics::metric;
+use crate::support::raw::read_request;
 use crate::support::tls::{acceptor, Ca, Dir, Leaf, Validity};
-use crate::support::upstream::{self, openai_chat, Reply, Step, Upstream};
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step, Upstream};
 use crate::support::{serial, spawn_proxy};
 
 const H2_H1: &[&[u8]] = &[b"h2", b"http/1.1"];
@@ -20,17 +27,6 @@ fn script() -> Vec<Step> {
         Duration::from_millis(4),
         true,
     )
-}
-
-fn body_of(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 async fn sse_upstream(tls: Option<tokio_rustls::TlsAcceptor>) -> Upstream {
@@ -84,7 +80,7 @@ async fn streams_over_https_are_byte_exact_and_metered_as_over_http() {
     let ca = Ca::new("upstream ca");
     let ca_file = dir.write("ca.pem", &ca.pem);
     let leaf = ca.leaf(&["127.0.0.1"], Validity::Now);
-    let want = body_of(&script());
+    let want = script_bytes(&script());
     let mut figures = Vec::new();
     let cases: [(Option<&[&[u8]]>, &str); 3] = [
         (None, "HTTP/1.1"),
@@ -218,7 +214,7 @@ async fn mutual_tls_works_with_the_client_certificate_and_fails_without() {
     .await;
     let url = |p: &crate::support::Proxy| format!("{}/v1/chat/completions", p.url());
     let seen = post(&url(&with), &chat_request(true, true)).await;
-    assert_eq!((seen.status, seen.body), (200, body_of(&script())));
+    assert_eq!((seen.status, seen.body), (200, script_bytes(&script())));
 
     let without = spawn_proxy(&up.https_url(), &["--upstream-ca", Dir::arg(&ca_file)]).await;
     let seen = post(&url(&without), &chat_request(true, true)).await;
@@ -259,5 +255,87 @@ async fn a_black_holed_upstream_answers_502_within_the_connect_timeout() {
             .label("code", "502")
             .value(&scrape);
         assert_eq!(n, 1.0);
+    }
+}
+
+/// An HTTPS upstream that answers the first request of each connection, then reads the next
+/// one whole and closes without a word (its idle close crossing the request on the wire, made
+/// certain): (connections accepted, requests read, requests answered).
+async fn losing_tls_upstream(
+    tls: tokio_rustls::TlsAcceptor,
+) -> (std::net::SocketAddr, [Arc<AtomicUsize>; 3]) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let counts: [Arc<AtomicUsize>; 3] = Default::default();
+    let [accepted, read, served] = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let (tls, read, served) = (tls.clone(), Arc::clone(&read), Arc::clone(&served));
+            tokio::spawn(async move {
+                let Ok(mut s) = tls.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                for nth in 0.. {
+                    if read_request(&mut s, &mut buf, None).await.is_none() {
+                        return;
+                    }
+                    read.fetch_add(1, Ordering::SeqCst);
+                    if nth > 0 {
+                        return; // dropped unanswered: the request is lost
+                    }
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{LOST_SSE}",
+                        LOST_SSE.len()
+                    );
+                    if s.write_all(resp.as_bytes()).await.is_err() || s.flush().await.is_err() {
+                        return;
+                    }
+                    served.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, counts)
+}
+
+const LOST_SSE: &str = "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
+
+/// The second request goes out on the reused TLS connection, which the upstream then closes
+/// unanswered: it is sent again on a new connection, as over plain HTTP, and the client sees
+/// one clean response (with ALPN settling `http/1.1`, and with no ALPN at all).
+#[tokio::test]
+async fn a_request_an_https_upstream_lost_on_a_reused_connection_is_sent_again() {
+    let dir = Dir::new("https-lost");
+    let ca = Ca::new("upstream ca");
+    let ca_file = dir.write("ca.pem", &ca.pem);
+    let leaf = ca.leaf(&["127.0.0.1"], Validity::Now);
+    for alpn in [&[b"http/1.1".as_slice()][..], &[]] {
+        let (addr, [accepted, read, served]) =
+            losing_tls_upstream(acceptor(&leaf, alpn, None)).await;
+        let proxy = spawn_proxy(
+            &format!("https://{addr}"),
+            &["--upstream-ca", Dir::arg(&ca_file)],
+        )
+        .await;
+        let url = format!("{}/v1/chat/completions", proxy.url());
+        for nth in 0..2 {
+            let seen = post(&url, &chat_request(true, true)).await;
+            assert_eq!(
+                (seen.status, seen.body.as_slice()),
+                (200, LOST_SSE.as_bytes()),
+                "request {nth}, ALPN {alpn:?}"
+            );
+        }
+        // Request 1 on connection 1; request 2 lost on it, then sent on connection 2.
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "ALPN {alpn:?}");
+        assert_eq!(read.load(Ordering::SeqCst), 3, "ALPN {alpn:?}");
+        assert_eq!(served.load(Ordering::SeqCst), 2, "ALPN {alpn:?}");
+        let scrape = proxy.settled(2.0).await;
+        let complete = metric("tokenmeter_requests_total")
+            .label("outcome", "complete")
+            .value(&scrape);
+        assert_eq!(complete, 2.0, "ALPN {alpn:?}");
     }
 }

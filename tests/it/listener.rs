@@ -12,19 +12,8 @@ use hyper_util::rt::TokioIo;
 use crate::support::client::chat_request;
 use crate::support::metrics::metric;
 use crate::support::tls::{client_config, connect, https_client, Ca, Dir, Validity};
-use crate::support::upstream::{self, openai_chat, Reply, Step};
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step};
 use crate::support::{spawn_proxy, Proxy};
-
-fn sse_body(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
-}
 
 /// A proxy whose listener serves TLS with a certificate of a CA of its own, in front of an
 /// upstream that streams `steps`.
@@ -45,7 +34,7 @@ async fn tls_proxy(name: &str, steps: Vec<Step>) -> TlsProxy {
         dir.write("tls.crt", &leaf.cert_pem),
         dir.write("tls.key", &leaf.key_pem),
     );
-    let want = sse_body(&steps);
+    let want = script_bytes(&steps);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
     let proxy = spawn_proxy(
         &up.url(),
@@ -148,7 +137,7 @@ async fn a_certificate_replaced_on_disk_reaches_new_connections_while_a_stream_f
     secret_volume(&dir.0, "v1", &old.cert_pem, &old.key_pem);
     // A stream long enough to outlive the rotation: 40 tokens 100 ms apart.
     let steps = openai_chat(Duration::ZERO, 40, Duration::from_millis(100), true);
-    let want = sse_body(&steps);
+    let want = script_bytes(&steps);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
     let (cert, key) = (dir.0.join("tls.crt"), dir.0.join("tls.key"));
     let proxy = spawn_proxy(
@@ -310,12 +299,12 @@ impl tokio::io::AsyncWrite for SlowStart {
 }
 
 /// The proxy tells HTTP/1 from HTTP/2 (prior knowledge) by a plain connection's first bytes,
-/// without reading them; when too few have come to tell (a request line's `P`, part of the
-/// preface), hyper's `auto` connection reads them instead. Every way gets the whole stream.
+/// without reading them, and waits for more when too few have come to tell (a request line's
+/// `P`, part of the preface). Every way gets the whole stream.
 #[tokio::test]
 async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arrive() {
     let steps = openai_chat(Duration::from_millis(2), 6, Duration::from_millis(1), true);
-    let want = sse_body(&steps);
+    let want = script_bytes(&steps);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
     let proxy = spawn_proxy(&up.url(), &[]).await;
     // (HTTP/2?, bytes in the first write): whole, one byte, part of the preface.

@@ -14,25 +14,13 @@ use tokio::net::TcpStream;
 
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
-use crate::support::upstream::{self, openai_chat, Reply, Step};
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step};
 use crate::support::{serial, spawn_proxy, Proxy};
 
 const MS: Duration = Duration::from_millis(1);
 
 fn chat_url(proxy: &Proxy) -> String {
     format!("{}/v1/chat/completions", proxy.url())
-}
-
-/// The bytes a script sends, in order.
-fn script_bytes(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 async fn readyz(proxy: &Proxy) -> (u16, String) {
@@ -106,7 +94,7 @@ async fn at_max_in_flight_the_rest_are_shed_at_once_and_never_reach_the_upstream
                 assert_eq!(seen.headers["content-type"], "application/json");
                 let v: serde_json::Value = serde_json::from_slice(&seen.body).expect("json");
                 assert_eq!(v["error"]["type"], "overloaded", "{v}");
-                assert_eq!(v["error"]["code"], "overloaded", "{v}");
+                assert_eq!(v["error"]["code"], 503, "{v}");
                 assert!(v["error"]["message"].as_str().is_some(), "{v}");
             }
             other => panic!("unexpected status {other}"),

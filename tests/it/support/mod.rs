@@ -6,6 +6,7 @@
 pub mod client;
 pub mod corpus;
 pub mod metrics;
+pub mod process;
 pub mod promtool;
 pub mod raw;
 pub mod tls;

@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
-/// Reads one request (head and `content-length` body) from `s`; `None` once the peer is gone,
-/// or when no byte of a head came within `head_wait`.
-pub async fn read_request(
-    s: &mut TcpStream,
+/// Reads one request (head and `content-length` body) from `s` (plain TCP or TLS); `None` once
+/// the peer is gone, or when no byte of a head came within `head_wait`.
+pub async fn read_request<S: AsyncRead + Unpin>(
+    s: &mut S,
     buf: &mut Vec<u8>,
     head_wait: Option<Duration>,
 ) -> Option<()> {

@@ -284,6 +284,18 @@ async fn play(
     }
 }
 
+/// The bytes a script sends, in order: what a client must get, byte for byte.
+pub fn script_bytes(steps: &[Step]) -> Vec<u8> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Send(b) => Some(b.to_vec()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
 /// An OpenAI chat stream: `tokens` content chunks `gap` apart after `ttft`, then (optionally) a
 /// usage chunk and `[DONE]`.
 pub fn openai_chat(ttft: Duration, tokens: usize, gap: Duration, usage: bool) -> Vec<Step> {

@@ -1,0 +1,250 @@
+//! Hostile clients: heads trickled a byte at a time are closed when `--header-read-timeout`
+//! has passed since accept, whatever HTTP they start to speak; HTTP/2 floods from a real
+//! client (Python's `h2` framing, `tests/h2/flood.py`) leave tokenmeter up, its memory bounded
+//! and a well-behaved stream beside them on time.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::client::chat_request;
+use crate::support::process::Binary;
+use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step};
+use crate::support::{in_ci, serial, spawn_proxy};
+
+/// How long one trickling client held its connection, from connect to the proxy's close;
+/// `None` if it was still open at `give_up`.
+async fn trickle(
+    addr: std::net::SocketAddr,
+    head: &'static [u8],
+    give_up: Duration,
+) -> Option<Duration> {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    let start = Instant::now();
+    let mut sent = 0;
+    let mut buf = [0u8; 512];
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            r = tcp.read(&mut buf) => match r {
+                // hyper may answer 408 before it closes: read on to the end.
+                Ok(n) if n > 0 => continue,
+                _ => return Some(start.elapsed()),
+            },
+            _ = tick.tick() => {
+                if start.elapsed() > give_up {
+                    return None;
+                }
+                if sent < head.len() {
+                    // Fails once the proxy has reset the connection; the read then says so.
+                    let _ = tcp.write_all(&head[sent..=sent]).await;
+                    sent += 1;
+                }
+            }
+        }
+    }
+}
+
+/// 1,000 connections that send one byte of their head a second (a request line, a request
+/// line starting with `P`, which does not tell HTTP/1 from the HTTP/2 preface at once, and the
+/// preface itself) are all closed at `--header-read-timeout` after they connected, within 10%:
+/// the version check, a TLS handshake and hyper's own timer share one budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_trickled_heads_are_closed_at_the_header_read_timeout_within_ten_percent() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    const CONNECTIONS: usize = 1_000;
+    let _turn = serial().await;
+    let up = upstream::spawn(|_| Reply::json(200, "{}")).await;
+    let proxy = spawn_proxy(
+        &up.url(),
+        &["--header-read-timeout", "3s", "--max-connections", "2000"],
+    )
+    .await;
+    let heads: [&'static [u8]; 3] = [
+        b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ];
+    let tasks: Vec<_> = (0..CONNECTIONS)
+        .map(|i| {
+            let head = heads[i % heads.len()];
+            tokio::spawn(trickle(proxy.addr, head, TIMEOUT * 3))
+        })
+        .collect();
+    let mut held: [Vec<Duration>; 3] = Default::default();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let h = t
+            .await
+            .expect("client task")
+            .unwrap_or_else(|| panic!("connection {i} ({:?}) still open", heads[i % 3][0] as char));
+        held[i % 3].push(h);
+    }
+    let (lo, hi) = (TIMEOUT.mul_f64(0.9), TIMEOUT.mul_f64(1.1));
+    for (kind, h) in ["GET", "POST", "preface"].iter().zip(&held) {
+        let (min, max) = (h.iter().min().copied(), h.iter().max().copied());
+        eprintln!("{kind}: {} connections held {min:?} to {max:?}", h.len());
+        assert!(
+            h.iter().all(|d| *d >= lo && *d <= hi),
+            "{kind}: held {min:?} to {max:?}, want {lo:?} to {hi:?}"
+        );
+    }
+    assert_eq!(up.opened(), 0, "no trickled head reached the upstream");
+}
+
+/// The Python that has the `h2` package (`tests/run` prepares it), or why there is none.
+fn h2_python() -> Result<String, String> {
+    let python = std::env::var("TOKENMETER_H2_PYTHON").map_err(|_| {
+        "TOKENMETER_H2_PYTHON is not set (tests/run sets it to a virtualenv with h2)".to_string()
+    })?;
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import h2, hpack"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(python)
+    } else {
+        Err(format!("{python} cannot import h2"))
+    }
+}
+
+/// The well-behaved stream: chunks 20 ms apart.
+fn paced() -> Vec<Step> {
+    openai_chat(Duration::ZERO, 60, Duration::from_millis(20), true)
+}
+
+/// What `/v1/flood` answers: 1 MiB in 16 KiB pieces, as fast as it is taken.
+fn bulk() -> Vec<Step> {
+    (0..64)
+        .map(|_| Step::Send(Bytes::from(vec![b'x'; 16 * 1024])))
+        .collect()
+}
+
+/// One stream over HTTP/2 with prior knowledge: the gaps between its body frames, after the
+/// body was checked byte for byte.
+async fn well_behaved(addr: std::net::SocketAddr) -> Vec<Duration> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let _ = tcp.set_nodelay(true);
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_request(true, true))))
+        .expect("request");
+    let resp = send.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let (mut got, mut at) = (Vec::new(), Vec::new());
+    while let Some(f) = body.frame().await {
+        if let Ok(d) = f.expect("body frame").into_data() {
+            got.extend_from_slice(&d);
+            at.push(Instant::now());
+        }
+    }
+    assert_eq!(
+        got,
+        script_bytes(&paced()),
+        "the well-behaved stream differs"
+    );
+    at.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+/// (mean, 90th percentile) of inter-chunk gaps.
+fn spread(gaps: &[Duration]) -> (Duration, Duration) {
+    let mut g = gaps.to_vec();
+    g.sort();
+    let mean = g.iter().sum::<Duration>() / g.len().max(1) as u32;
+    (mean, g[(g.len() * 9 / 10).min(g.len() - 1)])
+}
+
+/// The most tokenmeter may be resident through every flood. Measured: 23 MiB through the
+/// first four, 52 MiB peak with 100 streams of 1 MiB answers read by nobody (each parks at most
+/// `server::http2::MAX_SEND_BUF_SIZE` in h2, plus the upstream connection's buffers).
+const FLOOD_RSS_BOUND: u64 = 64 << 20;
+
+/// Rapid reset, a CONTINUATION flood, SETTINGS and PING floods, and a client holding the most
+/// streams allowed while reading nothing, each for 4 s against a tokenmeter of its own process:
+/// it stays up, its RSS stays under [`FLOOD_RSS_BOUND`], the streams past the cap are refused,
+/// and a well-behaved HTTP/2 stream beside each flood keeps its mean and 90th-percentile
+/// inter-chunk gap within 2x of the same stream on a quiet proxy, measured in this run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_floods_leave_the_proxy_up_bounded_and_a_stream_beside_them_on_time() {
+    let python = match h2_python() {
+        Ok(p) => p,
+        Err(why) if !in_ci() => {
+            eprintln!("SKIPPED http2 floods: {why}");
+            return;
+        }
+        Err(why) => panic!("{why}"),
+    };
+    let _turn = serial().await;
+    let up = upstream::spawn(|r| {
+        if r.path.ends_with("/flood") {
+            Reply::sse(bulk())
+        } else {
+            Reply::sse(paced())
+        }
+    })
+    .await;
+    let mut proxy = Binary::start(&up.url(), &[]);
+    let quiet = spread(&well_behaved(proxy.addr).await);
+    eprintln!("quiet: mean {:?}, p90 {:?}", quiet.0, quiet.1);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/h2/flood.py");
+    let port = proxy.addr.port().to_string();
+    for mode in ["rapid_reset", "continuation", "settings", "ping", "streams"] {
+        let flood = tokio::process::Command::new(&python)
+            .args([script, "127.0.0.1", &port, mode, "4"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the flood");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (rss_before, gaps) = (proxy.rss(), well_behaved(proxy.addr).await);
+        let out = flood.wait_with_output().await.expect("the flood ends");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{mode}: {e}: {:?}", String::from_utf8_lossy(&out.stdout)));
+        let busy = spread(&gaps);
+        eprintln!(
+            "{mode}: mean {:?}, p90 {:?}; RSS {} MiB during, peak {} MiB; {report}",
+            busy.0,
+            busy.1,
+            rss_before >> 20,
+            proxy.peak_rss() >> 20
+        );
+        assert!(proxy.alive(), "{mode}: tokenmeter died");
+        assert!(
+            busy.0 <= quiet.0 * 2 && busy.1 <= quiet.1 * 2,
+            "{mode}: gaps mean {:?} p90 {:?} against quiet {:?} {:?}",
+            busy.0,
+            busy.1,
+            quiet.0,
+            quiet.1
+        );
+        assert!(
+            proxy.peak_rss() < FLOOD_RSS_BOUND,
+            "{mode}: peak RSS {} MiB",
+            proxy.peak_rss() >> 20
+        );
+        if mode == "streams" {
+            assert_eq!(
+                report["max_concurrent_streams"],
+                tokenmeter::server::http2::MAX_CONCURRENT_STREAMS
+            );
+            assert_eq!(report["refused"], 1, "{report}");
+        }
+        if mode == "rapid_reset" || mode == "continuation" {
+            assert!(report["goaways"].as_u64() > Some(0), "{mode}: {report}");
+        }
+    }
+    // And it serves as before.
+    let after = spread(&well_behaved(proxy.addr).await);
+    eprintln!("after: mean {:?}, p90 {:?}", after.0, after.1);
+    assert!(proxy.alive());
+}
