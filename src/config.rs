@@ -296,6 +296,13 @@ pub struct ProxyArgs {
     /// top of --max-tenants.
     #[arg(long, env = "TOKENMETER_TENANT_ALLOW_FILE", value_name = "FILE")]
     pub tenant_allow_file: Option<PathBuf>,
+
+    // --- following one request ---
+    /// Write one JSON line per finished request to FILE (appended), or to standard output with
+    /// "-": trace and request ids, model, tenant, tokens, TTFT, speed, outcome (README,
+    /// "Request log"). Never a prompt, a completion or a credential.
+    #[arg(long, env = "TOKENMETER_REQUEST_LOG", value_name = "FILE|-")]
+    pub request_log: Option<PathBuf>,
 }
 
 /// Where requests go.
@@ -353,6 +360,8 @@ pub struct Config {
     pub replicas: crate::replicas::Setting,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
+    /// `--request-log`: a file, or `-` for standard output.
+    pub request_log: Option<PathBuf>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -658,6 +667,7 @@ impl ProxyArgs {
             ui: (!self.no_ui).then_some(self.ui_sample_period),
             replicas,
             tenants,
+            request_log: self.request_log.clone(),
         })
     }
 

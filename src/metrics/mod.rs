@@ -43,6 +43,7 @@ pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
 use crate::capacity::{Capacity, CapacityConfig};
+pub use crate::context::Ident;
 use crate::gpus;
 pub use crate::protocol::timings::EngineTimings;
 use crate::protocol::Api;
@@ -358,6 +359,16 @@ pub struct Finished {
     /// The `tenant` label (already bounded by `crate::tenant`); `None` is [`NO_TENANT`]. Read
     /// only when the label exists (`MetricsConfig::tenant`).
     pub tenant: Option<Arc<str>>,
+    /// What the request's head said of it (method, path, request id, trace), for the request
+    /// log and the span; `None` when neither is on (nothing per request is read for them).
+    pub ident: Option<Arc<Ident>>,
+}
+
+/// What else takes each [`Finished`] record, after the metrics: the request log, the span
+/// exporter. Called once per request, on the thread that finished it: an implementation only
+/// queues (bounded) and returns.
+pub trait Sink: Send + Sync {
+    fn finished(&self, f: &Finished);
 }
 
 /// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
@@ -903,6 +914,30 @@ impl Metrics {
         self.connections_limit.set(g(connections));
     }
 
+    /// `tokenmeter_request_log_dropped_total`, registered when `--request-log` is on (so a
+    /// proxy without the log exports no such series): the writer's handle.
+    pub fn request_log_dropped(&self) -> prometheus::Result<IntCounter> {
+        self.register_counter(
+            "tokenmeter_request_log_dropped_total",
+            "Request log lines dropped because the writer's queue was full (a slow or full disk, a pipe nobody reads).",
+        )
+    }
+
+    /// `tokenmeter_trace_spans_dropped_total`, registered when spans are exported
+    /// (`--otlp-endpoint`): the exporter's handle.
+    pub fn trace_spans_dropped(&self) -> prometheus::Result<IntCounter> {
+        self.register_counter(
+            "tokenmeter_trace_spans_dropped_total",
+            "Spans dropped: the export queue was full, or the collector refused or did not answer a batch.",
+        )
+    }
+
+    fn register_counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+        let c = IntCounter::new(name, help)?;
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
     /// Counts a client connection closed at `--max-connections`.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
@@ -1179,4 +1214,4 @@ fn child<T: MetricVecBuilder>(vec: &MetricVec<T>, values: &[&str], tenant: Optio
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

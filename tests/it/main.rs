@@ -17,6 +17,7 @@ mod overload;
 mod pool;
 mod props;
 mod proxy;
+mod reqlog;
 mod sim;
 mod slo;
 mod tenant;
