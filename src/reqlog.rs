@@ -181,7 +181,7 @@ pub fn line(f: &Finished, now: SystemTime) -> String {
     w.num("reasoning_tokens", f.reasoning_tokens.map(|n| n as f64));
     w.num("ttft_seconds", secs(f.first_token));
     w.num("duration_seconds", secs(Some(f.duration)));
-    w.num("tokens_per_second", tokens_per_second(f));
+    w.num("tokens_per_second", f.tokens_per_second());
     w.num("concurrency", f.mean_in_flight);
     let band = f.slo.as_ref().map_or_else(|| f.band(), |s| s.band);
     w.str("concurrency_band", Some(band));
@@ -204,24 +204,9 @@ pub fn line(f: &Finished, now: SystemTime) -> String {
         "engine_generation_seconds",
         secs(engine.and_then(|e| e.generation)),
     );
-    w.str("stop", f.stop.map(stop_name));
+    w.str("stop", f.stop.map(|s| s.as_str()));
     w.0.push_str("}\n");
     w.0
-}
-
-/// Decode speed as `tokenmeter_request_tokens_per_second` observes it: (output - 1) / decode.
-pub fn tokens_per_second(f: &Finished) -> Option<f64> {
-    let decode = f.decode_time()?.as_secs_f64();
-    (f.api != crate::protocol::Api::Unknown && f.output_tokens >= 2 && decode > 0.0)
-        .then(|| (f.output_tokens - 1) as f64 / decode)
-}
-
-/// Why the model stopped, as the line says it (and the span's finish reason).
-pub fn stop_name(s: crate::protocol::Stop) -> &'static str {
-    match s {
-        crate::protocol::Stop::Stop => "stop",
-        crate::protocol::Stop::Length => "length",
-    }
 }
 
 fn secs(d: Option<Duration>) -> Option<f64> {

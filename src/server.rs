@@ -36,6 +36,7 @@ use crate::context::Identify;
 use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
 use crate::metrics::{Metrics, Sink};
+use crate::otlp::Exporter;
 use crate::overload::Limiter;
 use crate::proxy::{self, ClientBody, Proxy};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
@@ -98,7 +99,7 @@ pub struct Server {
 /// The sinks of finished records, in the order they are called.
 type Sinks = Vec<Arc<dyn Sink>>;
 
-/// What takes each finished request besides the metrics (the request log), and the reader of
+/// What takes each finished request besides the metrics (the request log, the spans), and the reader of
 /// request heads they need; none of it exists, and no request pays for it, when it is off.
 fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), ServerError> {
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
@@ -110,7 +111,14 @@ fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), S
             })?;
         sinks.push(Arc::new(log));
     }
-    let identify = (!sinks.is_empty()).then(|| Identify::new(None));
+    let sampler = match &cfg.tracing {
+        Some(t) => {
+            sinks.push(Arc::new(Exporter::start(t, metrics.trace_spans_dropped()?)));
+            Some(t.sampler)
+        }
+        None => None,
+    };
+    let identify = (!sinks.is_empty()).then(|| Identify::new(sampler));
     Ok((identify, sinks))
 }
 

@@ -45,6 +45,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["capacity", "context", "gpus", "protocol", "slo"],
     ),
     ("reqlog", &["context", "metrics", "protocol", "ratelog"]),
+    ("otlp", &["context", "metrics", "protocol", "ratelog"]),
     ("tenant", &["host", "metrics"]),
     (
         "meter",
@@ -68,14 +69,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "capacity", "gpus", "host", "metrics", "protocol", "replicas", "slo", "tenant", "tls",
-            "units",
+            "capacity", "context", "gpus", "host", "metrics", "otlp", "protocol", "replicas",
+            "slo", "tenant", "tls", "units",
         ],
     ),
     (
         "server",
         &[
-            "admin", "config", "context", "drain", "meter", "metrics", "overload", "proxy",
+            "admin", "config", "context", "drain", "meter", "metrics", "overload", "proxy", "otlp",
             "ratelog", "replicas", "reqlog", "tenant", "tls", "ui",
         ],
     ),

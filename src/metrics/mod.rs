@@ -405,6 +405,14 @@ impl Finished {
         Some(self.last_token?.saturating_sub(self.first_token?))
     }
 
+    /// Decode speed as `tokenmeter_request_tokens_per_second` observes it: (output - 1) /
+    /// decode time, for a read stream of at least two tokens over a decode window.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let decode = self.decode_time()?.as_secs_f64();
+        (self.api != Api::Unknown && self.output_tokens >= 2 && decode > 0.0)
+            .then(|| (self.output_tokens - 1) as f64 / decode)
+    }
+
     /// The concurrency band of the decode window (our own request was in flight throughout:
     /// the mean is at least 1).
     pub fn band(&self) -> &'static str {

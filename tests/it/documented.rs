@@ -71,6 +71,8 @@ async fn every_exported_family_has_a_row_in_the_readme() {
         "2.5",
         "--request-log",
         "/dev/null",
+        "--otlp-endpoint",
+        "http://127.0.0.1:9",
     ];
     let mut steps = upstream::openai_chat(20 * MS, 8, 2 * MS, true);
     // The engine's own timings too (vLLM's `metrics` object), for the families they make.

@@ -23,6 +23,7 @@ mod slo;
 mod tenant;
 mod timings;
 mod tls;
+mod tracing;
 mod ui;
 mod upgrade;
 mod wire;
