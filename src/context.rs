@@ -229,13 +229,27 @@ impl Identify {
 
     /// The ident of a request whose head is `method`, `path` and `headers`, arrived now.
     pub fn of(&self, method: &http::Method, path: &str, headers: &HeaderMap) -> Arc<Ident> {
+        self.of_uri(method, path, None, headers)
+    }
+
+    /// The same, with the URI's authority (HTTP/2's `:authority`), which wins over `host`.
+    pub fn of_uri(
+        &self,
+        method: &http::Method,
+        path: &str,
+        authority: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Arc<Ident> {
         let parent = headers
             .get("traceparent")
             .and_then(|v| TraceParent::parse(v.as_bytes()));
         let trace = self.trace(parent.as_ref(), headers);
-        let authority = headers
-            .get(http::header::HOST)
-            .and_then(|v| v.to_str().ok())
+        let authority = authority
+            .or_else(|| {
+                headers
+                    .get(http::header::HOST)
+                    .and_then(|v| v.to_str().ok())
+            })
             .map(|h| bounded(h, MAX_PATH))
             .filter(|h| !h.is_empty());
         Arc::new(Ident {

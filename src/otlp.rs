@@ -272,7 +272,11 @@ pub fn span(f: &Finished) -> Option<Vec<u8>> {
     }
     if failed(f) {
         let mut status = Vec::new();
-        pb::string(&mut status, 2, f.outcome.as_str());
+        let message = match f.outcome {
+            Outcome::Complete | Outcome::Upgraded => format!("status {}", f.code),
+            other => other.as_str().to_string(),
+        };
+        pb::string(&mut status, 2, &message);
         // STATUS_CODE_ERROR.
         pb::varint_field(&mut status, 3, 2);
         pb::message(&mut s, 15, &status);

@@ -104,10 +104,10 @@ impl Head {
             }),
             // Once per request, from the head: the hot path only carries the value.
             tenant: recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers)),
-            ident: recorder
-                .identify
-                .as_ref()
-                .map(|i| i.of(&parts.method, parts.uri.path(), &parts.headers)),
+            ident: recorder.identify.as_ref().map(|i| {
+                let authority = parts.uri.authority().map(|a| a.as_str());
+                i.of_uri(&parts.method, parts.uri.path(), authority, &parts.headers)
+            }),
         }
     }
 }

@@ -224,6 +224,34 @@ async fn without_a_traceparent_sample_1_starts_a_trace_and_0_forwards_nothing() 
 }
 
 #[tokio::test]
+async fn a_failed_request_has_an_error_status() {
+    let Some(python) = python_otlp() else { return };
+    let _turn = crate::support::serial().await;
+    let mut rx = Receiver::start(&python).await;
+    let up = upstream::spawn(|_| Reply::json(500, r#"{"error":"boom"}"#)).await;
+    let url = rx.url();
+    let proxy = spawn_proxy(&up.url(), &["--otlp-endpoint", &url, "--trace-sample", "1"]).await;
+    let (status, _) = post(&format!("{}/v1/chat/completions", proxy.url()), &[]).await;
+    assert_eq!(status, 500);
+    let span = rx.span().await;
+    assert_eq!(span["status"]["code"], 2, "STATUS_CODE_ERROR");
+    assert_eq!(span["status"]["message"], "status 500");
+    assert_eq!(span["attributes"]["http.response.status_code"], 500);
+    // Nothing listens upstream: the proxy's own 502, outcome upstream_error.
+    let gone = spawn_proxy(
+        "http://127.0.0.1:1",
+        &["--otlp-endpoint", &url, "--trace-sample", "1"],
+    )
+    .await;
+    let (status, _) = post(&format!("{}/v1/chat/completions", gone.url()), &[]).await;
+    assert_eq!(status, 502);
+    let span = rx.span().await;
+    assert_eq!(span["status"]["code"], 2);
+    assert_eq!(span["status"]["message"], "upstream_error");
+    assert_eq!(span["attributes"]["tokenmeter.outcome"], "upstream_error");
+}
+
+#[tokio::test]
 async fn a_dead_collector_holds_no_stream_back_and_its_spans_are_counted_as_dropped() {
     let _turn = crate::support::serial().await;
     // A port nothing listens on: every export is refused.
