@@ -419,9 +419,12 @@ impl State {
 /// the client's record of it and hold the engine's account against the wire's. Never
 /// the body, the path or headers: only bounded, non-secret facts.
 fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Option<Instant>) {
+    let trace = f.ident.as_deref().and_then(|i| i.trace.as_ref());
     tracing::debug!(
         code = f.code,
         outcome = f.outcome.as_str(),
+        trace_id = trace.map(|t| crate::context::hex(&t.trace_id)),
+        span_id = trace.and_then(|t| t.span_id).map(|s| crate::context::hex(&s)),
         api = f.api.as_str(),
         model = %f.model,
         duration_ms = f.duration.as_millis() as u64,

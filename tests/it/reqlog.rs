@@ -243,6 +243,11 @@ async fn n_requests_give_n_lines_each_field_exact_and_nothing_secret() {
     }
     let log_text = std::fs::read_to_string(&log).expect("log");
     let err_text = std::fs::read_to_string(&err).expect("stderr");
+    // The per-request debug line carries the trace id too, to go from stderr to the trace.
+    assert!(
+        err_text.contains(TRACE_ID),
+        "no trace id on stderr:\n{err_text}"
+    );
     assert!(
         err_text.contains("request finished"),
         "debug on: {err_text}"
