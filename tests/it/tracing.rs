@@ -283,3 +283,46 @@ async fn a_dead_collector_holds_no_stream_back_and_its_spans_are_counted_as_drop
         "every span of the {N} requests dropped and counted once"
     );
 }
+
+#[tokio::test]
+async fn a_collector_that_never_answers_bounds_the_queue_and_counts_the_rest() {
+    let _turn = crate::support::serial().await;
+    // Connects hang: the export task holds one batch (at most 512 spans) for its 10 s timeout
+    // while the queue (2,048) fills; every span beyond them is dropped at once, and counted.
+    let hole = upstream::black_hole().await;
+    let steps = upstream::openai_chat(Duration::ZERO, 2, Duration::ZERO, true);
+    let expected = script_bytes(&steps);
+    let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
+    let endpoint = format!("http://{}", hole.addr);
+    let proxy = spawn_proxy(
+        &up.url(),
+        &["--otlp-endpoint", &endpoint, "--trace-sample", "1"],
+    )
+    .await;
+    const TASKS: usize = 6;
+    const N: usize = TASKS * 500;
+    let url = format!("{}/v1/chat/completions", proxy.url());
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (url, expected) = (url.clone(), expected.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..N / TASKS {
+                let (status, body) = post(&url, &[]).await;
+                assert_eq!(status, 200);
+                assert_eq!(body, expected, "byte-exact");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    let scrape = proxy.settled(N as f64).await;
+    let dropped = metric("tokenmeter_trace_spans_dropped_total").value(&scrape);
+    println!("{N} requests against a black-holed collector: {dropped} spans dropped");
+    // Held at most: the queue and the one batch in flight.
+    assert!(
+        dropped >= (N - 2048 - 512) as f64,
+        "dropped {dropped}: more than the queue and one batch were held"
+    );
+    assert!(dropped <= N as f64, "dropped {dropped}");
+}
