@@ -176,3 +176,22 @@ fn every_proxy_flag_has_its_variable_and_a_readme_row() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+#[test]
+fn every_request_log_key_has_a_row_in_the_readme_in_order() {
+    let readme = readme();
+    let section = readme
+        .split("## Request log")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Request log section");
+    let rows: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .collect();
+    assert_eq!(
+        rows,
+        tokenmeter::reqlog::KEYS,
+        "the README's keys, in the line's order"
+    );
+}
