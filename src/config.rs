@@ -12,9 +12,11 @@ use clap::Args;
 use http::Uri;
 
 use crate::capacity::{self, CapacityConfig};
+use crate::context::{parse_ratio, Sampler};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::{Host, System};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
+use crate::otlp::TracingConfig;
 use crate::protocol::Api;
 use crate::slo::{self, Classes, SloError};
 use crate::tenant::{self, TenantConfig, TenantError};
@@ -296,6 +298,25 @@ pub struct ProxyArgs {
     /// top of --max-tenants.
     #[arg(long, env = "TOKENMETER_TENANT_ALLOW_FILE", value_name = "FILE")]
     pub tenant_allow_file: Option<PathBuf>,
+
+    // --- following one request ---
+    /// Write one JSON line per finished request to FILE (appended), or to standard output with
+    /// "-": trace and request ids, model, tenant, tokens, TTFT, speed, outcome (README,
+    /// "Request log"). Never a prompt, a completion or a credential.
+    #[arg(long, env = "TOKENMETER_REQUEST_LOG", value_name = "FILE|-")]
+    pub request_log: Option<PathBuf>,
+
+    /// Export one span per proxied request to this OpenTelemetry collector, OTLP over HTTP with
+    /// protobuf (POSTed to URL/v1/traces; http:// only). Else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+    /// (as is) or OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/traces); none: no spans.
+    #[arg(long, env = "TOKENMETER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// The share of requests without a sampled traceparent that start a trace (0 to 1; default
+    /// 0, or what OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG say). A caller's sampled
+    /// traceparent is always followed (parent-based).
+    #[arg(long, env = "TOKENMETER_TRACE_SAMPLE", value_name = "RATIO")]
+    pub trace_sample: Option<String>,
 }
 
 /// Where requests go.
@@ -353,6 +374,10 @@ pub struct Config {
     pub replicas: crate::replicas::Setting,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
+    /// `--request-log`: a file, or `-` for standard output.
+    pub request_log: Option<PathBuf>,
+    /// Span export (`--otlp-endpoint` or the `OTEL_*` variables); `None`: no spans.
+    pub tracing: Option<TracingConfig>,
 }
 
 /// Why a configuration was refused: each names the flag.
@@ -390,6 +415,48 @@ pub enum ConfigError {
     Replicas(#[from] crate::replicas::BadReplicas),
     #[error(transparent)]
     Tenant(#[from] TenantError),
+    #[error("--trace-sample {0:?} is not a ratio from 0 to 1")]
+    BadTraceSample(String),
+    #[error("{0}")]
+    BadSampler(String),
+    #[error("{0} {1:?} is not an http:// URL")]
+    BadOtlpEndpoint(&'static str, String),
+}
+
+/// An OTLP base URL with the traces path, as the exporters add it: `URL/v1/traces`.
+fn traces_url(base: &str) -> String {
+    format!("{}/v1/traces", base.trim().trim_end_matches('/'))
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES`: `key=value` pairs, comma-separated, percent-decoded; a pair
+/// without `=` or with an empty key is skipped, as the SDKs skip it.
+fn resource_attributes(s: &str) -> Vec<(String, String)> {
+    s.split(',')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            let k = percent_decode(k.trim());
+            (!k.is_empty()).then(|| (k, percent_decode(v.trim())))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `--compat`'s values into the set of schemes.
@@ -660,10 +727,56 @@ impl ProxyArgs {
             ui: (!self.no_ui).then_some(self.ui_sample_period),
             replicas,
             tenants,
+            request_log: self.request_log.clone(),
+            tracing: self.tracing(host)?,
         })
     }
 
     /// The SLO class table from `--slo`, `--slo-file` and the class flags.
+    /// Span export: the endpoint (the flag, else the standard variables), the service and
+    /// resource, and the sampler (the flag, else `OTEL_TRACES_SAMPLER`, else parent-based with
+    /// no new traces).
+    fn tracing(&self, host: &dyn Host) -> Result<Option<TracingConfig>, ConfigError> {
+        let var = |k: &str| host.var(k).filter(|v| !v.trim().is_empty());
+        let endpoint = match (
+            &self.otlp_endpoint,
+            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        ) {
+            (Some(url), _) => Some(("--otlp-endpoint", traces_url(url))),
+            (None, Some(url)) => Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)),
+            (None, None) => var("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .map(|u| ("OTEL_EXPORTER_OTLP_ENDPOINT", traces_url(&u))),
+        };
+        let Some((source, url)) = endpoint else {
+            return Ok(None);
+        };
+        let endpoint = url
+            .trim()
+            .parse::<Uri>()
+            .ok()
+            .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
+            .ok_or_else(|| ConfigError::BadOtlpEndpoint(source, url.clone()))?;
+        let sampler = match (&self.trace_sample, var("OTEL_TRACES_SAMPLER")) {
+            (Some(r), _) => Sampler {
+                parent_based: true,
+                root: parse_ratio(r).ok_or_else(|| ConfigError::BadTraceSample(r.clone()))?,
+            },
+            (None, Some(name)) => {
+                let arg = var("OTEL_TRACES_SAMPLER_ARG");
+                Sampler::from_otel(&name, arg.as_deref()).map_err(ConfigError::BadSampler)?
+            }
+            (None, None) => Sampler::default(),
+        };
+        Ok(Some(TracingConfig {
+            endpoint,
+            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| "tokenmeter".to_string()),
+            resource: var("OTEL_RESOURCE_ATTRIBUTES")
+                .map(|s| resource_attributes(&s))
+                .unwrap_or_default(),
+            sampler,
+        }))
+    }
+
     fn slo_classes(&self, host: &dyn Host) -> Result<Classes, ConfigError> {
         let file = match &self.slo_file {
             None => None,
@@ -1033,5 +1146,82 @@ mod tests {
         for (extra, want) in cases {
             assert_eq!(args(extra).validate().err(), Some(want));
         }
+    }
+
+    #[test]
+    fn tracing_reads_the_flag_then_the_standard_variables() {
+        use crate::host::MapHost;
+        let up = ["--upstream", "http://127.0.0.1:8000"];
+        let on = |extra: &[&str], host: MapHost| {
+            let mut a = up.to_vec();
+            a.extend_from_slice(extra);
+            args(&a).validate_on(&host).map(|c| c.tracing)
+        };
+        assert_eq!(on(&[], MapHost::default()), Ok(None));
+        let t = on(
+            &["--otlp-endpoint", "http://otel:4318/"],
+            MapHost::default(),
+        )
+        .expect("valid")
+        .expect("on");
+        assert_eq!(t.endpoint.to_string(), "http://otel:4318/v1/traces");
+        assert_eq!(t.service_name, "tokenmeter");
+        assert_eq!(t.sampler, Sampler::default());
+        let host = MapHost::default()
+            .var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://base:4318")
+            .var(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:4318/custom",
+            )
+            .var("OTEL_SERVICE_NAME", "gw")
+            .var(
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=prod,team=a%2Cb,bad",
+            )
+            .var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .var("OTEL_TRACES_SAMPLER_ARG", "0.5");
+        let t = on(&[], host).expect("valid").expect("on");
+        assert_eq!(t.endpoint.to_string(), "http://traces:4318/custom");
+        assert_eq!(t.service_name, "gw");
+        assert_eq!(
+            t.resource,
+            vec![
+                ("deployment.environment".to_string(), "prod".to_string()),
+                ("team".to_string(), "a,b".to_string()),
+            ]
+        );
+        assert_eq!(
+            t.sampler,
+            Sampler {
+                parent_based: true,
+                root: 0.5
+            }
+        );
+        let host = MapHost::default().var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://base:4318");
+        let t = on(&["--trace-sample", "1"], host)
+            .expect("valid")
+            .expect("on");
+        assert_eq!(t.endpoint.to_string(), "http://base:4318/v1/traces");
+        assert_eq!(
+            t.sampler,
+            Sampler {
+                parent_based: true,
+                root: 1.0
+            }
+        );
+        assert_eq!(
+            on(&["--otlp-endpoint", "otel:4318"], MapHost::default()),
+            Err(ConfigError::BadOtlpEndpoint(
+                "--otlp-endpoint",
+                "otel:4318/v1/traces".into()
+            ))
+        );
+        assert_eq!(
+            on(
+                &["--otlp-endpoint", "http://o:1", "--trace-sample", "2"],
+                MapHost::default()
+            ),
+            Err(ConfigError::BadTraceSample("2".into()))
+        );
     }
 }

@@ -31,6 +31,9 @@
 //!   how many engines it is spread over (`--replicas auto` counts the upstream's addresses).
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener; [`ui`]: the page there.
+//! - [`context`]: who a request is (W3C trace context, `x-request-id`, path) and whether its span
+//!   is sampled; [`reqlog`]: one JSON line per finished request (`--request-log`); [`otlp`]:
+//!   one span per request, exported over OTLP/HTTP (`--otlp-endpoint`).
 //!
 //! **Settings and small shared pieces**:
 //!
@@ -61,6 +64,7 @@ pub mod admin;
 pub mod capacity;
 pub mod gpus;
 pub mod metrics;
+pub mod otlp;
 pub mod replicas;
 pub mod slo;
 pub mod tenant;
@@ -68,9 +72,11 @@ pub mod ui;
 
 // Settings and small shared pieces.
 pub mod config;
+pub mod context;
 pub mod host;
 pub mod quantile;
 pub mod ratelog;
+pub mod reqlog;
 pub mod signal;
 pub mod units;
 

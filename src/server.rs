@@ -33,13 +33,16 @@ use tower::ServiceExt;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
+use crate::context::Identify;
 use crate::drain::{Connections, Drain, Held};
 use crate::meter::Recorder;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Sink};
+use crate::otlp::Exporter;
 use crate::overload::Limiter;
 use crate::proxy::{self, ClientBody, Proxy};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::replicas;
+use crate::reqlog::{self, RequestLog};
 use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
@@ -64,12 +67,17 @@ pub enum ServerError {
     Metrics(#[from] prometheus::Error),
     #[error("{0}")]
     Tls(#[from] TlsError),
+    #[error("--request-log {path}: cannot open it: {source}")]
+    RequestLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl ServerError {
     /// A configuration the user must fix (exit 64), not a failure of the machine.
     pub fn is_usage(&self) -> bool {
-        matches!(self, ServerError::Tls(_))
+        matches!(self, ServerError::Tls(_) | ServerError::RequestLog { .. })
     }
 }
 
@@ -92,6 +100,32 @@ pub struct Server {
     replicas_host: Option<(String, u16)>,
 }
 
+/// The sinks of finished records, in the order they are called.
+type Sinks = Vec<Arc<dyn Sink>>;
+
+/// What takes each finished request besides the metrics (the request log, the spans), and the reader of
+/// request heads they need; none of it exists, and no request pays for it, when it is off.
+fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), ServerError> {
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+    if let Some(path) = &cfg.request_log {
+        let log = RequestLog::open(&reqlog::Target::of(path), metrics.request_log_dropped()?)
+            .map_err(|source| ServerError::RequestLog {
+                path: path.display().to_string(),
+                source,
+            })?;
+        sinks.push(Arc::new(log));
+    }
+    let sampler = match &cfg.tracing {
+        Some(t) => {
+            sinks.push(Arc::new(Exporter::start(t, metrics.trace_spans_dropped()?)));
+            Some(t.sampler)
+        }
+        None => None,
+    };
+    let identify = (!sinks.is_empty()).then(|| Identify::new(sampler));
+    Ok((identify, sinks))
+}
+
 async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -106,11 +140,13 @@ impl Server {
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
         let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
+        let (identify, sinks) = sinks(cfg, &metrics)?;
         let recorder = Arc::new(
             Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
                 .with_api(cfg.api)
                 .with_classes(Arc::clone(&cfg.slo))
-                .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t)))),
+                .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
+                .with_sinks(identify, sinks),
         );
         let limiter = Arc::new(Limiter::new(cfg.max_in_flight));
         metrics.set_limits(cfg.max_in_flight, cfg.max_connections);

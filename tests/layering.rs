@@ -32,6 +32,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("replicas", &[]),
     ("capacity", &[]),
     ("protocol", &[]),
+    ("context", &[]),
     // What the request path is made of, bottom up.
     ("read", &["protocol"]),
     ("inject", &["protocol"]),
@@ -39,11 +40,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("upgrade", &[]),
     ("gpus", &["host"]),
     ("slo", &["units"]),
-    ("metrics", &["capacity", "gpus", "protocol", "slo"]),
+    (
+        "metrics",
+        &["capacity", "context", "gpus", "protocol", "slo"],
+    ),
+    ("reqlog", &["context", "metrics", "protocol", "ratelog"]),
+    ("otlp", &["context", "metrics", "protocol", "ratelog"]),
     ("tenant", &["host", "metrics"]),
     (
         "meter",
-        &["capacity", "metrics", "protocol", "read", "slo", "tenant"],
+        &[
+            "capacity", "context", "metrics", "protocol", "read", "slo", "tenant",
+        ],
     ),
     ("tap", &["meter", "metrics"]),
     // The proxy layers still take the whole `Config` (`config`), the one arrow from the request
@@ -51,8 +59,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "proxy",
         &[
-            "config", "drain", "inject", "meter", "metrics", "overload", "protocol", "ratelog",
-            "read", "slo", "tap", "tls", "upgrade",
+            "config", "context", "drain", "inject", "meter", "metrics", "overload", "protocol",
+            "ratelog", "read", "slo", "tap", "tls", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile"]),
@@ -61,15 +69,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "capacity", "gpus", "host", "metrics", "protocol", "replicas", "slo", "tenant", "tls",
-            "units",
+            "capacity", "context", "gpus", "host", "metrics", "otlp", "protocol", "replicas",
+            "slo", "tenant", "tls", "units",
         ],
     ),
     (
         "server",
         &[
-            "admin", "config", "drain", "meter", "metrics", "overload", "proxy", "ratelog",
-            "replicas", "tenant", "tls", "ui",
+            "admin", "config", "context", "drain", "meter", "metrics", "overload", "proxy", "otlp",
+            "ratelog", "replicas", "reqlog", "tenant", "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.

@@ -26,9 +26,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::StreamGaps;
+use crate::context::{Ident, Identify};
 use crate::metrics::{
     concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics,
-    Operation, Outcome, ParseErrors, Phase, Route, SloResult,
+    Operation, Outcome, ParseErrors, Phase, Route, Sink, SloResult,
 };
 use crate::protocol::detect;
 use crate::protocol::request::RequestInfo;
@@ -49,6 +50,11 @@ pub struct Recorder {
     pub classes: Arc<Classes>,
     /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
     pub tenants: Option<Arc<Tenants>>,
+    /// Reads each request's [`Ident`] off its head; `None` when nothing takes it (no request
+    /// log, no span export): then no request pays for it.
+    pub identify: Option<Identify>,
+    /// What takes each finished record after the metrics (the request log, the spans).
+    pub sinks: Vec<Arc<dyn Sink>>,
 }
 
 impl Recorder {
@@ -60,7 +66,16 @@ impl Recorder {
             api: None,
             classes: Arc::new(Classes::default()),
             tenants: None,
+            identify: None,
+            sinks: Vec::new(),
         }
+    }
+
+    /// Hands every finished record to `sinks` too, with the heads read by `identify`.
+    pub fn with_sinks(mut self, identify: Option<Identify>, sinks: Vec<Arc<dyn Sink>>) -> Self {
+        self.identify = identify;
+        self.sinks = sinks;
+        self
     }
 
     /// Labels requests by tenant (`--tenant-header`, `--tenant-from-key`).
@@ -120,6 +135,7 @@ impl Recorder {
                     left: false,
                     route: Route::default(),
                     model_from_response: false,
+                    ident: None,
                 },
             }),
         }
@@ -188,6 +204,8 @@ struct Clock {
     route: Route,
     /// The `model` handles carry the model the stream named (not the request's).
     model_from_response: bool,
+    /// What the head said of the request, for the sinks.
+    ident: Option<Arc<Ident>>,
 }
 
 // === impl Meter ===
@@ -231,6 +249,13 @@ impl Meter {
     pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
         if let Some(s) = &mut self.state {
             s.clock.tenant = tenant;
+        }
+    }
+
+    /// What the request's head said of it (for the request log and the span).
+    pub fn set_ident(&mut self, ident: Option<Arc<Ident>>) {
+        if let Some(s) = &mut self.state {
+            s.clock.ident = ident;
         }
     }
 
@@ -375,6 +400,7 @@ impl State {
             request_model: s.request.model.clone(),
             model_from_response,
             tenant: s.tenant.clone(),
+            ident: s.ident.clone(),
         };
         let f = Finished {
             slo: s.judge(&f),
@@ -382,6 +408,9 @@ impl State {
         };
         debug_lines(&f, now, wall, s.last_token);
         m.record(&f);
+        for sink in &s.recorder.sinks {
+            sink.finished(&f);
+        }
     }
 }
 
@@ -390,9 +419,12 @@ impl State {
 /// the client's record of it and hold the engine's account against the wire's. Never
 /// the body, the path or headers: only bounded, non-secret facts.
 fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Option<Instant>) {
+    let trace = f.ident.as_deref().and_then(|i| i.trace.as_ref());
     tracing::debug!(
         code = f.code,
         outcome = f.outcome.as_str(),
+        trace_id = trace.map(|t| crate::context::hex(&t.trace_id)),
+        span_id = trace.and_then(|t| t.span_id).map(|s| crate::context::hex(&s)),
         api = f.api.as_str(),
         model = %f.model,
         duration_ms = f.duration.as_millis() as u64,

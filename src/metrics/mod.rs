@@ -43,6 +43,7 @@ pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
 use crate::capacity::{Capacity, CapacityConfig};
+pub use crate::context::Ident;
 use crate::gpus;
 pub use crate::protocol::timings::EngineTimings;
 use crate::protocol::Api;
@@ -358,6 +359,16 @@ pub struct Finished {
     /// The `tenant` label (already bounded by `crate::tenant`); `None` is [`NO_TENANT`]. Read
     /// only when the label exists (`MetricsConfig::tenant`).
     pub tenant: Option<Arc<str>>,
+    /// What the request's head said of it (method, path, request id, trace), for the request
+    /// log and the span; `None` when neither is on (nothing per request is read for them).
+    pub ident: Option<Arc<Ident>>,
+}
+
+/// What else takes each [`Finished`] record, after the metrics: the request log, the span
+/// exporter. Called once per request, on the thread that finished it: an implementation only
+/// queues (bounded) and returns.
+pub trait Sink: Send + Sync {
+    fn finished(&self, f: &Finished);
 }
 
 /// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
@@ -392,6 +403,14 @@ impl Finished {
     /// From the first to the last token, when both were seen.
     pub fn decode_time(&self) -> Option<Duration> {
         Some(self.last_token?.saturating_sub(self.first_token?))
+    }
+
+    /// Decode speed as `tokenmeter_request_tokens_per_second` observes it: (output - 1) /
+    /// decode time, for a read stream of at least two tokens over a decode window.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let decode = self.decode_time()?.as_secs_f64();
+        (self.api != Api::Unknown && self.output_tokens >= 2 && decode > 0.0)
+            .then(|| (self.output_tokens - 1) as f64 / decode)
     }
 
     /// The concurrency band of the decode window (our own request was in flight throughout:
@@ -903,6 +922,30 @@ impl Metrics {
         self.connections_limit.set(g(connections));
     }
 
+    /// `tokenmeter_request_log_dropped_total`, registered when `--request-log` is on (so a
+    /// proxy without the log exports no such series): the writer's handle.
+    pub fn request_log_dropped(&self) -> prometheus::Result<IntCounter> {
+        self.register_counter(
+            "tokenmeter_request_log_dropped_total",
+            "Request log lines dropped because the writer's queue was full (a slow or full disk, a pipe nobody reads).",
+        )
+    }
+
+    /// `tokenmeter_trace_spans_dropped_total`, registered when spans are exported
+    /// (`--otlp-endpoint`): the exporter's handle.
+    pub fn trace_spans_dropped(&self) -> prometheus::Result<IntCounter> {
+        self.register_counter(
+            "tokenmeter_trace_spans_dropped_total",
+            "Spans dropped: the export queue was full, or the collector refused or did not answer a batch.",
+        )
+    }
+
+    fn register_counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+        let c = IntCounter::new(name, help)?;
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
     /// Counts a client connection closed at `--max-connections`.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
@@ -1210,4 +1253,4 @@ fn child<T: MetricVecBuilder>(vec: &MetricVec<T>, values: &[&str], tenant: Optio
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -40,7 +40,7 @@ fn model_labels_are_bounded_and_sanitised() {
 }
 
 /// A complete OpenAI chat request of 5 tokens: the record most tests vary.
-pub(super) fn finished() -> Finished {
+pub(crate) fn finished() -> Finished {
     Finished {
         model: "m".into(),
         code: 200,
@@ -70,6 +70,7 @@ pub(super) fn finished() -> Finished {
         request_model: Some("req".into()),
         model_from_response: true,
         tenant: None,
+        ident: None,
     }
 }
 

@@ -149,6 +149,14 @@ pub enum Stop {
 }
 
 impl Stop {
+    /// The word for it in the request log and a span's `gen_ai.response.finish_reasons`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stop::Stop => "stop",
+            Stop::Length => "length",
+        }
+    }
+
     /// Reads a format's finish reason: `length`, `max_tokens`, `MAX_TOKENS`,
     /// `max_output_tokens`, `limit`, `model_length` say the limit was hit; any other non-empty
     /// word (`stop`, `eos`, `eos_token`, `end_turn`, `stop_sequence`, `tool_calls`, `COMPLETE`,

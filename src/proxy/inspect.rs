@@ -47,6 +47,8 @@ pub struct Inspected {
     /// The `tenant` label value, from the head (`--tenant-header`, `--tenant-from-key`);
     /// `None` when the label does not exist.
     pub tenant: Option<Arc<str>>,
+    /// What the head said of the request (method, path, request id, trace), when taken.
+    pub ident: Option<Arc<crate::context::Ident>>,
 }
 
 /// Builds [`Inspect`] services.
@@ -146,12 +148,13 @@ where
             };
             let model = info.model.as_deref();
             let slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), model));
-            let tenant = head.tenant;
+            let Head { tenant, ident, .. } = head;
             parts.extensions.insert(Inspected {
                 arrived,
                 info,
                 slo,
                 tenant,
+                ident,
             });
             if let Some(whole) = whole {
                 parts.extensions.insert(Replayable(whole));

@@ -34,6 +34,7 @@ use tower::{Layer, Service};
 use super::inspect::Inspected;
 use super::upstream::Pending;
 use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
+use crate::context::Ident;
 use crate::drain::Drain;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
@@ -64,6 +65,7 @@ pub fn record_refusal(recorder: &Arc<Recorder>, head: Head, err: &ProxyError) {
     let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
     meter.set_slo(head.slo);
     meter.set_tenant(head.tenant);
+    meter.set_ident(head.ident);
     finish_with_error(meter, err);
 }
 
@@ -73,6 +75,7 @@ pub fn record_gone(recorder: &Arc<Recorder>, head: Head) {
     let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
     meter.set_slo(head.slo);
     meter.set_tenant(head.tenant);
+    meter.set_ident(head.ident);
     meter.finish(Outcome::ClientDisconnect);
 }
 
@@ -83,6 +86,8 @@ pub struct Head {
     pub arrived: Instant,
     pub slo: Option<Choice>,
     pub tenant: Option<Arc<str>>,
+    /// Its method, path, request id and trace, when a request log or spans take them.
+    pub ident: Option<Arc<Ident>>,
 }
 
 impl Head {
@@ -99,6 +104,10 @@ impl Head {
             }),
             // Once per request, from the head: the hot path only carries the value.
             tenant: recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers)),
+            ident: recorder.identify.as_ref().map(|i| {
+                let authority = parts.uri.authority().map(|a| a.as_str());
+                i.of_uri(&parts.method, parts.uri.path(), authority, &parts.headers)
+            }),
         }
     }
 }
@@ -162,6 +171,7 @@ where
             info,
             slo,
             tenant,
+            ident,
         } = req
             .extensions_mut()
             .remove::<Inspected>()
@@ -170,6 +180,7 @@ where
                 info: RequestInfo::default(),
                 slo: Some(self.recorder.classes.default_choice()),
                 tenant: None,
+                ident: None,
             });
         let strip_usage = info.usage_injected;
         // The client's path: the one the wire format is told by, before any base path.
@@ -180,6 +191,14 @@ where
         meter.set_slo(slo);
         meter.set_route(&path);
         meter.set_tenant(tenant);
+        // tokenmeter's span is the upstream's parent: the engine's spans join the caller's
+        // trace under it. Without a span of ours, the caller's header goes on unchanged.
+        if let Some(tp) = ident.as_ref().and_then(|i| i.trace.as_ref()?.traceparent()) {
+            if let Ok(v) = http::HeaderValue::from_str(&tp) {
+                req.headers_mut().insert("traceparent", v);
+            }
+        }
+        meter.set_ident(ident);
         let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
         Box::pin(async move {
             match sent.await {
@@ -306,6 +325,7 @@ mod tests {
             },
             slo: Some(crate::slo::Classes::default().default_choice()),
             tenant: None,
+            ident: None,
         });
         req
     }

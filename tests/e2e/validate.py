@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -798,6 +799,75 @@ def keepalive_phase(cfg, checks, urls):
     }
 
 
+# === tracing: one trace from the caller through tokenmeter into vLLM ===
+
+TRACE_CALLER_SPAN = "00f067aa0ba902b7"
+
+
+def trace_phase(cfg, checks, urls, receiver, model):
+    """One request with a sampled `traceparent` through the proxy: tokenmeter's span is in the
+    caller's trace with the caller's span as parent, and vLLM's own span is in the same trace, a
+    descendant of tokenmeter's (vLLM parents its span on the `traceparent` it received)."""
+    name = "trace"
+    trace_id = os.urandom(16).hex()
+    body = json.dumps({
+        "model": model, "max_tokens": 8, "stream": False,
+        "messages": [{"role": "user", "content": "hello"}],
+    }).encode()  # fmt: skip
+    req = urllib.request.Request(
+        urls["proxy"] + "/v1/chat/completions", data=body, method="POST",
+        headers={"content-type": "application/json",
+                 "traceparent": f"00-{trace_id}-{TRACE_CALLER_SPAN}-01"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        usage = json.loads(r.read()).get("usage") or {}
+    # vLLM's batch span processor sends every 5 s by default; tokenmeter's within a second.
+    deadline = time.monotonic() + 30
+    ours, theirs = [], []
+    while time.monotonic() < deadline:
+        spans = [s for s in receiver.spans() if s["trace_id"] == trace_id]
+        ours = [s for s in spans if s["scope"] == "tokenmeter"]
+        theirs = [s for s in spans if s["scope"] != "tokenmeter"]
+        if ours and theirs:
+            break
+        time.sleep(0.5)
+    by_id = {s["span_id"]: s for s in ours + theirs}
+    checks.add(name, "tokenmeter exported one span in the caller's trace", len(ours) == 1,
+               f"{len(ours)} tokenmeter span(s) in trace {trace_id}")
+    if len(ours) != 1:
+        return {"trace_id": trace_id, "tokenmeter": len(ours), "vllm": len(theirs)}
+    tm = ours[0]
+    checks.add(name, "its parent is the caller's span", tm["parent_span_id"] == TRACE_CALLER_SPAN,
+               f"parent {tm['parent_span_id'] or 'none'}")
+    a = tm["attributes"]
+    checks.equal(name, "output tokens on the span exact", span=a.get("gen_ai.usage.output_tokens"),
+                 client_usage=usage.get("completion_tokens"))
+    checks.equal(name, "input tokens on the span exact", span=a.get("gen_ai.usage.input_tokens"),
+                 client_usage=usage.get("prompt_tokens"))
+
+    def descends(s):
+        seen = set()
+        while s and s["parent_span_id"] and s["span_id"] not in seen:
+            seen.add(s["span_id"])
+            if s["parent_span_id"] == tm["span_id"]:
+                return True
+            s = by_id.get(s["parent_span_id"])
+        return False
+
+    under = [s for s in theirs if descends(s)]
+    checks.add(name, "vLLM's span is in the same trace, a descendant of tokenmeter's span",
+               bool(under),
+               f"{len(theirs)} vLLM span(s) in the trace ({', '.join(s['name'] for s in theirs) or 'none'}), "
+               f"{len(under)} under tokenmeter's {tm['span_id']}")
+    with open(os.path.join(cfg.out_dir, "requests-bytes.jsonl"), "rb") as f:
+        logged = [json.loads(l) for l in f.read().splitlines() if l.strip()]
+    line = [l for l in logged if l.get("trace_id") == trace_id]
+    checks.add(name, "the request log has its line, with tokenmeter's span id",
+               len(line) == 1 and line[0].get("span_id") == tm["span_id"],
+               f"{len(line)} line(s) with trace {trace_id}")
+    return {"trace_id": trace_id, "tokenmeter": len(ours), "vllm": len(theirs), "under": len(under)}
+
+
 # === the run ===
 
 
@@ -807,19 +877,20 @@ def warm_up(urls, model):
         clients.sdk_requests(base + "/v1", model, "chat", "usage", 3, 16)
 
 
-def serve(cfg, stack, model_dir, name, tag, bounds):
+def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None):
     vport, pport, mport = procs.free_port(), procs.free_port(), procs.free_port()
     t0 = time.monotonic()
     vllm = procs.start_vllm(
         cfg.vllm_python, model_dir, name, vport, os.path.join(cfg.out_dir, f"vllm-{tag}.log"),
-        bounds["ttft"], bounds["itl"],
+        bounds["ttft"], bounds["itl"], otlp=otlp,
     )  # fmt: skip
     stack.append(vllm)
     print(f"[e2e] vLLM ({name}) ready in {time.monotonic() - t0:.0f} s on port {vport}", flush=True)
     tm = procs.start_tokenmeter(
         cfg.tokenmeter, f"http://127.0.0.1:{vport}", pport, mport,
         os.path.join(cfg.out_dir, f"tokenmeter-{tag}.log"), bounds["ttft"], bounds["tps"],
-        CAPACITY_CLASS,
+        CAPACITY_CLASS, otlp=otlp,
+        request_log=os.path.join(cfg.out_dir, f"requests-{tag}.jsonl") if otlp else None,
     )  # fmt: skip
     stack.append(tm)
     urls = {
@@ -905,7 +976,16 @@ def main():
             s.stop()
         stack.clear()
 
-        vllm, tm, urls = serve(cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds)
+        # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
+        # latency phases above run without an exporter beside them.
+        rport = procs.free_port()
+        receiver = procs.Receiver(
+            cfg.vllm_python, os.path.join(cfg.repo, "tests", "otlp", "receiver.py"), rport,
+            os.path.join(cfg.out_dir, "otlp-spans.jsonl"),
+        )  # fmt: skip
+        stack.append(receiver)
+        otlp = f"http://127.0.0.1:{rport}"
+        vllm, tm, urls = serve(cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp)
         results["startup"]["bytes"] = vllm.ready_after
         results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
         plain = [r for r in results["bytes"] if r["mode"] == "plain"]
@@ -915,6 +995,7 @@ def main():
             any(r["events"] < r["truth"] for r in plain),
             "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
         )
+        results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
     except Exception as e:  # reported loudly below, and the run fails
         error = "".join(traceback.format_exception(e))
         print(f"[e2e] FAIL: the run stopped early:\n{error}", file=sys.stderr, flush=True)

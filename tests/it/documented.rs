@@ -69,6 +69,10 @@ async fn every_exported_family_has_a_row_in_the_readme() {
         "x-tenant",
         "--gpu-hour-cost",
         "2.5",
+        "--request-log",
+        "/dev/null",
+        "--otlp-endpoint",
+        "http://127.0.0.1:9",
     ];
     let mut steps = upstream::openai_chat(20 * MS, 8, 2 * MS, true);
     // The engine's own timings too (vLLM's `metrics` object), for the families they make.
@@ -171,4 +175,23 @@ fn every_proxy_flag_has_its_variable_and_a_readme_row() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn every_request_log_key_has_a_row_in_the_readme_in_order() {
+    let readme = readme();
+    let section = readme
+        .split("## Request log")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("a Request log section");
+    let rows: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
+        .collect();
+    assert_eq!(
+        rows,
+        tokenmeter::reqlog::KEYS,
+        "the README's keys, in the line's order"
+    );
 }

@@ -219,3 +219,92 @@ async fn a_second_prefill_cost_prompt_and_target() {
     let o = run(&case).await;
     check(&case, &o);
 }
+
+/// The open-loop case: Poisson arrivals at fixed rates (`tokenmeter bench --request-rate`),
+/// each level's share of requests meeting both targets measured at the clients (latency from
+/// each request's scheduled send time), against `tokenmeter_capacity_max_request_rate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_max_request_rate_is_the_highest_rate_that_holds() {
+    let _turn = serial().await;
+    // 500-word prompts (about 555 tokens) at 0.4 ms per token, 20 token answers, 10 ms +
+    // 0.2 ms steps; a class of 1 s TTFT and 10 tokens/s for 90% of requests.
+    const TTFT: f64 = 1.0;
+    const TPS: f64 = 10.0;
+    const RATES: [f64; 6] = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
+    let sim = Sim::bind(&SimConfig {
+        model: Model {
+            step_base: Duration::from_millis(10),
+            step_per_seq: Duration::from_micros(200),
+            prefill_per_token: Duration::from_micros(400),
+            max_batch: 256,
+        },
+        ..SimConfig::default()
+    })
+    .await
+    .expect("bind the simulator");
+    let upstream = format!("http://{}", sim.local_addr());
+    let sim_task = tokio::spawn(sim.serve(std::future::pending()));
+    let proxy = spawn_proxy(&upstream, &["--slo", "chat:ttft=1s,tps=10,objective=0.9"]).await;
+    let driver = Driver {
+        client: Arc::new(Client::new(
+            format!("{}/v1", proxy.url()),
+            None,
+            Duration::from_secs(120),
+        )),
+        requests: Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "open-loop-test".into(),
+            prompt_tokens: 500,
+            output_tokens: 20,
+            seed: 5,
+        }),
+        next_id: Arc::new(AtomicU64::new(0)),
+        interrupted: Default::default(),
+    };
+    let mut shares = Vec::new();
+    for (i, rate) in RATES.into_iter().enumerate() {
+        let level = driver
+            .run_open(
+                rate,
+                17 + i as u64,
+                Stop::After(Duration::from_secs(20)),
+                Arc::new(Live::default()),
+            )
+            .await;
+        let n = level.samples.len();
+        assert!(n > 10, "rate {rate}: {n} requests");
+        // A request that failed or never got its first token missed.
+        let met = level
+            .samples
+            .iter()
+            .filter(|s| {
+                s.is_ok()
+                    && s.ttft_secs().is_some_and(|t| t <= TTFT)
+                    && s.tpot().is_none_or(|t| t > 0.0 && 1.0 / t >= TPS)
+            })
+            .count();
+        shares.push((rate, met as f64 / n as f64));
+    }
+    tokio::time::sleep(Duration::from_millis(5100)).await;
+    let text = proxy.scrape().await;
+    sim_task.abort();
+    let predicted = Scrape::parse(&text)
+        .select("tokenmeter_capacity_max_request_rate", &[("class", "chat")])
+        .next()
+        .unwrap_or_else(|| panic!("no max_request_rate in\n{text}"))
+        .value;
+    let highest = shares
+        .iter()
+        .take_while(|(_, share)| *share >= 0.9)
+        .last()
+        .map(|(rate, _)| *rate)
+        .unwrap_or_else(|| panic!("no rate met the class: {shares:?}"));
+    assert!(
+        shares.iter().any(|(_, share)| *share < 0.9),
+        "every rate met the class: {shares:?}"
+    );
+    assert!(
+        (predicted / highest - 1.0).abs() <= 0.20,
+        "predicted {predicted} req/s, highest rate met {highest}: {shares:?}"
+    );
+}
