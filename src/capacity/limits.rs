@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 
-use super::plan::CURVE;
 use super::replay::{self, Engine, Job, Load, Replayed};
 use super::summary::MAX_CONCURRENCY;
 
@@ -57,9 +56,9 @@ impl<'a> Replays<'a> {
         self.closed(n).map(|r| r.output_tps)
     }
 
-    /// The curve at [`CURVE`]'s concurrencies.
-    pub fn curve(&mut self) -> Vec<TtftPoint> {
-        CURVE
+    /// The predicted TTFT at each of `concurrencies` (the tokens/s curve's, `plan::CURVE`).
+    pub fn curve(&mut self, concurrencies: &[u32]) -> Vec<TtftPoint> {
+        concurrencies
             .iter()
             .filter_map(|&n| {
                 let r = self.closed(n)?;
@@ -163,8 +162,8 @@ mod tests {
         assert_eq!(r.concurrency_limit(2.0, 0.9), Some(4));
         assert_eq!(r.concurrency_limit(0.3, 0.9), Some(0));
         assert_eq!(r.concurrency_limit(1000.0, 0.9), Some(256));
-        let curve = r.curve();
-        assert_eq!(curve.len(), CURVE.len());
+        let curve = r.curve(&crate::capacity::plan::CURVE);
+        assert_eq!(curve.len(), 9);
         assert!((curve[0].quantiles[1] - 0.4102).abs() < 1e-6, "{curve:?}");
         assert!(curve
             .windows(2)

@@ -234,7 +234,10 @@ impl Capacity {
             ),
             None => (Vec::new(), Vec::new()),
         };
-        let ttft_curve = replays.as_mut().map(|r| r.curve()).unwrap_or_default();
+        let ttft_curve = replays
+            .as_mut()
+            .map(|r| r.curve(&plan::CURVE))
+            .unwrap_or_default();
         Report {
             fit,
             samples,
