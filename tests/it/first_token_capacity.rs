@@ -293,6 +293,9 @@ async fn the_max_request_rate_is_the_highest_rate_that_holds() {
         .next()
         .unwrap_or_else(|| panic!("no max_request_rate in\n{text}"))
         .value;
+    eprintln!(
+        "open loop: predicted {predicted:.3} req/s; share meeting the class by rate {shares:?}"
+    );
     let highest = shares
         .iter()
         .take_while(|(_, share)| *share >= 0.9)
