@@ -96,6 +96,7 @@ fn bench(c: &mut Criterion) {
         output: 50 + 13 * (i % 40),
         ttft: Some(0.05 + 0.0002 * f64::from(200 + 37 * (i % 100))),
         stated_prefill: None,
+        stated_queue: None,
     };
     let mut i = 0u32;
     c.bench_function("capacity waited (per request)", |bench| {

@@ -4,8 +4,8 @@
 //! A request's first token comes at the end of the step that ran its prefill, so its wait is
 //! any queueing, plus one decode step, plus `per_token x uncached`. Each request with a prompt
 //! long enough to be more than noise gives one estimate, `(wait - step) / uncached`, where the
-//! wait is the engine's own prefill time when its stream states it (no queue in it) and the
-//! proxy's TTFT otherwise. Queueing only ever adds, so the estimate is a low quantile of them
+//! wait is the engine's own prefill time when its stream states it (no queue in it), and the
+//! proxy's TTFT otherwise, less the engine's stated queue time where only that is stated. Queueing only ever adds, so the estimate is a low quantile of them
 //! ([`QUANTILE`]): it assumes that at least one request in ten met an engine with no prefill
 //! ahead of it, which a window with any quiet moment has; a window spent wholly saturated reads
 //! high, which errs towards a smaller limit.
@@ -69,7 +69,9 @@ pub fn fit(requests: &[Request], step: f64) -> Option<PrefillFit> {
     let (source, wait): (Source, fn(&Request) -> Option<f64>) = if 2 * stated >= long.len() {
         (Source::Stated, |r| r.stated_prefill)
     } else {
-        (Source::Wire, |r| r.ttft)
+        (Source::Wire, |r| {
+            Some(r.ttft? - r.stated_queue.unwrap_or(0.0))
+        })
     };
     let mut per_token: Vec<f64> = long
         .iter()
@@ -105,7 +107,22 @@ mod tests {
             output: 10,
             ttft: Some(ttft),
             stated_prefill: stated,
+            stated_queue: None,
         }
+    }
+
+    #[test]
+    fn a_stated_queue_comes_off_the_wire_wait() {
+        // Every request queued 2 s at the engine, which says so; its prefill it does not state.
+        let rs: Vec<Request> = (0..10)
+            .map(|_| Request {
+                stated_queue: Some(2.0),
+                ..req(1000, 0, 2.0 + 0.010 + 0.2, None)
+            })
+            .collect();
+        let f = fit(&rs, 0.010).expect("a fit");
+        assert_eq!(f.source, Source::Wire);
+        assert!((f.per_token - 0.0002).abs() < 1e-12, "{f:?}");
     }
 
     #[test]

@@ -26,8 +26,9 @@ pub struct Request {
     pub output: u32,
     /// Arrival to the first token, as the proxy saw it.
     pub ttft: Option<f64>,
-    /// The engine's own prefill time, where its stream stated it.
+    /// The engine's own prefill and queue times, where its stream stated them.
     pub stated_prefill: Option<f64>,
+    pub stated_queue: Option<f64>,
 }
 
 impl Request {
@@ -115,6 +116,7 @@ mod tests {
             output,
             ttft: None,
             stated_prefill: None,
+            stated_queue: None,
         }
     }
 

@@ -1176,6 +1176,11 @@ impl Metrics {
                 .as_ref()
                 .and_then(|e| e.prefill)
                 .map(|d| d.as_secs_f64()),
+            stated_queue: f
+                .engine
+                .as_ref()
+                .and_then(|e| e.queue)
+                .map(|d| d.as_secs_f64()),
         });
     }
 
