@@ -144,12 +144,7 @@ fn mean_output(jobs: &[Job]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const LONG: Engine = Engine {
-        base: 0.010,
-        per_seq: 0.0002,
-        prefill_per_token: 0.0002,
-    };
+    use crate::capacity::replay::LONG;
 
     #[test]
     fn long_prompts_bind_at_the_first_token() {

@@ -263,20 +263,13 @@ mod tests {
     #[test]
     fn a_ttft_target_binds_first_with_long_prompts() {
         use crate::capacity::limits::Replays;
-        use crate::capacity::replay::{Engine, Job};
-        let f = line(0.010, 0.0002);
+        use crate::capacity::replay::{Job, LONG};
+        let f = line(LONG.base, LONG.per_seq);
         let jobs = [Job {
             uncached: 2000,
             output: 100,
         }];
-        let mut replays = Replays::new(
-            Engine {
-                base: f.base,
-                per_seq: f.per_seq,
-                prefill_per_token: 0.0002,
-            },
-            &jobs,
-        );
+        let mut replays = Replays::new(LONG, &jobs);
         let chat = Class {
             name: "chat".into(),
             tps_floor: Some(10.0),

@@ -24,7 +24,7 @@ use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::tools::sim::{Model, Sim, SimConfig};
 
-use crate::support::{serial, spawn_proxy};
+use crate::support::{serial, spawn_proxy, Proxy};
 
 struct Case {
     model: Model,
@@ -61,17 +61,27 @@ fn p90(mut ttfts: Vec<f64>) -> f64 {
     ttfts[rank - 1]
 }
 
-async fn run(case: &Case) -> Outcome {
+/// A simulator with `model`, a proxy in front of it with the class `slo`, and the bench's driver
+/// for requests of `prompt` words and `output` tokens.
+async fn serve(
+    model: Model,
+    stated: bool,
+    slo: &str,
+    prompt: usize,
+    output: u64,
+) -> (Proxy, Driver, tokio::task::JoinHandle<()>) {
     let sim = Sim::bind(&SimConfig {
-        model: case.model,
-        per_request_metrics: case.stated,
+        model,
+        per_request_metrics: stated,
         ..SimConfig::default()
     })
     .await
     .expect("bind the simulator");
     let upstream = format!("http://{}", sim.local_addr());
-    let sim_task = tokio::spawn(sim.serve(std::future::pending()));
-    let proxy = spawn_proxy(&upstream, &["--slo", case.class]).await;
+    let sim_task = tokio::spawn(async move {
+        let _ = sim.serve(std::future::pending()).await;
+    });
+    let proxy = spawn_proxy(&upstream, &["--slo", slo]).await;
     let driver = Driver {
         client: Arc::new(Client::new(
             format!("{}/v1", proxy.url()),
@@ -81,13 +91,32 @@ async fn run(case: &Case) -> Outcome {
         requests: Arc::new(RequestBuilder {
             endpoint: Endpoint::Chat,
             model: "first-token-test".into(),
-            prompt_tokens: case.prompt_tokens,
-            output_tokens: case.output_tokens,
+            prompt_tokens: prompt,
+            output_tokens: output,
             seed: 11,
         }),
         next_id: Arc::new(AtomicU64::new(0)),
         interrupted: Default::default(),
     };
+    (proxy, driver, sim_task)
+}
+
+/// `/metrics` once the model has refitted over everything sent so far.
+async fn refitted(proxy: &Proxy) -> String {
+    // Past the refit interval, so the answer includes the last level.
+    tokio::time::sleep(Duration::from_millis(5100)).await;
+    proxy.scrape().await
+}
+
+async fn run(case: &Case) -> Outcome {
+    let (proxy, driver, sim_task) = serve(
+        case.model,
+        case.stated,
+        case.class,
+        case.prompt_tokens,
+        case.output_tokens,
+    )
+    .await;
     let mut measured = Vec::new();
     let mut prompts = Vec::new();
     for &n in case.levels {
@@ -99,9 +128,7 @@ async fn run(case: &Case) -> Outcome {
         prompts.extend(level.samples.iter().filter_map(|s| s.input_tokens));
         measured.push((n, p90(ttfts)));
     }
-    // Past the refit interval, so the answer includes the last level.
-    tokio::time::sleep(Duration::from_millis(5100)).await;
-    let text = proxy.scrape().await;
+    let text = refitted(&proxy).await;
     sim_task.abort();
     let s = Scrape::parse(&text);
     let one = |name: &str, labels: &[(&str, &str)]| {
@@ -231,36 +258,14 @@ async fn the_max_request_rate_is_the_highest_rate_that_holds() {
     const TTFT: f64 = 1.0;
     const TPS: f64 = 10.0;
     const RATES: [f64; 6] = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5];
-    let sim = Sim::bind(&SimConfig {
-        model: Model {
-            step_base: Duration::from_millis(10),
-            step_per_seq: Duration::from_micros(200),
-            prefill_per_token: Duration::from_micros(400),
-            max_batch: 256,
-        },
-        ..SimConfig::default()
-    })
-    .await
-    .expect("bind the simulator");
-    let upstream = format!("http://{}", sim.local_addr());
-    let sim_task = tokio::spawn(sim.serve(std::future::pending()));
-    let proxy = spawn_proxy(&upstream, &["--slo", "chat:ttft=1s,tps=10,objective=0.9"]).await;
-    let driver = Driver {
-        client: Arc::new(Client::new(
-            format!("{}/v1", proxy.url()),
-            None,
-            Duration::from_secs(120),
-        )),
-        requests: Arc::new(RequestBuilder {
-            endpoint: Endpoint::Chat,
-            model: "open-loop-test".into(),
-            prompt_tokens: 500,
-            output_tokens: 20,
-            seed: 5,
-        }),
-        next_id: Arc::new(AtomicU64::new(0)),
-        interrupted: Default::default(),
+    let model = Model {
+        step_base: Duration::from_millis(10),
+        step_per_seq: Duration::from_micros(200),
+        prefill_per_token: Duration::from_micros(400),
+        max_batch: 256,
     };
+    let slo = "chat:ttft=1s,tps=10,objective=0.9";
+    let (proxy, driver, sim_task) = serve(model, false, slo, 500, 20).await;
     let mut shares = Vec::new();
     for (i, rate) in RATES.into_iter().enumerate() {
         let level = driver
@@ -285,8 +290,7 @@ async fn the_max_request_rate_is_the_highest_rate_that_holds() {
             .count();
         shares.push((rate, met as f64 / n as f64));
     }
-    tokio::time::sleep(Duration::from_millis(5100)).await;
-    let text = proxy.scrape().await;
+    let text = refitted(&proxy).await;
     sim_task.abort();
     let predicted = Scrape::parse(&text)
         .select("tokenmeter_capacity_max_request_rate", &[("class", "chat")])
