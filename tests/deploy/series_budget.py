@@ -87,6 +87,16 @@ TOKENMETER = {
     "tokenmeter_capacity_utilization": 1,
     "tokenmeter_capacity_tps_floor": 1,
     "tokenmeter_capacity_replicas": 1,
+    # The first token's end: both limits of the one class with targets, its arrival rate, the
+    # predicted TTFT at 9 concurrencies x 3 quantiles, the prefill cost (one source), the mix
+    # (3 kinds and its size) and the requests in flight.
+    "tokenmeter_capacity_limit_concurrency": 2,
+    "tokenmeter_capacity_max_request_rate": 1,
+    "tokenmeter_capacity_ttft_seconds": 27,
+    "tokenmeter_capacity_prefill_seconds_per_token": 1,
+    "tokenmeter_capacity_workload_tokens": 3,
+    "tokenmeter_capacity_workload_requests": 1,
+    "tokenmeter_capacity_in_flight": 1,
     # The admission caps (--max-in-flight, --max-connections) and the connections closed there.
     "tokenmeter_in_flight_limit": 1,
     "tokenmeter_connections_limit": 1,
