@@ -52,7 +52,12 @@ async fn trickle(
 /// line starting with `P`, which does not tell HTTP/1 from the HTTP/2 preface at once, and the
 /// preface itself) are all closed at `--header-read-timeout` after they connected, within 10%:
 /// the version check, a TLS handshake and hyper's own timer share one budget.
+///
+/// Timed to 10% with 1,000 clients in this process, so it runs alone, after the suite
+/// (`tests/run`: `cargo test --test it hostile::a_thousand -- --ignored`): beside the other tests
+/// on two cores the clients themselves saw the closes up to 0.4 s late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timed to 10%: tests/run runs it alone"]
 async fn a_thousand_trickled_heads_are_closed_at_the_header_read_timeout_within_ten_percent() {
     const TIMEOUT: Duration = Duration::from_secs(3);
     const CONNECTIONS: usize = 1_000;
