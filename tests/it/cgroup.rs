@@ -150,7 +150,7 @@ async fn in_a_64_mib_cgroup_a_flood_is_shed_and_never_oom_killed() {
     let mut proxy = Binary::start_in(
         Some(&cg.procs()),
         &up.url(),
-        &["--max-connections", "4000", "--max-in-flight", "1000"],
+        &["--max-connections", "2000", "--max-in-flight", "500"],
     );
     let want = Arc::new(script_bytes(&stream()));
     // Sampled through the flood: the process's own memory, apart from the binary's pages.
@@ -208,27 +208,49 @@ async fn in_a_64_mib_cgroup_a_flood_is_shed_and_never_oom_killed() {
                     .header("content-type", "application/json")
                     .body(Full::new(Bytes::from(chat_request(true, true))))
                     .expect("request");
-                let resp = send.send_request(req).await.expect("a response");
+                // An error is returned, not panicked on, so that a process killed mid-flood
+                // is reported as the OOM kill it is, not as the broken pipe it leaves behind.
+                let resp = send
+                    .send_request(req)
+                    .await
+                    .map_err(|e| format!("no response: {e}"))?;
                 let status = resp.status().as_u16();
-                let body = resp.into_body().collect().await.expect("body").to_bytes();
-                if status == 200 {
-                    assert_eq!(&body[..], &want[..], "an admitted stream differs");
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("status {status}, then the body failed: {e}"))?
+                    .to_bytes();
+                if status == 200 && body[..] != want[..] {
+                    return Err(format!("an admitted stream differs ({} bytes)", body.len()));
                 }
-                status
+                Ok::<u16, String>(status)
             }));
         }
     }
-    let (mut ok, mut shed) = (0, 0);
+    let (mut ok, mut shed, mut failed) = (0, 0, Vec::new());
     for r in requests {
         match r.await.expect("request task") {
-            200 => ok += 1,
-            503 => shed += 1,
-            other => panic!("status {other}"),
+            Ok(200) => ok += 1,
+            Ok(503) => shed += 1,
+            Ok(other) => failed.push(format!("status {other}")),
+            Err(e) => failed.push(e),
         }
     }
     let flooded = flood.await.expect("flood task");
+    assert_eq!(
+        cg.oom_kills(),
+        0,
+        "OOM kills in the cgroup (peak {} MiB)",
+        cg.peak() >> 20
+    );
     assert!(proxy.alive(), "tokenmeter died");
-    assert_eq!(cg.oom_kills(), 0, "OOM kills in the cgroup");
+    assert!(
+        failed.is_empty(),
+        "{} requests failed, the first: {}",
+        failed.len(),
+        failed[0]
+    );
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let anon = sampler.join().expect("sampler");
     let (peak, rss) = (cg.peak(), proxy.peak_rss());
@@ -248,7 +270,7 @@ async fn in_a_64_mib_cgroup_a_flood_is_shed_and_never_oom_killed() {
         rss >> 20
     );
     assert_eq!(ok + shed, 5_000);
-    assert!(ok >= 1_000 && shed > 0, "{ok} streamed, {shed} shed");
+    assert!(ok >= 500 && shed > 0, "{ok} streamed, {shed} shed");
     assert_eq!(
         (counted("complete"), counted("shed")),
         (ok as f64, shed as f64)
