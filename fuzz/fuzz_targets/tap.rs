@@ -17,7 +17,7 @@ use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome, Phase};
+use tokenmeter::metrics::{names, Metrics, MetricsConfig, Outcome, Phase};
 use tokenmeter::protocol::request::RequestInfo;
 
 const TYPES: &[&str] = &[
@@ -45,10 +45,6 @@ const STATUSES: &[u16] = &[
 ];
 
 /// The sum of every `tokenmeter_requests_total` sample in the exposition.
-fn requests(exposition: &[u8]) -> f64 {
-    Scrape::parse(&String::from_utf8_lossy(exposition)).sum_of("tokenmeter_requests_total")
-}
-
 fn pick<'a>(table: &[&'a str], i: u8, fallback: &'a str) -> &'a str {
     table.get(usize::from(i)).copied().unwrap_or(fallback)
 }
@@ -96,13 +92,15 @@ fuzz_target!(|data: &[u8]| {
         _ => drop(meter), // dropped unfinished: the client went away
     }
 
+    let exposition = Scrape::parse(&String::from_utf8_lossy(&metrics.render()));
     assert_eq!(
-        requests(&metrics.render()),
+        exposition.sum_of(names::REQUESTS_TOTAL),
         1.0,
         "request not counted exactly once"
     );
     for phase in [Phase::Prefill, Phase::Decode] {
-        assert_eq!(metrics.in_phase(phase), 0, "{phase:?} gauge leaked");
+        let gauge = format!("{}{{phase=\"{}\"}}", names::REQUESTS_IN_FLIGHT, phase.as_str());
+        assert_eq!(exposition.sum_of(&gauge), 0.0, "{phase:?} gauge leaked");
     }
     assert_eq!(recorder.concurrency.current(), 0, "concurrency leaked");
 });

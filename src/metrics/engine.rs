@@ -12,6 +12,7 @@
 //! for a request with a TTFT (a token-bearing event passed): a non-streamed answer has no first
 //! token to split, though its timings are counted in the coverage.
 
+use super::names;
 use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 use super::{counter, histogram, Buckets, Finished};
@@ -32,26 +33,26 @@ impl EngineMetrics {
         Ok(EngineMetrics {
             parts: histogram(
                 r,
-                "tokenmeter_time_to_first_token_part_seconds",
+                names::TIME_TO_FIRST_TOKEN_PART_SECONDS,
                 "Time to first token split by where the engine says it went: queue, model_load and prefill as the stream states them, other = tokenmeter's TTFT less the stated parts.",
                 &["model", "part"],
                 &b.ttft,
             )?,
             mismatch: counter(
                 r,
-                "tokenmeter_engine_timing_mismatch_total",
+                names::ENGINE_TIMING_MISMATCH_TOTAL,
                 "Requests whose stated parts exceeded tokenmeter's own TTFT (their other part is recorded as 0).",
                 &["model"],
             )?,
             requests: counter(
                 r,
-                "tokenmeter_engine_timings_requests_total",
+                names::ENGINE_TIMINGS_REQUESTS_TOTAL,
                 "Requests whose stream stated the engine's own timings, by the engine that stated them.",
                 &["model", "source"],
             )?,
             acceptance: histogram(
                 r,
-                "tokenmeter_spec_decode_acceptance_rate",
+                names::SPEC_DECODE_ACCEPTANCE_RATE,
                 "Per-request share of draft tokens accepted under speculative decoding, where the engine states it (vLLM).",
                 &["model"],
                 &ACCEPTANCE_BUCKETS,

@@ -1,11 +1,12 @@
 //! Every metric tokenmeter exports, and the rules that keep their labels bounded.
 //!
-//! This is the only module that names a metric. The families are private fields of a
+//! This is the only module that names a metric: its own names once each in [`names`], which
+//! the page and the load generator read the exposition by. The families are private fields of a
 //! [`Metrics`] struct built around its own [`Registry`] (never a global), so every test can build
 //! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
 //! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
-//! while it streams (once per request), and [`Metrics::phase`] and [`Metrics::tokens`] move the
-//! live gauges; [`Metrics::capacity`] is the live capacity model the meter feeds on every
+//! while it streams (once per request), and [`Metrics::in_flight`] and [`Metrics::tokens`] move
+//! the live gauges; [`Metrics::capacity`] is the live capacity model the meter feeds on every
 //! token-bearing event, whose answers ([`capacity`]) are refreshed when the exposition is
 //! rendered. No caller passes a label value by position.
 //!
@@ -21,6 +22,7 @@
 pub mod capacity;
 mod capped;
 mod engine;
+pub mod names;
 pub mod otel;
 mod rate;
 mod vllm;
@@ -667,7 +669,7 @@ impl Metrics {
         let t = |names: &[&'static str]| tenanted(names, cfg.tenant);
         let in_flight = IntGaugeVec::new(
             Opts::new(
-                "tokenmeter_requests_in_flight",
+                names::REQUESTS_IN_FLIGHT,
                 "Requests in flight: prefill (no token yet) or decode (streaming), until the stream's end marker.",
             ),
             &["phase"],
@@ -678,7 +680,7 @@ impl Metrics {
         }
         let gpus = GaugeVec::new(
             Opts::new(
-                "tokenmeter_gpus",
+                names::GPUS,
                 "GPUs behind this proxy (--gpus); source says where the number came from.",
             ),
             &["source"],
@@ -689,14 +691,14 @@ impl Metrics {
         if let Some(cost) = cfg.gpu_hour_cost {
             gauge(
                 &r,
-                "tokenmeter_gpu_hour_cost",
+                names::GPU_HOUR_COST,
                 "What one GPU costs per hour, in USD (--gpu-hour-cost).",
             )?
             .set(cost);
         }
         let objective = GaugeVec::new(
             Opts::new(
-                "tokenmeter_slo_objective",
+                names::SLO_OBJECTIVE,
                 "The share of an SLO class's requests that must meet its targets (--slo objective).",
             ),
             &["class"],
@@ -707,17 +709,14 @@ impl Metrics {
         }
         let build = IntGaugeVec::new(
             Opts::new(
-                "tokenmeter_build_info",
+                names::BUILD_INFO,
                 "Always 1; the version label says which build.",
             ),
             &["version"],
         )?;
         r.register(Box::new(build.clone()))?;
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        let uptime = IntGauge::new(
-            "tokenmeter_start_time_seconds",
-            "Unix time the process started.",
-        )?;
+        let uptime = IntGauge::new(names::START_TIME_SECONDS, "Unix time the process started.")?;
         uptime.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -725,23 +724,23 @@ impl Metrics {
         );
         r.register(Box::new(uptime))?;
         let in_flight_limit = IntGauge::new(
-            "tokenmeter_in_flight_limit",
+            names::IN_FLIGHT_LIMIT,
             "--max-in-flight: requests proxied at once; more are shed (503, outcome shed).",
         )?;
         r.register(Box::new(in_flight_limit.clone()))?;
         let connections_limit = IntGauge::new(
-            "tokenmeter_connections_limit",
+            names::CONNECTIONS_LIMIT,
             "--max-connections: open client connections; more are closed when accepted.",
         )?;
         r.register(Box::new(connections_limit.clone()))?;
         let connections_refused = IntCounter::new(
-            "tokenmeter_connections_refused_total",
+            names::CONNECTIONS_REFUSED_TOTAL,
             "Client connections closed as soon as they were accepted, at --max-connections.",
         )?;
         r.register(Box::new(connections_refused.clone()))?;
         let parse_errors = counter(
             &r,
-            "tokenmeter_parse_errors_total",
+            names::PARSE_ERRORS_TOTAL,
             "Parts of response bodies that could not be parsed (they are still forwarded untouched).",
             &["reason"],
         )?;
@@ -750,7 +749,7 @@ impl Metrics {
         }
         let token_source = counter(
             &r,
-            "tokenmeter_token_count_source_total",
+            names::TOKEN_COUNT_SOURCE_TOTAL,
             "Requests by where their token counts came from.",
             &["source"],
         )?;
@@ -773,109 +772,109 @@ impl Metrics {
             gpus: cfg.gpus,
             ttft: histogram(
                 &r,
-                "tokenmeter_time_to_first_token_seconds",
+                names::TIME_TO_FIRST_TOKEN_SECONDS,
                 "From the request's arrival to the first token-bearing event (of any kind), by band of the prompt's tokens.",
                 &t(&["model", "prompt"]),
                 &b.ttft,
             )?,
             ttfb: histogram(
                 &r,
-                "tokenmeter_time_to_first_byte_seconds",
+                names::TIME_TO_FIRST_BYTE_SECONDS,
                 "From the request's arrival to the first byte of the response body.",
                 &m,
                 &b.ttft,
             )?,
             itl: histogram(
                 &r,
-                "tokenmeter_inter_token_latency_seconds",
+                names::INTER_TOKEN_LATENCY_SECONDS,
                 "Gap between token-bearing events divided by the tokens the later one carries, observed once per token.",
                 &m,
                 &b.itl,
             )?,
             tpot: histogram(
                 &r,
-                "tokenmeter_time_per_output_token_seconds",
+                names::TIME_PER_OUTPUT_TOKEN_SECONDS,
                 "Per request: (last token time - first token time) / (output tokens - 1).",
                 &m,
                 &b.itl,
             )?,
             request_tps: histogram(
                 &r,
-                "tokenmeter_request_tokens_per_second",
+                names::REQUEST_TOKENS_PER_SECOND,
                 "Per request decode speed, (output tokens - 1) / decode time, by band of mean requests in flight during the decode.",
                 &t(&["model", "concurrency"]),
                 &b.tps,
             )?,
             duration: histogram(
                 &r,
-                "tokenmeter_request_duration_seconds",
+                names::REQUEST_DURATION_SECONDS,
                 "End to end: the request's arrival to the last byte of the response.",
                 &m,
                 &b.duration,
             )?,
             output_tokens: histogram(
                 &r,
-                "tokenmeter_request_output_tokens",
+                names::REQUEST_OUTPUT_TOKENS,
                 "Output tokens per request.",
                 &m,
                 &b.tokens,
             )?,
             input_tokens: histogram(
                 &r,
-                "tokenmeter_request_input_tokens",
+                names::REQUEST_INPUT_TOKENS,
                 "Prompt tokens per request (where the stream reports them).",
                 &m,
                 &b.tokens,
             )?,
             output_tokens_total: counter(
                 &r,
-                "tokenmeter_output_tokens_total",
+                names::OUTPUT_TOKENS_TOTAL,
                 "Output tokens generated.",
                 &t(&m),
             )?,
             input_tokens_total: counter(
                 &r,
-                "tokenmeter_input_tokens_total",
+                names::INPUT_TOKENS_TOTAL,
                 "Prompt tokens processed (where the stream reports them).",
                 &t(&m),
             )?,
             tokens_per_event: histogram(
                 &r,
-                "tokenmeter_tokens_per_event",
+                names::TOKENS_PER_EVENT,
                 "Output tokens per token-bearing event: token ids where sent, the growth of usage repeated in every chunk, else 1.",
                 &m,
                 &b.per_event,
             )?,
             max_stall: histogram(
                 &r,
-                "tokenmeter_request_max_stall_seconds",
+                names::REQUEST_MAX_STALL_SECONDS,
                 "Per request: the longest gap between two token-bearing events (TTFT not counted).",
                 &m,
                 &b.stall,
             )?,
             first_output: histogram(
                 &r,
-                "tokenmeter_time_to_first_output_seconds",
+                names::TIME_TO_FIRST_OUTPUT_SECONDS,
                 "From the request's arrival to the first event of each kind of output (reasoning, content, tool_call).",
                 &["model", "kind"],
                 &b.ttft,
             )?,
             reasoning_tokens_total: counter(
                 &r,
-                "tokenmeter_reasoning_tokens_total",
+                names::REASONING_TOKENS_TOTAL,
                 "Reasoning tokens (part of the output tokens): usage's reasoning details where reported, else counted from reasoning events.",
                 &t(&m),
             )?,
             cached_input_tokens_total: counter(
                 &r,
-                "tokenmeter_cached_input_tokens_total",
+                names::CACHED_INPUT_TOKENS_TOTAL,
                 "Prompt tokens read from (read) or written to (write) the server's prompt cache, where usage reports them.",
                 &t(&["model", "kind"]),
             )?,
             token_source,
             requests: counter(
                 &r,
-                "tokenmeter_requests_total",
+                names::REQUESTS_TOTAL,
                 "Requests by model, HTTP status code, outcome and the API parser that ran.",
                 &t(&["model", "code", "outcome", "api"]),
             )?,
@@ -887,23 +886,23 @@ impl Metrics {
             parse_errors,
             output_tps: gauge(
                 &r,
-                "tokenmeter_output_tokens_per_second",
+                names::OUTPUT_TOKENS_PER_SECOND,
                 "Aggregate output tokens/s over the last --rate-window.",
             )?,
             output_tps_per_gpu: gauge(
                 &r,
-                "tokenmeter_output_tokens_per_second_per_gpu",
+                names::OUTPUT_TOKENS_PER_SECOND_PER_GPU,
                 "tokenmeter_output_tokens_per_second / tokenmeter_gpus.",
             )?,
             slo_requests: counter(
                 &r,
-                "tokenmeter_slo_requests_total",
+                names::SLO_REQUESTS_TOTAL,
                 "Requests by SLO class, model, concurrency band and result (met, the first target missed, error, or the client gone first), counted once when they end.",
                 &t(&["class", "model", "concurrency", "result"]),
             )?,
             goodput_tokens: counter(
                 &r,
-                "tokenmeter_goodput_output_tokens_total",
+                names::GOODPUT_OUTPUT_TOKENS_TOTAL,
                 "Output tokens of requests that met their SLO class's targets.",
                 &t(&["class", "model"]),
             )?,
@@ -926,7 +925,7 @@ impl Metrics {
     /// proxy without the log exports no such series): the writer's handle.
     pub fn request_log_dropped(&self) -> prometheus::Result<IntCounter> {
         self.register_counter(
-            "tokenmeter_request_log_dropped_total",
+            names::REQUEST_LOG_DROPPED_TOTAL,
             "Request log lines dropped because the writer's queue was full (a slow or full disk, a pipe nobody reads).",
         )
     }
@@ -935,7 +934,7 @@ impl Metrics {
     /// (`--otlp-endpoint`): the exporter's handle.
     pub fn trace_spans_dropped(&self) -> prometheus::Result<IntCounter> {
         self.register_counter(
-            "tokenmeter_trace_spans_dropped_total",
+            names::TRACE_SPANS_DROPPED_TOTAL,
             "Spans dropped: the export queue was full, or the collector refused or did not answer a batch.",
         )
     }
@@ -986,13 +985,6 @@ impl Metrics {
         }
     }
 
-    /// Moves one request into or out of a phase.
-    pub fn phase(&self, phase: Phase, delta: i64) {
-        self.in_flight
-            .with_label_values(&[phase.as_str()])
-            .add(delta);
-    }
-
     /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
     pub fn decoding(&self) -> i64 {
         self.decoding.get()
@@ -1001,11 +993,6 @@ impl Metrics {
     /// The live capacity model, which the meter feeds as tokens pass.
     pub fn capacity(&self) -> &Capacity {
         &self.capacity
-    }
-
-    /// Requests in a phase right now.
-    pub fn in_phase(&self, phase: Phase) -> i64 {
-        self.in_flight.with_label_values(&[phase.as_str()]).get()
     }
 
     /// Counts `n` output tokens produced at `at` in the aggregate rate.

@@ -1,7 +1,7 @@
 //! One gathering of the registry reduced to what the page shows: [`Reading::from_families`].
 //!
-//! This module reads metric names; it does not define them (that is `crate::metrics`'s job, and
-//! the integration tests check these names against a live proxy's exposition). Series are summed
+//! This module reads metric names; it does not define them: they come from `crate::metrics`,
+//! which registers the families under the same constants. Series are summed
 //! over the labels the page does not break down by (model, code, api, prompt band), as a PromQL
 //! `sum by (...)` would.
 
@@ -12,24 +12,18 @@ use prometheus::proto::{MetricFamily, MetricType};
 use crate::metrics::capacity::names as capacity;
 use crate::quantile::histogram_quantile;
 
-pub(crate) const IN_FLIGHT: &str = "tokenmeter_requests_in_flight";
-pub(crate) const OUTPUT_TPS: &str = "tokenmeter_output_tokens_per_second";
-pub(crate) const OUTPUT_TPS_PER_GPU: &str = "tokenmeter_output_tokens_per_second_per_gpu";
-pub(crate) const GPUS: &str = "tokenmeter_gpus";
-pub(crate) const BUILD_INFO: &str = "tokenmeter_build_info";
-pub(crate) const START_TIME: &str = "tokenmeter_start_time_seconds";
-pub(crate) const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
-pub(crate) const TTFT_PART: &str = "tokenmeter_time_to_first_token_part_seconds";
-pub(crate) const REQUEST_TPS: &str = "tokenmeter_request_tokens_per_second";
-pub(crate) const REQUESTS: &str = "tokenmeter_requests_total";
-pub(crate) const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
-pub(crate) const INPUT_TOKENS: &str = "tokenmeter_input_tokens_total";
-pub(crate) const TOKEN_SOURCE: &str = "tokenmeter_token_count_source_total";
-pub(crate) const SLO_REQUESTS: &str = "tokenmeter_slo_requests_total";
-pub(crate) const SLO_OBJECTIVE: &str = "tokenmeter_slo_objective";
-pub(crate) const CAPACITY_CURVE: &str = "tokenmeter_capacity_curve_tokens_per_second";
-pub(crate) const CAPACITY_MAX_CONCURRENCY: &str = "tokenmeter_capacity_max_concurrency";
-pub(crate) const CAPACITY_TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
+// The names the page reads the exposition by, under the short names its code uses.
+pub(crate) use crate::metrics::names::{
+    BUILD_INFO, GPUS, INPUT_TOKENS_TOTAL as INPUT_TOKENS, OUTPUT_TOKENS_PER_SECOND as OUTPUT_TPS,
+    OUTPUT_TOKENS_PER_SECOND_PER_GPU as OUTPUT_TPS_PER_GPU, OUTPUT_TOKENS_TOTAL as OUTPUT_TOKENS,
+    REQUESTS_IN_FLIGHT as IN_FLIGHT, REQUESTS_TOTAL as REQUESTS,
+    REQUEST_TOKENS_PER_SECOND as REQUEST_TPS, SLO_OBJECTIVE, SLO_REQUESTS_TOTAL as SLO_REQUESTS,
+    START_TIME_SECONDS as START_TIME, TIME_TO_FIRST_TOKEN_PART_SECONDS as TTFT_PART,
+    TIME_TO_FIRST_TOKEN_SECONDS as TTFT, TOKEN_COUNT_SOURCE_TOTAL as TOKEN_SOURCE,
+};
+pub(crate) const CAPACITY_CURVE: &str = capacity::CURVE_TPS;
+pub(crate) const CAPACITY_MAX_CONCURRENCY: &str = capacity::MAX_CONCURRENCY;
+pub(crate) const CAPACITY_TPS_FLOOR: &str = capacity::TPS_FLOOR;
 
 /// A histogram summed over series: cumulative counts by upper bound, ascending, `+Inf` last.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -20,11 +20,12 @@ use crate::quantile::histogram_quantile;
 use crate::tools::exposition::Scrape;
 use crate::tools::scrape::{self, ScrapeError};
 
-const TTFT: &str = "tokenmeter_time_to_first_token_seconds";
-const OUTPUT_TOKENS: &str = "tokenmeter_output_tokens_total";
-const REQUESTS: &str = "tokenmeter_requests_total";
 /// Present in every tokenmeter exposition, even before the first request.
-const BUILD_INFO: &str = "tokenmeter_build_info";
+use crate::metrics::names::BUILD_INFO;
+use crate::metrics::names::{
+    OUTPUT_TOKENS_TOTAL as OUTPUT_TOKENS, REQUESTS_TOTAL as REQUESTS,
+    TIME_TO_FIRST_TOKEN_SECONDS as TTFT,
+};
 
 /// Why the proxy's metrics could not be read.
 #[derive(Debug, thiserror::Error)]
