@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use prometheus::{Histogram, HistogramOpts};
-use tokenmeter::capacity::{Capacity, CapacityConfig, Class, Request};
+use tokenmeter::capacity::{Capacity, CapacityConfig, ClassTargets, Request};
 
 fn model() -> Capacity {
     Capacity::new(
         CapacityConfig {
-            classes: vec![Class {
+            classes: vec![ClassTargets {
                 name: "interactive".into(),
                 tps_floor: Some(20.0),
                 ttft: Some(2.0),

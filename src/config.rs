@@ -321,7 +321,7 @@ pub struct ProxyArgs {
 
 /// Where requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
+pub struct Target {
     /// `scheme://host:port`, no path.
     pub origin: Uri,
     /// A path prefix put before every request path ("" for none).
@@ -331,7 +331,7 @@ pub struct Upstream {
 /// The validated configuration of a proxy.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub upstream: Upstream,
+    pub upstream: Target,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub metrics: MetricsConfig,
@@ -501,7 +501,7 @@ pub fn parse_buckets(s: &str) -> Result<BucketList, String> {
     Ok(BucketList(v))
 }
 
-fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
+fn parse_upstream(s: &str) -> Result<Target, ConfigError> {
     let bad = |why: &str| ConfigError::BadUpstream(s.to_string(), why.to_string());
     let uri: Uri = s
         .parse()
@@ -522,7 +522,7 @@ fn parse_upstream(s: &str) -> Result<Upstream, ConfigError> {
         .path_and_query("/")
         .build()
         .map_err(|e| bad(&e.to_string()))?;
-    Ok(Upstream {
+    Ok(Target {
         origin,
         base_path: uri.path().trim_end_matches('/').to_string(),
     })
@@ -555,7 +555,7 @@ fn pair(
     }
 }
 
-impl Upstream {
+impl Target {
     /// True for an `https://` upstream.
     pub fn is_https(&self) -> bool {
         self.origin.scheme_str() == Some("https")
@@ -682,7 +682,7 @@ impl ProxyArgs {
                     window: self.capacity_window,
                     classes: slo
                         .iter()
-                        .map(|(name, t)| capacity::Class {
+                        .map(|(name, t)| capacity::ClassTargets {
                             name: name.to_string(),
                             tps_floor: t.tps,
                             ttft: t.ttft.map(|d| d.as_secs_f64()),

@@ -73,6 +73,7 @@ pub mod ui;
 // Settings and small shared pieces.
 pub mod config;
 pub mod context;
+pub mod error;
 pub mod host;
 pub mod quantile;
 pub mod ratelog;

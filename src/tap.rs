@@ -25,8 +25,7 @@ use tokio::time::Sleep;
 use crate::meter::Meter;
 use crate::metrics::Outcome;
 
-/// Errors a tapped body can yield.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::error::BoxError;
 
 /// No frame came from the upstream for longer than `--idle-timeout`.
 #[derive(Debug, thiserror::Error)]

@@ -33,10 +33,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("capacity", &[]),
     ("protocol", &[]),
     ("context", &[]),
+    ("error", &[]),
     // What the request path is made of, bottom up.
     ("read", &["protocol"]),
     ("inject", &["protocol"]),
-    ("tls", &["ratelog"]),
+    ("tls", &["error", "ratelog"]),
     ("upgrade", &[]),
     ("gpus", &["host"]),
     ("slo", &["units"]),
@@ -53,14 +54,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "capacity", "context", "metrics", "protocol", "read", "slo", "tenant",
         ],
     ),
-    ("tap", &["meter", "metrics"]),
+    ("tap", &["error", "meter", "metrics"]),
     // The proxy layers still take the whole `Config` (`config`), the one arrow from the request
     // path up to the settings; ARCHITECTURE.md says why it stays for now.
     (
         "proxy",
         &[
-            "config", "context", "drain", "inject", "meter", "metrics", "overload", "protocol",
-            "ratelog", "read", "slo", "tap", "tls", "upgrade",
+            "config", "context", "drain", "error", "inject", "meter", "metrics", "overload",
+            "protocol", "ratelog", "read", "slo", "tap", "tls", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile"]),

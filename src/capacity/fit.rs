@@ -159,7 +159,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::capacity::summary::Summary;
+    use crate::capacity::summary::SlidingSummary;
 
     /// A deterministic stream of uniform and normal draws (xorshift, Box-Muller).
     pub(crate) struct Rng(u64);
@@ -185,7 +185,7 @@ mod tests {
     /// steps (3x); returns the fit.
     fn fit_synthetic(base: f64, per_seq: f64, top: u32, per_level: u32, outliers: f64) -> Fit {
         let t0 = Instant::now();
-        let s = Summary::new(Duration::from_secs(900), t0);
+        let s = SlidingSummary::new(Duration::from_secs(900), t0);
         let mut rng = Rng::new(7);
         for b in 1..=top {
             for _ in 0..per_level {

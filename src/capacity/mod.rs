@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 pub use fit::Fit;
 pub use limits::TtftPoint;
-pub use plan::{Answer, Bound, Class, CurvePoint, Fleet};
+pub use plan::{Answer, Bound, ClassTargets, Fleet, TradeoffPoint};
 pub use prefill::PrefillFit;
 pub use stream::StreamGaps;
 pub use workload::{Mix, Request};
@@ -69,7 +69,7 @@ pub struct CapacityConfig {
     /// `--capacity-window`.
     pub window: Duration,
     /// The classes and their floors (from the SLO classes).
-    pub classes: Vec<Class>,
+    pub classes: Vec<ClassTargets>,
     pub fleet: Fleet,
 }
 
@@ -99,7 +99,7 @@ pub struct Report {
     pub observed: Option<(u32, u32)>,
     /// One per class with a floor, once there is a fit.
     pub answers: Vec<Answer>,
-    pub curve: Vec<CurvePoint>,
+    pub curve: Vec<TradeoffPoint>,
     /// The predicted TTFT at the curve's concurrencies, once the prefill cost is known.
     pub ttft_curve: Vec<TtftPoint>,
     /// The prefill cost, once the window has enough long prompts (or only short ones).
@@ -117,7 +117,7 @@ pub struct Report {
 
 /// The live model: pushed into per event, read per scrape.
 pub struct Capacity {
-    summary: summary::Summary,
+    summary: summary::SlidingSummary,
     busy: busy::Busy,
     /// Time requests spent waiting for their first token, per second: with `busy`, the
     /// time-weighted count of requests in flight.
@@ -132,7 +132,7 @@ pub struct Capacity {
 impl Capacity {
     pub fn new(config: CapacityConfig, origin: Instant) -> Self {
         Capacity {
-            summary: summary::Summary::new(config.window, origin),
+            summary: summary::SlidingSummary::new(config.window, origin),
             busy: busy::Busy::new(origin),
             waiting: busy::Busy::new(origin),
             workload: workload::Workload::new(config.window),
@@ -274,7 +274,7 @@ mod tests {
         let t0 = Instant::now();
         let cap = Capacity::new(
             CapacityConfig {
-                classes: vec![Class::floor("interactive", 40.0)],
+                classes: vec![ClassTargets::floor("interactive", 40.0)],
                 fleet: Fleet {
                     replicas: 2,
                     gpus: 2.0,
@@ -311,7 +311,7 @@ mod tests {
         let t0 = Instant::now();
         let cap = Capacity::new(
             CapacityConfig {
-                classes: vec![Class::floor("interactive", 40.0)],
+                classes: vec![ClassTargets::floor("interactive", 40.0)],
                 ..CapacityConfig::default()
             },
             t0,

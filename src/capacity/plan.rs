@@ -16,7 +16,7 @@ pub const CURVE: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
 /// A class's targets, as the SLO classes declare them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Class {
+pub struct ClassTargets {
     pub name: String,
     /// Per-request decode tokens/s the class needs; `None`: no floor, no decode bound.
     pub tps_floor: Option<f64>,
@@ -26,10 +26,10 @@ pub struct Class {
     pub objective: f64,
 }
 
-impl Class {
+impl ClassTargets {
     /// A class with a speed floor only, met by 95% of requests.
     pub fn floor(name: &str, tps: f64) -> Self {
-        Class {
+        ClassTargets {
             name: name.into(),
             tps_floor: Some(tps),
             ttft: None,
@@ -95,7 +95,7 @@ pub struct Answer {
 
 /// One point of the trade-off curve.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CurvePoint {
+pub struct TradeoffPoint {
     pub concurrency: u32,
     /// Tokens/s one stream sees.
     pub per_request: f64,
@@ -123,12 +123,12 @@ pub fn max_concurrency(fit: &Fit, floor: f64) -> u32 {
 
 /// The curve at [`CURVE`]'s concurrencies (points whose predicted step is not positive, from a
 /// nonsensical fit, are left out).
-pub fn curve(fit: &Fit) -> Vec<CurvePoint> {
+pub fn curve(fit: &Fit) -> Vec<TradeoffPoint> {
     CURVE
         .iter()
         .filter_map(|&b| {
             let t = fit.step(f64::from(b));
-            (t > 0.0).then(|| CurvePoint {
+            (t > 0.0).then(|| TradeoffPoint {
                 concurrency: b,
                 per_request: 1.0 / t,
                 aggregate: f64::from(b) / t,
@@ -142,7 +142,7 @@ pub fn curve(fit: &Fit) -> Vec<CurvePoint> {
 /// decode bound is answered.
 pub fn answers(
     fit: &Fit,
-    classes: &[Class],
+    classes: &[ClassTargets],
     fleet: &Fleet,
     in_flight: f64,
     mut replays: Option<&mut Replays>,
@@ -227,12 +227,12 @@ mod tests {
     fn answers_scale_to_the_fleet_and_cost_what_the_gpus_cost() {
         let f = line(0.010, 0.0005);
         let classes = [
-            Class::floor("interactive", 40.0),
-            Class {
+            ClassTargets::floor("interactive", 40.0),
+            ClassTargets {
                 tps_floor: None,
-                ..Class::floor("batch", 1.0)
+                ..ClassTargets::floor("batch", 1.0)
             },
-            Class::floor("fast", 200.0),
+            ClassTargets::floor("fast", 200.0),
         ];
         let fleet = Fleet {
             replicas: 2,
@@ -270,7 +270,7 @@ mod tests {
             output: 100,
         }];
         let mut replays = Replays::new(LONG, &jobs);
-        let chat = Class {
+        let chat = ClassTargets {
             name: "chat".into(),
             tps_floor: Some(10.0),
             ttft: Some(2.0),

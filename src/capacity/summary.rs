@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use super::bins::{self, BINS};
 
 /// Concurrencies told apart: 1 to 256, the band edges of the concurrency labels. Samples from a
-/// higher concurrency are dropped and counted ([`Summary::dropped`]), not clamped: piling 300,
+/// higher concurrency are dropped and counted ([`SlidingSummary::dropped`]), not clamped: piling 300,
 /// 500 and 1,000 onto 256 would put a wrong point into the fit.
 pub const MAX_CONCURRENCY: usize = 256;
 
@@ -42,7 +42,7 @@ struct Slot {
 type Ring = [Slot; SLOTS];
 
 /// The sliding summary. See the module documentation.
-pub struct Summary {
+pub struct SlidingSummary {
     origin: Instant,
     slot: Duration,
     /// Index: concurrency - 1.
@@ -60,11 +60,11 @@ pub struct Column {
     pub median: f64,
 }
 
-impl Summary {
+impl SlidingSummary {
     /// An empty summary over `window` (at least [`MIN_WINDOW`]).
     pub fn new(window: Duration, origin: Instant) -> Self {
         let window = window.max(MIN_WINDOW);
-        Summary {
+        SlidingSummary {
             origin,
             slot: window / SLOTS as u32,
             rings: (0..MAX_CONCURRENCY).map(|_| OnceLock::new()).collect(),
@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn the_median_per_concurrency_comes_from_the_window_only() {
         let t0 = Instant::now();
-        let s = Summary::new(10 * MINUTE, t0);
+        let s = SlidingSummary::new(10 * MINUTE, t0);
         for _ in 0..100 {
             s.push(4.0, 0.012, 1, t0);
             s.push(4.4, 0.012, 1, t0);
@@ -203,7 +203,7 @@ mod tests {
     #[test]
     fn concurrency_above_the_limit_is_dropped_and_nonsense_is_ignored() {
         let t0 = Instant::now();
-        let s = Summary::new(MINUTE, t0);
+        let s = SlidingSummary::new(MINUTE, t0);
         s.push(256.4, 0.01, 1, t0);
         s.push(300.0, 0.01, 3, t0);
         s.push(0.2, 0.01, 1, t0);
@@ -224,7 +224,7 @@ mod tests {
     #[test]
     fn memory_stays_flat_over_a_million_token_events() {
         let t0 = Instant::now();
-        let s = Summary::new(15 * MINUTE, t0);
+        let s = SlidingSummary::new(15 * MINUTE, t0);
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
             // xorshift: a cheap deterministic stream.

@@ -9,7 +9,7 @@
 use prometheus::{Gauge, GaugeVec, Opts, Registry};
 
 use crate::capacity::plan::CURVE;
-use crate::capacity::{Bound, Class, Report};
+use crate::capacity::{Bound, ClassTargets, Report};
 
 /// The family names, for the readers of an exposition (`tokenmeter capacity`).
 pub mod names {
@@ -80,7 +80,7 @@ fn vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Res
 
 impl CapacityMetrics {
     /// Registers every family into `r`. `classes` are all the classes that can be reported.
-    pub fn register(r: &Registry, classes: &[Class]) -> prometheus::Result<Self> {
+    pub fn register(r: &Registry, classes: &[ClassTargets]) -> prometheus::Result<Self> {
         use names::*;
         let samples = Gauge::with_opts(Opts::new(
             FIT_SAMPLES,
@@ -297,10 +297,10 @@ mod tests {
     #[test]
     fn series_appear_with_the_fit_and_carry_the_issues_names() {
         let classes = vec![
-            Class::floor("interactive", 40.0),
-            Class {
+            ClassTargets::floor("interactive", 40.0),
+            ClassTargets {
                 tps_floor: None,
-                ..Class::floor("batch", 1.0)
+                ..ClassTargets::floor("batch", 1.0)
             },
         ];
         let r = Registry::new();

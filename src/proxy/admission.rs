@@ -23,10 +23,10 @@ use tower::{Layer, Service};
 
 use super::metering::{self, Head};
 use super::{ProxyBody, ProxyError};
+use crate::error::BoxError;
 use crate::meter::Recorder;
 use crate::overload::{Limiter, Permit};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
-use crate::tap::BoxError;
 
 /// Builds [`Admission`] services.
 #[derive(Clone)]

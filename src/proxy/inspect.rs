@@ -28,11 +28,11 @@ use tower::{Layer, Service};
 use super::metering::{self, Head};
 use super::pool::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
+use crate::error::BoxError;
 use crate::inject;
 use crate::meter::Recorder;
 use crate::protocol::request::{self, RequestInfo};
 use crate::slo::Choice;
-use crate::tap::BoxError;
 
 /// What inspection learnt about a request, for the layers below.
 #[derive(Debug, Clone)]

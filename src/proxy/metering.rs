@@ -36,13 +36,14 @@ use super::upstream::Pending;
 use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
 use crate::context::Ident;
 use crate::drain::Drain;
+use crate::error::BoxError;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
 use crate::metrics::Outcome;
 use crate::protocol::request::RequestInfo;
 use crate::read::{content_framing, Framing};
 use crate::slo::Choice;
-use crate::tap::{BoxError, TapBody};
+use crate::tap::TapBody;
 use crate::upgrade::{self, UpgradeError};
 
 /// Builds [`Metering`] services.

@@ -44,10 +44,10 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceBuilder;
 
 use crate::config::Config;
+use crate::error::BoxError;
 use crate::meter::Recorder;
 use crate::metrics::Outcome;
 use crate::overload::Limiter;
-use crate::tap::BoxError;
 use crate::tls::client::{self as tls_client, ClientTls, Failure};
 
 pub mod admission;

@@ -47,7 +47,7 @@ use hyper_util::client::legacy::connect::Connection as _;
 use tower::Service;
 
 use super::ProxyBody;
-use crate::tap::BoxError;
+use crate::error::BoxError;
 use crate::tls::client::{Conn as Io, Connector};
 
 /// Idle connections kept at most. A pool serves the next wave of requests as large as the last;

@@ -39,9 +39,9 @@ use tower::Service;
 
 use super::pool::{Pool, PooledBody, Sent};
 use super::{BoxFuture, ProxyBody, ProxyError};
-use crate::config::{Config, Upstream as Target};
+use crate::config::{Config, Target};
+use crate::error::BoxError;
 use crate::ratelog::RateLimited;
-use crate::tap::BoxError;
 use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
 use crate::upgrade;
 

@@ -39,8 +39,7 @@ use tower::Service;
 
 use super::{load_certs, provider, KeyPair, TlsError};
 
-/// The error type of connectors and hyper-util's client.
-pub type BoxError = Box<dyn StdError + Send + Sync>;
+use crate::error::BoxError;
 
 /// How the upstream's certificate is checked and what the proxy presents (from the flags).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! `tokenmeter capacity --metrics URL`: the capacity model for a planner without Grafana.
 //!
 //! It scrapes a running tokenmeter's `/metrics`, reads the capacity families back
-//! ([`Reading::from_samples`]), prints the fitted model, a table per class and the curve, and
+//! ([`CapacityReading::from_samples`]), prints the fitted model, a table per class and the curve, and
 //! writes the trade-off chart as SVG with the bench's chart code. Everything it prints is
 //! tokenmeter's own figures; the curve in the chart is drawn from the fitted coefficients, so it
 //! is exact at every concurrency, not only at the nine the metrics carry.
@@ -90,7 +90,7 @@ pub struct Workload {
 
 /// The capacity families of one scrape.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Reading {
+pub struct CapacityReading {
     pub base: Option<f64>,
     pub per_seq: Option<f64>,
     pub r2: Option<f64>,
@@ -107,11 +107,11 @@ pub struct Reading {
     pub in_flight: Option<f64>,
 }
 
-impl Reading {
+impl CapacityReading {
     /// Reads the capacity families; `None` when the scrape has none (not tokenmeter, or an older
     /// one).
-    pub fn from_samples(samples: &[Sample]) -> Option<Reading> {
-        let mut r = Reading::default();
+    pub fn from_samples(samples: &[Sample]) -> Option<CapacityReading> {
+        let mut r = CapacityReading::default();
         let mut seen = false;
         let mut curve: Vec<(u32, Option<f64>, Option<f64>)> =
             CURVE.iter().map(|&b| (b, None, None)).collect();
@@ -119,7 +119,7 @@ impl Reading {
             CURVE.iter().map(|&b| (b, [None; 3])).collect();
         for s in samples {
             let v = Some(s.value);
-            let class = |r: &mut Reading| -> Option<usize> {
+            let class = |r: &mut CapacityReading| -> Option<usize> {
                 let name = s.label("class")?;
                 Some(match r.classes.iter().position(|c| c.name == name) {
                     Some(i) => i,
@@ -455,8 +455,8 @@ impl Reading {
 /// Reads the capacity families from a scrape's samples, writes the chart to `svg` and returns
 /// the text to print.
 pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, CommandError> {
-    let reading =
-        Reading::from_samples(samples).ok_or_else(|| CommandError::NotCapacity(source.into()))?;
+    let reading = CapacityReading::from_samples(samples)
+        .ok_or_else(|| CommandError::NotCapacity(source.into()))?;
     std::fs::write(svg, chart::render(&reading.chart())).map_err(|source| CommandError::Write {
         path: svg.to_path_buf(),
         source,
@@ -562,7 +562,7 @@ mod tests {
                 t,
             ));
         }
-        let r = Reading::from_samples(&v).expect("capacity families");
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
         let c = r.classes.iter().find(|c| c.name == "chat").expect("chat");
         assert_eq!(
             (c.limit_ttft, c.limit_tps, c.max_request_rate),
@@ -592,7 +592,7 @@ mod tests {
 
     #[test]
     fn a_scrape_is_read_back_into_the_model_and_printed() {
-        let r = Reading::from_samples(&scrape()).expect("capacity families");
+        let r = CapacityReading::from_samples(&scrape()).expect("capacity families");
         assert_eq!((r.base, r.per_seq), (Some(0.010), Some(0.0005)));
         assert_eq!(r.classes.len(), 1);
         assert_eq!(r.classes[0].max_concurrency, Some(30.0));
@@ -623,7 +623,7 @@ mod tests {
                     tokenmeter_capacity_step_seconds{term=\"base\"} 0.02\n\
                     tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.00025\n\
                     tokenmeter_capacity_max_concurrency{class=\"agent\"} 20\n";
-        let r = Reading::from_samples(Scrape::parse(text).samples()).expect("present");
+        let r = CapacityReading::from_samples(Scrape::parse(text).samples()).expect("present");
         assert_eq!(
             (r.base, r.per_seq, r.samples),
             (Some(0.02), Some(0.00025), 99.0)
@@ -633,7 +633,8 @@ mod tests {
 
     #[test]
     fn before_the_fit_it_says_so_and_without_the_families_it_refuses() {
-        let r = Reading::from_samples(&[sample(names::FIT_SAMPLES, &[], 7.0)]).expect("present");
+        let r = CapacityReading::from_samples(&[sample(names::FIT_SAMPLES, &[], 7.0)])
+            .expect("present");
         assert!(
             r.text().starts_with("no fit yet: 7 token samples"),
             "{}",
@@ -641,7 +642,7 @@ mod tests {
         );
         assert!(r.chart().series[0].values.iter().all(Option::is_none));
         let other = [sample("tokenmeter_build_info", &[], 1.0)];
-        assert_eq!(Reading::from_samples(&other), None);
+        assert_eq!(CapacityReading::from_samples(&other), None);
         let dir = std::env::temp_dir().join("tokenmeter-capacity-test.svg");
         assert!(matches!(
             report(&other, "x", &dir),

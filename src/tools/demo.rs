@@ -31,7 +31,7 @@ use crate::server::{Server, ServerError};
 use crate::tools::bench::client::{Client, Sample};
 use crate::tools::bench::load::{Driver, Ramp, RampCounts};
 use crate::tools::bench::prompt::{Endpoint, RequestBuilder};
-use crate::tools::bench::stats::Summary;
+use crate::tools::bench::stats::Percentiles;
 use crate::tools::sim::text::{Lengths, Rng};
 use crate::tools::sim::{Model, Sim, SimConfig, SimError};
 use crate::units::parse_duration;
@@ -229,8 +229,8 @@ impl Recent {
             tps.extend(r);
         }
         Window {
-            ttft: Summary::of(&mut ttft),
-            tps: Summary::of(&mut tps),
+            ttft: Percentiles::of(&mut ttft),
+            tps: Percentiles::of(&mut tps),
         }
     }
 }
@@ -246,8 +246,8 @@ fn forget_before(q: &mut VecDeque<Done>, now: Instant) {
 
 /// The percentiles of one row.
 struct Window {
-    ttft: Option<Summary>,
-    tps: Option<Summary>,
+    ttft: Option<Percentiles>,
+    tps: Option<Percentiles>,
 }
 
 const HEADER: &str = "  time   conc target  tps p50  tps p90  agg tok/s  per GPU  ttft p50  ttft p99  tokenmeter tok/s";

@@ -23,7 +23,7 @@ use prometheus::Registry;
 
 pub use history::{History, Point, HISTORY_SPAN, NOW_WINDOW};
 pub use reading::{Hist, Reading};
-pub use summary::Summary;
+pub use summary::PageSummary;
 
 use crate::metrics::Metrics;
 
@@ -98,9 +98,9 @@ impl Ui {
     }
 
     /// The summary as of now.
-    pub fn summary(&self) -> Summary {
+    pub fn summary(&self) -> PageSummary {
         let r = (self.read)();
-        Summary::compute(&r, &self.history(), Instant::now(), unix_ms())
+        PageSummary::compute(&r, &self.history(), Instant::now(), unix_ms())
     }
 
     /// Starts the sampler: a reading now and then every period, until the `Ui` is dropped.

@@ -17,11 +17,11 @@ use super::reading::{CurvePoint, Hist, PartSum, Reading};
 
 /// The whole document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Summary {
+pub struct PageSummary {
     pub version: Option<String>,
     pub generated_unix_ms: u64,
     pub sample_period_seconds: f64,
-    /// How far back [`Summary::history`] reaches at most.
+    /// How far back [`PageSummary::history`] reaches at most.
     pub history_span_seconds: f64,
     pub now: Now,
     /// `None` when neither `tokenmeter_slo_requests_total` nor `tokenmeter_slo_objective` is
@@ -200,9 +200,9 @@ fn per_class(
     out
 }
 
-impl Summary {
+impl PageSummary {
     /// The summary of reading `r`, taken at `at` (`unix_ms` for display), with the sampler's ring.
-    pub fn compute(r: &Reading, history: &History, at: Instant, unix_ms: u64) -> Summary {
+    pub fn compute(r: &Reading, history: &History, at: Instant, unix_ms: u64) -> PageSummary {
         let base = history.base_for(at);
         let start_ms = r.start_time.map_or(0, |s| (s * 1000.0) as u64);
         let from_unix_ms = base.map_or(start_ms, |b| b.unix_ms);
@@ -293,7 +293,7 @@ impl Summary {
                 }
             })
             .collect();
-        Summary {
+        PageSummary {
             version: r.version.clone(),
             generated_unix_ms: unix_ms,
             sample_period_seconds: history.period().as_secs_f64(),

@@ -126,7 +126,7 @@ fn now_figures_are_the_buckets_read_as_histogram_quantile_does() {
     let f = Fixture::new();
     f.observe_first_batch();
     let h = History::new(PERIOD, WINDOW);
-    let s = Summary::compute(&f.reading(), &h, Instant::now(), 1_030_000);
+    let s = PageSummary::compute(&f.reading(), &h, Instant::now(), 1_030_000);
     let n = &s.now;
     assert_eq!((n.in_flight_prefill, n.in_flight_decode), (2.0, 5.0));
     assert_eq!(n.output_tokens_per_second, 1234.0);
@@ -181,7 +181,7 @@ fn percentiles_cover_the_last_minute_once_the_ring_reaches_back_that_far() {
     for x in [0.6, 0.7, 0.8, 0.9] {
         f.ttft.with_label_values(&["c"]).observe(x);
     }
-    let s = Summary::compute(&f.reading(), &h, t0 + Duration::from_secs(61), 1_061_000);
+    let s = PageSummary::compute(&f.reading(), &h, t0 + Duration::from_secs(61), 1_061_000);
     assert_eq!(s.now.window.from_unix_ms, 1_000_000);
     assert_eq!(s.now.ttft_requests, 4.0);
     // All four in (0.5, 1]: rank 2 of 4 is half way.
@@ -218,7 +218,7 @@ fn slo_attainment_leaves_out_abandoned_requests_and_appears_only_with_the_series
             .inc_by(n);
     }
     slo.with_label_values(&["batch", "a", "1", "error"]).inc();
-    let s = Summary::compute(&f.reading(), &h, t0 + Duration::from_secs(60), 1_060_000);
+    let s = PageSummary::compute(&f.reading(), &h, t0 + Duration::from_secs(60), 1_060_000);
     let classes = s.slo.unwrap();
     let names: Vec<_> = classes.iter().map(|c| c.class.as_str()).collect();
     // "agent" is declared (it has an objective) but has no request yet.
@@ -272,7 +272,7 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     mix.with_label_values(&["prompt"]).set(2000.0);
     mix.with_label_values(&["output"]).set(100.0);
     f.registry.register(Box::new(mix)).unwrap();
-    let s = Summary::compute(
+    let s = PageSummary::compute(
         &f.reading(),
         &History::new(PERIOD, WINDOW),
         Instant::now(),
@@ -342,7 +342,7 @@ fn the_page_uses_relative_urls_only() {
 #[test]
 fn declared_classes_show_before_their_first_request() {
     let f = Fixture::new().with_slo();
-    let s = Summary::compute(
+    let s = PageSummary::compute(
         &f.reading(),
         &History::new(PERIOD, WINDOW),
         Instant::now(),
@@ -369,7 +369,7 @@ fn the_ttft_split_is_each_part_over_the_split_requests_in_the_window() {
     let mut h = History::new(PERIOD, WINDOW);
     let t0 = Instant::now();
     h.record(&f.reading(), t0, 1_000_000);
-    let s = Summary::compute(&f.reading(), &h, t0, 1_000_000);
+    let s = PageSummary::compute(&f.reading(), &h, t0, 1_000_000);
     assert_eq!(s.now.ttft_split_requests, 1.0);
     // In the window: a vLLM request (queue 0.1, prefill 0.2, other 0.05) and an Ollama one
     // (model load 0.4, prefill 0.3, other 0.01).
@@ -379,7 +379,7 @@ fn the_ttft_split_is_each_part_over_the_split_requests_in_the_window() {
     for (p, v) in [("model_load", 0.4), ("prefill", 0.3), ("other", 0.01)] {
         observe(p, v);
     }
-    let s = Summary::compute(&f.reading(), &h, t0 + Duration::from_secs(61), 1_061_000);
+    let s = PageSummary::compute(&f.reading(), &h, t0 + Duration::from_secs(61), 1_061_000);
     assert_eq!(s.now.ttft_split_requests, 2.0);
     let got: Vec<_> = s
         .now
@@ -407,6 +407,6 @@ fn the_ttft_split_is_each_part_over_the_split_requests_in_the_window() {
     assert!((stack - 0.53).abs() < 1e-9, "{stack}");
     // Nothing stated: no split.
     let g = Fixture::new();
-    let s = Summary::compute(&g.reading(), &h, t0, 1_000_000);
+    let s = PageSummary::compute(&g.reading(), &h, t0, 1_000_000);
     assert!(s.now.ttft_parts.is_empty() && s.now.ttft_split_requests == 0.0);
 }

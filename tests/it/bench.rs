@@ -15,7 +15,7 @@ use tokenmeter::tools::bench::load::{Driver, Ramp};
 use tokenmeter::tools::bench::progress::Progress;
 use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::tools::bench::report::{self, LevelReport, Report};
-use tokenmeter::tools::bench::stats::Summary;
+use tokenmeter::tools::bench::stats::Percentiles;
 use tokenmeter::tools::bench::{self, BenchArgs, BenchConfig, BenchError};
 use tokenmeter::tools::sim::{Model, Sim, SimConfig};
 
@@ -339,8 +339,8 @@ async fn client_and_proxy_agree_on_ttft_and_tokens() {
 
 // === The files ===
 
-fn summary(v: f64) -> Option<Summary> {
-    Summary::of(&mut vec![v * 0.9, v, v * 1.1])
+fn summary(v: f64) -> Option<Percentiles> {
+    Percentiles::of(&mut vec![v * 0.9, v, v * 1.1])
 }
 
 fn synthetic_report(levels: &[usize]) -> Report {

@@ -135,7 +135,7 @@ pub fn throughput(levels: &[LevelReport], subtitle: &str) -> String {
 
 /// TTFT p50 and p99 (milliseconds) against concurrency.
 pub fn ttft(levels: &[LevelReport], subtitle: &str) -> String {
-    let ms = |f: fn(&super::stats::Summary) -> f64| -> Vec<Option<f64>> {
+    let ms = |f: fn(&super::stats::Percentiles) -> f64| -> Vec<Option<f64>> {
         levels
             .iter()
             .map(|l| l.ttft.as_ref().map(|s| f(s) * 1e3))

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::load::LevelRun;
 use super::proxy_view::ProxyLevel;
-use super::stats::Summary;
+use super::stats::Percentiles;
 
 /// One level's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -29,7 +29,7 @@ pub struct LevelReport {
     pub not_sent: u64,
     /// Seconds a request left after it was due (open loop; zero in the closed loop). Every
     /// latency below includes it.
-    pub send_late: Option<Summary>,
+    pub send_late: Option<Percentiles>,
     /// Requests that completed without error.
     pub requests: usize,
     pub errors: usize,
@@ -46,19 +46,19 @@ pub struct LevelReport {
     /// Output tokens/s of all requests together: window tokens / window.
     pub aggregate_tps: f64,
     /// Per request: (output tokens - 1) / (e2e - TTFT).
-    pub request_tps: Option<Summary>,
+    pub request_tps: Option<Percentiles>,
     /// Seconds, request sent (open loop: due) to first token.
-    pub ttft: Option<Summary>,
+    pub ttft: Option<Percentiles>,
     /// Seconds, per token.
-    pub itl: Option<Summary>,
+    pub itl: Option<Percentiles>,
     /// Seconds, per request: (e2e - TTFT) / (output tokens - 1).
-    pub tpot: Option<Summary>,
+    pub tpot: Option<Percentiles>,
     /// Seconds, request sent (open loop: due) to end of response.
-    pub e2e: Option<Summary>,
+    pub e2e: Option<Percentiles>,
     /// Output tokens per successful request.
-    pub output_tokens_per_request: Option<Summary>,
+    pub output_tokens_per_request: Option<Percentiles>,
     /// Prompt tokens per request, as the server counted them.
-    pub input_tokens_per_request: Option<Summary>,
+    pub input_tokens_per_request: Option<Percentiles>,
     /// The proxy's own figures for the level, with `--proxy-metrics`.
     pub proxy: Option<ProxyLevel>,
 }
@@ -77,7 +77,7 @@ impl LevelReport {
             s.push_itl(&mut itl);
         }
         let summarise = |f: &dyn Fn(&super::client::Sample) -> Option<f64>| {
-            Summary::of(&mut ok.iter().filter_map(|s| f(s)).collect())
+            Percentiles::of(&mut ok.iter().filter_map(|s| f(s)).collect())
         };
         let window_output_tokens = run.tokens_in_window();
         LevelReport {
@@ -96,7 +96,7 @@ impl LevelReport {
             aggregate_tps: run.aggregate_tps(),
             request_tps: summarise(&|s| s.request_tps()),
             ttft: summarise(&|s| s.ttft_secs()),
-            itl: Summary::of(&mut itl),
+            itl: Percentiles::of(&mut itl),
             tpot: summarise(&|s| s.tpot()),
             e2e: summarise(&|s| Some(s.e2e.as_secs_f64())),
             output_tokens_per_request: summarise(&|s| Some(s.output_tokens() as f64)),

@@ -1,4 +1,4 @@
-//! Summary statistics of one level's samples: count, mean, and percentiles.
+//! Percentiles of one level's samples: count, mean, and the percentiles the report shows.
 //!
 //! Percentiles interpolate linearly between the two closest ranks (numpy's default, "type 7" in
 //! Hyndman and Fan), so a p50 of an even number of samples is the mean of the middle two and
@@ -9,7 +9,7 @@ use serde::Serialize;
 
 /// Count, mean and the percentiles the report shows, of one measure at one level.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Summary {
+pub struct Percentiles {
     pub count: usize,
     pub mean: f64,
     pub min: f64,
@@ -20,16 +20,16 @@ pub struct Summary {
     pub max: f64,
 }
 
-impl Summary {
+impl Percentiles {
     /// Summarises `samples` (sorting them in place); `None` when there is no finite sample.
-    pub fn of(samples: &mut Vec<f64>) -> Option<Summary> {
+    pub fn of(samples: &mut Vec<f64>) -> Option<Percentiles> {
         samples.retain(|x| x.is_finite());
         if samples.is_empty() {
             return None;
         }
         samples.sort_by(f64::total_cmp);
         let q = |p| percentile(samples, p).unwrap_or(f64::NAN);
-        Some(Summary {
+        Some(Percentiles {
             count: samples.len(),
             mean: samples.iter().sum::<f64>() / samples.len() as f64,
             min: samples[0],
@@ -84,10 +84,10 @@ mod tests {
     #[test]
     fn summary_sorts_and_drops_non_finite() {
         let mut v = vec![5.0, f64::NAN, 1.0, 3.0, f64::INFINITY];
-        let s = Summary::of(&mut v).unwrap();
+        let s = Percentiles::of(&mut v).unwrap();
         assert_eq!((s.count, s.min, s.p50, s.max), (3, 1.0, 3.0, 5.0));
         assert_eq!(s.mean, 3.0);
-        assert_eq!(Summary::of(&mut vec![f64::NAN]), None);
+        assert_eq!(Percentiles::of(&mut vec![f64::NAN]), None);
     }
 
     #[test]

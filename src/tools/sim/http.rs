@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 
 use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
 use super::text::{estimate_tokens, Lengths, Rng, Words};
-use super::wire::{self, BodyError, Dialect, Parsed, Reply, Route, Timings};
+use super::wire::{self, BodyError, Dialect, Handler, Parsed, Reply, Timings};
 
 /// Request bodies larger than this are refused (413): far above any real prompt we simulate, and
 /// it bounds what a client can make the simulator hold.
@@ -115,7 +115,7 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response<SimBody> {
 }
 
 /// An error body in the shape the route's API uses.
-fn error(route: Option<Route>, status: StatusCode, message: &str) -> Response<SimBody> {
+fn error(route: Option<Handler>, status: StatusCode, message: &str) -> Response<SimBody> {
     json(status, &wire::error_body(route, status.as_u16(), message))
 }
 
@@ -139,7 +139,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
             _ => error(None, StatusCode::NOT_FOUND, "no such route"),
         };
     }
-    let Some(route) = Route::find(state.dialect, &path).filter(|_| req.method() == Method::POST)
+    let Some(route) = Handler::find(state.dialect, &path).filter(|_| req.method() == Method::POST)
     else {
         return error(None, StatusCode::NOT_FOUND, "no such route");
     };
@@ -201,7 +201,7 @@ fn stats(state: &State) -> StatsBody<'_> {
     }
 }
 
-async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
+async fn generate(state: &State, route: Handler, p: Parsed) -> Response<SimBody> {
     let received = Instant::now();
     // Length first, then the words, from one stream: a request's text is the same whatever its
     // limit, only cut shorter.
@@ -242,7 +242,7 @@ async fn generate(state: &State, route: Route, p: Parsed) -> Response<SimBody> {
         words: Words::new(rng),
         ticket,
         rendered: 0,
-        keep_text: !p.stream || route == Route::TgiGenerateStream,
+        keep_text: !p.stream || route == Handler::TgiGenerateStream,
         text: String::new(),
         buf: String::new(),
         head_sent: false,

@@ -12,10 +12,10 @@
 //! - `tgi.rs`: `/generate_stream` (`data:` without a space, `details` on the last token) and
 //!   `/generate`.
 //!
-//! This file holds what they share: the [`Dialect`] (`--api`), the [`Route`] a POST path reaches,
+//! This file holds what they share: the [`Dialect`] (`--api`), the [`Handler`] a POST path reaches,
 //! the request fields every format reads ([`parse`]), and the [`Reply`] that dispatches to the
 //! format's writers. Adding a format takes a file here and, in this one, a `Dialect` variant, its
-//! `Route`s and an arm in each dispatching `match` (the compiler lists the ones missing).
+//! `Handler`s and an arm in each dispatching `match` (the compiler lists the ones missing).
 //!
 //! One token is one event (one NDJSON line), so a client can count tokens by counting events. The
 //! writers append to a `String` the body reuses, so a token costs no allocation.
@@ -62,7 +62,7 @@ impl Dialect {
 
 /// What a POST path asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub enum Handler {
     Chat,
     Completions,
     Messages,
@@ -72,17 +72,17 @@ pub enum Route {
     TgiGenerateStream,
 }
 
-impl Route {
+impl Handler {
     /// The route a POST to `path` reaches when the simulator speaks `dialect`, if any.
-    pub fn find(dialect: Dialect, path: &str) -> Option<Route> {
+    pub fn find(dialect: Dialect, path: &str) -> Option<Handler> {
         let route = match path {
-            "/v1/chat/completions" => Route::Chat,
-            "/v1/completions" => Route::Completions,
-            "/v1/messages" if dialect == Dialect::Anthropic => Route::Messages,
-            "/api/chat" if dialect == Dialect::Ollama => Route::OllamaChat,
-            "/api/generate" if dialect == Dialect::Ollama => Route::OllamaGenerate,
-            "/generate" if dialect == Dialect::Tgi => Route::TgiGenerate,
-            "/generate_stream" if dialect == Dialect::Tgi => Route::TgiGenerateStream,
+            "/v1/chat/completions" => Handler::Chat,
+            "/v1/completions" => Handler::Completions,
+            "/v1/messages" if dialect == Dialect::Anthropic => Handler::Messages,
+            "/api/chat" if dialect == Dialect::Ollama => Handler::OllamaChat,
+            "/api/generate" if dialect == Dialect::Ollama => Handler::OllamaGenerate,
+            "/generate" if dialect == Dialect::Tgi => Handler::TgiGenerate,
+            "/generate_stream" if dialect == Dialect::Tgi => Handler::TgiGenerateStream,
             _ => return None,
         };
         Some(route)
@@ -91,10 +91,10 @@ impl Route {
     /// The format that reads and writes this route.
     pub fn dialect(self) -> Dialect {
         match self {
-            Route::Chat | Route::Completions => Dialect::Openai,
-            Route::Messages => Dialect::Anthropic,
-            Route::OllamaChat | Route::OllamaGenerate => Dialect::Ollama,
-            Route::TgiGenerate | Route::TgiGenerateStream => Dialect::Tgi,
+            Handler::Chat | Handler::Completions => Dialect::Openai,
+            Handler::Messages => Dialect::Anthropic,
+            Handler::OllamaChat | Handler::OllamaGenerate => Dialect::Ollama,
+            Handler::TgiGenerate | Handler::TgiGenerateStream => Dialect::Tgi,
         }
     }
 }
@@ -179,7 +179,7 @@ fn object<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Map<String, 
 }
 
 /// Reads a request body for `route`.
-pub fn parse(route: Route, body: &[u8]) -> Result<Parsed, BodyError> {
+pub fn parse(route: Handler, body: &[u8]) -> Result<Parsed, BodyError> {
     let v: Value = serde_json::from_slice(body).map_err(|_| BodyError::NotJson)?;
     let obj = v.as_object().ok_or(BodyError::NotJson)?;
     let mut chars = 0;
@@ -214,8 +214,8 @@ pub fn parse(route: Route, body: &[u8]) -> Result<Parsed, BodyError> {
 }
 
 /// An error body in the shape the route's API uses (OpenAI's when there is no route).
-pub fn error_body(route: Option<Route>, status: u16, message: &str) -> Value {
-    match route.map(Route::dialect) {
+pub fn error_body(route: Option<Handler>, status: u16, message: &str) -> Value {
+    match route.map(Handler::dialect) {
         Some(Dialect::Anthropic) => anthropic::error(message),
         Some(Dialect::Ollama) => ollama::error(message),
         Some(Dialect::Tgi) => tgi::error(message),
@@ -239,7 +239,7 @@ pub struct Timings {
 /// Everything needed to write one response.
 #[derive(Debug, Clone)]
 pub struct Reply {
-    pub route: Route,
+    pub route: Handler,
     pub stream: bool,
     pub include_usage: bool,
     /// The model name as a JSON string literal (quoted and escaped).

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
-use super::{flag, limit, object, BodyError, Options, Reply, Route, Timings};
+use super::{flag, limit, object, BodyError, Handler, Options, Reply, Timings};
 use crate::tools::sim::text::Token;
 
 pub(super) fn options(obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
@@ -95,7 +95,7 @@ fn done(r: &Reply, t: &Timings, out: &mut String) {
 
 pub(super) fn token(r: &Reply, tok: Token, out: &mut String) {
     line_start(r, out);
-    if r.route == Route::OllamaChat {
+    if r.route == Handler::OllamaChat {
         let _ = writeln!(
             out,
             "\"message\":{{\"role\":\"assistant\",\"content\":\"{}\"}},\"done\":false}}",
@@ -108,7 +108,7 @@ pub(super) fn token(r: &Reply, tok: Token, out: &mut String) {
 
 pub(super) fn tail(r: &Reply, t: &Timings, out: &mut String) {
     line_start(r, out);
-    if r.route == Route::OllamaChat {
+    if r.route == Handler::OllamaChat {
         out.push_str("\"message\":{\"role\":\"assistant\",\"content\":\"\"},");
     } else {
         out.push_str("\"response\":\"\",");
@@ -120,7 +120,7 @@ pub(super) fn tail(r: &Reply, t: &Timings, out: &mut String) {
 /// `text` is already a JSON string literal.
 pub(super) fn whole(r: &Reply, text: &str, t: &Timings, out: &mut String) {
     line_start(r, out);
-    if r.route == Route::OllamaChat {
+    if r.route == Handler::OllamaChat {
         let _ = write!(
             out,
             "\"message\":{{\"role\":\"assistant\",\"content\":{text}}},"

@@ -8,13 +8,13 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use super::{flag, limit, object, BodyError, Options, Reply, Route, Timings};
+use super::{flag, limit, object, BodyError, Handler, Options, Reply, Timings};
 use crate::tools::sim::text::Token;
 
-pub(super) fn options(route: Route, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
+pub(super) fn options(route: Handler, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
     let max_tokens = match route {
         // The newer name wins over the deprecated one.
-        Route::Chat => match limit(obj, "max_completion_tokens", "max_completion_tokens")? {
+        Handler::Chat => match limit(obj, "max_completion_tokens", "max_completion_tokens")? {
             Some(n) => Some(n),
             None => limit(obj, "max_tokens", "max_tokens")?,
         },
@@ -45,7 +45,7 @@ fn finish_reason(r: &Reply) -> &'static str {
 
 fn prefix(r: &Reply, out: &mut String) {
     let (prefix, object) = match r.route {
-        Route::Completions => ("cmpl", "text_completion"),
+        Handler::Completions => ("cmpl", "text_completion"),
         _ => ("chatcmpl", "chat.completion.chunk"),
     };
     let _ = write!(
@@ -68,7 +68,7 @@ fn usage_json(r: &Reply) -> String {
 }
 
 pub(super) fn head(r: &Reply, out: &mut String) {
-    if r.route != Route::Chat {
+    if r.route != Handler::Chat {
         return;
     }
     prefix(r, out);
@@ -86,7 +86,7 @@ pub(super) fn token(r: &Reply, index: u32, tok: Token, out: &mut String) {
     } else {
         "null".to_string()
     };
-    if r.route == Route::Chat {
+    if r.route == Handler::Chat {
         let _ = write!(out, "\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
     } else {
         let _ = write!(out, "\"choices\":[{{\"index\":0,\"text\":\"{}\",\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
@@ -122,7 +122,7 @@ pub(super) fn tail(r: &Reply, t: &Timings, out: &mut String) {
 
 /// `text` is already a JSON string literal.
 pub(super) fn whole(r: &Reply, text: &str, out: &mut String) {
-    if r.route == Route::Chat {
+    if r.route == Handler::Chat {
         let _ = write!(out, "{{\"id\":\"chatcmpl-sim-{}\",\"object\":\"chat.completion\",\"created\":{},\"model\":{},\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{text}}},\"logprobs\":null,\"finish_reason\":\"{}\"}}],\"usage\":{}}}", r.id, r.created, r.model, finish_reason(r), usage_json(r));
     } else {
         let _ = write!(out, "{{\"id\":\"cmpl-sim-{}\",\"object\":\"text_completion\",\"created\":{},\"model\":{},\"choices\":[{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":\"{}\"}}],\"usage\":{}}}", r.id, r.created, r.model, finish_reason(r), usage_json(r));

@@ -7,7 +7,7 @@ use crate::tools::sim::text::{Rng, Words};
 use serde_json::Value;
 use std::time::Duration;
 
-fn response(route: Route, stream: bool, n: u32) -> Reply {
+fn response(route: Handler, stream: bool, n: u32) -> Reply {
     Reply {
         route,
         stream,
@@ -25,7 +25,7 @@ fn response(route: Route, stream: bool, n: u32) -> Reply {
 }
 
 /// Renders a whole stream of `n` tokens.
-fn stream(route: Route, n: u32) -> String {
+fn stream(route: Handler, n: u32) -> String {
     let r = response(route, true, n);
     let mut out = String::new();
     let mut text = String::new();
@@ -43,10 +43,10 @@ fn stream(route: Route, n: u32) -> String {
 #[test]
 fn every_event_is_valid_json() {
     for ep in [
-        Route::Chat,
-        Route::Completions,
-        Route::Messages,
-        Route::TgiGenerateStream,
+        Handler::Chat,
+        Handler::Completions,
+        Handler::Messages,
+        Handler::TgiGenerateStream,
     ] {
         let body = stream(ep, 3);
         for line in body.lines().filter_map(|l| l.strip_prefix("data:")) {
@@ -56,7 +56,7 @@ fn every_event_is_valid_json() {
             }
         }
     }
-    for ep in [Route::OllamaChat, Route::OllamaGenerate] {
+    for ep in [Handler::OllamaChat, Handler::OllamaGenerate] {
         let body = stream(ep, 3);
         assert_eq!(body.lines().count(), 4);
         for l in body.lines() {
@@ -64,12 +64,12 @@ fn every_event_is_valid_json() {
         }
     }
     for ep in [
-        Route::Chat,
-        Route::Completions,
-        Route::Messages,
-        Route::OllamaChat,
-        Route::OllamaGenerate,
-        Route::TgiGenerate,
+        Handler::Chat,
+        Handler::Completions,
+        Handler::Messages,
+        Handler::OllamaChat,
+        Handler::OllamaGenerate,
+        Handler::TgiGenerate,
     ] {
         let r = response(ep, false, 2);
         let body = r.whole(" a \"quoted\"\n text", &Timings::default());
@@ -80,7 +80,7 @@ fn every_event_is_valid_json() {
 
 #[test]
 fn openai_chat_stream_shape() {
-    let body = stream(Route::Chat, 2);
+    let body = stream(Handler::Chat, 2);
     let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 5, "{body}");
     assert!(events[0].contains("\"role\":\"assistant\",\"content\":\"\""));
@@ -94,7 +94,7 @@ fn openai_chat_stream_shape() {
 
 #[test]
 fn anthropic_stream_shape() {
-    let body = stream(Route::Messages, 2);
+    let body = stream(Handler::Messages, 2);
     let names: Vec<&str> = body
         .lines()
         .filter_map(|l| l.strip_prefix("event: "))
@@ -120,7 +120,7 @@ fn anthropic_stream_shape() {
 
 #[test]
 fn tgi_last_token_carries_details() {
-    let body = stream(Route::TgiGenerateStream, 3);
+    let body = stream(Handler::TgiGenerateStream, 3);
     let events: Vec<Value> = body
         .lines()
         .filter_map(|l| l.strip_prefix("data:"))
@@ -139,7 +139,7 @@ fn tgi_last_token_carries_details() {
 
 #[test]
 fn ollama_final_line_counts() {
-    let body = stream(Route::OllamaChat, 4);
+    let body = stream(Handler::OllamaChat, 4);
     let last: Value = serde_json::from_str(body.lines().last().expect("line")).expect("json");
     assert_eq!(last["done"], true);
     assert_eq!(last["eval_count"], 4);
@@ -150,7 +150,7 @@ fn ollama_final_line_counts() {
 #[test]
 fn requests_are_read_per_api() {
     let p = parse(
-        Route::Chat,
+        Handler::Chat,
         br#"{"model":"x","messages":[{"role":"user","content":"abcdefgh"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":9,"max_completion_tokens":12}"#,
     )
     .expect("valid");
@@ -160,37 +160,37 @@ fn requests_are_read_per_api() {
     );
     assert_eq!(p.prompt_chars, "user".len() + "abcdefgh".len());
     let p = parse(
-        Route::OllamaChat,
+        Handler::OllamaChat,
         br#"{"messages":[],"options":{"num_predict":5}}"#,
     )
     .expect("valid");
     assert_eq!((p.stream, p.max_tokens), (true, Some(5)));
     let p = parse(
-        Route::OllamaGenerate,
+        Handler::OllamaGenerate,
         br#"{"prompt":"hi","stream":false,"options":{"num_predict":-1}}"#,
     )
     .expect("valid");
     assert_eq!((p.stream, p.max_tokens), (false, None));
     let p = parse(
-        Route::TgiGenerateStream,
+        Handler::TgiGenerateStream,
         br#"{"inputs":"hi","parameters":{"max_new_tokens":20}}"#,
     )
     .expect("valid");
     assert_eq!((p.stream, p.max_tokens), (true, Some(20)));
-    assert_eq!(parse(Route::Chat, b"[1]"), Err(BodyError::NotJson));
+    assert_eq!(parse(Handler::Chat, b"[1]"), Err(BodyError::NotJson));
     assert_eq!(
-        parse(Route::Messages, br#"{"max_tokens":0}"#),
+        parse(Handler::Messages, br#"{"max_tokens":0}"#),
         Err(BodyError::BadLimit("max_tokens"))
     );
     assert_eq!(
-        parse(Route::Completions, br#"{"max_tokens":"9"}"#),
+        parse(Handler::Completions, br#"{"max_tokens":"9"}"#),
         Err(BodyError::BadLimit("max_tokens"))
     );
 }
 
 #[test]
 fn the_seed_field_changes_the_hash_and_the_rest_does_not() {
-    let h = |b: &[u8]| parse(Route::Chat, b).expect("valid").prompt_hash;
+    let h = |b: &[u8]| parse(Handler::Chat, b).expect("valid").prompt_hash;
     let base = h(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
     assert_eq!(
         base,
@@ -205,16 +205,16 @@ fn the_seed_field_changes_the_hash_and_the_rest_does_not() {
 
 #[test]
 fn routes_depend_on_the_dialect() {
-    assert_eq!(Route::find(Dialect::Openai, "/v1/messages"), None);
+    assert_eq!(Handler::find(Dialect::Openai, "/v1/messages"), None);
     assert_eq!(
-        Route::find(Dialect::Anthropic, "/v1/messages"),
-        Some(Route::Messages)
+        Handler::find(Dialect::Anthropic, "/v1/messages"),
+        Some(Handler::Messages)
     );
     assert_eq!(
-        Route::find(Dialect::Tgi, "/v1/chat/completions"),
-        Some(Route::Chat)
+        Handler::find(Dialect::Tgi, "/v1/chat/completions"),
+        Some(Handler::Chat)
     );
-    assert_eq!(Route::find(Dialect::Openai, "/generate"), None);
+    assert_eq!(Handler::find(Dialect::Openai, "/generate"), None);
 }
 
 #[test]
@@ -235,7 +235,7 @@ fn rfc3339_dates() {
 #[test]
 fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
     use crate::protocol::{extractor, Api, Message};
-    let mut r = response(Route::Chat, true, 3);
+    let mut r = response(Handler::Chat, true, 3);
     r.per_request_metrics = true;
     let t = Timings {
         prefill: Duration::from_millis(30),
@@ -268,12 +268,12 @@ fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
 /// prompt count unchanged), and Anthropic splits the prompt into uncached and cache-read tokens.
 #[test]
 fn the_cached_share_is_stated_in_each_formats_usage() {
-    let cached = |route: Route, stream: bool| Reply {
+    let cached = |route: Handler, stream: bool| Reply {
         prompt_tokens: 2000,
         cached_tokens: Some(1800),
         ..response(route, stream, 2)
     };
-    for route in [Route::Chat, Route::Completions] {
+    for route in [Handler::Chat, Handler::Completions] {
         let mut tail = String::new();
         cached(route, true).tail(&Timings::default(), &mut tail);
         let usage = "\"usage\":{\"prompt_tokens\":2000,\"completion_tokens\":2,\"total_tokens\":2002,\"prompt_tokens_details\":{\"cached_tokens\":1800}}";
@@ -288,7 +288,7 @@ fn the_cached_share_is_stated_in_each_formats_usage() {
         assert_eq!(whole["usage"]["prompt_tokens"], 2000);
     }
     let mut head = String::new();
-    cached(Route::Messages, true).head(&mut head);
+    cached(Handler::Messages, true).head(&mut head);
     assert!(
         head.contains(
             "\"usage\":{\"input_tokens\":200,\"cache_read_input_tokens\":1800,\"output_tokens\":1}"
@@ -296,7 +296,7 @@ fn the_cached_share_is_stated_in_each_formats_usage() {
         "{head}"
     );
     let whole: Value =
-        serde_json::from_str(&cached(Route::Messages, false).whole("x", &Timings::default()))
+        serde_json::from_str(&cached(Handler::Messages, false).whole("x", &Timings::default()))
             .expect("json");
     assert_eq!(
         (
@@ -307,6 +307,6 @@ fn the_cached_share_is_stated_in_each_formats_usage() {
     );
     // Off: nothing stated, the bytes as before.
     let mut tail = String::new();
-    response(Route::Chat, true, 2).tail(&Timings::default(), &mut tail);
+    response(Handler::Chat, true, 2).tail(&Timings::default(), &mut tail);
     assert!(!tail.contains("prompt_tokens_details"));
 }

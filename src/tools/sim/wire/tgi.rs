@@ -6,13 +6,13 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use super::{flag, json_string, limit, object, BodyError, Options, Reply, Route};
+use super::{flag, json_string, limit, object, BodyError, Handler, Options, Reply};
 use crate::tools::sim::text::Token;
 
-pub(super) fn options(route: Route, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
+pub(super) fn options(route: Handler, obj: &Map<String, Value>) -> Result<Options<'_>, BodyError> {
     let parameters = object(obj, "parameters");
     Ok(Options {
-        stream: route == Route::TgiGenerateStream,
+        stream: route == Handler::TgiGenerateStream,
         include_usage: false,
         max_tokens: match parameters {
             Some(p) => limit(p, "max_new_tokens", "parameters.max_new_tokens")?,
