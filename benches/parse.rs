@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
 use tokenmeter::protocol::request::RequestInfo;
@@ -140,10 +141,16 @@ fn bench(c: &mut Criterion) {
     });
     // The proxy's whole per-frame path short of the socket: the meter (timing, gauges, the
     // rate window) over the reader (framing, detection, extraction), then the record at the end.
-    let rec = Arc::new(Recorder::new(
-        Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics")),
-        1 << 20,
-    ));
+    let rec = Arc::new(
+        Recorder::new(
+            Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics")),
+            1 << 20,
+        )
+        .with_capacity(Arc::new(Capacity::new(
+            CapacityConfig::default(),
+            Instant::now(),
+        ))),
+    );
     g.bench_function("meter_256_byte_frames", |bench| {
         bench.iter(|| {
             for b in &sse_bodies {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
 use tokenmeter::protocol::request::RequestInfo;
@@ -72,7 +73,12 @@ fn bench(c: &mut Criterion) {
             ..MetricsConfig::default()
         })
         .expect("metrics");
-        let recorder = Arc::new(Recorder::new(Arc::new(metrics), 1 << 20));
+        let recorder = Arc::new(
+            Recorder::new(Arc::new(metrics), 1 << 20).with_capacity(Arc::new(Capacity::new(
+                CapacityConfig::default(),
+                Instant::now(),
+            ))),
+        );
         let name = if tenant {
             "with_tenant"
         } else {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, Method};
 use prometheus::IntCounter;
+use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::context::{Identify, Sampler};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome, Sink};
@@ -75,8 +76,14 @@ fn bench(c: &mut Criterion) {
             sinks.push(Arc::new(Exporter::start(&tracing, counter)));
         }
         let identify = (log || traced).then(|| Identify::new(traced.then(Sampler::default)));
-        let recorder =
-            Arc::new(Recorder::new(metrics, 1 << 20).with_sinks(identify.clone(), sinks));
+        let recorder = Arc::new(
+            Recorder::new(metrics, 1 << 20)
+                .with_capacity(Arc::new(Capacity::new(
+                    CapacityConfig::default(),
+                    Instant::now(),
+                )))
+                .with_sinks(identify.clone(), sinks),
+        );
         g.bench_function(name, |b| {
             b.iter(|| {
                 let mut m = recorder.start(RequestInfo::default());

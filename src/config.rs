@@ -335,6 +335,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub metrics: MetricsConfig,
+    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' targets).
+    pub capacity: CapacityConfig,
     pub drain_timeout: Duration,
     pub max_line_bytes: usize,
     pub max_request_body: usize,
@@ -660,10 +662,28 @@ impl ProxyArgs {
             "coarse" => Buckets::coarse(),
             other => return Err(ConfigError::BadBuckets(other.to_string())),
         };
+        let capacity = CapacityConfig {
+            window: self.capacity_window,
+            classes: slo
+                .iter()
+                .map(|(name, t)| capacity::ClassTargets {
+                    name: name.to_string(),
+                    tps_floor: t.tps,
+                    ttft: t.ttft.map(|d| d.as_secs_f64()),
+                    objective: t.objective,
+                })
+                .collect(),
+            fleet: capacity::Fleet {
+                replicas: replicas.initial(),
+                gpus: gpus.count,
+                gpu_hour_cost,
+            },
+        };
         Ok(Config {
             upstream,
             listen: parse_addr("listen", &self.listen)?,
             metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
+            capacity,
             metrics: MetricsConfig {
                 buckets: Buckets {
                     ttft: self.buckets_ttft.clone().map_or(d.ttft, |b| b.0),
@@ -678,23 +698,6 @@ impl ProxyArgs {
                 rate_window: self.rate_window,
                 gpus: gpus.count,
                 compat: parse_compat(&self.compat)?,
-                capacity: CapacityConfig {
-                    window: self.capacity_window,
-                    classes: slo
-                        .iter()
-                        .map(|(name, t)| capacity::ClassTargets {
-                            name: name.to_string(),
-                            tps_floor: t.tps,
-                            ttft: t.ttft.map(|d| d.as_secs_f64()),
-                            objective: t.objective,
-                        })
-                        .collect(),
-                    fleet: capacity::Fleet {
-                        replicas: replicas.initial(),
-                        gpus: gpus.count,
-                        gpu_hour_cost,
-                    },
-                },
                 gpu_source: gpus.source,
                 gpu_hour_cost,
                 slo_objectives: slo
@@ -1023,7 +1026,7 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid").metrics.capacity;
+        let c = args(&up).validate().expect("valid").capacity;
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
         // The default classes: interactive has a 20 tok/s floor, batch none.
         let floors: Vec<_> = c
@@ -1033,7 +1036,7 @@ mod tests {
             .collect();
         assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid").metrics.capacity;
+        let c = c.validate().expect("valid").capacity;
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(
@@ -1058,7 +1061,7 @@ mod tests {
         let c = args(&["--upstream", "https://[fd00::1]/v1"]).validate();
         let c = c.expect("valid");
         assert_eq!(c.upstream.host_and_port(), ("fd00::1".to_string(), 443));
-        assert_eq!(c.metrics.capacity.fleet.replicas, 1);
+        assert_eq!(c.capacity.fleet.replicas, 1);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use crate::admin::{self, Readiness};
+use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::context::Identify;
 use crate::drain::{Connections, Drain, Held};
@@ -89,6 +90,8 @@ pub struct Server {
     tls: Option<ServerTls>,
     metrics_tls: Option<ServerTls>,
     metrics: Arc<Metrics>,
+    /// The live capacity model: the meter feeds it, the metrics export it.
+    capacity: Arc<Capacity>,
     ready: Arc<Readiness>,
     /// The page on the metrics listener; `None` with `--no-ui`.
     ui: Option<Arc<Ui>>,
@@ -140,9 +143,12 @@ impl Server {
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
         let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
+        let capacity = Arc::new(Capacity::new(cfg.capacity.clone(), Instant::now()));
+        metrics.export_capacity(Arc::clone(&capacity))?;
         let (identify, sinks) = sinks(cfg, &metrics)?;
         let recorder = Arc::new(
             Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+                .with_capacity(Arc::clone(&capacity))
                 .with_api(cfg.api)
                 .with_classes(Arc::clone(&cfg.slo))
                 .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
@@ -164,6 +170,7 @@ impl Server {
                 ))
             }),
             metrics,
+            capacity,
             ready: Arc::new(Readiness::with_limiter(limiter)),
             drain_timeout: cfg.drain_timeout,
             header_read_timeout: cfg.header_read_timeout,
@@ -192,6 +199,11 @@ impl Server {
         Arc::clone(&self.metrics)
     }
 
+    /// The live capacity model this server's meter feeds.
+    pub fn capacity(&self) -> Arc<Capacity> {
+        Arc::clone(&self.capacity)
+    }
+
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let watchers: Vec<_> = [("proxy", &self.tls), ("metrics", &self.metrics_tls)]
@@ -200,13 +212,13 @@ impl Server {
             .collect();
         let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
         let replicas = self.replicas_host.map(|(host, port)| {
-            let metrics = Arc::clone(&self.metrics);
+            let capacity = Arc::clone(&self.capacity);
             tokio::spawn(replicas::watch(
                 Arc::new(replicas::System),
                 host,
                 port,
                 replicas::REFRESH,
-                move |n| metrics.capacity().set_replicas(n),
+                move |n| capacity.set_replicas(n),
             ))
         });
         let admin = tokio::spawn(serve_admin(

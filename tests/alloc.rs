@@ -25,6 +25,7 @@ use tokenmeter::config::ProxyArgs;
 use tokenmeter::server::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Compat, Metrics, MetricsConfig, Outcome};
 use tokenmeter::protocol::request::RequestInfo;
@@ -80,7 +81,9 @@ fn metering_a_content_chunk_allocates_nothing() {
 
 /// Heap allocations while a warmed-up meter reads 1,100 content chunks.
 fn allocations_over_chunks(metrics: Arc<Metrics>, tenant: bool) -> u64 {
-    let recorder = Arc::new(Recorder::new(metrics, 1 << 20));
+    // The capacity model as the server wires it: fed on every token-bearing event.
+    let capacity = Arc::new(Capacity::new(CapacityConfig::default(), Instant::now()));
+    let recorder = Arc::new(Recorder::new(metrics, 1 << 20).with_capacity(capacity));
     let mut meter = recorder.start(RequestInfo::default());
     if tenant {
         meter.set_tenant(Some(Arc::from("team-a")));

@@ -77,8 +77,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "admin", "config", "context", "drain", "meter", "metrics", "overload", "proxy", "otlp",
-            "ratelog", "replicas", "reqlog", "tenant", "tls", "ui",
+            "admin", "capacity", "config", "context", "drain", "meter", "metrics", "overload",
+            "proxy", "otlp", "ratelog", "replicas", "reqlog", "tenant", "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.

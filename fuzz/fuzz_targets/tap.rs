@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
+use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{names, Metrics, MetricsConfig, Outcome, Phase};
@@ -64,7 +65,8 @@ fuzz_target!(|data: &[u8]| {
     let status = STATUSES[usize::from(status) % STATUSES.len()];
 
     let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-    let recorder = Arc::new(Recorder::new(metrics.clone(), h.limit));
+    let capacity = Arc::new(Capacity::new(CapacityConfig::default(), Instant::now()));
+    let recorder = Arc::new(Recorder::new(metrics.clone(), h.limit).with_capacity(capacity));
     let request = RequestInfo {
         model: (flags & 2 == 2).then(|| "req-model".to_owned()),
         stream: true,

@@ -20,12 +20,13 @@
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
 pub mod concurrency;
+mod workload;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
-use crate::capacity::StreamGaps;
+use crate::capacity::{Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
 use crate::metrics::{
     concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics,
@@ -41,6 +42,8 @@ use crate::tenant::Tenants;
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
 pub struct Recorder {
     pub metrics: Arc<Metrics>,
+    /// The live capacity model the meter feeds (the server's); `None`: nothing is modelled.
+    pub capacity: Option<Arc<Capacity>>,
     pub concurrency: Concurrency,
     /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
     pub max_line: usize,
@@ -61,6 +64,7 @@ impl Recorder {
     pub fn new(metrics: Arc<Metrics>, max_line: usize) -> Self {
         Recorder {
             metrics,
+            capacity: None,
             concurrency: Concurrency::default(),
             max_line,
             api: None,
@@ -75,6 +79,12 @@ impl Recorder {
     pub fn with_sinks(mut self, identify: Option<Identify>, sinks: Vec<Arc<dyn Sink>>) -> Self {
         self.identify = identify;
         self.sinks = sinks;
+        self
+    }
+
+    /// Feeds `capacity` as tokens pass and requests end.
+    pub fn with_capacity(mut self, capacity: Arc<Capacity>) -> Self {
+        self.capacity = Some(capacity);
         self
     }
 
@@ -408,6 +418,9 @@ impl State {
         };
         debug_lines(&f, now, wall, s.last_token);
         m.record(&f);
+        if let (Some(c), Some(r)) = (&s.recorder.capacity, workload::request(&f, now)) {
+            c.finished(r);
+        }
         for sink in &s.recorder.sinks {
             sink.finished(&f);
         }
@@ -538,7 +551,9 @@ impl Clock {
                 self.model_from_response = named.is_some();
                 self.ttft_pending = Some(since);
                 // The wait was load the engine held before the request decoded.
-                m.capacity().waited(since, now);
+                if let Some(c) = &self.recorder.capacity {
+                    c.waited(since, now);
+                }
                 self.model = Some(h);
                 self.first_token = Some(now);
                 let rec = &self.recorder;
@@ -570,12 +585,11 @@ impl Clock {
         self.last_token = Some(now);
         self.at_last = Some(rec.concurrency.snapshot(now));
         rec.metrics.tokens(u64::from(tokens), now);
-        if !self.left {
+        if let (false, Some(c)) = (self.left, &rec.capacity) {
             // The gap since this stream's last tokens was one decode step (or several, for an
             // event that carries several tokens) at the number of streams decoding now.
-            let m = &rec.metrics;
-            self.gaps
-                .on_tokens(m.capacity(), tokens, m.decoding() as f64, now);
+            let decoding = rec.metrics.decoding() as f64;
+            self.gaps.on_tokens(c, tokens, decoding, now);
         }
     }
 
@@ -591,13 +605,17 @@ impl Clock {
         if std::mem::replace(&mut self.left, true) {
             return;
         }
-        let capacity = self.recorder.metrics.capacity();
-        self.gaps.finish(capacity);
+        let capacity = self.recorder.capacity.as_deref();
+        if let Some(c) = capacity {
+            self.gaps.finish(c);
+        }
         let phase = if self.first_token.is_some() {
             Phase::Decode
         } else {
             // It held the engine (or its queue) until it ended, without a first token.
-            capacity.waited(now.saturating_duration_since(self.start), now);
+            if let Some(c) = capacity {
+                c.waited(now.saturating_duration_since(self.start), now);
+            }
             Phase::Prefill
         };
         self.in_flight.add(phase, -1);

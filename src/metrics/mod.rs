@@ -6,9 +6,9 @@
 //! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
 //! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
 //! while it streams (once per request), and [`Metrics::in_flight`] and [`Metrics::tokens`] move
-//! the live gauges; [`Metrics::capacity`] is the live capacity model the meter feeds on every
-//! token-bearing event, whose answers ([`capacity`]) are refreshed when the exposition is
-//! rendered. No caller passes a label value by position.
+//! the live gauges; the live capacity model is the server's, which the meter feeds, and
+//! [`Metrics::export_capacity`] makes its answers ([`capacity`]) families refreshed when the
+//! exposition is rendered. No caller passes a label value by position.
 //!
 //! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
 //! [`Api`]), from [`concurrency_band`], from HTTP status codes, or from [`ModelLabels`], which
@@ -27,7 +27,7 @@ pub mod otel;
 mod rate;
 mod vllm;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
@@ -44,7 +44,7 @@ pub use self::otel::{Operation, Route};
 pub use self::rate::RateWindow;
 pub use self::vllm::FinishedReason;
 use self::vllm::{Vllm, VllmInFlight, VllmLive};
-use crate::capacity::{Capacity, CapacityConfig};
+use crate::capacity::Capacity;
 pub use crate::context::Ident;
 use crate::gpus;
 pub use crate::protocol::timings::EngineTimings;
@@ -561,8 +561,9 @@ pub struct Metrics {
     otel: Option<Otel>,
     /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
     decoding: IntGauge,
-    capacity: Capacity,
-    capacity_families: capacity::CapacityMetrics,
+    /// The live capacity model, when one is exported ([`Metrics::export_capacity`]), and its
+    /// families.
+    capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
     /// The parts of TTFT the engines state, and their coverage.
     engine: EngineMetrics,
     slo_requests: IntCounterVec,
@@ -583,8 +584,6 @@ pub struct MetricsConfig {
     pub gpus: f64,
     /// `--compat`: the other naming schemes to export.
     pub compat: Compat,
-    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' floors).
-    pub capacity: CapacityConfig,
     /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
     pub gpu_source: gpus::Source,
     /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
@@ -604,7 +603,6 @@ impl Default for MetricsConfig {
             rate_window: Duration::from_secs(10),
             gpus: 1.0,
             compat: Compat::default(),
-            capacity: CapacityConfig::default(),
             gpu_source: gpus::Source::Default,
             gpu_hour_cost: None,
             slo_objectives: crate::slo::Classes::default()
@@ -879,9 +877,8 @@ impl Metrics {
                 &t(&["model", "code", "outcome", "api"]),
             )?,
             decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
-            capacity_families: capacity::CapacityMetrics::register(&r, &cfg.capacity.classes)?,
             engine: EngineMetrics::new(&r, b)?,
-            capacity: Capacity::new(cfg.capacity.clone(), Instant::now()),
+            capacity: OnceLock::new(),
             in_flight,
             parse_errors,
             output_tps: gauge(
@@ -990,9 +987,17 @@ impl Metrics {
         self.decoding.get()
     }
 
-    /// The live capacity model, which the meter feeds as tokens pass.
-    pub fn capacity(&self) -> &Capacity {
-        &self.capacity
+    /// Exports `model`'s answers (its families are registered now, one per class it knows),
+    /// refreshed whenever the registry is gathered. The model is the server's, which the meter
+    /// feeds; a second call changes nothing.
+    pub fn export_capacity(&self, model: Arc<Capacity>) -> prometheus::Result<()> {
+        if self.capacity.get().is_some() {
+            return Ok(());
+        }
+        let families =
+            capacity::CapacityMetrics::register(&self.registry, &model.config().classes)?;
+        let _ = self.capacity.set((model, families));
+        Ok(())
     }
 
     /// Counts `n` output tokens produced at `at` in the aggregate rate.
@@ -1055,7 +1060,6 @@ impl Metrics {
             v.record(f);
         }
         self.engine.record(f);
-        self.capacity_sample(f);
         let output = f.output_tokens;
         self.token_source
             .with_label_values(&[f.token_source.as_str()])
@@ -1136,41 +1140,6 @@ impl Metrics {
             .sum()
     }
 
-    /// A complete response that said how long its prompt was joins the capacity model's mix.
-    fn capacity_sample(&self, f: &Finished) {
-        let (Outcome::Complete, Some(prompt), Some(_)) = (f.outcome, f.input_tokens, f.first_token)
-        else {
-            return;
-        };
-        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-        let read = f.cached_input.read.unwrap_or(0);
-        // Anthropic's `input_tokens` leaves out the tokens read from and written to the cache;
-        // the others count the whole prompt.
-        let prompt = match f.api {
-            Api::Anthropic => prompt
-                .saturating_add(read)
-                .saturating_add(f.cached_input.write.unwrap_or(0)),
-            _ => prompt,
-        };
-        self.capacity.finished(crate::capacity::Request {
-            at: Instant::now(),
-            prompt: count(prompt),
-            cached: count(read),
-            output: count(f.output_tokens),
-            ttft: f.first_token.map(|d| d.as_secs_f64()),
-            stated_prefill: f
-                .engine
-                .as_ref()
-                .and_then(|e| e.prefill)
-                .map(|d| d.as_secs_f64()),
-            stated_queue: f
-                .engine
-                .as_ref()
-                .and_then(|e| e.queue)
-                .map(|d| d.as_secs_f64()),
-        });
-    }
-
     /// The `tenant` label value of a finished request, when the label exists.
     fn tenant_value<'a>(&self, f: &'a Finished) -> Option<&'a str> {
         self.tenant
@@ -1191,7 +1160,9 @@ impl Metrics {
     pub fn gather(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
         // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
-        self.capacity_families.update(&self.capacity.report(now));
+        if let Some((model, families)) = self.capacity.get() {
+            families.update(&model.report(now));
+        }
         let tps = self.rate.rate(now);
         self.output_tps.set(tps);
         self.output_tps_per_gpu.set(if self.gpus > 0.0 {

@@ -316,6 +316,7 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     let server = Server::bind(&cfg).await?;
     let (proxy_addr, metrics_addr) = (server.proxy_addr(), server.metrics_addr());
     let metrics = server.metrics();
+    let capacity = server.capacity();
 
     let (sim_stop, sim_stopped) = oneshot::channel::<()>();
     let sim_task = tokio::spawn(sim.serve(async {
@@ -407,7 +408,7 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     summary(&totals, &metrics);
     println!(
         "{}",
-        capacity_line(&metrics.capacity().refit(Instant::now()), &sim_cfg.model)
+        capacity_line(&capacity.refit(Instant::now()), &sim_cfg.model)
     );
     let _ = proxy_stop.send(());
     let _ = proxy_task.await;

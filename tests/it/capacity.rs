@@ -87,7 +87,7 @@ async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let text = proxy.scrape().await;
     if std::env::var_os("CAPACITY_TEST_COLUMNS").is_some() {
-        for c in proxy.metrics.capacity().columns(std::time::Instant::now()) {
+        for c in proxy.capacity.columns(std::time::Instant::now()) {
             eprintln!(
                 "{:>4} {:>6} {:.3} ms",
                 c.concurrency,

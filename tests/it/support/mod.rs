@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+use tokenmeter::capacity::Capacity;
 use tokenmeter::config::ProxyArgs;
 use tokenmeter::metrics::Metrics;
 use tokenmeter::server::Server;
@@ -37,6 +38,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub metrics: Arc<Metrics>,
+    pub capacity: Arc<Capacity>,
     shutdown: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -102,8 +104,12 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
         .expect("valid config");
     let server = Server::bind(&cfg).await.expect("bind");
     let (tx, rx) = oneshot::channel();
-    let (addr, metrics_addr, metrics) =
-        (server.proxy_addr(), server.metrics_addr(), server.metrics());
+    let (addr, metrics_addr, metrics, capacity) = (
+        server.proxy_addr(),
+        server.metrics_addr(),
+        server.metrics(),
+        server.capacity(),
+    );
     let task = tokio::spawn(server.serve(async {
         let _ = rx.await;
     }));
@@ -111,6 +117,7 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
         addr,
         metrics_addr,
         metrics,
+        capacity,
         shutdown: Some(tx),
         task,
     }
