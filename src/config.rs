@@ -18,6 +18,7 @@ use crate::host::{Host, System};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::otlp::TracingConfig;
 use crate::protocol::Api;
+use crate::proxy::{self, Target};
 use crate::slo::{self, Classes, SloError};
 use crate::tenant::{self, TenantConfig, TenantError};
 use crate::tls::client::UpstreamTls;
@@ -218,7 +219,7 @@ pub struct ProxyArgs {
         value_name = "N|auto"
     )]
     pub replicas: String,
-    // --- TLS, connect timeout ---
+    // --- TLS ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
     #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -319,19 +320,11 @@ pub struct ProxyArgs {
     pub trace_sample: Option<String>,
 }
 
-/// Where requests go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// `scheme://host:port`, no path.
-    pub origin: Uri,
-    /// A path prefix put before every request path ("" for none).
-    pub base_path: String,
-}
-
 /// The validated configuration of a proxy.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub upstream: Target,
+    /// The request path's settings: the upstream and each layer's limits.
+    pub proxy: proxy::Settings,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub metrics: MetricsConfig,
@@ -339,25 +332,14 @@ pub struct Config {
     pub capacity: CapacityConfig,
     pub drain_timeout: Duration,
     pub max_line_bytes: usize,
-    pub max_request_body: usize,
-    pub upstream_timeout: Option<Duration>,
-    pub idle_timeout: Option<Duration>,
     pub header_read_timeout: Duration,
-    pub pool_idle_timeout: Duration,
-    pub upstream_http2: bool,
     /// `--max-in-flight`: at least 1.
     pub max_in_flight: usize,
     /// `--max-connections`: at least 1.
     pub max_connections: usize,
-    /// `--retry-after`, seconds: at least 1.
-    pub retry_after: u32,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
-    /// `--inject-usage`.
-    pub inject_usage: bool,
     // --- TLS, connect timeout ---
-    /// `--connect-timeout`: `None` for no limit.
-    pub connect_timeout: Option<Duration>,
     /// How an https upstream is trusted, and the client certificate.
     pub upstream_tls: UpstreamTls,
     /// `--tls-cert/--tls-key`: TLS on the proxy listener.
@@ -557,24 +539,6 @@ fn pair(
     }
 }
 
-impl Target {
-    /// True for an `https://` upstream.
-    pub fn is_https(&self) -> bool {
-        self.origin.scheme_str() == Some("https")
-    }
-
-    /// The host (without an IPv6 literal's brackets) and port connections go to.
-    pub fn host_and_port(&self) -> (String, u16) {
-        let host = self.origin.host().unwrap_or_default();
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port = self
-            .origin
-            .port_u16()
-            .unwrap_or(if self.is_https() { 443 } else { 80 });
-        (host.to_string(), port)
-    }
-}
-
 fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
@@ -680,7 +644,17 @@ impl ProxyArgs {
             },
         };
         Ok(Config {
-            upstream,
+            proxy: proxy::Settings {
+                retry_after: self.retry_after,
+                max_request_body: self.max_request_body,
+                inject_usage: self.inject_usage,
+                idle_timeout: nonzero(self.idle_timeout),
+                upstream_timeout: nonzero(self.upstream_timeout),
+                upstream,
+                upstream_http2: self.upstream_http2,
+                pool_idle_timeout: self.pool_idle_timeout,
+                connect_timeout: nonzero(self.connect_timeout),
+            },
             listen: parse_addr("listen", &self.listen)?,
             metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
             capacity,
@@ -708,19 +682,11 @@ impl ProxyArgs {
             },
             drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
-            max_request_body: self.max_request_body,
-            upstream_timeout: nonzero(self.upstream_timeout),
-            idle_timeout: nonzero(self.idle_timeout),
             header_read_timeout: self.header_read_timeout,
-            pool_idle_timeout: self.pool_idle_timeout,
-            upstream_http2: self.upstream_http2,
             max_in_flight: self.max_in_flight,
             max_connections: self.max_connections,
-            retry_after: self.retry_after,
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
-            inject_usage: self.inject_usage,
-            connect_timeout: nonzero(self.connect_timeout),
             upstream_tls,
             tls,
             metrics_tls,
@@ -821,11 +787,11 @@ mod tests {
     #[test]
     fn upstream_keeps_prefix_and_rejects_nonsense() {
         let c = args(&["--upstream", "http://127.0.0.1:8000/v1/"]).validate();
-        let u = c.expect("valid").upstream;
+        let u = c.expect("valid").proxy.upstream;
         assert_eq!(u.origin.to_string(), "http://127.0.0.1:8000/");
         assert_eq!(u.base_path, "/v1");
         let c = args(&["--upstream", "https://api.openai.com/v1"]).validate();
-        let u = c.expect("valid").upstream;
+        let u = c.expect("valid").proxy.upstream;
         assert_eq!(u.origin.to_string(), "https://api.openai.com/");
         assert!(u.is_https());
         assert_eq!(u.base_path, "/v1");
@@ -872,7 +838,7 @@ mod tests {
         assert!(parse_buckets("1,1").is_err());
         assert!(parse_buckets("a").is_err());
         let c = args(&[&up[..], &["--idle-timeout", "0"]].concat()).validate();
-        assert_eq!(c.expect("valid").idle_timeout, None);
+        assert_eq!(c.expect("valid").proxy.idle_timeout, None);
     }
 
     #[test]
@@ -1000,7 +966,7 @@ mod tests {
         let up = ["--upstream", "http://u:1"];
         let c = args(&up).validate().expect("valid");
         assert_eq!(
-            (c.max_in_flight, c.max_connections, c.retry_after),
+            (c.max_in_flight, c.max_connections, c.proxy.retry_after),
             (DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_CONNECTIONS, 1)
         );
         let set = [
@@ -1013,7 +979,7 @@ mod tests {
         ];
         let c = args(&[&up[..], &set].concat()).validate().expect("valid");
         assert_eq!(
-            (c.max_in_flight, c.max_connections, c.retry_after),
+            (c.max_in_flight, c.max_connections, c.proxy.retry_after),
             (10, 20, 5)
         );
         for flag in ["max-in-flight", "max-connections", "retry-after"] {
@@ -1057,10 +1023,13 @@ mod tests {
         let c = args(&[&up[..], &["--replicas", "auto"]].concat());
         let c = c.validate().expect("valid");
         assert_eq!(c.replicas, crate::replicas::Setting::Auto);
-        assert_eq!(c.upstream.host_and_port(), ("u".to_string(), 1));
+        assert_eq!(c.proxy.upstream.host_and_port(), ("u".to_string(), 1));
         let c = args(&["--upstream", "https://[fd00::1]/v1"]).validate();
         let c = c.expect("valid");
-        assert_eq!(c.upstream.host_and_port(), ("fd00::1".to_string(), 443));
+        assert_eq!(
+            c.proxy.upstream.host_and_port(),
+            ("fd00::1".to_string(), 443)
+        );
         assert_eq!(c.capacity.fleet.replicas, 1);
     }
 
@@ -1100,11 +1069,11 @@ mod tests {
     fn tls_flags_come_in_pairs_and_upstream_ones_need_https() {
         let https = ["--upstream", "https://u:1"];
         let c = args(&https).validate().expect("valid");
-        assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(c.proxy.connect_timeout, Some(Duration::from_secs(5)));
         assert_eq!((c.tls, c.metrics_tls), (None, None));
         assert_eq!(c.upstream_tls, UpstreamTls::default());
         let c = args(&[&https[..], &["--connect-timeout", "0"]].concat()).validate();
-        assert_eq!(c.expect("valid").connect_timeout, None);
+        assert_eq!(c.expect("valid").proxy.connect_timeout, None);
         let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
         let c = args(&[&https[..], &both].concat()).validate();
         let tls = c.expect("valid").tls.expect("tls");

@@ -151,7 +151,7 @@ fn main() -> ExitCode {
         tracing::info!(
             listen = %server.proxy_addr(),
             metrics = %server.metrics_addr(),
-            upstream = %cfg.upstream.origin,
+            upstream = %cfg.proxy.upstream.origin,
             "tokenmeter started"
         );
         server.serve(tokenmeter::signal::shutdown()).await;

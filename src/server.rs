@@ -141,7 +141,7 @@ impl Server {
         // Files first: a missing certificate is reported before a port is taken.
         let tls = cfg.tls.clone().map(ServerTls::load).transpose()?;
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
-        let client_tls = cfg.upstream_tls.load(cfg.upstream.is_https())?;
+        let client_tls = cfg.upstream_tls.load(cfg.proxy.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
         let capacity = Arc::new(Capacity::new(cfg.capacity.clone(), Instant::now()));
         metrics.export_capacity(Arc::clone(&capacity))?;
@@ -159,7 +159,7 @@ impl Server {
         Ok(Server {
             proxy_listener: bind("--listen", cfg.listen).await?,
             admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
-            proxy: proxy::stack(cfg, recorder, &client_tls, Arc::clone(&limiter)),
+            proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
             tls,
             metrics_tls,
             ui: cfg.ui.map(|period| {
@@ -176,7 +176,7 @@ impl Server {
             header_read_timeout: cfg.header_read_timeout,
             max_connections: cfg.max_connections,
             replicas_host: (cfg.replicas == replicas::Setting::Auto)
-                .then(|| cfg.upstream.host_and_port()),
+                .then(|| cfg.proxy.upstream.host_and_port()),
         })
     }
 

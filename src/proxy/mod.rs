@@ -43,7 +43,6 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use tower::ServiceBuilder;
 
-use crate::config::Config;
 use crate::error::BoxError;
 use crate::meter::Recorder;
 use crate::metrics::Outcome;
@@ -54,8 +53,11 @@ pub mod admission;
 pub mod inspect;
 pub mod metering;
 pub mod pool;
+pub mod settings;
 pub mod timeout;
 pub mod upstream;
+
+pub use settings::{Settings, Target};
 
 /// The body type on both sides of the proxy.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -79,7 +81,7 @@ pub type ClientBody = admission::Admitted<ProxyBody>;
 /// response) and is cheap to clone (one clone per request; the client pool is shared).
 /// `limiter` counts the requests in flight (`--max-in-flight`); `/readyz` reads it too.
 pub fn stack(
-    cfg: &Config,
+    cfg: &Settings,
     recorder: Arc<Recorder>,
     tls: &ClientTls,
     limiter: Arc<Limiter>,

@@ -38,8 +38,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
 use super::pool::{Pool, PooledBody, Sent};
+use super::settings::{Settings, Target};
 use super::{BoxFuture, ProxyBody, ProxyError};
-use crate::config::{Config, Target};
 use crate::error::BoxError;
 use crate::ratelog::RateLimited;
 use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
@@ -90,7 +90,7 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 impl Upstream {
     /// `tls` is the loaded `--upstream-ca`/client certificate (unused for `http://`).
-    pub fn new(cfg: &Config, tls: &ClientTls) -> Self {
+    pub fn new(cfg: &Settings, tls: &ClientTls) -> Self {
         let alpn = if cfg.upstream_http2 {
             Alpn::Http2
         } else {
@@ -321,8 +321,11 @@ mod tests {
             .proxy
             .validate()
             .expect("valid config");
-        let tls = cfg.upstream_tls.load(cfg.upstream.is_https()).expect("tls");
-        Upstream::new(&cfg, &tls)
+        let tls = cfg
+            .upstream_tls
+            .load(cfg.proxy.upstream.is_https())
+            .expect("tls");
+        Upstream::new(&cfg.proxy, &tls)
     }
 
     #[test]
