@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
 use tokenmeter::protocol::{openai::OpenAi, Api, Extractor, Message};
 use tokenmeter::read::{self, sse};
+use tokenmeter::record::Outcome;
 
 /// Network frames as a server flushes them: small pieces, most of an event or less.
 const FRAME: usize = 256;

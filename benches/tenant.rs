@@ -11,8 +11,9 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
+use tokenmeter::record::Outcome;
 use tokenmeter::tenant::{TenantConfig, Tenants};
 
 /// A short OpenAI stream: a role chunk, 16 content chunks, usage, `[DONE]`.

@@ -14,9 +14,10 @@ use prometheus::IntCounter;
 use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::context::{Identify, Sampler};
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome, Sink};
+use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::otlp::{Exporter, TracingConfig};
 use tokenmeter::protocol::request::RequestInfo;
+use tokenmeter::record::{Outcome, Sink};
 use tokenmeter::reqlog::{RequestLog, Target};
 
 /// A short OpenAI stream: a role chunk, 16 content chunks, usage, `[DONE]`.

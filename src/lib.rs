@@ -16,15 +16,17 @@
 //! - [`upgrade`]: a `101 Switching Protocols` joined both ways.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
 //! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band),
-//!   ending in one [`metrics::Finished`] record.
+//!   ending in one [`record::Finished`] record.
 //! - [`read`]: the body reader: sans-IO framing (SSE, NDJSON, a JSON document) and the choice of
 //!   extractor; takes bytes, returns the token-bearing events they completed.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
 //!
 //! **What is made of it**:
 //!
-//! - [`metrics`]: the metric families and the one record of a finished request; every label
-//!   value is bounded.
+//! - [`record`]: the one record of a finished request, which the metrics, the capacity model and
+//!   the sinks take.
+//! - [`metrics`]: the metric families, each name once ([`metrics::names`]); every label value is
+//!   bounded.
 //! - [`slo`]: SLO classes (`--slo`), which class a request is in, and whether it met its targets.
 //! - [`tenant`]: who sent a request (`--tenant-header`, `--tenant-from-key`), as a bounded label.
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing; [`replicas`]:
@@ -40,8 +42,8 @@
 //! - [`config`]: command-line flags and environment variables, validated into a [`config::Config`].
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future. [`ratelog`]: log lines rate-limited per cause.
-//! - [`units`] (durations) and [`quantile`] (PromQL's `histogram_quantile`): leaves that import
-//!   nothing of the crate.
+//! - [`units`] (durations), [`quantile`] (PromQL's `histogram_quantile`) and [`error`] (the
+//!   boxed error): leaves that import nothing of the crate.
 //!
 //! **Beside the product**, [`tools`]: the simulator, the load generator, the demo, the capacity
 //! command and what they read `/metrics` back with. They use the product; it never uses them.
@@ -65,6 +67,7 @@ pub mod capacity;
 pub mod gpus;
 pub mod metrics;
 pub mod otlp;
+pub mod record;
 pub mod replicas;
 pub mod slo;
 pub mod tenant;

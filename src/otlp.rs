@@ -23,9 +23,10 @@ use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
 use crate::context::Sampler;
-use crate::metrics::{Finished, Outcome, OutputKind, Sink};
+use crate::metrics::OutputKind;
 use crate::protocol::Api;
 use crate::ratelog::{RateLimited, LOG_PERIOD};
+use crate::record::{Finished, Outcome, Sink};
 
 /// Spans the queue holds before new ones are dropped. An encoded span is about 1 KiB, so the
 /// queue holds at most some 2 MiB: a collector that stalls for a few seconds at a thousand

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::IntCounter;
 
-use crate::metrics::{Finished, Sink};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
+use crate::record::{Finished, Sink};
 
 /// Lines the queue holds before new ones are dropped. A line is about 700 bytes (at most some
 /// 2 KiB: every string in it is bounded), so the queue holds at most about 2 MiB; at a thousand

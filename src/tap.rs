@@ -23,7 +23,7 @@ use pin_project::{pin_project, pinned_drop};
 use tokio::time::Sleep;
 
 use crate::meter::Meter;
-use crate::metrics::Outcome;
+use crate::record::Outcome;
 
 use crate::error::BoxError;
 

@@ -27,8 +27,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Compat, Metrics, MetricsConfig, Outcome};
+use tokenmeter::metrics::{Compat, Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
+use tokenmeter::record::Outcome;
 
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;

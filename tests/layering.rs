@@ -41,30 +41,38 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("upgrade", &[]),
     ("gpus", &["host"]),
     ("slo", &["units"]),
+    // What one finished request was: written by the meter, read by every sink.
+    ("record", &["context", "protocol", "slo"]),
     (
         "metrics",
-        &["capacity", "context", "gpus", "protocol", "slo"],
+        &["capacity", "context", "gpus", "protocol", "record", "slo"],
     ),
-    ("reqlog", &["context", "metrics", "protocol", "ratelog"]),
-    ("otlp", &["context", "metrics", "protocol", "ratelog"]),
+    (
+        "reqlog",
+        &["context", "metrics", "protocol", "ratelog", "record"],
+    ),
+    (
+        "otlp",
+        &["context", "metrics", "protocol", "ratelog", "record"],
+    ),
     ("tenant", &["host", "metrics"]),
     (
         "meter",
         &[
-            "capacity", "context", "metrics", "protocol", "read", "slo", "tenant",
+            "capacity", "context", "metrics", "protocol", "read", "record", "slo", "tenant",
         ],
     ),
-    ("tap", &["error", "meter", "metrics"]),
+    ("tap", &["error", "meter", "metrics", "record"]),
     // The layers take their own settings (`proxy::Settings`): nothing of the request path
     // reaches up to `config`.
     (
         "proxy",
         &[
             "context", "drain", "error", "inject", "meter", "metrics", "overload", "protocol",
-            "ratelog", "read", "slo", "tap", "tls", "upgrade",
+            "ratelog", "read", "record", "slo", "tap", "tls", "upgrade",
         ],
     ),
-    ("ui", &["metrics", "quantile"]),
+    ("ui", &["metrics", "quantile", "record"]),
     ("admin", &["metrics", "overload", "ui"]),
     // Settings: flags and variables mapped onto each subsystem's types.
     (
@@ -78,7 +86,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "server",
         &[
             "admin", "capacity", "config", "context", "drain", "meter", "metrics", "overload",
-            "proxy", "otlp", "ratelog", "replicas", "reqlog", "tenant", "tls", "ui",
+            "proxy", "otlp", "ratelog", "record", "replicas", "reqlog", "tenant", "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.

@@ -18,7 +18,8 @@ use libfuzzer_sys::fuzz_target;
 use tokenmeter::capacity::{Capacity, CapacityConfig};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{names, Metrics, MetricsConfig, Outcome, Phase};
+use tokenmeter::metrics::{names, Metrics, MetricsConfig, Phase};
+use tokenmeter::record::{Outcome};
 use tokenmeter::protocol::request::RequestInfo;
 
 const TYPES: &[&str] = &[

@@ -28,14 +28,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::{Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
-use crate::metrics::{
-    concurrency_band, CachedInput, Finished, FirstOutput, InFlight, Metrics, ModelMetrics,
-    Operation, Outcome, ParseErrors, Phase, Route, Sink, SloResult,
-};
+use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
 use crate::protocol::detect;
+use crate::protocol::operation::{Operation, Route};
 use crate::protocol::request::RequestInfo;
 use crate::protocol::{Api, OutputKind};
 use crate::read::{Event, Reader};
+use crate::record::{
+    concurrency_band, CachedInput, Finished, FirstOutput, Outcome, ParseErrors, Sink, SloResult,
+};
 use crate::slo::{self, Choice, Classes};
 use crate::tenant::Tenants;
 

@@ -9,8 +9,8 @@
 use std::time::Instant;
 
 use crate::capacity;
-use crate::metrics::{Finished, Outcome};
 use crate::protocol::Api;
+use crate::record::{Finished, Outcome};
 
 /// The mix's record of `f`, which ended at `at`; `None` when it is not workload.
 pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
@@ -46,8 +46,9 @@ mod tests {
 
     use super::*;
     use crate::metrics::tests::finished;
-    use crate::metrics::{CachedInput, EngineTimings};
+    use crate::metrics::EngineTimings;
     use crate::protocol::timings::TimingSource;
+    use crate::record::CachedInput;
 
     fn lengths(r: Option<capacity::Request>) -> Option<(u32, u32, u32)> {
         r.map(|r| (r.prompt, r.cached, r.output))

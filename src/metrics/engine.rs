@@ -15,7 +15,8 @@
 use super::names;
 use prometheus::{HistogramVec, IntCounterVec, Registry};
 
-use super::{counter, histogram, Buckets, Finished};
+use super::{counter, histogram, Buckets};
+use crate::record::Finished;
 
 /// Draft acceptance rates: tenths, from none accepted to all.
 const ACCEPTANCE_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];

@@ -1,29 +1,9 @@
 use std::time::Duration;
 
 use super::*;
+use crate::protocol::operation::{Operation, Route};
+use crate::record::{CachedInput, ParseErrors, SloResult};
 use crate::tools::exposition::Scrape;
-
-#[test]
-fn bands_match_the_documented_edges() {
-    let cases = [
-        (1.0, "1"),
-        (1.4, "1"),
-        (2.0, "2-4"),
-        (4.0, "2-4"),
-        (5.0, "5-8"),
-        (8.0, "5-8"),
-        (16.0, "9-16"),
-        (17.0, "17-32"),
-        (64.0, "33-64"),
-        (128.0, "65-128"),
-        (256.0, "129-256"),
-        (257.0, "257+"),
-        (5000.0, "257+"),
-    ];
-    for (x, band) in cases {
-        assert_eq!(concurrency_band(x), band, "{x}");
-    }
-}
 
 #[test]
 fn model_labels_are_bounded_and_sanitised() {

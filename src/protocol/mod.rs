@@ -20,6 +20,7 @@ pub mod json;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;
+pub mod operation;
 pub mod replicate;
 pub mod request;
 pub mod responses;

@@ -45,8 +45,8 @@ use tower::ServiceBuilder;
 
 use crate::error::BoxError;
 use crate::meter::Recorder;
-use crate::metrics::Outcome;
 use crate::overload::Limiter;
+use crate::record::Outcome;
 use crate::tls::client::{self as tls_client, ClientTls, Failure};
 
 pub mod admission;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::reading::{Hist, PartSum, Reading};
-use crate::metrics::concurrency_band;
+use crate::record::concurrency_band;
 
 /// How far back the time series reach: what a person glancing at the page wants to see.
 pub const HISTORY_SPAN: Duration = Duration::from_secs(600);

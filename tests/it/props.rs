@@ -14,10 +14,11 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tokenmeter::meter::Recorder;
-use tokenmeter::metrics::{Metrics, MetricsConfig, Outcome};
+use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
 use tokenmeter::protocol::Message;
 use tokenmeter::read::{ndjson, sse, DecodeErrors};
+use tokenmeter::record::Outcome;
 
 use crate::support::client;
 use crate::support::metrics::metric;

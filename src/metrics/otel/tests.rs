@@ -1,5 +1,7 @@
 use super::*;
-use crate::metrics::{Compat, Finished, Metrics, MetricsConfig, Route, TokenSource};
+use crate::metrics::{Compat, Metrics, MetricsConfig, TokenSource};
+use crate::protocol::operation::{Operation, Route};
+use crate::record::Finished;
 use crate::tools::exposition::Scrape;
 
 /// One family the conventions define, as the OTel Prometheus exporter writes it.

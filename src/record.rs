@@ -1,0 +1,216 @@
+//! The record of one finished request ([`Finished`]), built once by the meter when the request
+//! ends and taken by the metrics, the capacity model's mix and every [`Sink`] (the request log,
+//! the spans): what each of them knows of a request, it knows from here.
+//!
+//! Also what the record is made of: how the request ended ([`Outcome`]), its SLO result, its
+//! cache and parse-error tallies, and the concurrency band it ran at ([`concurrency_band`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::context::Ident;
+use crate::protocol::operation::Route;
+use crate::protocol::timings::EngineTimings;
+use crate::protocol::{Api, Stop, TokenSource};
+use crate::slo::Verdict;
+
+/// How a request ended: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream finished the response and the client received all of it.
+    Complete,
+    /// The client went away before the response ended.
+    ClientDisconnect,
+    /// The upstream could not be reached, or failed mid-response.
+    UpstreamError,
+    /// The upstream took longer than `--upstream-timeout` or `--idle-timeout`.
+    Timeout,
+    /// The proxy refused the request itself (an unreadable request body, a URI it cannot
+    /// forward): a 400 that never reached the upstream.
+    BadRequest,
+    /// The upstream switched protocols (`101`, a WebSocket): the two connections were joined
+    /// until they closed.
+    Upgraded,
+    /// The proxy was at `--max-in-flight` and answered 503 itself: never sent upstream.
+    Shed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::ClientDisconnect => "client_disconnect",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Timeout => "timeout",
+            Outcome::BadRequest => "bad_request",
+            Outcome::Upgraded => "upgraded",
+            Outcome::Shed => "shed",
+        }
+    }
+}
+
+/// The concurrency band a (time-weighted mean) number of requests in flight falls in.
+pub fn concurrency_band(mean_in_flight: f64) -> &'static str {
+    const BANDS: [(f64, &str); 8] = [
+        (1.5, "1"),
+        (4.5, "2-4"),
+        (8.5, "5-8"),
+        (16.5, "9-16"),
+        (32.5, "17-32"),
+        (64.5, "33-64"),
+        (128.5, "65-128"),
+        (256.5, "129-256"),
+    ];
+    BANDS
+        .iter()
+        .find(|(upper, _)| mean_in_flight < *upper)
+        .map_or("257+", |(_, band)| band)
+}
+
+/// Arrival to the first event of each [`crate::protocol::OutputKind`], in its `ALL` order.
+pub type FirstOutput = [Option<Duration>; 3];
+
+/// The record of one finished request: everything the metrics take from it, built by the meter
+/// when the request ends. Durations run from the request's arrival at the proxy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// The `model` label (already bounded by `metrics::Metrics::model_label`).
+    pub model: String,
+    /// The status code the client got (the upstream's, or the proxy's own 400/502/504).
+    pub code: u16,
+    pub outcome: Outcome,
+    /// The parser that read the body (`unknown`: none did, and no token metric is recorded).
+    pub api: Api,
+    /// Arrival to the end of the response.
+    pub duration: Duration,
+    /// Arrival to the first byte of the response body.
+    pub first_byte: Option<Duration>,
+    /// Arrival to the first and to the last token-bearing event.
+    pub first_token: Option<Duration>,
+    pub last_token: Option<Duration>,
+    /// Output tokens by the order of truth, and where the count came from.
+    pub output_tokens: u64,
+    pub token_source: TokenSource,
+    /// Prompt tokens, where the stream reported them.
+    pub input_tokens: Option<u64>,
+    /// Why the model stopped, where the stream said so.
+    pub stop: Option<Stop>,
+    /// The time-weighted mean number of requests in flight over the decode window (from the
+    /// first to the last token), when there was one.
+    pub mean_in_flight: Option<f64>,
+    /// Output tokens already added to `tokenmeter_output_tokens_total` while the stream ran;
+    /// `record` adds only what the final count has beyond them (a counter never decreases).
+    pub streamed_tokens: u64,
+    /// The longest gap between two token-bearing events (TTFT not counted); `None` with fewer
+    /// than two such events.
+    pub max_stall: Option<Duration>,
+    /// Arrival to the first event of each kind of output.
+    pub first_output: FirstOutput,
+    /// Reasoning tokens (part of `output_tokens`): the usage report's, else counted from
+    /// reasoning events; `None` when the stream showed none.
+    pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens read from and written to the server's prompt cache, where usage says.
+    pub cached_input: CachedInput,
+    /// Where the engine says the request's time went, where its stream stated it.
+    pub engine: Option<EngineTimings>,
+    /// What could not be parsed.
+    pub parse_errors: ParseErrors,
+    /// The request's SLO class and result.
+    pub slo: Option<SloResult>,
+    // --- for `--compat otel` ---
+    /// What the request's path said: its GenAI operation and the format the path implies.
+    pub route: Route,
+    /// The model the request body named, as sent (bounded only when it becomes a label).
+    pub request_model: Option<String>,
+    /// `model` is the one the response named (not the request's fallback, nor `unknown`).
+    pub model_from_response: bool,
+    /// The `tenant` label (already bounded by `crate::tenant`); `None` is `metrics::NO_TENANT`.
+    /// Read only when the label exists (`MetricsConfig::tenant`).
+    pub tenant: Option<Arc<str>>,
+    /// What the request's head said of it (method, path, request id, trace), for the request
+    /// log and the span; `None` when neither is on (nothing per request is read for them).
+    pub ident: Option<Arc<Ident>>,
+}
+
+/// What else takes each [`Finished`] record, after the metrics: the request log, the span
+/// exporter. Called once per request, on the thread that finished it: an implementation only
+/// queues (bounded) and returns.
+pub trait Sink: Send + Sync {
+    fn finished(&self, f: &Finished);
+}
+
+/// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloResult {
+    /// The `class` label: a declared class name (see [`crate::slo::Classes`]).
+    pub class: Arc<str>,
+    pub verdict: Verdict,
+    /// The `concurrency` band: the decode window's, else the request's whole life's.
+    pub band: &'static str,
+}
+
+/// Cached prompt tokens a stream's usage reported: the `kind` label of
+/// `tokenmeter_cached_input_tokens_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CachedInput {
+    /// Served from the cache (OpenAI `cached_tokens`, Anthropic `cache_read_input_tokens`).
+    pub read: Option<u64>,
+    /// Written to the cache (Anthropic `cache_creation_input_tokens`).
+    pub write: Option<u64>,
+}
+
+/// A request's parse-error tallies, by `reason`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParseErrors {
+    pub line_too_long: u64,
+    pub invalid_json: u64,
+    pub content_encoding: u64,
+}
+
+impl Finished {
+    /// From the first to the last token, when both were seen.
+    pub fn decode_time(&self) -> Option<Duration> {
+        Some(self.last_token?.saturating_sub(self.first_token?))
+    }
+
+    /// Decode speed as `tokenmeter_request_tokens_per_second` observes it: (output - 1) /
+    /// decode time, for a read stream of at least two tokens over a decode window.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let decode = self.decode_time()?.as_secs_f64();
+        (self.api != Api::Unknown && self.output_tokens >= 2 && decode > 0.0)
+            .then(|| (self.output_tokens - 1) as f64 / decode)
+    }
+
+    /// The concurrency band of the decode window (our own request was in flight throughout:
+    /// the mean is at least 1).
+    pub fn band(&self) -> &'static str {
+        concurrency_band(self.mean_in_flight.unwrap_or(1.0).max(1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::concurrency_band;
+
+    #[test]
+    fn bands_match_the_documented_edges() {
+        let cases = [
+            (1.0, "1"),
+            (1.4, "1"),
+            (2.0, "2-4"),
+            (4.0, "2-4"),
+            (5.0, "5-8"),
+            (8.0, "5-8"),
+            (16.0, "9-16"),
+            (17.0, "17-32"),
+            (64.0, "33-64"),
+            (128.0, "65-128"),
+            (256.0, "129-256"),
+            (257.0, "257+"),
+            (5000.0, "257+"),
+        ];
+        for (x, band) in cases {
+            assert_eq!(concurrency_band(x), band, "{x}");
+        }
+    }
+}
