@@ -339,7 +339,7 @@ pub struct Config {
     pub max_connections: usize,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
-    // --- TLS, connect timeout ---
+    // --- TLS ---
     /// How an https upstream is trusted, and the client certificate.
     pub upstream_tls: UpstreamTls,
     /// `--tls-cert/--tls-key`: TLS on the proxy listener.

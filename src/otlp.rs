@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_request_without_a_recorded_span_exports_nothing() {
-        let f = crate::metrics::tests::finished();
+        let f = crate::record::tests::finished();
         assert_eq!(span(&f), None);
     }
 }

@@ -189,8 +189,44 @@ impl Finished {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::concurrency_band;
+pub(crate) mod tests {
+    use super::*;
+    use crate::protocol::operation::Operation;
+
+    /// A complete OpenAI chat request of 5 tokens: the record most tests vary.
+    pub(crate) fn finished() -> Finished {
+        Finished {
+            model: "m".into(),
+            code: 200,
+            outcome: Outcome::Complete,
+            api: Api::OpenAi,
+            duration: Duration::from_millis(500),
+            first_byte: Some(Duration::from_millis(50)),
+            first_token: Some(Duration::from_millis(100)),
+            last_token: Some(Duration::from_millis(300)),
+            output_tokens: 5,
+            token_source: TokenSource::Counted,
+            input_tokens: Some(7),
+            stop: None,
+            mean_in_flight: Some(3.0),
+            streamed_tokens: 0,
+            max_stall: Some(Duration::from_millis(120)),
+            first_output: [None, Some(Duration::from_millis(100)), None],
+            reasoning_tokens: None,
+            cached_input: CachedInput::default(),
+            engine: None,
+            parse_errors: ParseErrors::default(),
+            slo: None,
+            route: Route {
+                operation: Some(Operation::Chat),
+                api: Some(Api::OpenAi),
+            },
+            request_model: Some("req".into()),
+            model_from_response: true,
+            tenant: None,
+            ident: None,
+        }
+    }
 
     #[test]
     fn bands_match_the_documented_edges() {

@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_line_has_every_key_in_order() {
-        let f = crate::metrics::tests::finished();
+        let f = crate::record::tests::finished();
         let l = line(&f, UNIX_EPOCH);
         assert!(l.ends_with("}\n"));
         let v: serde_json::Value = serde_json::from_str(&l).expect("json");

@@ -45,9 +45,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::metrics::tests::finished;
     use crate::metrics::EngineTimings;
     use crate::protocol::timings::TimingSource;
+    use crate::record::tests::finished;
     use crate::record::CachedInput;
 
     fn lengths(r: Option<capacity::Request>) -> Option<(u32, u32, u32)> {

@@ -11,9 +11,9 @@
 //! exposition is rendered. No caller passes a label value by position.
 //!
 //! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
-//! [`Api`]), from [`concurrency_band`](crate::record::concurrency_band), from HTTP status codes, or from [`ModelLabels`], which
-//! admits at most `--max-models` distinct model names and folds the rest into `other` (through
-//! [`Capped`], which bounds the `tenant` label too). With [`MetricsConfig::tenant`] the families
+//! [`Api`]), from [`concurrency_band`](crate::record::concurrency_band), from HTTP status
+//! codes, or from [`ModelLabels`], which admits at most `--max-models` distinct model names and
+//! folds the rest into `other` (through [`Capped`], which bounds the `tenant` label too). With [`MetricsConfig::tenant`] the families
 //! that say who used what carry a `tenant` label after their own ([`TENANT_LABEL`]); without it
 //! the label does not exist. This
 //! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
@@ -1042,4 +1042,4 @@ fn child<T: MetricVecBuilder>(vec: &MetricVec<T>, values: &[&str], tenant: Optio
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

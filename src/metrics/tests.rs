@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::protocol::operation::{Operation, Route};
+use crate::record::tests::finished;
 use crate::record::{CachedInput, ParseErrors, SloResult};
 use crate::tools::exposition::Scrape;
 
@@ -17,41 +17,6 @@ fn model_labels_are_bounded_and_sanitised() {
     let long = "x".repeat(1000);
     let m = ModelLabels::new(5);
     assert_eq!(m.label(Some(&long)).len(), MAX_MODEL_LABEL_LEN);
-}
-
-/// A complete OpenAI chat request of 5 tokens: the record most tests vary.
-pub(crate) fn finished() -> Finished {
-    Finished {
-        model: "m".into(),
-        code: 200,
-        outcome: Outcome::Complete,
-        api: Api::OpenAi,
-        duration: Duration::from_millis(500),
-        first_byte: Some(Duration::from_millis(50)),
-        first_token: Some(Duration::from_millis(100)),
-        last_token: Some(Duration::from_millis(300)),
-        output_tokens: 5,
-        token_source: TokenSource::Counted,
-        input_tokens: Some(7),
-        stop: None,
-        mean_in_flight: Some(3.0),
-        streamed_tokens: 0,
-        max_stall: Some(Duration::from_millis(120)),
-        first_output: [None, Some(Duration::from_millis(100)), None],
-        reasoning_tokens: None,
-        cached_input: CachedInput::default(),
-        engine: None,
-        parse_errors: ParseErrors::default(),
-        slo: None,
-        route: Route {
-            operation: Some(Operation::Chat),
-            api: Some(Api::OpenAi),
-        },
-        request_model: Some("req".into()),
-        model_from_response: true,
-        tenant: None,
-        ident: None,
-    }
 }
 
 /// The sum of the series `selector` picks in an exposition.

@@ -117,7 +117,7 @@ fn finished() -> Finished {
         model: "resp".into(),
         token_source: TokenSource::Usage,
         streamed_tokens: 5,
-        ..crate::metrics::tests::finished()
+        ..crate::record::tests::finished()
     }
 }
 

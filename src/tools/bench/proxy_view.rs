@@ -20,10 +20,10 @@ use crate::quantile::histogram_quantile;
 use crate::tools::exposition::Scrape;
 use crate::tools::scrape::{self, ScrapeError};
 
-/// Present in every tokenmeter exposition, even before the first request.
-use crate::metrics::names::BUILD_INFO;
+// BUILD_INFO is in every tokenmeter exposition, even before the first request: what tells a
+// tokenmeter from another server.
 use crate::metrics::names::{
-    OUTPUT_TOKENS_TOTAL as OUTPUT_TOKENS, REQUESTS_TOTAL as REQUESTS,
+    BUILD_INFO, OUTPUT_TOKENS_TOTAL as OUTPUT_TOKENS, REQUESTS_TOTAL as REQUESTS,
     TIME_TO_FIRST_TOKEN_SECONDS as TTFT,
 };
 
