@@ -88,7 +88,7 @@ fn bench(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 let mut m = recorder.start(RequestInfo::default());
-                // The head is read once per request, as `metering::Head::of` does.
+                // The head is read once per request, as `Recorder::receive` does.
                 let ident = identify
                     .as_ref()
                     .map(|i| i.of(&Method::POST, "/v1/chat/completions", &head));

@@ -40,7 +40,7 @@ use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::otlp::Exporter;
 use crate::overload::Limiter;
-use crate::proxy::{self, ClientBody, Proxy};
+use crate::proxy::{self, Proxy, ProxyBody};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::record::Sink;
 use crate::replicas;
@@ -508,7 +508,7 @@ impl Future for Served {
 struct Requests(Arc<Conn>);
 
 impl hyper::service::Service<Request<Incoming>> for Requests {
-    type Response = hyper::Response<ClientBody>;
+    type Response = hyper::Response<ProxyBody>;
     type Error = Infallible;
     type Future = Oneshot<Proxy, Request<Incoming>>;
 

@@ -107,61 +107,111 @@ impl Recorder {
         self
     }
 
-    /// A request that arrived just now is being sent upstream.
+    /// A request's head arrived at `arrived`: its meter, not yet in flight. What the head says
+    /// is read here, once: the SLO class its headers and path name (a POST only: inference is
+    /// always one), its tenant, and what the request log and spans take of it.
+    pub fn receive<B>(self: &Arc<Self>, req: &http::Request<B>, arrived: Instant) -> Meter {
+        let judged = req.method() == http::Method::POST;
+        let (headers, path) = (req.headers(), req.uri().path());
+        Meter {
+            stage: Some(Stage::Received(Head {
+                recorder: Arc::clone(self),
+                arrived,
+                slo: judged.then(|| self.classes.resolve(headers, path, None)),
+                // Once per request, from the head: the hot path only carries the value.
+                tenant: self.tenants.as_ref().map(|t| t.resolve(headers)),
+                ident: self.identify.as_ref().map(|i| {
+                    let authority = req.uri().authority().map(|a| a.as_str());
+                    i.of_uri(req.method(), path, authority, headers)
+                }),
+            })),
+        }
+    }
+
+    /// A request that arrived just now is being sent upstream (for tests and benches: the
+    /// proxy receives a request first, [`Recorder::receive`], and sends it when it is read).
     pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
         self.start_at(request, Instant::now())
     }
 
     /// A request that arrived at `arrived` is being sent upstream now.
     pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
+        Meter {
+            stage: Some(Stage::Sent(self.sent(request, arrived))),
+        }
+    }
+
+    /// The measurement of a request sent now: it enters the in-flight gauges and the
+    /// concurrency integral.
+    fn sent(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> State {
         let now = Instant::now();
         let in_flight = self.metrics.in_flight(request.model.as_deref());
         in_flight.add(Phase::Prefill, 1);
         let at_start = self.concurrency.update(now, 1);
-        Meter {
-            state: Some(State {
-                reader: Reader::opaque(),
-                clock: Clock {
-                    recorder: Arc::clone(self),
-                    in_flight,
-                    request,
-                    start: arrived.min(now),
-                    status: 0,
-                    encoded: false,
-                    model: None,
-                    first_byte: None,
-                    first_token: None,
-                    last_token: None,
-                    at_first: None,
-                    at_last: None,
-                    gaps: StreamGaps::default(),
-                    ttft_pending: None,
-                    max_stall: None,
-                    first_output: FirstOutput::default(),
-                    streamed: 0,
-                    at_start,
-                    at_leave: None,
-                    slo: Some(self.classes.default_choice()),
-                    tenant: None,
-                    left: false,
-                    route: Route::default(),
-                    model_from_response: false,
-                    ident: None,
-                },
-            }),
+        State {
+            reader: Reader::opaque(),
+            clock: Clock {
+                recorder: Arc::clone(self),
+                in_flight,
+                request,
+                start: arrived.min(now),
+                status: 0,
+                encoded: false,
+                model: None,
+                first_byte: None,
+                first_token: None,
+                last_token: None,
+                at_first: None,
+                at_last: None,
+                gaps: StreamGaps::default(),
+                ttft_pending: None,
+                max_stall: None,
+                first_output: FirstOutput::default(),
+                streamed: 0,
+                at_start,
+                at_leave: None,
+                slo: Some(self.classes.default_choice()),
+                tenant: None,
+                left: false,
+                route: Route::default(),
+                model_from_response: false,
+                ident: None,
+            },
         }
     }
 }
 
-/// The measurement of one request.
+/// The measurement of one request, from the arrival of its head to its end.
 ///
-/// [`Meter::finish`] consumes it, so a request is recorded once by construction. Dropping a meter
-/// that was never finished records it as [`Outcome::ClientDisconnect`]: that is the request whose
-/// client went away before the response head, when the service future holding the meter is
-/// dropped before any tap exists. Once a tap holds the meter, the tap finishes it explicitly.
+/// The metering layer receives it with the head ([`Recorder::receive`]); it goes down the stack
+/// beside the request and is sent with what the body said ([`Meter::send`]), which puts the
+/// request in flight. [`Meter::finish`] consumes it, so a request is recorded once by
+/// construction. Dropping a meter that was never finished records it as
+/// [`Outcome::ClientDisconnect`]: the client went away before the response head (hyper dropped
+/// the service future that held it). A meter finished or dropped before it was sent is recorded
+/// as a request of unknown content, entering and leaving the gauges at that moment.
 pub struct Meter {
-    /// `None` only inside `finish` and `drop`, after the state was taken to be recorded.
-    state: Option<State>,
+    /// `None` only inside `finish` and `drop`, after the stage was taken to be recorded.
+    stage: Option<Stage>,
+}
+
+// A meter is received and sent once per request and moved, never copied in a loop: boxing the
+// larger stage would cost every request an allocation to save bytes only while a body is read.
+#[allow(clippy::large_enum_variant)]
+enum Stage {
+    /// The head has arrived; the body is being read, or the request was refused.
+    Received(Head),
+    /// Sent upstream: in flight until it leaves.
+    Sent(State),
+}
+
+/// What a request's head said, until the request is sent.
+struct Head {
+    recorder: Arc<Recorder>,
+    arrived: Instant,
+    slo: Option<Choice>,
+    tenant: Option<Arc<str>>,
+    ident: Option<Arc<Ident>>,
 }
 
 struct State {
@@ -222,9 +272,75 @@ struct Clock {
 // === impl Meter ===
 
 impl Meter {
+    /// The request was read and is being sent upstream now, with what its body said: it enters
+    /// the in-flight gauges. `head` is the client's (its path before any base path); the model
+    /// refines the SLO class the head named. A meter already sent is unchanged.
+    pub fn send(&mut self, head: &http::request::Parts, request: RequestInfo) {
+        if !matches!(self.stage, Some(Stage::Received(_))) {
+            return;
+        }
+        let Some(Stage::Received(h)) = self.stage.take() else {
+            return;
+        };
+        let path = head.uri.path();
+        let slo = h.slo.map(|_| {
+            let model = request.model.as_deref();
+            h.recorder.classes.resolve(&head.headers, path, model)
+        });
+        let mut state = h.recorder.sent(request, h.arrived);
+        let c = &mut state.clock;
+        (c.slo, c.tenant, c.ident) = (slo, h.tenant, h.ident);
+        c.route = Route {
+            operation: Operation::of_path(path),
+            api: detect::path_hint(path),
+        };
+        self.stage = Some(Stage::Sent(state));
+    }
+
+    /// The `traceparent` the upstream gets: tokenmeter's span as the parent, in the caller's
+    /// trace (`None` when no span of ours is recorded for the request).
+    pub fn traceparent(&self) -> Option<String> {
+        let ident = match &self.stage {
+            Some(Stage::Received(h)) => h.ident.as_ref(),
+            Some(Stage::Sent(s)) => s.clock.ident.as_ref(),
+            None => None,
+        };
+        ident?.trace.as_ref()?.traceparent()
+    }
+
+    /// What the request's body said, once it was sent.
+    pub fn request(&self) -> Option<&RequestInfo> {
+        match &self.stage {
+            Some(Stage::Sent(s)) => Some(&s.clock.request),
+            _ => None,
+        }
+    }
+
+    /// Whether the request body asked the upstream for a usage report the client did not ask
+    /// for (`--inject-usage`), which the response must then lose.
+    pub fn usage_injected(&self) -> bool {
+        self.request().is_some_and(|r| r.usage_injected)
+    }
+
+    /// The measurement, sending a request that was not sent yet as one of unknown content.
+    fn state(&mut self) -> Option<&mut State> {
+        if let Some(Stage::Received(_)) = &self.stage {
+            if let Some(Stage::Received(h)) = self.stage.take() {
+                let mut state = h.recorder.sent(RequestInfo::default(), h.arrived);
+                let c = &mut state.clock;
+                (c.slo, c.tenant, c.ident) = (h.slo, h.tenant, h.ident);
+                self.stage = Some(Stage::Sent(state));
+            }
+        }
+        match &mut self.stage {
+            Some(Stage::Sent(s)) => Some(s),
+            _ => None,
+        }
+    }
+
     /// The response head arrived: choose how to read the body.
     pub fn on_response(&mut self, status: u16, path: &str, content_type: &str, encoded: bool) {
-        let Some(s) = &mut self.state else { return };
+        let Some(s) = self.state() else { return };
         s.clock.status = status;
         if encoded {
             // A compressed body cannot be read without decompressing it; we forward it untouched.
@@ -238,7 +354,7 @@ impl Meter {
     /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
     /// for a request that is not judged.
     pub fn set_slo(&mut self, choice: Option<Choice>) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.slo = choice;
         }
     }
@@ -247,7 +363,7 @@ impl Meter {
     /// GenAI operation and the wire format, known before any response (so a request that fails
     /// before its response head still has them).
     pub fn set_route(&mut self, path: &str) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.route = Route {
                 operation: Operation::of_path(path),
                 api: detect::path_hint(path),
@@ -258,21 +374,21 @@ impl Meter {
     /// The request's `tenant` label value (bounded: [`Tenants::resolve`]); set before the first
     /// token, which resolves the live handles with it.
     pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.tenant = tenant;
         }
     }
 
     /// What the request's head said of it (for the request log and the span).
     pub fn set_ident(&mut self, ident: Option<Arc<Ident>>) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.ident = ident;
         }
     }
 
     /// The proxy answered itself (400, 502, 504): there is no upstream response head.
     pub fn set_status(&mut self, status: u16) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.status = status;
         }
     }
@@ -282,7 +398,7 @@ impl Meter {
     /// count as an hour-long prefill nor weigh on the concurrency of the requests beside it;
     /// [`Meter::finish`] with [`Outcome::Upgraded`] records it when the connection closes.
     pub fn upgraded(&mut self, now: Instant) {
-        if let Some(s) = &mut self.state {
+        if let Some(s) = self.state() {
             s.clock.status = 101;
             s.clock.leave(now);
         }
@@ -290,7 +406,7 @@ impl Meter {
 
     /// A body frame is passing through to the client now.
     pub fn on_data(&mut self, data: &[u8], now: Instant) {
-        let Some(State { reader, clock }) = &mut self.state else {
+        let Some(Stage::Sent(State { reader, clock })) = &mut self.stage else {
             return;
         };
         if data.is_empty() {
@@ -313,7 +429,12 @@ impl Meter {
 
     /// Ends the measurement and records it.
     pub fn finish(mut self, outcome: Outcome) {
-        if let Some(s) = self.state.take() {
+        self.end(outcome);
+    }
+
+    fn end(&mut self, outcome: Outcome) {
+        self.state();
+        if let Some(Stage::Sent(s)) = self.stage.take() {
             s.finish(outcome);
         }
     }
@@ -323,9 +444,7 @@ impl Drop for Meter {
     fn drop(&mut self) {
         // Never finished: the client went away before a tap took the meter (hyper dropped the
         // service future before the response head).
-        if let Some(s) = self.state.take() {
-            s.finish(Outcome::ClientDisconnect);
-        }
+        self.end(Outcome::ClientDisconnect);
     }
 }
 

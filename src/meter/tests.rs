@@ -22,7 +22,7 @@ fn tokens_ttft_and_itl_follow_the_event_times() {
     let rec = recorder();
     let mut meter = rec.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
-    let t0 = meter.state.as_ref().expect("unfinished").clock.start;
+    let t0 = meter.state().expect("unfinished").clock.start;
     // Three events, the middle one split across two frames.
     let (a, b) = CHUNK.split_at(20);
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
@@ -231,7 +231,7 @@ fn ttft_is_observed_once_when_the_prompt_count_arrives() {
     let rec = recorder();
     let mut meter = rec.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
-    let t0 = meter.state.as_ref().expect("unfinished").clock.start;
+    let t0 = meter.state().expect("unfinished").clock.start;
     let count = |rec: &Recorder| sample(rec, "tokenmeter_time_to_first_token_seconds_count");
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(130));
@@ -285,4 +285,51 @@ fn a_request_without_a_decode_window_takes_the_band_of_its_life() {
     );
     assert_eq!(sample(&rec, "tokenmeter_slo_requests_total"), 11.0);
     assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+}
+
+// The metering layer receives a meter with the head; the request is in flight only once it is
+// sent, with what its body said.
+#[test]
+fn a_received_request_enters_the_gauges_when_it_is_sent_with_its_model() {
+    let rec = recorder();
+    let req = http::Request::post("/v1/chat/completions")
+        .body(())
+        .expect("request");
+    let mut meter = rec.receive(&req, Instant::now());
+    let prefill = |rec: &Recorder| sample(rec, "tokenmeter_requests_in_flight{phase=\"prefill\"}");
+    assert_eq!(prefill(&rec), 0.0);
+    assert!(meter.request().is_none());
+    let (parts, ()) = req.into_parts();
+    let info = RequestInfo {
+        model: Some("llama".into()),
+        ..RequestInfo::default()
+    };
+    meter.send(&parts, info);
+    assert_eq!(prefill(&rec), 1.0);
+    // A second send changes nothing: the request entered once.
+    meter.send(&parts, RequestInfo::default());
+    assert_eq!(prefill(&rec), 1.0);
+    meter.set_status(500);
+    meter.finish(Outcome::Complete);
+    assert_eq!(prefill(&rec), 0.0);
+    let done = r#"tokenmeter_requests_total{code="500",model="llama",outcome="complete"}"#;
+    assert_eq!(sample(&rec, done), 1.0);
+}
+
+// A client gone while its body was read: the meter was never sent, and its drop records the
+// request once, with the class its head named.
+#[test]
+fn a_meter_dropped_before_it_was_sent_is_recorded_once() {
+    let rec = recorder();
+    let req = http::Request::post("/v1/chat/completions")
+        .body(())
+        .expect("request");
+    drop(rec.receive(&req, Instant::now()));
+    let gone =
+        r#"tokenmeter_requests_total{code="502",model="unknown",outcome="client_disconnect"}"#;
+    assert_eq!(sample(&rec, gone), 1.0);
+    assert_eq!(sample(&rec, "tokenmeter_requests_total"), 1.0);
+    assert_eq!(sample(&rec, "tokenmeter_requests_in_flight"), 0.0);
+    let judged = r#"tokenmeter_slo_requests_total{class="interactive",result="client_disconnect"}"#;
+    assert_eq!(sample(&rec, judged), 1.0);
 }

@@ -5,9 +5,9 @@
 //! ([`Admitted`]), so a stream counts until its body ends, fails or is dropped, not merely until
 //! its head is sent. At the cap the request is shed here, before its body is read: tokenmeter
 //! answers itself, at once, `503` with `Retry-After` and an OpenAI-shaped JSON error of type
-//! `overloaded`; nothing reaches the upstream. It is recorded as outcome `shed` by
-//! [`metering::record_refusal`], the one function that records a refusal. Requests already
-//! admitted are untouched.
+//! `overloaded`; nothing reaches the upstream. The refusal goes back up as an error, like any
+//! other, and the metering layer records it as outcome `shed`. Requests already admitted are
+//! untouched.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,15 +16,14 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 use tower::{Layer, Service};
 
-use super::metering::{self, Head};
-use super::{ProxyBody, ProxyError};
+use super::metering::{Answer, Metered};
+use super::ProxyError;
 use crate::error::BoxError;
-use crate::meter::Recorder;
 use crate::overload::{Limiter, Permit};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
 
@@ -32,7 +31,6 @@ use crate::ratelog::{RateLimited, LOG_PERIOD};
 #[derive(Clone)]
 pub struct AdmissionLayer {
     limiter: Arc<Limiter>,
-    recorder: Arc<Recorder>,
     retry_after: u32,
     shedding: Arc<RateLimited<()>>,
 }
@@ -42,7 +40,6 @@ pub struct AdmissionLayer {
 pub struct Admission<S> {
     inner: S,
     limiter: Arc<Limiter>,
-    recorder: Arc<Recorder>,
     retry_after: u32,
     /// One warning a minute while requests are shed, not one per request.
     shedding: Arc<RateLimited<()>>,
@@ -51,11 +48,10 @@ pub struct Admission<S> {
 // === impl AdmissionLayer ===
 
 impl AdmissionLayer {
-    /// `recorder` records the requests shed; `retry_after` is `--retry-after`, in seconds.
-    pub fn new(limiter: Arc<Limiter>, recorder: Arc<Recorder>, retry_after: u32) -> Self {
+    /// `retry_after` is `--retry-after`, in seconds.
+    pub fn new(limiter: Arc<Limiter>, retry_after: u32) -> Self {
         AdmissionLayer {
             limiter,
-            recorder,
             retry_after,
             shedding: Arc::new(RateLimited::new(LOG_PERIOD)),
         }
@@ -69,7 +65,6 @@ impl<S> Layer<S> for AdmissionLayer {
         Admission {
             inner,
             limiter: Arc::clone(&self.limiter),
-            recorder: Arc::clone(&self.recorder),
             retry_after: self.retry_after,
             shedding: Arc::clone(&self.shedding),
         }
@@ -78,11 +73,12 @@ impl<S> Layer<S> for AdmissionLayer {
 
 // === impl Admission ===
 
-impl<S, B> Service<Request<B>> for Admission<S>
+impl<S, B, R> Service<Metered<Request<B>>> for Admission<S>
 where
-    S: Service<Request<B>, Response = Response<ProxyBody>>,
+    S: Service<Metered<Request<B>>, Response = Answer<R>>,
+    R: Body,
 {
-    type Response = Response<Admitted<ProxyBody>>;
+    type Response = Answer<Admitted<R>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future>;
 
@@ -90,22 +86,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Metered<Request<B>>) -> Self::Future {
         match self.limiter.try_acquire() {
             Some(permit) => ResponseFuture::Admitted {
                 inner: self.inner.call(req),
                 permit: Some(permit),
             },
             None => {
-                let err = ProxyError::Overloaded {
-                    retry_after: self.retry_after,
-                };
-                // The body is never read: hyper discards it, or closes the connection. So the
-                // model stays `unknown`: reading the body for it would cost every shed request
-                // what shedding saves (up to `--max-request-body`, and a wait on the client).
-                let (parts, _body) = req.into_parts();
-                let head = Head::of(&self.recorder, &parts, Instant::now());
-                metering::record_refusal(&self.recorder, head, &err);
                 if let Some(held_back) = self.shedding.check((), Instant::now()) {
                     tracing::warn!(
                         max_in_flight = self.limiter.cap(),
@@ -113,15 +100,24 @@ where
                         "at --max-in-flight: new requests are shed (503)"
                     );
                 }
+                // The body is never read: hyper discards it, or closes the connection. So the
+                // model stays `unknown`: reading the body for it would cost every shed request
+                // what shedding saves (up to `--max-request-body`, and a wait on the client).
+                let err = ProxyError::Overloaded {
+                    retry_after: self.retry_after,
+                };
                 ResponseFuture::Shed {
-                    resp: Some(err.to_response()),
+                    refused: Some(Box::new(Metered {
+                        meter: req.meter,
+                        inner: err,
+                    })),
                 }
             }
         }
     }
 }
 
-/// The response of an admitted request (its permit goes into the body), or a shed one's.
+/// The answer of an admitted request (its permit goes into the body), or a shed one's.
 #[pin_project(project = ResponseFutureProj)]
 pub enum ResponseFuture<F> {
     Admitted {
@@ -129,26 +125,33 @@ pub enum ResponseFuture<F> {
         inner: F,
         permit: Option<Permit>,
     },
+    /// Boxed: a meter is large, and only a shed request pays for the allocation.
     Shed {
-        resp: Option<Response<ProxyBody>>,
+        refused: Option<Box<Metered<ProxyError>>>,
     },
 }
 
-impl<F, E> Future for ResponseFuture<F>
+impl<F, R, E> Future for ResponseFuture<F>
 where
-    F: Future<Output = Result<Response<ProxyBody>, E>>,
+    F: Future<Output = Result<Answer<R>, E>>,
+    R: Body,
 {
-    type Output = Result<Response<Admitted<ProxyBody>>, E>;
+    type Output = Result<Answer<Admitted<R>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             ResponseFutureProj::Admitted { inner, permit } => {
-                let resp = ready!(inner.poll(cx))?;
+                let Metered { meter, inner } = ready!(inner.poll(cx))?;
+                // An error gives the place back now; a response, when its body is done.
                 let permit = permit.take();
-                Poll::Ready(Ok(resp.map(|body| Admitted::new(body, permit))))
+                let inner = inner.map(|resp| resp.map(|body| Admitted::new(body, permit)));
+                Poll::Ready(Ok(Metered { meter, inner }))
             }
-            ResponseFutureProj::Shed { resp } => match resp.take() {
-                Some(resp) => Poll::Ready(Ok(resp.map(|body| Admitted::new(body, None)))),
+            ResponseFutureProj::Shed { refused } => match refused.take().map(|r| *r) {
+                Some(Metered { meter, inner: err }) => Poll::Ready(Ok(Metered {
+                    meter,
+                    inner: Err(err),
+                })),
                 None => Poll::Pending,
             },
         }
@@ -214,18 +217,15 @@ where
 mod tests {
     use std::convert::Infallible;
 
-    use http::header;
+    use http::{header, Response};
     use http_body_util::BodyExt;
     use tokio::sync::mpsc;
-    use tower::{service_fn, ServiceExt};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
 
     use super::*;
-    use crate::metrics::{Metrics, MetricsConfig};
-
-    fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
-        let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-        (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
-    }
+    use crate::proxy::metering::MeteringLayer;
+    use crate::proxy::testing::{assert_has, recorder, scrape};
+    use crate::proxy::ProxyBody;
 
     /// A body fed frame by frame from the test.
     struct Channel(mpsc::UnboundedReceiver<Bytes>);
@@ -241,6 +241,14 @@ mod tests {
         }
     }
 
+    /// An answer of `body` with the request's meter, as the layers below give it.
+    fn answer(req: Metered<Request<ProxyBody>>, body: ProxyBody) -> Answer<ProxyBody> {
+        Metered {
+            meter: req.meter,
+            inner: Ok(Response::new(body)),
+        }
+    }
+
     #[tokio::test]
     async fn a_place_is_held_until_the_body_ends_and_the_next_request_is_shed() {
         let (metrics, rec) = recorder();
@@ -250,13 +258,16 @@ mod tests {
         let called = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stub = {
             let called = Arc::clone(&called);
-            service_fn(move |_req: Request<ProxyBody>| {
+            service_fn(move |req: Metered<Request<ProxyBody>>| {
                 called.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let rx = rx.lock().expect("lock").take().expect("called once");
-                async move { Ok::<_, Infallible>(Response::new(BodyExt::boxed(Channel(rx)))) }
+                async move { Ok::<_, Infallible>(answer(req, BodyExt::boxed(Channel(rx)))) }
             })
         };
-        let svc = AdmissionLayer::new(Arc::clone(&limiter), rec, 7).layer(stub);
+        let svc = ServiceBuilder::new()
+            .layer(MeteringLayer::new(rec, None))
+            .layer(AdmissionLayer::new(Arc::clone(&limiter), 7))
+            .service(stub);
         let req = || Request::post("/v1/chat/completions").body(super::super::full(Bytes::new()));
         let resp = svc.clone().oneshot(req().expect("req")).await.expect("ok");
         // Headers sent, body streaming: still in flight.
@@ -273,12 +284,9 @@ mod tests {
         assert!(v["error"]["message"]
             .as_str()
             .is_some_and(|m| !m.is_empty()));
-        let text = String::from_utf8(metrics.render()).expect("utf8");
-        assert!(
-            text.contains(
-                r#"tokenmeter_requests_total{api="unknown",code="503",model="unknown",outcome="shed"} 1"#
-            ),
-            "{text}"
+        assert_has(
+            &scrape(&metrics),
+            r#"tokenmeter_requests_total{api="unknown",code="503",model="unknown",outcome="shed"} 1"#,
         );
         // The stream goes on; its place is given back at its end, not before.
         let mut body = resp.into_body();
@@ -297,10 +305,14 @@ mod tests {
     async fn a_dropped_body_or_request_gives_its_place_back() {
         let (_, rec) = recorder();
         let limiter = Arc::new(Limiter::new(2));
-        let stub = service_fn(|_req: Request<ProxyBody>| async {
-            Ok::<_, Infallible>(Response::new(super::super::full(Bytes::from_static(b"x"))))
+        let stub = service_fn(|req: Metered<Request<ProxyBody>>| async {
+            let body = super::super::full(Bytes::from_static(b"x"));
+            Ok::<_, Infallible>(answer(req, body))
         });
-        let svc = AdmissionLayer::new(Arc::clone(&limiter), rec, 1).layer(stub);
+        let svc = ServiceBuilder::new()
+            .layer(MeteringLayer::new(rec, None))
+            .layer(AdmissionLayer::new(Arc::clone(&limiter), 1))
+            .service(stub);
         let req = || {
             Request::get("/v1/models")
                 .body(super::super::full(Bytes::new()))

@@ -1,21 +1,19 @@
-//! Request inspection, the outermost layer: what the client asked for.
+//! Request inspection: what the client asked for, read from its body before it is sent.
 //!
-//! The request head has arrived when this layer is called: that instant is when the client's wait
-//! starts, and every time the meter reports runs from it. A JSON body up to `--max-request-body`
-//! is read whole, to learn the model (an inference server needs the whole body before it starts,
-//! so this costs no latency); `--inject-usage` rewrites it here
-//! ([`crate::inject::add_usage`]). Anything else, and anything larger, streams through as it
+//! A JSON body up to `--max-request-body` is read whole, to learn the model (an inference server
+//! needs the whole body before it starts, so this costs no latency); `--inject-usage` rewrites it
+//! here ([`crate::inject::add_usage`]). Anything else, and anything larger, streams through as it
 //! comes ([`Prefixed`] forwards what was read before the limit was crossed).
 //!
-//! What was learnt goes down the stack as an [`Inspected`] request extension. A body that fails
-//! while it is read is refused here, 400 `request_body`, and metered as `bad_request`: no meter
-//! exists yet, and no request leaves unrecorded.
+//! What was learnt is handed to the request's meter as the request is sent
+//! ([`Meter::send`](crate::meter::Meter::send)): from then on the request is in flight. A body
+//! that fails while it is read is an error like any other, 400 `request_body`, which the
+//! metering layer records as `bad_request`; a client that goes away meanwhile drops the meter
+//! with this layer's future, and is recorded as `client_disconnect`.
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap};
@@ -25,45 +23,24 @@ use http_body_util::BodyExt;
 use pin_project::pin_project;
 use tower::{Layer, Service};
 
-use super::metering::{self, Head};
+use super::metering::{Answer, Metered};
 use super::pool::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::inject;
-use crate::meter::Recorder;
 use crate::protocol::request::{self, RequestInfo};
-use crate::slo::Choice;
-
-/// What inspection learnt about a request, for the layers below.
-#[derive(Debug, Clone)]
-pub struct Inspected {
-    /// When the request head arrived at the proxy.
-    pub arrived: Instant,
-    /// What the body says (model, streaming, usage asked for or injected).
-    pub info: RequestInfo,
-    /// The request's SLO class and targets, from its headers, path and model; `None` for a
-    /// request that is not judged (not a POST).
-    pub slo: Option<Choice>,
-    /// The `tenant` label value, from the head (`--tenant-header`, `--tenant-from-key`);
-    /// `None` when the label does not exist.
-    pub tenant: Option<Arc<str>>,
-    /// What the head said of the request (method, path, request id, trace), when taken.
-    pub ident: Option<Arc<crate::context::Ident>>,
-}
 
 /// Builds [`Inspect`] services.
 #[derive(Clone)]
 pub struct InspectLayer {
-    recorder: Arc<Recorder>,
     max_request_body: usize,
     inject_usage: bool,
 }
 
-/// Reads and notes the request, then calls the stack below.
+/// Reads the request, sends its meter, then calls the stack below.
 #[derive(Clone)]
 pub struct Inspect<S> {
     inner: S,
-    recorder: Arc<Recorder>,
     max_request_body: usize,
     inject_usage: bool,
 }
@@ -71,10 +48,9 @@ pub struct Inspect<S> {
 // === impl InspectLayer ===
 
 impl InspectLayer {
-    /// `recorder` meters the requests this layer refuses itself.
-    pub fn new(recorder: Arc<Recorder>, max_request_body: usize, inject_usage: bool) -> Self {
+    /// `max_request_body` is `--max-request-body`; `inject_usage`, `--inject-usage`.
+    pub fn new(max_request_body: usize, inject_usage: bool) -> Self {
         InspectLayer {
-            recorder,
             max_request_body,
             inject_usage,
         }
@@ -87,7 +63,6 @@ impl<S> Layer<S> for InspectLayer {
     fn layer(&self, inner: S) -> Inspect<S> {
         Inspect {
             inner,
-            recorder: Arc::clone(&self.recorder),
             max_request_body: self.max_request_body,
             inject_usage: self.inject_usage,
         }
@@ -96,92 +71,57 @@ impl<S> Layer<S> for InspectLayer {
 
 // === impl Inspect ===
 
-impl<S, B> Service<Request<B>> for Inspect<S>
+impl<S, B, R> Service<Metered<Request<B>>> for Inspect<S>
 where
-    S: Service<Request<ProxyBody>, Response = Response<ProxyBody>, Error = Infallible>
+    S: Service<Request<ProxyBody>, Response = Response<R>, Error = ProxyError>
         + Clone
         + Send
         + 'static,
     S::Future: Send,
     B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+    R: Send + 'static,
 {
-    type Response = Response<ProxyBody>;
+    type Response = Answer<R>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
+    type Future = BoxFuture<Result<Answer<R>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
+        // The layers below refuse requests one by one, as errors from `call`, never here.
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(_) => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The client's wait starts when its request head has arrived, before its body.
-        let arrived = Instant::now();
+    fn call(&mut self, req: Metered<Request<B>>) -> Self::Future {
         // The clone that was made ready is the one that is called (tower's contract).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let recorder = Arc::clone(&self.recorder);
         let (max, inject_usage) = (self.max_request_body, self.inject_usage);
+        let Metered {
+            mut meter,
+            inner: req,
+        } = req;
         Box::pin(async move {
-            // Until the body is read, no meter exists: a client that goes away now (hyper drops
-            // this future with its connection) is recorded by the guard.
             let (mut parts, body) = req.into_parts();
-            // The class the head names (or its path); the model may refine it once read.
-            let classes = Arc::clone(&recorder.classes);
-            // Inference is always a POST: a GET of /v1/models or /health is no consumer of speed.
-            let judged = parts.method == http::Method::POST;
-            let head = Head::of(&recorder, &parts, arrived);
-            let guard = Unread {
-                recorder: Some(Arc::clone(&recorder)),
-                head: head.clone(),
-            };
             let path = parts.uri.path();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
-            guard.disarm();
             let (body, info, whole) = match read {
                 Ok(read) => read,
                 Err(e) => {
                     tracing::debug!(error = %e, "client request body failed");
-                    let err = ProxyError::RequestBody(e);
-                    metering::record_refusal(&recorder, head, &err);
-                    return Ok(err.to_response());
+                    let inner = Err(ProxyError::RequestBody(e));
+                    return Ok(Metered { meter, inner });
                 }
             };
-            let model = info.model.as_deref();
-            let slo = judged.then(|| classes.resolve(&parts.headers, parts.uri.path(), model));
-            let Head { tenant, ident, .. } = head;
-            parts.extensions.insert(Inspected {
-                arrived,
-                info,
-                slo,
-                tenant,
-                ident,
-            });
+            meter.send(&parts, info);
             if let Some(whole) = whole {
                 parts.extensions.insert(Replayable(whole));
             }
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
-            sent.await
+            let inner = sent.await;
+            Ok(Metered { meter, inner })
         })
-    }
-}
-
-/// Records, when dropped armed, a request whose client went away while its body was read.
-struct Unread {
-    recorder: Option<Arc<Recorder>>,
-    head: Head,
-}
-
-impl Unread {
-    fn disarm(mut self) {
-        self.recorder = None;
-    }
-}
-
-impl Drop for Unread {
-    fn drop(&mut self) {
-        if let Some(recorder) = self.recorder.take() {
-            metering::record_gone(&recorder, self.head.clone());
-        }
     }
 }
 
@@ -279,15 +219,16 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use std::collections::VecDeque;
 
     use http_body_util::Full;
-    use tower::{service_fn, ServiceExt};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
 
     use super::*;
-    use crate::metrics::{Metrics, MetricsConfig};
+    use crate::proxy::metering::MeteringLayer;
+    use crate::proxy::testing::{assert_has, metered, recorder, scrape};
 
     /// What the stub below the layer received.
     #[derive(Default)]
@@ -296,11 +237,6 @@ mod tests {
         content_length: Option<String>,
         info: Option<RequestInfo>,
         calls: usize,
-    }
-
-    fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
-        let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-        (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
     }
 
     /// Runs one request through `Inspect` over a stub that records what reached it.
@@ -323,16 +259,17 @@ mod tests {
                         .headers
                         .get(header::CONTENT_LENGTH)
                         .map(|v| v.to_str().expect("ascii").to_string());
-                    s.info = parts.extensions.get::<Inspected>().map(|i| i.info.clone());
-                    Ok::<_, Infallible>(Response::new(full(Bytes::from_static(b"ok"))))
+                    Ok::<_, ProxyError>(Response::new(full(Bytes::from_static(b"ok"))))
                 }
             })
         };
         let (_, rec) = recorder();
-        let svc = InspectLayer::new(rec, max, inject).layer(stub);
-        let resp = svc.oneshot(req).await.expect("infallible");
-        let seen = std::mem::take(&mut *seen.lock().expect("lock"));
-        (resp, seen)
+        let svc = InspectLayer::new(max, inject).layer(stub);
+        let answer = svc.oneshot(metered(&rec, req)).await.expect("infallible");
+        let mut seen = std::mem::take(&mut *seen.lock().expect("lock"));
+        // What the meter was sent with.
+        seen.info = answer.meter.request().cloned();
+        (answer.inner.expect("a response"), seen)
     }
 
     /// A body of one data frame with the error type the server's `Incoming` has.
@@ -395,10 +332,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_that_fails_is_refused_and_metered_once() {
         let (metrics, rec) = recorder();
-        let stub = service_fn(|_req: Request<ProxyBody>| async {
-            Ok::<_, Infallible>(Response::new(full(Bytes::new())))
-        });
-        let svc = InspectLayer::new(rec, 1024, false).layer(stub);
+        let svc = stack(rec);
         let frames: Vec<Result<Frame<Bytes>, hyper::Error>> = vec![Err(hyper_error().await)];
         let req = Request::post("/v1/chat/completions")
             .header(header::CONTENT_TYPE, "application/json")
@@ -406,18 +340,14 @@ mod tests {
             .expect("request");
         let resp = svc.oneshot(req).await.expect("infallible");
         assert_eq!(resp.status(), 400);
-        let text = String::from_utf8(metrics.render()).expect("utf8");
         let want = r#"tokenmeter_requests_total{api="unknown",code="400",model="unknown",outcome="bad_request"} 1"#;
-        assert!(text.contains(want), "missing {want} in\n{text}");
+        assert_has(&scrape(&metrics), want);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_client_gone_while_its_body_is_read_is_metered_once() {
         let (metrics, rec) = recorder();
-        let stub = service_fn(|_req: Request<ProxyBody>| async {
-            Ok::<_, Infallible>(Response::new(full(Bytes::new())))
-        });
-        let svc = InspectLayer::new(rec, 1024, false).layer(stub);
+        let svc = stack(rec);
         let req = Request::post("/v1/chat/completions")
             .header(header::CONTENT_TYPE, "application/json")
             .body(Silent)
@@ -425,10 +355,27 @@ mod tests {
         // What hyper does when the connection closes: the service future is dropped.
         let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), svc.oneshot(req));
         assert!(gave_up.await.is_err(), "the body never ends");
-        let text = String::from_utf8(metrics.render()).expect("utf8");
+        let text = scrape(&metrics);
         let want = r#"tokenmeter_requests_total{api="unknown",code="502",model="unknown",outcome="client_disconnect"} 1"#;
-        assert!(text.contains(want), "missing {want} in\n{text}");
+        assert_has(&text, want);
         assert!(!text.contains("bad_request"), "{text}");
+    }
+
+    /// Metering over inspection over a stub upstream that answers every request: a request
+    /// inspection refuses is recorded by the layer that records every request.
+    fn stack<B>(
+        rec: Arc<crate::meter::Recorder>,
+    ) -> impl Service<Request<B>, Response = Response<ProxyBody>, Error = Infallible>
+    where
+        B: Body<Data = Bytes, Error = hyper::Error> + Send + Sync + Unpin + 'static,
+    {
+        let stub = service_fn(|_req: Request<ProxyBody>| async {
+            Ok::<_, ProxyError>(Response::new(full(Bytes::new())))
+        });
+        ServiceBuilder::new()
+            .layer(MeteringLayer::new(rec, None))
+            .layer(InspectLayer::new(1024, false))
+            .service(stub)
     }
 
     /// A client body that never sends anything.

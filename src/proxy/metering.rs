@@ -1,23 +1,23 @@
-//! Metering: one [`Meter`] per request, started before the request goes upstream.
+//! Metering, the outermost layer: one [`Meter`] per request, received with its head.
 //!
-//! The meter's clock starts at the request head's arrival (noted by [`inspect`](super::inspect)),
-//! and the request enters the in-flight gauges as it is sent. Whatever the layers below return
-//! ends here:
-//! - an error ([`ProxyError`]): the meter finishes at once with the error's status and outcome,
-//!   and the client gets the error's JSON response;
-//! - a response head: the meter learns the status and content type, and the body is wrapped in a
-//!   [`TapBody`], which finishes the meter when the body ends, fails or is dropped. When
+//! The meter's clock starts when the request head arrives, here. The meter goes down the stack
+//! beside the request, as a [`Metered`] request; [`inspect`](super::inspect) sends it with what
+//! the body said, which puts the request in flight; it comes back up beside the response or
+//! the error. This file is where every request is recorded, exactly once, since the one meter
+//! ends in exactly one of three places:
+//! - an error ([`ProxyError`]) from any layer below (shed at the cap, a body that cannot be
+//!   read, no upstream, no head in time): the meter finishes at once with the error's status
+//!   and outcome, and the client gets the error's JSON response;
+//! - a response head: the meter learns the status and content type, and the body is wrapped in
+//!   a [`TapBody`], which finishes the meter when the body ends, fails or is dropped. When
 //!   `--inject-usage` asked for usage and the response is SSE, [`StripUsage`] wraps the tap, so
-//!   the meter still sees the usage chunk the client does not.
-//!
-//! - a `101 Switching Protocols` carrying both halves of an upgrade
-//!   ([`Pending`]): the meter leaves the in-flight gauges, a task joins
-//!   the two connections ([`crate::upgrade::join`]) while holding a place in the drain's count,
-//!   and the meter finishes with outcome `upgraded` when they close (or at the drain's deadline).
-//!
-//! [`record_refusal`] and [`record_gone`] are the only other places a request is recorded: for
-//! the requests [`inspect`](super::inspect) refuses, or whose client leaves, before a meter
-//! exists.
+//!   the meter still sees the usage chunk the client does not. A `101 Switching Protocols`
+//!   carrying both halves of an upgrade ([`Pending`]) is joined instead: the meter leaves the
+//!   in-flight gauges, a task joins the two connections ([`crate::upgrade::join`]) while
+//!   holding a place in the drain's count, and the meter finishes with outcome `upgraded` when
+//!   they close (or at the drain's deadline);
+//! - the meter's own drop, when hyper drops the request's future (the client went away before
+//!   the response head): outcome `client_disconnect`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -31,18 +31,14 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
-use super::inspect::Inspected;
 use super::upstream::Pending;
 use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
-use crate::context::Ident;
 use crate::drain::Drain;
 use crate::error::BoxError;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
-use crate::protocol::request::RequestInfo;
 use crate::read::{content_framing, Framing};
 use crate::record::Outcome;
-use crate::slo::Choice;
 use crate::tap::TapBody;
 use crate::upgrade::{self, UpgradeError};
 
@@ -61,57 +57,16 @@ pub struct Metering<S> {
     idle_timeout: Option<Duration>,
 }
 
-/// Records a request the proxy refused before it had a meter: status and outcome from `err`.
-pub fn record_refusal(recorder: &Arc<Recorder>, head: Head, err: &ProxyError) {
-    let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
-    meter.set_slo(head.slo);
-    meter.set_tenant(head.tenant);
-    meter.set_ident(head.ident);
-    finish_with_error(meter, err);
+/// A request with its meter beside it: the meter goes down the stack with the request and
+/// comes back up with its [`Answer`].
+pub struct Metered<T> {
+    pub meter: Meter,
+    pub inner: T,
 }
 
-/// Records a request whose client went away before the proxy had a meter for it (while its
-/// body was read): outcome `client_disconnect`, as for a client gone before the response head.
-pub fn record_gone(recorder: &Arc<Recorder>, head: Head) {
-    let mut meter = recorder.start_at(RequestInfo::default(), head.arrived);
-    meter.set_slo(head.slo);
-    meter.set_tenant(head.tenant);
-    meter.set_ident(head.ident);
-    meter.finish(Outcome::ClientDisconnect);
-}
-
-/// What the request head alone told about a request the proxy records before its body was
-/// read: when it arrived, its SLO class, its tenant.
-#[derive(Debug, Clone)]
-pub struct Head {
-    pub arrived: Instant,
-    pub slo: Option<Choice>,
-    pub tenant: Option<Arc<str>>,
-    /// Its method, path, request id and trace, when a request log or spans take them.
-    pub ident: Option<Arc<Ident>>,
-}
-
-impl Head {
-    /// What the head of a request says, as inspection and admission both learn it: its SLO
-    /// class from the headers and path (a POST only: inference is always one), its tenant.
-    pub fn of(recorder: &Recorder, parts: &http::request::Parts, arrived: Instant) -> Head {
-        let judged = parts.method == http::Method::POST;
-        Head {
-            arrived,
-            slo: judged.then(|| {
-                recorder
-                    .classes
-                    .resolve(&parts.headers, parts.uri.path(), None)
-            }),
-            // Once per request, from the head: the hot path only carries the value.
-            tenant: recorder.tenants.as_ref().map(|t| t.resolve(&parts.headers)),
-            ident: recorder.identify.as_ref().map(|i| {
-                let authority = parts.uri.authority().map(|a| a.as_str());
-                i.of_uri(&parts.method, parts.uri.path(), authority, &parts.headers)
-            }),
-        }
-    }
-}
+/// What comes back up to the metering layer: the response, or the error that ended the request
+/// (a refusal of the proxy's own or an upstream's failure), with the request's meter.
+pub type Answer<B> = Metered<Result<Response<B>, ProxyError>>;
 
 fn finish_with_error(mut meter: Meter, err: &ProxyError) {
     meter.set_status(err.status().as_u16());
@@ -144,13 +99,14 @@ impl<S> Layer<S> for MeteringLayer {
 
 // === impl Metering ===
 
-impl<S, B> Service<Request<ProxyBody>> for Metering<S>
+impl<S, R, B> Service<Request<R>> for Metering<S>
 where
-    S: Service<Request<ProxyBody>, Response = Response<B>, Error = ProxyError>
+    S: Service<Metered<Request<R>>, Response = Answer<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
-    S::Future: Send,
+    S::Future: Send + 'static,
+    R: 'static,
     B: Body<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
 {
@@ -159,53 +115,30 @@ where
     type Future = BoxFuture<Result<Response<ProxyBody>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // The layers below never refuse a request: readiness errors would be theirs to map.
-        match self.inner.poll_ready(cx) {
-            Poll::Ready(_) => Poll::Ready(Ok(())),
-            Poll::Pending => Poll::Pending,
-        }
+        self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
-        let Inspected {
-            arrived,
-            info,
-            slo,
-            tenant,
-            ident,
-        } = req
-            .extensions_mut()
-            .remove::<Inspected>()
-            .unwrap_or_else(|| Inspected {
-                arrived: Instant::now(),
-                info: RequestInfo::default(),
-                slo: Some(self.recorder.classes.default_choice()),
-                tenant: None,
-                ident: None,
-            });
-        let strip_usage = info.usage_injected;
+    fn call(&mut self, mut req: Request<R>) -> Self::Future {
+        // The client's wait starts when its request head has arrived, before its body.
+        let meter = self.recorder.receive(&req, Instant::now());
         // The client's path: the one the wire format is told by, before any base path.
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
         let drain = req.extensions().get::<Drain>().cloned();
-        let mut meter = self.recorder.start_at(info, arrived);
-        meter.set_slo(slo);
-        meter.set_route(&path);
-        meter.set_tenant(tenant);
         // tokenmeter's span is the upstream's parent: the engine's spans join the caller's
         // trace under it. Without a span of ours, the caller's header goes on unchanged.
-        if let Some(tp) = ident.as_ref().and_then(|i| i.trace.as_ref()?.traceparent()) {
+        if let Some(tp) = meter.traceparent() {
             if let Ok(v) = http::HeaderValue::from_str(&tp) {
                 req.headers_mut().insert("traceparent", v);
             }
         }
-        meter.set_ident(ident);
-        let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
+        let sent: BoxFuture<_> = Box::pin(self.inner.call(Metered { meter, inner: req }));
         Box::pin(async move {
-            match sent.await {
+            let Ok(Metered { meter, inner }) = sent.await;
+            match inner {
                 Ok(resp) => match resp.extensions().get::<Pending>().and_then(Pending::take) {
                     Some(halves) => Ok(join(resp, meter, halves, drain)),
-                    None => Ok(tap(resp, meter, &path, strip_usage, idle_timeout)),
+                    None => Ok(tap(resp, meter, &path, idle_timeout)),
                 },
                 Err(err) => {
                     finish_with_error(meter, &err);
@@ -269,7 +202,6 @@ fn tap<B>(
     resp: Response<B>,
     mut meter: Meter,
     path: &str,
-    strip_usage: bool,
     idle_timeout: Option<Duration>,
 ) -> Response<ProxyBody>
 where
@@ -284,7 +216,7 @@ where
         .is_some_and(|v| v.as_bytes() != b"identity");
     meter.on_response(parts.status.as_u16(), path, content_type, encoded);
     // The same test of "is this SSE" as the meter's framing (case-insensitive, parameters aside).
-    let strip_usage = strip_usage && content_framing(content_type) == Some(Framing::Sse);
+    let strip_usage = meter.usage_injected() && content_framing(content_type) == Some(Framing::Sse);
     let body = TapBody::new(body, meter, idle_timeout);
     if strip_usage {
         // The body loses the usage chunk: its length is no longer the upstream's.
@@ -300,45 +232,46 @@ mod tests {
     use tower::{service_fn, ServiceExt};
 
     use super::*;
-    use crate::metrics::{Metrics, MetricsConfig};
+    use crate::metrics::Metrics;
+    use crate::protocol::request::RequestInfo;
+    use crate::proxy::testing::{assert_has, recorder, scrape};
 
     const CONTENT: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
     const USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7,\"total_tokens\":12}}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
 
-    fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
-        let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-        (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
-    }
-
-    /// A request as inspection leaves it: model `m`, usage injected or not.
-    fn request(usage_injected: bool) -> Request<ProxyBody> {
-        let mut req = Request::post("/v1/chat/completions")
+    /// A streaming chat request.
+    fn request() -> Request<ProxyBody> {
+        Request::post("/v1/chat/completions")
             .body(super::super::full(Bytes::new()))
-            .expect("request");
-        req.extensions_mut().insert(Inspected {
-            arrived: Instant::now(),
-            info: RequestInfo {
-                model: Some("m".into()),
-                stream: true,
-                include_usage: false,
-                usage_injected,
-            },
-            slo: Some(crate::slo::Classes::default().default_choice()),
-            tenant: None,
-            ident: None,
-        });
-        req
+            .expect("request")
     }
 
-    /// Runs `req` over a stub upstream that answers `content_type` with `body`.
+    /// Sends the meter as inspection does, having read model `m`, usage injected or not.
+    fn send(req: &mut Metered<Request<ProxyBody>>, usage_injected: bool) {
+        let info = RequestInfo {
+            model: Some("m".into()),
+            stream: true,
+            include_usage: false,
+            usage_injected,
+        };
+        let (parts, _) = Request::post(req.inner.uri().clone())
+            .body(())
+            .expect("head")
+            .into_parts();
+        req.meter.send(&parts, info);
+    }
+
+    /// Runs a request over a stub stack below that sends it (model `m`, usage injected or
+    /// not) and answers `content_type` with `body`.
     async fn run(
-        req: Request<ProxyBody>,
+        usage_injected: bool,
         content_type: &'static str,
         body: String,
     ) -> (Arc<Metrics>, Response<ProxyBody>, Bytes) {
         let (metrics, rec) = recorder();
-        let stub = service_fn(move |_req: Request<ProxyBody>| {
+        let stub = service_fn(move |mut req: Metered<Request<ProxyBody>>| {
+            send(&mut req, usage_injected);
             let body = body.clone();
             async move {
                 let resp = Response::builder()
@@ -346,11 +279,15 @@ mod tests {
                     .header(header::CONTENT_LENGTH, body.len())
                     .body(Full::new(Bytes::from(body)))
                     .expect("response");
-                Ok::<_, ProxyError>(resp)
+                let inner = Ok(resp);
+                Ok::<_, Infallible>(Metered {
+                    meter: req.meter,
+                    inner,
+                })
             }
         });
         let svc = MeteringLayer::new(rec, None).layer(stub);
-        let resp = svc.oneshot(req).await.expect("infallible");
+        let resp = svc.oneshot(request()).await.expect("infallible");
         let (parts, body) = resp.into_parts();
         let bytes = body.collect().await.expect("body").to_bytes();
         (
@@ -360,21 +297,13 @@ mod tests {
         )
     }
 
-    fn scrape(metrics: &Metrics) -> String {
-        String::from_utf8(metrics.render()).expect("utf8")
-    }
-
-    fn assert_has(text: &str, line: &str) {
-        assert!(text.contains(line), "missing {line} in\n{text}");
-    }
-
     // Regression: the usage filter's SSE test was `starts_with("text/event-stream")`, so a
     // server that spelt its content type in capitals leaked the injected chunk to the client.
     #[tokio::test]
     async fn the_usage_chunk_is_stripped_whatever_the_content_type_case() {
         let stream = format!("{CONTENT}{USAGE}{DONE}");
         let ct = "Text/Event-Stream; charset=utf-8";
-        let (metrics, resp, body) = run(request(true), ct, stream).await;
+        let (metrics, resp, body) = run(true, ct, stream).await;
         assert_eq!(&body[..], format!("{CONTENT}{DONE}").as_bytes());
         assert!(resp.headers().get(header::CONTENT_LENGTH).is_none());
         // The meter read the chunk the client did not get.
@@ -389,20 +318,20 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_stripped_unless_usage_was_injected_into_sse() {
         let stream = format!("{CONTENT}{USAGE}{DONE}");
-        let (_, resp, body) = run(request(false), "text/event-stream", stream.clone()).await;
+        let (_, resp, body) = run(false, "text/event-stream", stream.clone()).await;
         assert_eq!(&body[..], stream.as_bytes());
         assert_eq!(
             resp.headers()[header::CONTENT_LENGTH],
             stream.len().to_string()
         );
-        let (_, _, body) = run(request(true), "application/x-ndjson", stream.clone()).await;
+        let (_, _, body) = run(true, "application/x-ndjson", stream.clone()).await;
         assert_eq!(&body[..], stream.as_bytes());
     }
 
     #[tokio::test]
     async fn a_complete_response_is_recorded_once() {
         let stream = format!("{CONTENT}{CONTENT}{DONE}");
-        let (metrics, resp, _) = run(request(false), "text/event-stream", stream).await;
+        let (metrics, resp, _) = run(false, "text/event-stream", stream).await;
         assert_eq!(resp.status(), 200);
         let text = scrape(&metrics);
         assert_has(
@@ -429,12 +358,19 @@ mod tests {
         for (err, code, outcome) in cases {
             let (metrics, rec) = recorder();
             let err = Arc::new(std::sync::Mutex::new(Some(err)));
-            let stub = service_fn(move |_req: Request<ProxyBody>| {
+            let stub = service_fn(move |mut req: Metered<Request<ProxyBody>>| {
+                send(&mut req, false);
                 let err = err.lock().expect("lock").take().expect("called once");
-                async move { Err::<Response<Full<Bytes>>, _>(err) }
+                let inner = Err::<Response<Full<Bytes>>, _>(err);
+                async move {
+                    Ok::<_, Infallible>(Metered {
+                        meter: req.meter,
+                        inner,
+                    })
+                }
             });
             let svc = MeteringLayer::new(rec, None).layer(stub);
-            let resp = svc.oneshot(request(false)).await.expect("infallible");
+            let resp = svc.oneshot(request()).await.expect("infallible");
             assert_eq!(resp.status(), code);
             assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
             let text = scrape(&metrics);

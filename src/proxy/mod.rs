@@ -2,17 +2,19 @@
 //!
 //! Read [`stack`] top to bottom to follow a request. Each layer is one file and one idea:
 //!
-//! 0. [`admission`]: a place under `--max-in-flight`, held until the response body ends; at the
+//! 0. [`metering`]: receives the request's [`Meter`](crate::meter::Meter) with its head. The
+//!    meter goes down the stack beside the request ([`metering::Metered`]) and comes back with
+//!    the response or the error; here every error becomes its JSON response and outcome, and a
+//!    response body is wrapped in the [`TapBody`](crate::tap::TapBody) (and, when usage was
+//!    injected into an SSE stream, in [`StripUsage`](crate::inject::StripUsage) outside it).
+//! 1. [`admission`]: a place under `--max-in-flight`, held until the response body ends; at the
 //!    cap the request is shed at once, before its body is read: 503 with `Retry-After`, outcome
 //!    `shed`, nothing sent upstream.
-//! 1. [`inspect`]: notes the request head's arrival, reads a JSON body up to
-//!    `--max-request-body` to learn the model (an inference server cannot start before it has the
-//!    whole body anyway, so this costs no latency), and applies `--inject-usage`'s request
-//!    rewrite. A body it cannot read is refused here: 400, outcome `bad_request`.
-//! 2. [`metering`]: starts the request's [`Meter`](crate::meter::Meter), turns every error from
-//!    below into its JSON response and outcome, and wraps a response body in the
-//!    [`TapBody`](crate::tap::TapBody) (and, when usage was injected into an SSE stream, in
-//!    [`StripUsage`](crate::inject::StripUsage) outside it).
+//! 2. [`inspect`]: reads a JSON body up to `--max-request-body` to learn the model (an inference
+//!    server cannot start before it has the whole body anyway, so this costs no latency),
+//!    applies `--inject-usage`'s request rewrite, and sends the meter with what it learnt: the
+//!    request is in flight from then on. A body it cannot read is refused: 400, outcome
+//!    `bad_request`.
 //! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
 //! 4. [`upstream`]: the pooled client over the `http://`/`https://` connector
 //!    ([`crate::tls::client`]). It rewrites the head for the upstream (origin, base path, HTTP
@@ -23,12 +25,11 @@
 //!    through hyper-util's client.
 //!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
-//! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: by
-//! [`admission`] when it sheds it, by [`inspect`] when it refuses the request before a meter
-//! exists, otherwise by the one
-//! [`Meter`](crate::meter::Meter) [`metering`] starts. The proxy never fails a request for a
-//! reason of its own other than those in [`ProxyError`], and never answers 400 for an upstream's
-//! failure.
+//! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: it has
+//! one meter from its head on, a value that moves down and back up the stack and ends in one of
+//! the three places [`metering`] names (an error, the tap, or its drop when the client left).
+//! The proxy never fails a request for a reason of its own other than those in [`ProxyError`],
+//! and never answers 400 for an upstream's failure.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -54,6 +55,8 @@ pub mod inspect;
 pub mod metering;
 pub mod pool;
 pub mod settings;
+#[cfg(test)]
+mod testing;
 pub mod timeout;
 pub mod upstream;
 
@@ -67,13 +70,9 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The whole request path, outermost layer first (what [`stack`] builds).
-pub type Proxy = admission::Admission<
-    inspect::Inspect<metering::Metering<timeout::Timeout<upstream::Upstream>>>,
+pub type Proxy = metering::Metering<
+    admission::Admission<inspect::Inspect<timeout::Timeout<upstream::Upstream>>>,
 >;
-
-/// The body of every response the proxy gives a client: it holds the request's place under
-/// `--max-in-flight` until it ends.
-pub type ClientBody = admission::Admitted<ProxyBody>;
 
 /// Builds the request path. It reads top to bottom, the order a request passes the layers.
 ///
@@ -87,17 +86,12 @@ pub fn stack(
     limiter: Arc<Limiter>,
 ) -> Proxy {
     ServiceBuilder::new()
-        .layer(admission::AdmissionLayer::new(
-            limiter,
-            Arc::clone(&recorder),
-            cfg.retry_after,
-        ))
+        .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
+        .layer(admission::AdmissionLayer::new(limiter, cfg.retry_after))
         .layer(inspect::InspectLayer::new(
-            Arc::clone(&recorder),
             cfg.max_request_body,
             cfg.inject_usage,
         ))
-        .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
         .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
         .service(upstream::Upstream::new(cfg, tls))
 }
