@@ -45,16 +45,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("record", &["context", "protocol", "slo"]),
     (
         "metrics",
-        &["capacity", "context", "gpus", "protocol", "record", "slo"],
+        &["capacity", "gpus", "protocol", "record", "slo"],
     ),
     (
         "reqlog",
         &["context", "metrics", "protocol", "ratelog", "record"],
     ),
-    (
-        "otlp",
-        &["context", "metrics", "protocol", "ratelog", "record"],
-    ),
+    ("otlp", &["context", "protocol", "ratelog", "record"]),
     ("tenant", &["host", "metrics"]),
     (
         "meter",

@@ -55,14 +55,11 @@ use self::labels::{tenanted, ModelLabels, ParseError};
 pub use self::labels::{Phase, NO_TENANT};
 pub use self::live::{InFlight, ModelMetrics};
 use self::otel::Otel;
-pub use self::rate::RateWindow;
-pub use self::vllm::FinishedReason;
+use self::rate::RateWindow;
 use self::vllm::Vllm;
 use crate::capacity::Capacity;
-pub use crate::context::Ident;
 use crate::gpus;
-pub use crate::protocol::timings::EngineTimings;
-pub use crate::protocol::{OutputKind, Stop, TokenSource};
+use crate::protocol::TokenSource;
 use crate::record::{Finished, Outcome};
 
 /// Histogram bucket boundaries, one set per kind of measure.

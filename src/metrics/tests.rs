@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::protocol::Api;
+use crate::protocol::{Api, Stop};
 use crate::record::tests::finished;
 use crate::record::{CachedInput, Outcome, ParseErrors, SloResult};
 use crate::slo::Verdict;

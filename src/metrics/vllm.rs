@@ -31,7 +31,8 @@ use prometheus::{
     Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::{counter, histogram, Buckets, Stop};
+use super::{counter, histogram, Buckets};
+use crate::protocol::Stop;
 use crate::record::{Finished, Outcome};
 
 /// The `engine` label's value: where vLLM names its engine index, we name ourselves.
