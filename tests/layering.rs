@@ -90,8 +90,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "tools",
         &[
-            "capacity", "config", "metrics", "protocol", "quantile", "read", "server", "signal",
-            "units",
+            "capacity", "config", "metrics", "protocol", "quantile", "read", "record", "server",
+            "signal", "units",
         ],
     ),
 ];

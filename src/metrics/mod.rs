@@ -42,7 +42,6 @@ mod vllm;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -60,7 +59,7 @@ use self::vllm::Vllm;
 use crate::capacity::Capacity;
 use crate::gpus;
 use crate::protocol::TokenSource;
-use crate::record::{Finished, Outcome};
+use crate::record::Finished;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -630,37 +629,6 @@ impl Metrics {
     /// Records one finished request: every end-of-request family, once.
     pub fn record(&self, f: &Finished) {
         recording::observe(self, f);
-    }
-
-    /// Request counts summed over every label but `outcome`: (all, complete). For the demo's
-    /// closing line.
-    pub fn request_totals(&self) -> (u64, u64) {
-        let mut all = 0;
-        let mut complete = 0;
-        for mf in self.requests.collect() {
-            for m in mf.get_metric() {
-                let n = m.get_counter().get_value() as u64;
-                all += n;
-                let ok = m
-                    .get_label()
-                    .iter()
-                    .any(|l| l.name() == "outcome" && l.value() == Outcome::Complete.as_str());
-                if ok {
-                    complete += n;
-                }
-            }
-        }
-        (all, complete)
-    }
-
-    /// Output tokens summed over every model. For the demo's closing line.
-    pub fn output_tokens_total(&self) -> u64 {
-        self.output_tokens_total
-            .collect()
-            .iter()
-            .flat_map(|mf| mf.get_metric())
-            .map(|m| m.get_counter().get_value() as u64)
-            .sum()
     }
 
     /// Refreshes the windowed gauges and the capacity answers, and gathers every family. `render` encodes exactly this,

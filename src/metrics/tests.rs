@@ -76,7 +76,11 @@ fn a_request_no_parser_read_counts_but_has_no_token_metrics() {
     assert_eq!(sum(&text, "tokenmeter_request_duration_seconds_count"), 1.0);
     assert_eq!(sum(&text, "tokenmeter_output_tokens_total"), 0.0);
     assert_eq!(sum(&text, "tokenmeter_token_count_source_total"), 0.0);
-    assert_eq!(m.request_totals(), (1, 0));
+    assert_eq!(sum(&text, "tokenmeter_requests_total"), 1.0);
+    assert_eq!(
+        sum(&text, "tokenmeter_requests_total{outcome=\"complete\"}"),
+        0.0
+    );
 }
 
 #[test]
