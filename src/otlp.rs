@@ -23,8 +23,7 @@ use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
 use crate::context::Sampler;
-use crate::metrics::OutputKind;
-use crate::protocol::Api;
+use crate::protocol::{Api, OutputKind};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::record::{Finished, Outcome, Sink};
 

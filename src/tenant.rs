@@ -34,8 +34,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::HeaderMap;
 
 use crate::host::Host;
-use crate::metrics::Capped;
-pub use crate::metrics::{NO_TENANT, OTHER};
+use crate::metrics::{Capped, NO_TENANT, OTHER};
 
 /// Longest tenant name kept. A tenant id, an organisation slug or a UUID (36) fits; a longer
 /// value is more likely a token pasted into the wrong header than a name, and label values

@@ -45,16 +45,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("record", &["context", "protocol", "slo"]),
     (
         "metrics",
-        &["capacity", "context", "gpus", "protocol", "record", "slo"],
+        &["capacity", "gpus", "protocol", "record", "slo"],
     ),
     (
         "reqlog",
         &["context", "metrics", "protocol", "ratelog", "record"],
     ),
-    (
-        "otlp",
-        &["context", "metrics", "protocol", "ratelog", "record"],
-    ),
+    ("otlp", &["context", "protocol", "ratelog", "record"]),
     ("tenant", &["host", "metrics"]),
     (
         "meter",
@@ -93,8 +90,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "tools",
         &[
-            "capacity", "config", "metrics", "protocol", "quantile", "read", "server", "signal",
-            "units",
+            "capacity", "config", "metrics", "protocol", "quantile", "read", "record", "server",
+            "signal", "units",
         ],
     ),
 ];

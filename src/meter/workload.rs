@@ -45,8 +45,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::metrics::EngineTimings;
-    use crate::protocol::timings::TimingSource;
+    use crate::protocol::timings::{EngineTimings, TimingSource};
     use crate::record::tests::finished;
     use crate::record::CachedInput;
 

@@ -3,54 +3,63 @@
 //! This is the only module that names a metric: its own names once each in [`names`], which
 //! the page and the load generator read the exposition by. The families are private fields of a
 //! [`Metrics`] struct built around its own [`Registry`] (never a global), so every test can build
-//! a fresh one. Callers go through one door: [`Metrics::record`] takes the [`Finished`] record of
-//! a request when it ends, [`Metrics::model`] resolves the per-model handles a request observes
-//! while it streams (once per request), and [`Metrics::in_flight`] and [`Metrics::tokens`] move
-//! the live gauges; the live capacity model is the server's, which the meter feeds, and
-//! [`Metrics::export_capacity`] makes its answers ([`capacity`]) families refreshed when the
-//! exposition is rendered. No caller passes a label value by position.
+//! a fresh one; this file registers them and holds the whole of `Metrics`' public API, each door
+//! a few lines into the file of its concept. No caller passes a label value by position:
+//! [`Metrics::record`] takes the [`Finished`] record of a request when it ends,
+//! [`Metrics::model`] and [`Metrics::in_flight`] resolve the handles a request moves while it
+//! streams (once per request), and [`Metrics::tokens`] feeds the aggregate rate; the live
+//! capacity model is the server's, which the meter feeds, and [`Metrics::export_capacity`] makes
+//! its answers ([`capacity`]) families refreshed when the exposition is rendered.
 //!
-//! Label values come from closed enums ([`Outcome`], [`Phase`], [`TokenSource`], [`ParseError`],
-//! [`Api`]), from [`concurrency_band`](crate::record::concurrency_band), from HTTP status
-//! codes, or from [`ModelLabels`], which admits at most `--max-models` distinct model names and
-//! folds the rest into `other` (through [`Capped`], which bounds the `tenant` label too). With [`MetricsConfig::tenant`] the families
-//! that say who used what carry a `tenant` label after their own ([`TENANT_LABEL`]); without it
-//! the label does not exist. This
-//! module knows `protocol`'s label enums and nothing else of the request path: the meter builds
-//! the [`Finished`] record defined here.
+//! One idea per file beside this one:
+//! - `labels.rs`, the label policy: every label value comes from a closed enum (its own
+//!   [`Phase`] and parse-error reason, `protocol`'s, `record`'s and `slo`'s), a fixed band, a
+//!   status code, or a bounded set: model names admit at most `--max-models` values and fold the
+//!   rest into `other` (through [`Capped`], which bounds the `tenant` label too). With
+//!   [`MetricsConfig::tenant`] the families that say who used what carry a `tenant` label after
+//!   their own; without it the label does not exist.
+//! - `live.rs`: [`ModelMetrics`] and [`InFlight`], the per-event handles (allocation-free).
+//! - `recording.rs`: one finished request's record turned into its observations, once;
+//!   `goodput.rs`, the rule for which requests count as goodput.
+//! - `capped.rs`, `rate.rs` (the aggregate tokens/s window), `engine.rs` (the parts of TTFT the
+//!   engines state), and the other naming schemes, `vllm.rs` and [`otel`] (`--compat`).
+//!
+//! It knows `protocol`'s label enums, `slo`'s verdict and `gpus`' source, and reads the
+//! `record` the meter builds; nothing else of the request path.
 
 pub mod capacity;
 mod capped;
 mod engine;
+mod goodput;
+mod labels;
+mod live;
 pub mod names;
 pub mod otel;
 mod rate;
+mod recording;
 mod vllm;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use self::capped::{Capped, OTHER};
 use self::engine::EngineMetrics;
+use self::labels::{tenanted, ModelLabels, ParseError};
+pub use self::labels::{Phase, NO_TENANT};
+pub use self::live::{InFlight, ModelMetrics};
 use self::otel::Otel;
-pub use self::rate::RateWindow;
-pub use self::vllm::FinishedReason;
-use self::vllm::{Vllm, VllmInFlight, VllmLive};
+use self::rate::RateWindow;
+use self::vllm::Vllm;
 use crate::capacity::Capacity;
-pub use crate::context::Ident;
 use crate::gpus;
-pub use crate::protocol::timings::EngineTimings;
-use crate::protocol::Api;
-pub use crate::protocol::{OutputKind, Stop, TokenSource};
-use crate::record::{Finished, Outcome};
-use crate::slo::Verdict;
+use crate::protocol::TokenSource;
+use crate::record::Finished;
 
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -140,210 +149,6 @@ impl Buckets {
             ("per_event", &self.per_event),
             ("stall", &self.stall),
         ]
-    }
-}
-
-/// Where a request is: the `phase` label of `tokenmeter_requests_in_flight`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Sent upstream, no token yet.
-    Prefill,
-    /// Tokens are streaming.
-    Decode,
-}
-
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Prefill => "prefill",
-            Phase::Decode => "decode",
-        }
-    }
-}
-
-/// Why part of a body could not be parsed: the `reason` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ParseError {
-    /// A line longer than `--max-line-bytes`: forwarded untouched, not parsed.
-    LineTooLong,
-    /// An event whose payload was not the JSON its format promises.
-    InvalidJson,
-    /// A compressed body (`Content-Encoding`), forwarded untouched, not parsed.
-    ContentEncoding,
-}
-
-impl ParseError {
-    /// Every variant, in exposition order.
-    pub const ALL: [ParseError; 3] = [
-        ParseError::LineTooLong,
-        ParseError::InvalidJson,
-        ParseError::ContentEncoding,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ParseError::LineTooLong => "line_too_long",
-            ParseError::InvalidJson => "invalid_json",
-            ParseError::ContentEncoding => "content_encoding",
-        }
-    }
-}
-
-/// The band of a request's prompt length: the `prompt` label of
-/// `tokenmeter_time_to_first_token_seconds` (TTFT is prefill, and prefill grows with the prompt).
-/// `None` (the stream reported no prompt count) is `unknown`. The bands are fixed: at most seven
-/// values per model.
-pub fn prompt_band(input_tokens: Option<u64>) -> &'static str {
-    const BANDS: [(u64, &str); 5] = [
-        (256, "1-256"),
-        (1024, "257-1k"),
-        (4096, "1k-4k"),
-        (16384, "4k-16k"),
-        (65536, "16k-64k"),
-    ];
-    let Some(n) = input_tokens else {
-        return "unknown";
-    };
-    BANDS
-        .iter()
-        .find(|(upper, _)| n <= *upper)
-        .map_or("64k+", |(_, band)| band)
-}
-
-/// Admits at most `max` distinct model names as label values ([`Capped`]); the rest become
-/// `other`.
-#[derive(Debug)]
-pub struct ModelLabels {
-    capped: Capped,
-}
-
-/// Longest model name kept as a label value; longer ones are cut (at a character boundary).
-const MAX_MODEL_LABEL_LEN: usize = 128;
-
-impl ModelLabels {
-    pub fn new(max: usize) -> Self {
-        ModelLabels {
-            capped: Capped::new("model", max, []),
-        }
-    }
-
-    /// The label value for a model name (`unknown` when there is none).
-    pub fn label(&self, model: Option<&str>) -> String {
-        let Some(raw) = model else {
-            return "unknown".to_string();
-        };
-        let clean: String = raw
-            .trim()
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(MAX_MODEL_LABEL_LEN)
-            .collect();
-        if clean.is_empty() {
-            return "unknown".to_string();
-        }
-        match self.capped.admit(&clean) {
-            Some(_) => clean,
-            None => OTHER.to_string(),
-        }
-    }
-}
-
-/// The per-model families a request observes while it streams, resolved once per request.
-#[derive(Clone)]
-pub struct ModelMetrics {
-    label: String,
-    /// The `tenant` label value, when the label exists.
-    tenant: Option<Arc<str>>,
-    /// By `model` and `prompt` (and `tenant`): resolved once, when the band is known (see
-    /// `first_token`).
-    ttft: HistogramVec,
-    itl: Histogram,
-    vllm: Option<VllmLive>,
-    per_event: Histogram,
-    output_total: IntCounter,
-}
-
-impl ModelMetrics {
-    /// The `model` label value these handles carry.
-    pub fn label(&self) -> &str {
-        &self.label
-    }
-
-    /// The first token came `since_arrival` after the request arrived, and the prompt had
-    /// `input_tokens` (`None`: unknown). The meter calls it once per request, as soon as the
-    /// prompt count is known (or at the end, when it never is).
-    pub fn first_token(&self, since_arrival: Duration, input_tokens: Option<u64>) {
-        let values = [self.label.as_str(), prompt_band(input_tokens)];
-        child(&self.ttft, &values, self.tenant.as_deref()).observe(since_arrival.as_secs_f64());
-        if let Some(v) = &self.vllm {
-            v.ttft.observe(since_arrival.as_secs_f64());
-        }
-    }
-
-    /// A token-bearing event carried `tokens` tokens: counted in the output total at once (so
-    /// `rate()` moves while a long stream runs), and in `vllm:generation_tokens_total` with
-    /// `--compat vllm`, and observed in the tokens-per-event histogram. Lock-free: atomic
-    /// updates on handles resolved once per request.
-    pub fn event(&self, tokens: u32) {
-        self.output_total.inc_by(u64::from(tokens));
-        self.per_event.observe(f64::from(tokens));
-        if let Some(v) = &self.vllm {
-            // vLLM counts generation tokens at every engine step, not when a request ends.
-            v.generation.inc_by(u64::from(tokens));
-        }
-    }
-
-    /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
-    /// is spread over its tokens and observed once per token.
-    pub fn inter_token(&self, gap: Duration, tokens: u32) {
-        let per_token = gap.as_secs_f64() / f64::from(tokens);
-        for _ in 0..tokens {
-            self.itl.observe(per_token);
-        }
-        if let Some(v) = &self.vllm {
-            // vLLM observes once per engine step that produced tokens: one per event here.
-            if tokens > 0 {
-                v.itl.observe(gap.as_secs_f64());
-            }
-        }
-    }
-}
-
-/// One request's place in the in-flight gauges, resolved when it starts: it leaves exactly the
-/// gauges it entered. The vLLM ones carry a model: waiting under the one the request named,
-/// running under the one the stream named ([`InFlight::decoding`]).
-#[derive(Clone)]
-pub struct InFlight {
-    prefill: IntGauge,
-    decode: IntGauge,
-    vllm: Option<VllmInFlight>,
-}
-
-impl InFlight {
-    /// The request's first token came: it will decode under `model`'s gauges. Call before
-    /// moving it into [`Phase::Decode`].
-    pub fn decoding(&mut self, model: &ModelMetrics) {
-        if let (Some(v), Some(live)) = (&mut self.vllm, &model.vllm) {
-            v.running = live.running.clone();
-        }
-    }
-
-    /// Moves the request into (`delta` 1) or out of (-1) a phase.
-    pub fn add(&self, phase: Phase, delta: i64) {
-        match phase {
-            Phase::Prefill => {
-                self.prefill.add(delta);
-                if let Some(v) = &self.vllm {
-                    v.waiting.add(delta);
-                }
-            }
-            Phase::Decode => {
-                self.decode.add(delta);
-                if let Some(v) = &self.vllm {
-                    v.running.add(delta);
-                }
-            }
-        }
     }
 }
 
@@ -773,7 +578,8 @@ impl Metrics {
         self.connections_refused.inc();
     }
 
-    /// The `model` label value for a model name (bounded: see [`ModelLabels`]).
+    /// The `model` label value for a model name: at most `--max-models` distinct names, the
+    /// rest `other`, none `unknown` (the label policy's `ModelLabels`).
     pub fn model_label(&self, model: Option<&str>) -> String {
         self.models.label(model)
     }
@@ -781,31 +587,13 @@ impl Metrics {
     /// The per-model handles for one request's live observations, for the request's `tenant`
     /// (ignored unless the label exists).
     pub fn model(&self, label: String, tenant: Option<&Arc<str>>) -> ModelMetrics {
-        let tenant = self
-            .tenant
-            .then(|| tenant.map_or_else(|| Arc::from(NO_TENANT), Arc::clone));
-        ModelMetrics {
-            ttft: self.ttft.clone(),
-            itl: self.itl.with_label_values(&[&label]),
-            vllm: self.vllm.as_ref().map(|v| v.live(&label)),
-            per_event: self.tokens_per_event.with_label_values(&[&label]),
-            output_total: child(&self.output_tokens_total, &[&label], tenant.as_deref()),
-            label,
-            tenant,
-        }
+        ModelMetrics::resolve(self, label, tenant)
     }
 
     /// The in-flight gauges of a request that names `model` (resolved only when a compat
     /// scheme labels them by model).
     pub fn in_flight(&self, model: Option<&str>) -> InFlight {
-        InFlight {
-            prefill: self.in_flight.with_label_values(&[Phase::Prefill.as_str()]),
-            decode: self.in_flight.with_label_values(&[Phase::Decode.as_str()]),
-            vllm: self
-                .vllm
-                .as_ref()
-                .map(|v| v.in_flight(&self.model_label(model))),
-        }
+        InFlight::resolve(self, model)
     }
 
     /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
@@ -840,144 +628,7 @@ impl Metrics {
 
     /// Records one finished request: every end-of-request family, once.
     pub fn record(&self, f: &Finished) {
-        let model = f.model.as_str();
-        let code = f.code.to_string();
-        let tenant = self.tenant_value(f);
-        let values = [model, &code, f.outcome.as_str(), f.api.as_str()];
-        child(&self.requests, &values, tenant).inc();
-        let e = &f.parse_errors;
-        self.parse_error(ParseError::InvalidJson, e.invalid_json);
-        self.parse_error(ParseError::LineTooLong, e.line_too_long);
-        self.parse_error(ParseError::ContentEncoding, e.content_encoding);
-        if let Some(slo) = &f.slo {
-            let values = [&*slo.class, model, slo.band, slo.verdict.as_str()];
-            child(&self.slo_requests, &values, tenant).inc();
-            // Every request that met its targets has a goodput series, 0 tokens or more, so
-            // goodput is never absent where requests were met.
-            if slo.verdict == Verdict::Met {
-                let good = if f.api == Api::Unknown {
-                    0
-                } else {
-                    f.output_tokens
-                };
-                child(&self.goodput_tokens, &[&slo.class, model], tenant).inc_by(good);
-            }
-        }
-        self.duration
-            .with_label_values(&[model])
-            .observe(f.duration.as_secs_f64());
-        if let Some(fb) = f.first_byte {
-            self.ttfb
-                .with_label_values(&[model])
-                .observe(fb.as_secs_f64());
-        }
-        if let Some(o) = &self.otel {
-            // "If available": an empty value, which Prometheus reads as no label.
-            let requested = match &f.request_model {
-                Some(name) => self.models.label(Some(name)),
-                None => String::new(),
-            };
-            o.record(f, &requested);
-        }
-        if f.api == Api::Unknown {
-            return;
-        }
-        if let Some(v) = &self.vllm {
-            v.record(f);
-        }
-        self.engine.record(f);
-        let output = f.output_tokens;
-        self.token_source
-            .with_label_values(&[f.token_source.as_str()])
-            .inc();
-        // Tokens already counted as they streamed stay; the final count settles the rest.
-        child(&self.output_tokens_total, &[model], tenant)
-            .inc_by(output.saturating_sub(f.streamed_tokens));
-        self.output_tokens
-            .with_label_values(&[model])
-            .observe(output as f64);
-        if let Some(input) = f.input_tokens {
-            child(&self.input_tokens_total, &[model], tenant).inc_by(input);
-            self.input_tokens
-                .with_label_values(&[model])
-                .observe(input as f64);
-        }
-        if let Some(r) = f.reasoning_tokens {
-            child(&self.reasoning_tokens_total, &[model], tenant).inc_by(r);
-        }
-        for (kind, n) in [
-            ("read", f.cached_input.read),
-            ("write", f.cached_input.write),
-        ] {
-            if let Some(n) = n {
-                child(&self.cached_input_tokens_total, &[model, kind], tenant).inc_by(n);
-            }
-        }
-        for (kind, at) in OutputKind::ALL.iter().zip(f.first_output) {
-            if let Some(at) = at {
-                self.first_output
-                    .with_label_values(&[model, kind.as_str()])
-                    .observe(at.as_secs_f64());
-            }
-        }
-        if let Some(stall) = f.max_stall {
-            self.max_stall
-                .with_label_values(&[model])
-                .observe(stall.as_secs_f64());
-        }
-        let decode = f.decode_time().map_or(0.0, |d| d.as_secs_f64());
-        if output >= 2 && decode > 0.0 {
-            self.tpot
-                .with_label_values(&[model])
-                .observe(decode / (output - 1) as f64);
-            child(&self.request_tps, &[model, f.band()], tenant)
-                .observe((output - 1) as f64 / decode);
-        }
-    }
-
-    /// Request counts summed over every label but `outcome`: (all, complete). For the demo's
-    /// closing line.
-    pub fn request_totals(&self) -> (u64, u64) {
-        let mut all = 0;
-        let mut complete = 0;
-        for mf in self.requests.collect() {
-            for m in mf.get_metric() {
-                let n = m.get_counter().get_value() as u64;
-                all += n;
-                let ok = m
-                    .get_label()
-                    .iter()
-                    .any(|l| l.name() == "outcome" && l.value() == Outcome::Complete.as_str());
-                if ok {
-                    complete += n;
-                }
-            }
-        }
-        (all, complete)
-    }
-
-    /// Output tokens summed over every model. For the demo's closing line.
-    pub fn output_tokens_total(&self) -> u64 {
-        self.output_tokens_total
-            .collect()
-            .iter()
-            .flat_map(|mf| mf.get_metric())
-            .map(|m| m.get_counter().get_value() as u64)
-            .sum()
-    }
-
-    /// The `tenant` label value of a finished request, when the label exists.
-    fn tenant_value<'a>(&self, f: &'a Finished) -> Option<&'a str> {
-        self.tenant
-            .then(|| f.tenant.as_deref().unwrap_or(NO_TENANT))
-    }
-
-    fn parse_error(&self, reason: ParseError, n: u64) {
-        if n > 0 {
-            self.parse_errors
-                .with_label_values(&[reason.as_str()])
-                .inc_by(n);
-        }
+        recording::observe(self, f);
     }
 
     /// Refreshes the windowed gauges and the capacity answers, and gathers every family. `render` encodes exactly this,
@@ -1006,39 +657,6 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.gather(), &mut out);
         out
     }
-}
-
-// --- the tenant label (--tenant-header, --tenant-from-key) ---
-
-/// The label the tenant is exported under, after a family's own labels.
-pub const TENANT_LABEL: &str = "tenant";
-
-/// The tenant of a request that named none (no header, no key).
-pub const NO_TENANT: &str = "none";
-
-/// Most labels a family carries before `tenant` (`tokenmeter_requests_total` has four).
-const MAX_OWN_LABELS: usize = 5;
-
-/// A family's label names, with `tenant` last when the label is on.
-fn tenanted(names: &[&'static str], on: bool) -> Vec<&'static str> {
-    let mut v = names.to_vec();
-    if on {
-        v.push(TENANT_LABEL);
-    }
-    v
-}
-
-/// The child of `vec` for `values`, and `tenant` after them when it is `Some`: what a family
-/// registered through [`tenanted`] takes. No allocation: the values are gathered on the stack.
-fn child<T: MetricVecBuilder>(vec: &MetricVec<T>, values: &[&str], tenant: Option<&str>) -> T::M {
-    let Some(tenant) = tenant else {
-        return vec.with_label_values(values);
-    };
-    let mut all = [""; MAX_OWN_LABELS + 1];
-    let n = values.len().min(MAX_OWN_LABELS);
-    all[..n].copy_from_slice(&values[..n]);
-    all[n] = tenant;
-    vec.with_label_values(&all[..=n])
 }
 
 #[cfg(test)]

@@ -31,7 +31,8 @@ use prometheus::{
     Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use super::{counter, histogram, Buckets, Stop};
+use super::{counter, histogram, Buckets};
+use crate::protocol::Stop;
 use crate::record::{Finished, Outcome};
 
 /// The `engine` label's value: where vLLM names its engine index, we name ourselves.
@@ -281,6 +282,37 @@ impl Vllm {
                 0.0
             };
             self.tpot.with_label_values(&l).observe(tpot);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_finished_reason_follows_the_stream_then_the_outcome() {
+        use FinishedReason as R;
+        let cases = [
+            (Outcome::Complete, None, Some(R::Stop)),
+            (Outcome::Complete, Some(Stop::Stop), Some(R::Stop)),
+            (Outcome::Complete, Some(Stop::Length), Some(R::Length)),
+            (
+                Outcome::ClientDisconnect,
+                Some(Stop::Length),
+                Some(R::Abort),
+            ),
+            (Outcome::Timeout, None, Some(R::Abort)),
+            (Outcome::UpstreamError, None, Some(R::Error)),
+            (Outcome::BadRequest, None, None),
+            (Outcome::Upgraded, None, None),
+        ];
+        for (outcome, stop, want) in cases {
+            assert_eq!(
+                FinishedReason::of(outcome, stop),
+                want,
+                "{outcome:?} {stop:?}"
+            );
         }
     }
 }

@@ -26,12 +26,14 @@ use tokio::sync::oneshot;
 
 use crate::capacity::Report;
 use crate::config::{ConfigError, ProxyArgs};
-use crate::metrics::Metrics;
+use crate::metrics::{names, Metrics};
+use crate::record::Outcome;
 use crate::server::{Server, ServerError};
 use crate::tools::bench::client::{Client, Sample};
 use crate::tools::bench::load::{Driver, Ramp, RampCounts};
 use crate::tools::bench::prompt::{Endpoint, RequestBuilder};
 use crate::tools::bench::stats::Percentiles;
+use crate::tools::exposition::Scrape;
 use crate::tools::sim::text::{Lengths, Rng};
 use crate::tools::sim::{Model, Sim, SimConfig, SimError};
 use crate::units::parse_duration;
@@ -497,8 +499,15 @@ fn summary(client: &RampCounts, metrics: &Metrics) {
         "The clients sent {started} requests ({completed} complete, {errors} failed, {cut} cut off) and received {} output tokens.",
         n(&client.tokens)
     );
-    let tokens = metrics.output_tokens_total();
-    let (all, complete) = metrics.request_totals();
+    // Read back from the exposition, as Prometheus would: the demo shows what a scrape says.
+    let scrape = Scrape::parse(&String::from_utf8_lossy(&metrics.render()));
+    let count = |name: &str, labels: &[(&str, &str)]| scrape.sum(name, labels) as u64;
+    let tokens = count(names::OUTPUT_TOKENS_TOTAL, &[]);
+    let all = count(names::REQUESTS_TOTAL, &[]);
+    let complete = count(
+        names::REQUESTS_TOTAL,
+        &[("outcome", Outcome::Complete.as_str())],
+    );
     println!(
         "tokenmeter counted {all} requests ({complete} complete) and {tokens} output tokens (tokenmeter_output_tokens_total)."
     );
