@@ -18,6 +18,11 @@
 //! the usage chunk, and only until that event ends or shows it is not (a `"delta":`, `"text":` or
 //! `"index":` key, which only choices have): content chunks are never delayed past their own last
 //! byte. Everything but a usage-only event is forwarded unchanged, in order.
+//!
+//! Where an event ends is not decided here: the filter cuts the stream by the spans of
+//! [`read::sse::frame`](crate::read::sse::frame), the framer the meter's SSE decoder reads its
+//! lines by, and reads a held event's data through the same field rules. It only decides
+//! whether a whole event is the usage chunk.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -32,6 +37,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::protocol::{detect, Api};
+use crate::read::sse::{self, frame::Framer, frame::Segment};
 
 /// The longest event the filter holds back. A usage chunk is well under 1 KiB; an event longer
 /// than this is not one, and is forwarded as it comes.
@@ -103,14 +109,14 @@ fn has_choice_key(bytes: &[u8]) -> bool {
 }
 
 /// True when an event's data is the usage-only chunk: `choices` present and empty, `usage` set.
+/// `event` is the bytes of one whole event, its fields read by the decoder's rules (a BOM that
+/// begins the stream is read as text here: an event right after it is never removed).
 fn is_usage_only(event: &[u8]) -> bool {
     let mut data = Vec::new();
-    for line in event.split(|&b| b == b'\n' || b == b'\r') {
-        if let Some(v) = line.strip_prefix(b"data:") {
-            data.extend_from_slice(v.strip_prefix(b" ").unwrap_or(v));
-            data.push(b'\n');
-        }
-    }
+    sse::data_fields(event, |value| {
+        data.extend_from_slice(value);
+        data.push(b'\n');
+    });
     #[derive(Deserialize)]
     struct Chunk {
         choices: Option<Vec<IgnoredAny>>,
@@ -129,7 +135,7 @@ enum Mode {
     Passing,
 }
 
-/// Who owns an LF that follows a CR (a CRLF split across frames).
+/// Where an LF that follows a CR goes: where its line's terminator went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LfOwner {
     /// The CR ended a line inside the current event.
@@ -143,26 +149,26 @@ enum LfOwner {
 /// A sans-IO filter over an SSE byte stream that removes usage-only events.
 #[derive(Debug)]
 pub struct UsageFilter {
+    /// Where events end: the meter's decoder's own framer, so both cut the stream alike.
+    framer: Framer,
     mode: Mode,
     /// Bytes of the current event carried over from earlier pieces (held back).
     held: Vec<u8>,
     /// `held[..scanned]` has been searched for choice keys.
     scanned: usize,
-    /// Nothing but the terminator has been seen on the current line.
-    line_empty: bool,
-    /// The previous byte was a CR, whose LF may follow.
-    after_cr: Option<LfOwner>,
+    /// Where the last line's terminator went, for the LF of a CRLF split across pieces.
+    lf: LfOwner,
     removed: u64,
 }
 
 impl Default for UsageFilter {
     fn default() -> Self {
         UsageFilter {
+            framer: Framer::default(),
             mode: Mode::Holding,
             held: Vec::new(),
             scanned: 0,
-            line_empty: true,
-            after_cr: None,
+            lf: LfOwner::Current,
             removed: 0,
         }
     }
@@ -260,43 +266,29 @@ impl UsageFilter {
     pub fn feed_bytes(&mut self, piece: &Bytes) -> Bytes {
         let mut out = Out::new(piece);
         let mut hold = Hold::default();
-        let n = piece.len();
-        let mut i = 0;
-        while i < n {
-            if let Some(owner) = self.after_cr.take() {
-                if piece[i] == b'\n' {
-                    match owner {
-                        LfOwner::Current => self.push(i, i + 1, piece, &mut hold, &mut out),
-                        LfOwner::Forwarded => out.slice(i, i + 1),
-                        LfOwner::Removed => {}
-                    }
-                    i += 1;
-                    continue;
+        let mut framer = self.framer;
+        framer.feed(piece, |segment| match segment {
+            Segment::Bom(run) | Segment::Partial(run) => {
+                self.push(run.start, run.end, piece, &mut hold, &mut out)
+            }
+            Segment::NotBom(_) => {}
+            Segment::Lf(at) => self.lf(at, piece, &mut hold, &mut out),
+            Segment::Line { text, end, blank } => {
+                // The line and the first byte of its terminator; whether an event ended is
+                // decided before the LF of a CRLF, which then follows its CR.
+                let first = text.end + 1;
+                self.push(text.start, first, piece, &mut hold, &mut out);
+                self.lf = if blank {
+                    self.end_event(piece, &mut hold, &mut out)
+                } else {
+                    LfOwner::Current
+                };
+                if end > first {
+                    self.lf(first, piece, &mut hold, &mut out);
                 }
             }
-            // The bytes up to the next line terminator, in one go.
-            let end = memchr::memchr2(b'\n', b'\r', &piece[i..]).map_or(n, |k| i + k);
-            if end > i {
-                self.push(i, end, piece, &mut hold, &mut out);
-                self.line_empty = false;
-                i = end;
-                if i == n {
-                    break;
-                }
-            }
-            let b = piece[i];
-            self.push(i, i + 1, piece, &mut hold, &mut out);
-            let owner = if self.line_empty {
-                self.end_event(piece, &mut hold, &mut out)
-            } else {
-                self.line_empty = true;
-                LfOwner::Current
-            };
-            if b == b'\r' {
-                self.after_cr = Some(owner);
-            }
-            i += 1;
-        }
+        });
+        self.framer = framer;
         self.release_if_content(piece, hold, &mut out);
         out.finish()
     }
@@ -306,6 +298,15 @@ impl UsageFilter {
         self.mode = Mode::Holding;
         self.scanned = 0;
         Bytes::from(std::mem::take(&mut self.held))
+    }
+
+    /// Sends the LF at `piece[at]` where its CR went.
+    fn lf(&mut self, at: usize, piece: &Bytes, hold: &mut Hold, out: &mut Out<'_>) {
+        match self.lf {
+            LfOwner::Current => self.push(at, at + 1, piece, hold, out),
+            LfOwner::Forwarded => out.slice(at, at + 1),
+            LfOwner::Removed => {}
+        }
     }
 
     fn held_len(&self, hold: Hold) -> usize {
@@ -388,7 +389,6 @@ impl UsageFilter {
         hold.run = None;
         self.scanned = 0;
         self.mode = Mode::Holding;
-        self.line_empty = true;
         owner
     }
 
@@ -619,6 +619,23 @@ mod tests {
     }
 
     #[test]
+    fn a_leading_bom_is_no_text_so_a_blank_line_after_it_ends_an_event() {
+        // As the meter's decoder reads it: the BOM and its blank line are an event of their own,
+        // forwarded, and the usage chunk after them is removed alone.
+        let bom = "\u{feff}";
+        check(
+            &format!("{bom}\n{USAGE}{DONE}"),
+            &format!("{bom}\n{DONE}"),
+            1,
+        );
+        check(
+            &format!("{bom}\r\n{CONTENT}{USAGE}"),
+            &format!("{bom}\r\n{CONTENT}"),
+            1,
+        );
+    }
+
+    #[test]
     fn content_is_not_held_back_past_its_choice_keys() {
         let mut f = UsageFilter::default();
         let (head, rest) = CONTENT.split_at(CONTENT.find("\"delta\":").expect("key") + 8);
@@ -665,6 +682,7 @@ mod tests {
         b"\r\n",
         b"\r\n\r\n",
         b"z",
+        b"\xEF\xBB\xBF",
     ];
 
     /// Each piece's output and the count removed, with `feed_bytes` (the body's path) or the
