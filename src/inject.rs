@@ -25,7 +25,6 @@
 //! whether a whole event is the usage chunk.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -34,8 +33,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
+use crate::protocol::request::Layout;
 use crate::protocol::{detect, Api};
 use crate::read::sse::{self, frame::Framer, frame::Segment};
 
@@ -50,54 +49,49 @@ const STREAM_OPTIONS: &str = r#"{"include_usage":true}"#;
 const CHOICE_KEYS: [&[u8]; 3] = [b"\"delta\":", b"\"text\":", b"\"index\":"];
 
 /// Adds `"stream_options": {"include_usage": true}` to a streaming OpenAI-compatible request that
-/// did not ask for usage. Returns the new body, or `None` to forward the body unchanged. Only
+/// did not ask for usage. `layout` is where [`read`](crate::protocol::request::read) found the body's members: the body
+/// is not parsed again. Returns the new body, or `None` to forward the body unchanged. Only
 /// `stream_options` is written: every other byte of the body stays as the client sent it.
-pub fn add_usage(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+pub fn add_usage(path: &str, body: &[u8], layout: &Layout) -> Option<Vec<u8>> {
     if detect::path_hint(path) != Some(Api::OpenAi) {
         return None;
     }
-    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).ok()?;
-    if top.get("stream").map(|v| v.get()) != Some("true") {
-        return None;
-    }
-    let out = match top.get("stream_options") {
+    // Only a JSON object with `"stream": true` has an opening brace noted.
+    let open = layout.open?;
+    // Both writes keep the body JSON: a whole value the parser delimited is replaced by another,
+    // or a member is put before the object's first one (`stream` is there, so it has one).
+    let out = match layout.stream_options.clone() {
         None => {
-            // After the opening brace: `stream` is there, so the object is not empty.
-            let open = body.iter().position(|&b| b == b'{')?;
             let mut out = Vec::with_capacity(body.len() + 40);
-            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(body.get(..=open)?);
             out.extend_from_slice(b"\"stream_options\":");
             out.extend_from_slice(STREAM_OPTIONS.as_bytes());
             out.push(b',');
-            out.extend_from_slice(&body[open + 1..]);
+            out.extend_from_slice(body.get(open + 1..)?);
             out
         }
-        Some(raw) => {
+        Some(span) => {
             #[derive(Deserialize)]
             #[serde(deny_unknown_fields)]
             struct Options {
                 #[serde(default)]
                 include_usage: Option<bool>,
             }
-            let asked = match serde_json::from_str::<Option<Options>>(raw.get()).ok()? {
-                Some(o) => o.include_usage,
-                None => None,
-            };
+            let asked =
+                match serde_json::from_slice::<Option<Options>>(body.get(span.clone())?).ok()? {
+                    Some(o) => o.include_usage,
+                    None => None,
+                };
             if asked == Some(true) {
                 return None;
             }
-            // The raw value is a slice of `body`: replace exactly those bytes.
-            let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-            let end = start + raw.get().len();
             let mut out = Vec::with_capacity(body.len() + 24);
-            out.extend_from_slice(body.get(..start)?);
+            out.extend_from_slice(body.get(..span.start)?);
             out.extend_from_slice(STREAM_OPTIONS.as_bytes());
-            out.extend_from_slice(body.get(end..)?);
+            out.extend_from_slice(body.get(span.end..)?);
             out
         }
     };
-    // Never forward something we broke.
-    serde_json::from_slice::<IgnoredAny>(&out).ok()?;
     Some(out)
 }
 
@@ -500,11 +494,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::protocol::request;
 
     const CHAT: &str = "/v1/chat/completions";
 
+    /// `add_usage` as the proxy calls it: on the layout of the one parse of the body.
+    fn add_on(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        add_usage(path, body, &request::read(body).1)
+    }
+
     fn add(body: &str) -> Option<String> {
-        add_usage(CHAT, body.as_bytes()).map(|b| String::from_utf8(b).expect("utf-8"))
+        add_on(CHAT, body.as_bytes()).map(|b| String::from_utf8(b).expect("utf-8"))
     }
 
     #[test]
@@ -526,7 +526,7 @@ mod tests {
             add(r#"{"stream":true,"stream_options":{}}"#).as_deref(),
             Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
         );
-        let completions = add_usage("/v1/completions", br#"{"prompt":"a","stream":true}"#);
+        let completions = add_on("/v1/completions", br#"{"prompt":"a","stream":true}"#);
         assert!(completions.is_some());
     }
 
@@ -545,8 +545,10 @@ mod tests {
         ] {
             assert_eq!(add(body), None, "{body}");
         }
-        assert_eq!(add_usage("/v1/messages", br#"{"stream":true}"#), None);
-        assert_eq!(add_usage("/api/chat", br#"{"stream":true}"#), None);
+        // serde_json checks UTF-8 only in the strings it reads; such a body is read, not written.
+        assert_eq!(add_on(CHAT, b"{\"stream\":true,\"x\":\"\xff\"}"), None);
+        assert_eq!(add_on("/v1/messages", br#"{"stream":true}"#), None);
+        assert_eq!(add_on("/api/chat", br#"{"stream":true}"#), None);
     }
 
     const CONTENT: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
