@@ -18,9 +18,13 @@
 //! the usage chunk, and only until that event ends or shows it is not (a `"delta":`, `"text":` or
 //! `"index":` key, which only choices have): content chunks are never delayed past their own last
 //! byte. Everything but a usage-only event is forwarded unchanged, in order.
+//!
+//! Where an event ends is not decided here: the filter cuts the stream by the spans of
+//! [`read::sse::frame`](crate::read::sse::frame), the framer the meter's SSE decoder reads its
+//! lines by, and reads a held event's data through the same field rules. It only decides
+//! whether a whole event is the usage chunk.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -29,9 +33,10 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
+use crate::protocol::request::Layout;
 use crate::protocol::{detect, Api};
+use crate::read::sse::{self, frame::Framer, frame::Segment};
 
 /// The longest event the filter holds back. A usage chunk is well under 1 KiB; an event longer
 /// than this is not one, and is forwarded as it comes.
@@ -44,54 +49,49 @@ const STREAM_OPTIONS: &str = r#"{"include_usage":true}"#;
 const CHOICE_KEYS: [&[u8]; 3] = [b"\"delta\":", b"\"text\":", b"\"index\":"];
 
 /// Adds `"stream_options": {"include_usage": true}` to a streaming OpenAI-compatible request that
-/// did not ask for usage. Returns the new body, or `None` to forward the body unchanged. Only
+/// did not ask for usage. `layout` is where [`read`](crate::protocol::request::read) found the body's members: the body
+/// is not parsed again. Returns the new body, or `None` to forward the body unchanged. Only
 /// `stream_options` is written: every other byte of the body stays as the client sent it.
-pub fn add_usage(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+pub fn add_usage(path: &str, body: &[u8], layout: &Layout) -> Option<Vec<u8>> {
     if detect::path_hint(path) != Some(Api::OpenAi) {
         return None;
     }
-    let top: HashMap<Cow<'_, str>, &RawValue> = serde_json::from_slice(body).ok()?;
-    if top.get("stream").map(|v| v.get()) != Some("true") {
-        return None;
-    }
-    let out = match top.get("stream_options") {
+    // Only a JSON object with `"stream": true` has an opening brace noted.
+    let open = layout.open?;
+    // Both writes keep the body JSON: a whole value the parser delimited is replaced by another,
+    // or a member is put before the object's first one (`stream` is there, so it has one).
+    let out = match layout.stream_options.clone() {
         None => {
-            // After the opening brace: `stream` is there, so the object is not empty.
-            let open = body.iter().position(|&b| b == b'{')?;
             let mut out = Vec::with_capacity(body.len() + 40);
-            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(body.get(..=open)?);
             out.extend_from_slice(b"\"stream_options\":");
             out.extend_from_slice(STREAM_OPTIONS.as_bytes());
             out.push(b',');
-            out.extend_from_slice(&body[open + 1..]);
+            out.extend_from_slice(body.get(open + 1..)?);
             out
         }
-        Some(raw) => {
+        Some(span) => {
             #[derive(Deserialize)]
             #[serde(deny_unknown_fields)]
             struct Options {
                 #[serde(default)]
                 include_usage: Option<bool>,
             }
-            let asked = match serde_json::from_str::<Option<Options>>(raw.get()).ok()? {
-                Some(o) => o.include_usage,
-                None => None,
-            };
+            let asked =
+                match serde_json::from_slice::<Option<Options>>(body.get(span.clone())?).ok()? {
+                    Some(o) => o.include_usage,
+                    None => None,
+                };
             if asked == Some(true) {
                 return None;
             }
-            // The raw value is a slice of `body`: replace exactly those bytes.
-            let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-            let end = start + raw.get().len();
             let mut out = Vec::with_capacity(body.len() + 24);
-            out.extend_from_slice(body.get(..start)?);
+            out.extend_from_slice(body.get(..span.start)?);
             out.extend_from_slice(STREAM_OPTIONS.as_bytes());
-            out.extend_from_slice(body.get(end..)?);
+            out.extend_from_slice(body.get(span.end..)?);
             out
         }
     };
-    // Never forward something we broke.
-    serde_json::from_slice::<IgnoredAny>(&out).ok()?;
     Some(out)
 }
 
@@ -103,14 +103,14 @@ fn has_choice_key(bytes: &[u8]) -> bool {
 }
 
 /// True when an event's data is the usage-only chunk: `choices` present and empty, `usage` set.
+/// `event` is the bytes of one whole event, its fields read by the decoder's rules (a BOM that
+/// begins the stream is read as text here: an event right after it is never removed).
 fn is_usage_only(event: &[u8]) -> bool {
     let mut data = Vec::new();
-    for line in event.split(|&b| b == b'\n' || b == b'\r') {
-        if let Some(v) = line.strip_prefix(b"data:") {
-            data.extend_from_slice(v.strip_prefix(b" ").unwrap_or(v));
-            data.push(b'\n');
-        }
-    }
+    sse::data_fields(event, |value| {
+        data.extend_from_slice(value);
+        data.push(b'\n');
+    });
     #[derive(Deserialize)]
     struct Chunk {
         choices: Option<Vec<IgnoredAny>>,
@@ -129,7 +129,7 @@ enum Mode {
     Passing,
 }
 
-/// Who owns an LF that follows a CR (a CRLF split across frames).
+/// Where an LF that follows a CR goes: where its line's terminator went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LfOwner {
     /// The CR ended a line inside the current event.
@@ -143,26 +143,26 @@ enum LfOwner {
 /// A sans-IO filter over an SSE byte stream that removes usage-only events.
 #[derive(Debug)]
 pub struct UsageFilter {
+    /// Where events end: the meter's decoder's own framer, so both cut the stream alike.
+    framer: Framer,
     mode: Mode,
     /// Bytes of the current event carried over from earlier pieces (held back).
     held: Vec<u8>,
     /// `held[..scanned]` has been searched for choice keys.
     scanned: usize,
-    /// Nothing but the terminator has been seen on the current line.
-    line_empty: bool,
-    /// The previous byte was a CR, whose LF may follow.
-    after_cr: Option<LfOwner>,
+    /// Where the last line's terminator went, for the LF of a CRLF split across pieces.
+    lf: LfOwner,
     removed: u64,
 }
 
 impl Default for UsageFilter {
     fn default() -> Self {
         UsageFilter {
+            framer: Framer::default(),
             mode: Mode::Holding,
             held: Vec::new(),
             scanned: 0,
-            line_empty: true,
-            after_cr: None,
+            lf: LfOwner::Current,
             removed: 0,
         }
     }
@@ -260,43 +260,29 @@ impl UsageFilter {
     pub fn feed_bytes(&mut self, piece: &Bytes) -> Bytes {
         let mut out = Out::new(piece);
         let mut hold = Hold::default();
-        let n = piece.len();
-        let mut i = 0;
-        while i < n {
-            if let Some(owner) = self.after_cr.take() {
-                if piece[i] == b'\n' {
-                    match owner {
-                        LfOwner::Current => self.push(i, i + 1, piece, &mut hold, &mut out),
-                        LfOwner::Forwarded => out.slice(i, i + 1),
-                        LfOwner::Removed => {}
-                    }
-                    i += 1;
-                    continue;
+        let mut framer = self.framer;
+        framer.feed(piece, |segment| match segment {
+            Segment::Bom(run) | Segment::Partial(run) => {
+                self.push(run.start, run.end, piece, &mut hold, &mut out)
+            }
+            Segment::NotBom(_) => {}
+            Segment::Lf(at) => self.lf(at, piece, &mut hold, &mut out),
+            Segment::Line { text, end, blank } => {
+                // The line and the first byte of its terminator; whether an event ended is
+                // decided before the LF of a CRLF, which then follows its CR.
+                let first = text.end + 1;
+                self.push(text.start, first, piece, &mut hold, &mut out);
+                self.lf = if blank {
+                    self.end_event(piece, &mut hold, &mut out)
+                } else {
+                    LfOwner::Current
+                };
+                if end > first {
+                    self.lf(first, piece, &mut hold, &mut out);
                 }
             }
-            // The bytes up to the next line terminator, in one go.
-            let end = memchr::memchr2(b'\n', b'\r', &piece[i..]).map_or(n, |k| i + k);
-            if end > i {
-                self.push(i, end, piece, &mut hold, &mut out);
-                self.line_empty = false;
-                i = end;
-                if i == n {
-                    break;
-                }
-            }
-            let b = piece[i];
-            self.push(i, i + 1, piece, &mut hold, &mut out);
-            let owner = if self.line_empty {
-                self.end_event(piece, &mut hold, &mut out)
-            } else {
-                self.line_empty = true;
-                LfOwner::Current
-            };
-            if b == b'\r' {
-                self.after_cr = Some(owner);
-            }
-            i += 1;
-        }
+        });
+        self.framer = framer;
         self.release_if_content(piece, hold, &mut out);
         out.finish()
     }
@@ -306,6 +292,15 @@ impl UsageFilter {
         self.mode = Mode::Holding;
         self.scanned = 0;
         Bytes::from(std::mem::take(&mut self.held))
+    }
+
+    /// Sends the LF at `piece[at]` where its CR went.
+    fn lf(&mut self, at: usize, piece: &Bytes, hold: &mut Hold, out: &mut Out<'_>) {
+        match self.lf {
+            LfOwner::Current => self.push(at, at + 1, piece, hold, out),
+            LfOwner::Forwarded => out.slice(at, at + 1),
+            LfOwner::Removed => {}
+        }
     }
 
     fn held_len(&self, hold: Hold) -> usize {
@@ -388,7 +383,6 @@ impl UsageFilter {
         hold.run = None;
         self.scanned = 0;
         self.mode = Mode::Holding;
-        self.line_empty = true;
         owner
     }
 
@@ -500,11 +494,17 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::protocol::request;
 
     const CHAT: &str = "/v1/chat/completions";
 
+    /// `add_usage` as the proxy calls it: on the layout of the one parse of the body.
+    fn add_on(path: &str, body: &[u8]) -> Option<Vec<u8>> {
+        add_usage(path, body, &request::read(body).1)
+    }
+
     fn add(body: &str) -> Option<String> {
-        add_usage(CHAT, body.as_bytes()).map(|b| String::from_utf8(b).expect("utf-8"))
+        add_on(CHAT, body.as_bytes()).map(|b| String::from_utf8(b).expect("utf-8"))
     }
 
     #[test]
@@ -526,7 +526,7 @@ mod tests {
             add(r#"{"stream":true,"stream_options":{}}"#).as_deref(),
             Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
         );
-        let completions = add_usage("/v1/completions", br#"{"prompt":"a","stream":true}"#);
+        let completions = add_on("/v1/completions", br#"{"prompt":"a","stream":true}"#);
         assert!(completions.is_some());
     }
 
@@ -545,8 +545,10 @@ mod tests {
         ] {
             assert_eq!(add(body), None, "{body}");
         }
-        assert_eq!(add_usage("/v1/messages", br#"{"stream":true}"#), None);
-        assert_eq!(add_usage("/api/chat", br#"{"stream":true}"#), None);
+        // serde_json checks UTF-8 only in the strings it reads; such a body is read, not written.
+        assert_eq!(add_on(CHAT, b"{\"stream\":true,\"x\":\"\xff\"}"), None);
+        assert_eq!(add_on("/v1/messages", br#"{"stream":true}"#), None);
+        assert_eq!(add_on("/api/chat", br#"{"stream":true}"#), None);
     }
 
     const CONTENT: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
@@ -619,6 +621,23 @@ mod tests {
     }
 
     #[test]
+    fn a_leading_bom_is_no_text_so_a_blank_line_after_it_ends_an_event() {
+        // As the meter's decoder reads it: the BOM and its blank line are an event of their own,
+        // forwarded, and the usage chunk after them is removed alone.
+        let bom = "\u{feff}";
+        check(
+            &format!("{bom}\n{USAGE}{DONE}"),
+            &format!("{bom}\n{DONE}"),
+            1,
+        );
+        check(
+            &format!("{bom}\r\n{CONTENT}{USAGE}"),
+            &format!("{bom}\r\n{CONTENT}"),
+            1,
+        );
+    }
+
+    #[test]
     fn content_is_not_held_back_past_its_choice_keys() {
         let mut f = UsageFilter::default();
         let (head, rest) = CONTENT.split_at(CONTENT.find("\"delta\":").expect("key") + 8);
@@ -665,6 +684,7 @@ mod tests {
         b"\r\n",
         b"\r\n\r\n",
         b"z",
+        b"\xEF\xBB\xBF",
     ];
 
     /// Each piece's output and the count removed, with `feed_bytes` (the body's path) or the

@@ -36,7 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("error", &[]),
     // What the request path is made of, bottom up.
     ("read", &["protocol"]),
-    ("inject", &["protocol"]),
+    // The usage filter cuts the stream by the SSE framer the meter's decoder reads by.
+    ("inject", &["protocol", "read"]),
     ("tls", &["error", "ratelog"]),
     ("upgrade", &[]),
     ("gpus", &["host"]),

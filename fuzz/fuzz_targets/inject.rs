@@ -18,6 +18,7 @@ use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use tokenmeter::inject::{add_usage, UsageFilter};
+use tokenmeter::protocol::request;
 
 const PATHS: &[&str] = &[
     "/v1/chat/completions",
@@ -66,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
     };
 
     let path = PATHS[usize::from(pick) % PATHS.len()];
-    if let Some(out) = add_usage(path, body) {
+    if let Some(out) = add_usage(path, body, &request::read(body).1) {
         let new: Value = serde_json::from_slice(&out).expect("rewritten request is JSON");
         assert_eq!(new["stream_options"]["include_usage"], Value::Bool(true));
         // serde_json keeps the last of duplicate keys; compare only unambiguous bodies.

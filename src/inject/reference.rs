@@ -1,9 +1,18 @@
 //! The filter as it was first written, one byte at a time into new buffers: the model the
 //! slicing filter is checked against (same bytes out of every piece, same events removed).
+//!
+//! It is deliberately independent of the SSE framer the filter and the meter's decoder share
+//! (`read::sse::frame`): it finds line and event ends on its own, byte by byte, so a mistake in
+//! the framer's piece-wise bookkeeping (a CRLF split across pieces, a BOM split at the start)
+//! shows up as a difference instead of being copied into the model. Only the decision whether a
+//! whole event is the usage chunk is shared.
 
 use bytes::{Bytes, BytesMut};
 
 use super::{has_choice_key, is_usage_only, LfOwner, Mode, MAX_HELD};
+
+/// A BOM at the very start of a stream is no text: a line holding only it is blank.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// A sans-IO filter over an SSE byte stream that removes usage-only events.
 #[derive(Debug)]
@@ -16,6 +25,8 @@ pub struct Reference {
     line_empty: bool,
     /// The previous byte was a CR, whose LF may follow.
     after_cr: Option<LfOwner>,
+    /// BOM bytes matched at the start; `None` once past where a BOM can be.
+    bom: Option<usize>,
     removed: u64,
 }
 
@@ -27,6 +38,7 @@ impl Default for Reference {
             scanned: 0,
             line_empty: true,
             after_cr: None,
+            bom: Some(0),
             removed: 0,
         }
     }
@@ -42,6 +54,18 @@ impl Reference {
     pub fn feed(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
         for &b in data {
+            if let Some(k) = self.bom {
+                if b == BOM[k] {
+                    self.push(b, &mut out);
+                    self.bom = (k + 1 < BOM.len()).then_some(k + 1);
+                    continue;
+                }
+                // What looked like the start of a BOM is text.
+                self.bom = None;
+                if k > 0 {
+                    self.line_empty = false;
+                }
+            }
             if let Some(owner) = self.after_cr.take() {
                 if b == b'\n' {
                     match owner {

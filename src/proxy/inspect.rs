@@ -164,9 +164,9 @@ where
         }
     }
     let mut bytes = buf.freeze();
-    let mut info = request::inspect(&bytes);
+    let (mut info, layout) = request::read(&bytes);
     if inject_usage && info.stream && !info.include_usage {
-        if let Some(rewritten) = inject::add_usage(path, &bytes) {
+        if let Some(rewritten) = inject::add_usage(path, &bytes, &layout) {
             headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
             bytes = Bytes::from(rewritten);
             info.usage_injected = true;

@@ -3,7 +3,8 @@
 //! [`Decoder::feed`] takes bytes in pieces of any size and calls back with each complete event as a
 //! [`Message`]. It never fails and never panics: lines end with CRLF, LF or a lone CR (even when the
 //! CR and LF arrive in different pieces), a leading BOM is skipped, comments and unknown fields are
-//! ignored. Memory is bounded: only an incomplete line and the current event's data are kept, and a
+//! ignored. Where lines and events end is [`frame::Framer`]'s answer, the same one
+//! `--inject-usage`'s filter cuts the stream by. Memory is bounded: only an incomplete line and the current event's data are kept, and a
 //! line or event longer than the limit is dropped (and counted) instead of grown without bound.
 //!
 //! At the end of the stream, an event the stream left unterminated (no blank line after it) is
@@ -12,20 +13,22 @@
 
 use super::{DecodeErrors, Message};
 
+pub mod frame;
+
+use frame::{Framer, Segment, BOM};
+
 /// Splits an SSE byte stream into events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoder {
     max_line: usize,
+    /// Where lines and events end (it keeps no bytes).
+    framer: Framer,
     /// The incomplete line carried over from the previous piece.
     line: Vec<u8>,
     /// The current line is over the limit: skip bytes until its end.
     skipping: bool,
     /// The line being skipped is a comment, which is no error and belongs to no event.
     skipping_comment: bool,
-    /// The previous piece ended in CR: a leading LF in the next piece belongs to it.
-    after_cr: bool,
-    /// Nothing has been seen yet: a BOM may still come (possibly split across pieces).
-    at_start: bool,
     event: String,
     data: Vec<u8>,
     /// At least one `data:` field was seen for the current event.
@@ -35,18 +38,15 @@ pub struct Decoder {
     errors: DecodeErrors,
 }
 
-const BOM: &[u8] = b"\xEF\xBB\xBF";
-
 impl Decoder {
     /// A decoder that keeps at most `max_line` bytes of one line or one event's data.
     pub fn new(max_line: usize) -> Self {
         Decoder {
             max_line: max_line.max(1),
+            framer: Framer::default(),
             line: Vec::new(),
             skipping: false,
             skipping_comment: false,
-            after_cr: false,
-            at_start: true,
             event: String::new(),
             data: Vec::new(),
             has_data: false,
@@ -62,38 +62,22 @@ impl Decoder {
 
     /// Bytes held between calls: the incomplete line, the current event's data and its name.
     /// Each is bounded by the limit (the name can be up to 3x its input after lossy UTF-8
-    /// replacement, and a partial BOM of up to 2 bytes is held at the start whatever the limit).
+    /// replacement; the start of a BOM is not held, the framer knows its bytes).
     pub fn buffered(&self) -> usize {
         self.line.len() + self.data.len() + self.event.len()
     }
 
     /// Feeds the next piece of the stream; calls `on` for every event it completes.
-    pub fn feed(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
-        if self.at_start {
-            // `self.line` holds the first bytes of a possible BOM (at most two), nothing else.
-            let held = self.line.len();
-            let take = (BOM.len() - held).min(chunk.len());
-            if BOM[held..held + take] == chunk[..take] {
-                if held + take < BOM.len() {
-                    self.line.extend_from_slice(chunk);
-                    return;
-                }
-                self.line.clear();
-                chunk = &chunk[take..];
-            } else {
-                // Not a BOM after all: what was held back is ordinary input.
-                let held = std::mem::take(&mut self.line);
-                self.feed_lines(&held, on);
-            }
-            self.at_start = false;
-        }
-        if self.after_cr && !chunk.is_empty() {
-            self.after_cr = false;
-            if let Some(rest) = chunk.strip_prefix(b"\n") {
-                chunk = rest;
-            }
-        }
-        self.feed_lines(chunk, on);
+    pub fn feed(&mut self, chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
+        let mut framer = self.framer;
+        framer.feed(chunk, |segment| match segment {
+            Segment::Bom(_) | Segment::Lf(_) => {}
+            // What looked like the start of a BOM is the first line's first bytes.
+            Segment::NotBom(n) => self.push_partial(&BOM[..n]),
+            Segment::Partial(text) => self.push_partial(&chunk[text]),
+            Segment::Line { text, .. } => self.end_line(&chunk[text], on),
+        });
+        self.framer = framer;
     }
 
     /// The stream ended. An unterminated last event is discarded (see the module doc); the
@@ -104,41 +88,23 @@ impl Decoder {
         self.errors = errors;
     }
 
-    fn feed_lines(&mut self, mut chunk: &[u8], on: &mut dyn FnMut(Message<'_>)) {
-        while !chunk.is_empty() {
-            let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) else {
-                self.push_partial(chunk);
-                return;
-            };
-            let (head, tail) = (&chunk[..end], &chunk[end..]);
-            // Consume the terminator: CRLF, CR or LF. A CR at the end of the piece may be
-            // followed by an LF in the next one.
-            let rest = match tail {
-                [b'\r', b'\n', rest @ ..] => rest,
-                [b'\r'] => {
-                    self.after_cr = true;
-                    &[][..]
-                }
-                [_, rest @ ..] => rest,
-                [] => &[][..],
-            };
-            if self.skipping {
+    /// A line ends with `head`, after whatever of it earlier pieces held.
+    fn end_line(&mut self, head: &[u8], on: &mut dyn FnMut(Message<'_>)) {
+        if self.skipping {
+            self.line.clear();
+        } else if self.line.is_empty() {
+            self.process_line(head, on);
+        } else {
+            self.push_partial(head);
+            if !self.skipping {
+                let line = std::mem::take(&mut self.line);
+                self.process_line(&line, on);
+                self.line = line;
                 self.line.clear();
-            } else if self.line.is_empty() {
-                self.process_line(head, on);
-            } else {
-                self.push_partial(head);
-                if !self.skipping {
-                    let line = std::mem::take(&mut self.line);
-                    self.process_line(&line, on);
-                    self.line = line;
-                    self.line.clear();
-                }
             }
-            self.skipping = false;
-            self.skipping_comment = false;
-            chunk = rest;
         }
+        self.skipping = false;
+        self.skipping_comment = false;
     }
 
     fn push_partial(&mut self, bytes: &[u8]) {
@@ -168,13 +134,7 @@ impl Decoder {
             self.too_long();
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
-            Some(i) => {
-                let v = &line[i + 1..];
-                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
-            }
-            None => (line, &[][..]),
-        };
+        let (field, value) = field(line);
         match field {
             b"data" => {
                 if self.data.len() + value.len() + 1 > self.max_line {
@@ -221,6 +181,34 @@ impl Decoder {
         self.has_data = false;
         self.data_overflow = false;
     }
+}
+
+/// A line's field name and value: the value follows the first colon, less one leading space;
+/// a line without a colon is a field with an empty value. (A line beginning with a colon is a
+/// comment, which the caller skips.)
+pub fn field(line: &[u8]) -> (&[u8], &[u8]) {
+    match line.iter().position(|&b| b == b':') {
+        Some(i) => {
+            let v = &line[i + 1..];
+            (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+        }
+        None => (line, &[][..]),
+    }
+}
+
+/// Calls `on` with the value of every `data` field of `event`, the bytes of whole lines from the
+/// middle of a stream (one event's, say), in order. Lines are framed as the decoder frames them.
+pub fn data_fields(event: &[u8], mut on: impl FnMut(&[u8])) {
+    Framer::mid_stream().feed(event, |segment| {
+        if let Segment::Line { text, .. } = segment {
+            let line = &event[text];
+            if line.first() != Some(&b':') {
+                if let (b"data", value) = field(line) {
+                    on(value);
+                }
+            }
+        }
+    });
 }
 
 #[cfg(test)]

@@ -79,10 +79,9 @@ fn sse_decode(pieces: &[&[u8]], limit: usize) -> (Vec<Owned>, DecodeErrors) {
     for p in pieces {
         d.feed(p, &mut on);
         // The partial line and the event's data are each bounded by the limit, the event name by
-        // 3x (lossy UTF-8 replacement can triple it), and a partial BOM of 2 bytes is held at the
-        // start whatever the limit.
+        // 3x (lossy UTF-8 replacement can triple it); the start of a BOM is not held at all.
         assert!(
-            d.buffered() <= 5 * limit + 2,
+            d.buffered() <= 5 * limit,
             "holds {} bytes with limit {limit}",
             d.buffered()
         );
