@@ -155,26 +155,35 @@ async fn connection(
     (r, last)
 }
 
-/// `rate` requests/s for `secs` over `conns` kept-alive connections. Each connection first
-/// sends one unmeasured request, so the samples are of connections kept alive on both sides of
-/// a proxy. `secs` of the report is the schedule's length, or longer when the last answer ended
-/// after it: requests answered per second of it is the rate the target achieved.
+/// `rate` requests/s for `secs` over `conns` kept-alive connections. Every connection first
+/// sends one unmeasured request, all at once, so the samples are of connections kept alive on
+/// both sides of a proxy. `secs` of the report is the schedule's length, or longer when the
+/// last answer ended after it: requests answered per second of it is the rate the target
+/// achieved.
 pub async fn short(addr: SocketAddr, rate: f64, conns: usize, secs: f64) -> Report {
     let total = scheduled(rate, secs);
     let req = Rc::new(wire::short_request());
     let mut report = Report::default();
-    let mut buf = vec![0u8; READ_BUF];
+    // The warm-up requests go at once, so a proxy opens as many upstream connections as it
+    // would for as many requests in flight, before the first sample.
+    let warming: Vec<_> = (0..conns.max(1))
+        .map(|_| {
+            let req = Rc::clone(&req);
+            tokio::task::spawn_local(async move {
+                let mut buf = vec![0u8; READ_BUF];
+                let mut s = connect(addr).await?;
+                s.write_all(&req).await.map_err(|e| format!("write: {e}"))?;
+                let a = read_answer(&mut s, &mut buf).await?;
+                Ok::<_, String>(if a.close { connect(addr).await? } else { s })
+            })
+        })
+        .collect();
     let mut open = Vec::with_capacity(conns);
-    for _ in 0..conns.max(1) {
-        let warmed = async {
-            let mut s = connect(addr).await?;
-            s.write_all(&req).await.map_err(|e| format!("write: {e}"))?;
-            let a = read_answer(&mut s, &mut buf).await?;
-            Ok::<_, String>(if a.close { connect(addr).await? } else { s })
-        };
-        match warmed.await {
-            Ok(s) => open.push(s),
-            Err(e) => report.error(e),
+    for w in warming {
+        match w.await {
+            Ok(Ok(s)) => open.push(s),
+            Ok(Err(e)) => report.error(e),
+            Err(e) => report.error(format!("warm-up: {e}")),
         }
     }
     let t0 = Instant::now() + SETTLE;
