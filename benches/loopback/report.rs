@@ -484,7 +484,9 @@ pub fn markdown(run: &Run<'_>) -> String {
             .collect();
         out.push_str(&format!("| {title} | {} |\n", cells.join(" | ")));
     }
-    if run.targets.iter().any(|t| t == "inject") && run.targets.iter().any(|t| t == "tokenmeter") {
+    let has = |t: &str| run.targets.iter().any(|n| n == t);
+    let ran = |kind: &str| run.results.iter().any(|r| r.outcome.kind == kind);
+    if has("inject") && has("tokenmeter") && ran("saturate") {
         let r = run.median_vs(
             "saturate",
             "chunks_per_s",
@@ -496,8 +498,7 @@ pub fn markdown(run: &Run<'_>) -> String {
             "\n`--inject-usage` throughput over plain tokenmeter's, same rounds: {r:.2}x\n"
         ));
     }
-    let has = |t: &str| run.targets.iter().any(|n| n == t);
-    if has("direct") && has("nginx") && run.results.iter().any(|r| r.outcome.kind == "short") {
+    if has("direct") && has("nginx") && ran("short") {
         let ratios: Vec<String> = run
             .targets
             .iter()
