@@ -33,9 +33,11 @@ pub struct Report {
     pub events: u64,
     /// Content events received in all (for `saturate`, also before and after the window).
     pub total_events: u64,
-    /// Seconds of the measuring window.
+    /// Seconds of the measuring window (for `short`: the schedule, or longer if the last answer
+    /// ended after it).
     pub secs: f64,
-    /// Latency of each content event (receive minus send), ns; or time to first byte, ns.
+    /// Latency of each content event (receive minus send), ns; or time to first byte, ns; or,
+    /// for `short`, of each whole answer from its request's due time, ns.
     pub samples_ns: Vec<u64>,
     /// For `paced`: the latency of each response's first content event, ns (the one an
     /// inference server sends after its prefill, when the connection has been quiet).
@@ -51,17 +53,17 @@ pub struct Report {
     pub first_error: Option<String>,
     /// Responses whose upstream sent a usage event that the proxy removed.
     pub usage_removed: u64,
-    /// Responses completed.
+    /// Responses completed (for `short`: answers read and checked).
     pub responses: u64,
 }
 
 impl Report {
-    fn error(&mut self, e: String) {
+    pub fn error(&mut self, e: String) {
         self.errors += 1;
         self.first_error.get_or_insert(e);
     }
 
-    fn merge(&mut self, o: Report) {
+    pub fn merge(&mut self, o: Report) {
         self.events += o.events;
         self.total_events += o.total_events;
         self.samples_ns.extend(o.samples_ns);
@@ -235,7 +237,7 @@ async fn read_response(
     }
 }
 
-async fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
+pub async fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
     let s = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;

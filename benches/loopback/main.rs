@@ -8,15 +8,16 @@
 //! any error.
 //!
 //! One binary plays every part: the orchestrator (this file) starts the test upstream
-//! (`upstream.rs`) and the load client (`client.rs`) as copies of itself with `role ...`, pinned
-//! to one core, and the proxies under test on the other core (`procs.rs`), then runs each
-//! scenario against each target in turn, rotating the order every round, and reports medians
-//! over the rounds and ratios to nginx (`report.rs`). The machine is shared and noisy: ratios
-//! from the same round are what to compare.
+//! (`upstream.rs`) and the load client (`client.rs`; `short.rs` for the short requests) as
+//! copies of itself with `role ...`, pinned to one core, and the proxies under test on the
+//! other core (`procs.rs`), then runs each scenario against each target in turn, rotating the
+//! order every round, and reports medians over the rounds and ratios to nginx (`report.rs`).
+//! The machine is shared and noisy: ratios from the same round are what to compare.
 
 mod client;
 mod procs;
 mod report;
+mod short;
 mod upstream;
 mod wire;
 
@@ -64,6 +65,11 @@ pub struct Settings {
     pub burst_chunks: u64,
     pub burst_interval_us: u64,
     pub release_watch: Duration,
+    /// Short requests per second, over all connections.
+    pub short_rate: f64,
+    /// Kept-alive connections the short requests are spread over.
+    pub short_conns: usize,
+    pub short_secs: f64,
 }
 
 /// The measurements, in the order a round runs them.
@@ -73,16 +79,18 @@ pub enum Scenario {
     Paced,
     TtfbBurst,
     TtfbSeq,
+    Short,
     Hold,
     Release,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 6] = [
+    const ALL: [Scenario; 7] = [
         Scenario::Saturate,
         Scenario::Paced,
         Scenario::TtfbBurst,
         Scenario::TtfbSeq,
+        Scenario::Short,
         Scenario::Hold,
         Scenario::Release,
     ];
@@ -93,6 +101,7 @@ impl Scenario {
             Scenario::Paced => "paced",
             Scenario::TtfbBurst => "ttfb-burst",
             Scenario::TtfbSeq => "ttfb-seq",
+            Scenario::Short => "short",
             Scenario::Hold => "hold",
             Scenario::Release => "release",
         }
@@ -127,6 +136,9 @@ impl Settings {
             burst_chunks: 10,
             burst_interval_us: 100_000,
             release_watch: Duration::from_secs(60),
+            short_rate: 10_000.0,
+            short_conns: 32,
+            short_secs: 4.0,
         }
     }
 
@@ -156,6 +168,9 @@ impl Settings {
             burst_chunks: 5,
             burst_interval_us: 20_000,
             release_watch: Duration::from_secs(1),
+            short_rate: 200.0,
+            short_conns: 4,
+            short_secs: 0.5,
         }
     }
 }
@@ -260,6 +275,15 @@ fn role(args: &[String]) -> Result<(), String> {
                         )
                         .await
                     }
+                    "short" => {
+                        short::short(
+                            addr,
+                            flag(args, "--rate")?,
+                            flag(args, "--conns")?,
+                            flag(args, "--secs")?,
+                        )
+                        .await
+                    }
                     "hold" => client::hold(addr, flag(args, "--streams")?).await,
                     "burst" => {
                         client::burst(
@@ -291,14 +315,19 @@ struct Cli {
 const USAGE: &str = "\
 usage: cargo bench --bench loopback -- [--rounds N] [--only LIST] [--targets LIST]
            [--variant 'NAME=BIN [FLAGS...]']... [--hold-streams N] [--out DIR] [--paced-...]
-  --only LIST      scenarios, comma-separated: saturate,paced,ttfb-burst,ttfb-seq,hold,release
+           [--short-...]
+  --only LIST      scenarios, comma-separated:
+                   saturate,paced,ttfb-burst,ttfb-seq,short,hold,release
   --targets LIST   of direct,nginx,tokenmeter,inject (default: all four)
   --variant        one more target: a tokenmeter binary (`.` for this build) and its flags,
                    e.g. --variant 'pool60=. --pool-idle-timeout 60s'
   --paced-loads LIST, --paced-rate R, --paced-secs S, --paced-first-ms MS, --paced-requests N
                    the paced scenario: streams per load (16,1000), chunks/s per stream (50),
                    seconds of chunks per stream (4), delay of each response's first chunk (0),
-                   requests per stream one after another (1)";
+                   requests per stream one after another (1)
+  --short-rate R, --short-conns N, --short-secs S
+                   the short scenario: requests/s in all (10000), over N kept-alive connections
+                   (32), for S seconds (4)";
 
 fn parse_cli(args: &[String]) -> Result<Cli, String> {
     let full = args.iter().any(|a| a == "--bench");
@@ -364,12 +393,27 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
                 settings.paced_requests =
                     value()?.parse().map_err(|_| "--paced-requests: a number")?
             }
+            "--short-rate" => {
+                settings.short_rate = value()?.parse().map_err(|_| "--short-rate: a number")?
+            }
+            "--short-conns" => {
+                settings.short_conns = value()?.parse().map_err(|_| "--short-conns: a number")?
+            }
+            "--short-secs" => {
+                settings.short_secs = value()?.parse().map_err(|_| "--short-secs: a number")?
+            }
             "--variant" => variants.push(value()?),
             "--out" => out = PathBuf::from(value()?),
             "-h" | "--help" => return Err(USAGE.into()),
             // Whatever else cargo passes (a test filter) is ignored.
             _ => {}
         }
+    }
+    if !(settings.short_rate.is_finite() && settings.short_rate > 0.0) || settings.short_conns == 0
+    {
+        return Err(format!(
+            "--short-rate must be above 0 and --short-conns at least 1\n{USAGE}"
+        ));
     }
     let mut targets = Vec::new();
     for n in &names {
@@ -522,6 +566,21 @@ impl Bench {
                     ],
                 ))?;
                 vec![Outcome::ttfb("seq", &r, s.seq_count)]
+            }
+            Scenario::Short => {
+                let r = self.run_client(self.client(
+                    "short",
+                    addr,
+                    &[
+                        ("--rate", s.short_rate.to_string()),
+                        ("--conns", s.short_conns.to_string()),
+                        ("--secs", s.short_secs.to_string()),
+                    ],
+                ))?;
+                vec![Outcome::short(
+                    &r,
+                    short::scheduled(s.short_rate, s.short_secs),
+                )]
             }
             Scenario::Hold => {
                 let Some(pid) = pid else {

@@ -125,6 +125,26 @@ impl Outcome {
         o
     }
 
+    /// The short scenario: the rate achieved, latency of each request from its due time (see
+    /// `short.rs`), and the errors as a figure, so the table shows them per target.
+    pub fn short(r: &Report, expected: u64) -> Self {
+        let mut o = Outcome::new("short", r);
+        o.figures.insert("rate_per_s", r.responses as f64 / r.secs);
+        let mut s = r.samples_ns.clone();
+        s.sort_unstable();
+        for (name, p) in [("p50_us", 50.0), ("p99_us", 99.0), ("p999_us", 99.9)] {
+            o.figures.insert(name, percentile(&s, p) / 1e3);
+        }
+        o.figures
+            .insert("max_us", s.last().map_or(f64::NAN, |&m| m as f64 / 1e3));
+        o.figures.insert("errors", r.errors as f64);
+        if r.responses != expected {
+            o.problems
+                .push(format!("{} of {expected} requests answered", r.responses));
+        }
+        o
+    }
+
     pub fn hold(n: usize, held: usize, before: u64, during: u64, r: &Report) -> Self {
         let mut o = Outcome::new("hold", r);
         o.figures.insert("streams", held as f64);
@@ -213,6 +233,22 @@ impl Run<'_> {
         median(self.per_round(kind, fig, target).into_values().collect())
     }
 
+    /// Median over rounds of `target`'s figure minus `direct`'s over `base`'s minus `direct`'s,
+    /// taken within each round: how much more one proxy adds than another.
+    fn median_added_ratio(&self, kind: &str, fig: &str, target: &str, base: &str) -> f64 {
+        let d = self.per_round(kind, fig, "direct");
+        let b = self.per_round(kind, fig, base);
+        let v = self
+            .per_round(kind, fig, target)
+            .into_iter()
+            .filter_map(|(round, x)| {
+                let direct = d.get(&round)?;
+                Some((x - direct) / (b.get(&round)? - direct))
+            })
+            .collect();
+        median(v)
+    }
+
     /// Median over rounds of `f(target's figure, base's figure)` taken within each round.
     fn median_vs(
         &self,
@@ -258,6 +294,7 @@ fn fmt_value(v: f64, unit: &str) -> String {
         "us" => format!("{v:.0} us"),
         "%" => format!("{:.0}%", v * 100.0),
         "s" => format!("{v:.2} s"),
+        "count" => format!("{v:.0}"),
         "" => format!("{v:.1}"),
         u => format!("{v:.1} {u}"),
     }
@@ -335,6 +372,32 @@ pub fn markdown(run: &Run<'_>) -> String {
         "p50_us",
         "us",
         Vs::AddedOverDirect,
+    ));
+    rows.push((
+        format!(
+            "short requests answered per second, {:.0}/s due over {} connections",
+            s.short_rate, s.short_conns
+        ),
+        "short".into(),
+        "rate_per_s",
+        "/s",
+        Vs::Plain,
+    ));
+    for (p, fig) in [("p50", "p50_us"), ("p99", "p99_us"), ("p99.9", "p999_us")] {
+        rows.push((
+            format!("short request latency {p}, from its due time (added over direct)"),
+            "short".into(),
+            fig,
+            "us",
+            Vs::AddedOverDirect,
+        ));
+    }
+    rows.push((
+        "short requests failed".into(),
+        "short".into(),
+        "errors",
+        "count",
+        Vs::Plain,
     ));
     let held = run
         .results
@@ -421,7 +484,9 @@ pub fn markdown(run: &Run<'_>) -> String {
             .collect();
         out.push_str(&format!("| {title} | {} |\n", cells.join(" | ")));
     }
-    if run.targets.iter().any(|t| t == "inject") && run.targets.iter().any(|t| t == "tokenmeter") {
+    let has = |t: &str| run.targets.iter().any(|n| n == t);
+    let ran = |kind: &str| run.results.iter().any(|r| r.outcome.kind == kind);
+    if has("inject") && has("tokenmeter") && ran("saturate") {
         let r = run.median_vs(
             "saturate",
             "chunks_per_s",
@@ -431,6 +496,21 @@ pub fn markdown(run: &Run<'_>) -> String {
         );
         out.push_str(&format!(
             "\n`--inject-usage` throughput over plain tokenmeter's, same rounds: {r:.2}x\n"
+        ));
+    }
+    if has("direct") && has("nginx") && ran("short") {
+        let ratios: Vec<String> = run
+            .targets
+            .iter()
+            .filter(|t| *t != "direct" && *t != "nginx")
+            .map(|t| {
+                let r = run.median_added_ratio("short", "p99_us", t, "nginx");
+                format!("{t} {r:.2}x")
+            })
+            .collect();
+        out.push_str(&format!(
+            "\nShort requests, p99 added over direct relative to nginx's, same rounds: {}\n",
+            ratios.join(", ")
         ));
     }
     let errors: u64 = run.results.iter().map(|r| r.outcome.errors).sum();
@@ -484,7 +564,7 @@ pub fn json(run: &Run<'_>) -> String {
 pub fn check_smoke(run: &Run<'_>) -> Result<(), String> {
     let mut failed = Vec::new();
     for t in &run.targets {
-        for kind in ["saturate", "ttfb-burst", "ttfb-seq"] {
+        for kind in ["saturate", "ttfb-burst", "ttfb-seq", "short"] {
             if !run
                 .results
                 .iter()
@@ -510,10 +590,13 @@ pub fn check_smoke(run: &Run<'_>) -> Result<(), String> {
         }
         let removed_all = o.usage_removed == o.responses && o.responses > 0;
         match r.target.as_str() {
-            "inject" if o.kind != "hold" && !removed_all => failed.push(format!(
-                "inject {}: usage removed from {} of {} responses",
-                o.kind, o.usage_removed, o.responses
-            )),
+            // A held stream never ends, and a short request is not streamed: no usage to remove.
+            "inject" if o.kind != "hold" && o.kind != "short" && !removed_all => {
+                failed.push(format!(
+                    "inject {}: usage removed from {} of {} responses",
+                    o.kind, o.usage_removed, o.responses
+                ))
+            }
             "direct" | "nginx" | "tokenmeter" if o.usage_removed > 0 => failed.push(format!(
                 "{} {}: a usage chunk was asked for",
                 r.target, o.kind

@@ -1,4 +1,5 @@
-//! The test upstream: an HTTP/1.1 server that streams timestamped SSE chunks.
+//! The test upstream: an HTTP/1.1 server that streams timestamped SSE chunks, and answers a
+//! short request (`POST /v1/embeddings`) with one small JSON document and its Content-Length.
 //!
 //! It is written on raw sockets, not hyper, so that it costs as little as possible on the core it
 //! shares with the client: every chunk is one pre-built buffer with 19 digits patched in and one
@@ -7,6 +8,7 @@
 //! by default, uvicorn's and so vLLM's), so a proxy's pool meets the same close it meets in front
 //! of vLLM.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,6 +28,8 @@ struct Ask {
     first_us: u64,
     hold: bool,
     usage: bool,
+    /// A short request: one JSON document, not a stream.
+    short: bool,
 }
 
 /// Serves until the process is killed.
@@ -76,6 +80,10 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Ask> {
         chunks: 10,
         ..Ask::default()
     };
+    ask.short = head
+        .strip_prefix("POST ")
+        .and_then(|rest| rest.strip_prefix(wire::SHORT_PATH))
+        .is_some_and(|rest| rest.starts_with(' '));
     let mut length = 0usize;
     for line in head.split("\r\n").skip(1) {
         let Some((name, value)) = line.split_once(':') else {
@@ -105,6 +113,21 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Ask> {
     Some(ask)
 }
 
+/// The whole answer to a short request, built once.
+fn short_answer() -> &'static [u8] {
+    static ANSWER: OnceLock<Vec<u8>> = OnceLock::new();
+    ANSWER.get_or_init(|| {
+        let body = wire::short_body();
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(body);
+        answer
+    })
+}
+
 /// One chunk of the chunked encoding around an SSE payload.
 fn chunk(payload: &[u8]) -> Vec<u8> {
     let mut c = format!("{:x}\r\n", payload.len()).into_bytes();
@@ -114,6 +137,10 @@ fn chunk(payload: &[u8]) -> Vec<u8> {
 }
 
 async fn respond(s: &mut TcpStream, ask: &Ask) -> std::io::Result<()> {
+    if ask.short {
+        // Head and body in one write, as a server answers a request it computed at once.
+        return s.write_all(short_answer()).await;
+    }
     let usage_header = if ask.usage {
         format!("{}: 1\r\n", wire::H_USAGE)
     } else {

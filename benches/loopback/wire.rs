@@ -4,7 +4,11 @@
 //! sends) that ends in `"t":<19 digits>`, the upstream's wall clock in nanoseconds when it wrote
 //! the chunk. Client and upstream are different processes on the same machine, so the wall clock
 //! (not `Instant`) is the one clock both can read; over a few seconds its steps are negligible.
+//!
+//! The short-requests scenario's bytes are here too: a small embeddings request, and the one
+//! fixed JSON document of about 1 KiB the upstream answers it with, whole, with Content-Length.
 
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Everything before the timestamp's digits.
@@ -75,6 +79,41 @@ pub fn request_after(chunks: u64, interval_us: u64, first_us: u64, hold: bool) -
     .into_bytes()
 }
 
+/// The path of a short request: an endpoint whose answer is one small JSON document.
+pub const SHORT_PATH: &str = "/v1/embeddings";
+/// Numbers in the short answer's embedding: enough for a document of about 1 KiB.
+const SHORT_DIMENSIONS: usize = 96;
+
+/// A short request: an embeddings request of a few hundred bytes, not streamed.
+pub fn short_request() -> Vec<u8> {
+    let text = "The proxy's cost per request, not per chunk: a short input to embed. ".repeat(4);
+    let body = format!(r#"{{"model":"bench","input":"{text}","encoding_format":"float"}}"#);
+    format!(
+        "POST {SHORT_PATH} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The body of every short answer, built once: an OpenAI embeddings response.
+pub fn short_body() -> &'static [u8] {
+    static BODY: OnceLock<Vec<u8>> = OnceLock::new();
+    BODY.get_or_init(|| {
+        let numbers: Vec<String> = (0..SHORT_DIMENSIONS)
+            .map(|i| format!("{:.6}", ((i * 37) % 200) as f64 / 1000.0 - 0.1))
+            .collect();
+        format!(
+            concat!(
+                r#"{{"object":"list","data":[{{"object":"embedding","index":0,"embedding":[{}]}}],"#,
+                r#""model":"bench","usage":{{"prompt_tokens":64,"total_tokens":64}}}}"#
+            ),
+            numbers.join(",")
+        )
+        .into_bytes()
+    })
+}
+
 /// Checks the shared bytes once: the smoke run calls it, so a broken event fails a test.
 pub fn self_check() -> Result<(), String> {
     let ts = 1_733_000_000_123_456_789u64;
@@ -90,6 +129,12 @@ pub fn self_check() -> Result<(), String> {
     }
     if !json(&event[6..]) || !json(&usage_event(7)[6..]) {
         return Err("an event's data is not JSON".into());
+    }
+    let request = short_request();
+    let request_body = memchr::memmem::find(&request, b"\r\n\r\n").map(|i| &request[i + 4..]);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    if !request_body.is_some_and(|b| json(&text(b))) || !json(&text(short_body())) {
+        return Err("a short request's or answer's body is not JSON".into());
     }
     Ok(())
 }
