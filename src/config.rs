@@ -15,6 +15,7 @@ use crate::capacity::{self, CapacityConfig};
 use crate::context::{parse_ratio, Sampler};
 use crate::gpus::{GpuError, Gpus};
 use crate::host::{Host, System};
+use crate::metrics::buckets::{Overrides, UnknownPreset};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::otlp::TracingConfig;
 use crate::protocol::Api;
@@ -379,8 +380,6 @@ pub enum ConfigError {
     BadCost(String),
     #[error(transparent)]
     Slo(#[from] SloError),
-    #[error("--slo-file {0}: cannot read it: {1}")]
-    SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
     #[error("--capacity-window must be at least 10s, got {0:?}")]
@@ -391,8 +390,8 @@ pub enum ConfigError {
     NotHttps(&'static str),
     #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
     BadUiSamplePeriod(Duration),
-    #[error("--buckets {0:?} is not a bucket set (expected default or coarse)")]
-    BadBuckets(String),
+    #[error("--buckets {0}")]
+    BadBuckets(#[from] UnknownPreset),
     #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
     #[error(transparent)]
@@ -621,22 +620,19 @@ impl ProxyArgs {
             allow_file: self.tenant_allow_file.as_deref(),
         }
         .build(host)?;
-        let d = match self.buckets.trim() {
-            "default" => Buckets::default(),
-            "coarse" => Buckets::coarse(),
-            other => return Err(ConfigError::BadBuckets(other.to_string())),
-        };
+        let buckets = Buckets::preset(
+            &self.buckets,
+            Overrides {
+                ttft: self.buckets_ttft.clone().map(|b| b.0),
+                itl: self.buckets_itl.clone().map(|b| b.0),
+                tps: self.buckets_tps.clone().map(|b| b.0),
+                duration: self.buckets_duration.clone().map(|b| b.0),
+                tokens: self.buckets_tokens.clone().map(|b| b.0),
+            },
+        )?;
         let capacity = CapacityConfig {
             window: self.capacity_window,
-            classes: slo
-                .iter()
-                .map(|(name, t)| capacity::ClassTargets {
-                    name: name.to_string(),
-                    tps_floor: t.tps,
-                    ttft: t.ttft.map(|d| d.as_secs_f64()),
-                    objective: t.objective,
-                })
-                .collect(),
+            classes: capacity::ClassTargets::of(&slo),
             fleet: capacity::Fleet {
                 replicas: replicas.initial(),
                 gpus: gpus.count,
@@ -659,15 +655,7 @@ impl ProxyArgs {
             metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
             capacity,
             metrics: MetricsConfig {
-                buckets: Buckets {
-                    ttft: self.buckets_ttft.clone().map_or(d.ttft, |b| b.0),
-                    itl: self.buckets_itl.clone().map_or(d.itl, |b| b.0),
-                    tps: self.buckets_tps.clone().map_or(d.tps, |b| b.0),
-                    duration: self.buckets_duration.clone().map_or(d.duration, |b| b.0),
-                    tokens: self.buckets_tokens.clone().map_or(d.tokens, |b| b.0),
-                    per_event: d.per_event,
-                    stall: d.stall,
-                },
+                buckets,
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
@@ -701,7 +689,6 @@ impl ProxyArgs {
         })
     }
 
-    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
     /// Span export: the endpoint (the flag, else the standard variables), the service and
     /// resource, and the sampler (the flag, else `OTEL_TRACES_SAMPLER`, else parent-based with
     /// no new traces).
@@ -746,24 +733,18 @@ impl ProxyArgs {
         }))
     }
 
-    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, ConfigError> {
-        let file = match &self.slo_file {
-            None => None,
-            Some(path) => {
-                let name = path.display().to_string();
-                let text = host
-                    .read_file(path)
-                    .map_err(|e| ConfigError::SloFile(name.clone(), e.to_string()))?;
-                Some(slo::spec::FileText { name, text })
-            }
-        };
-        let settings = slo::spec::Settings {
+    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
+    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, SloError> {
+        let file = self.slo_file.as_deref();
+        slo::spec::Settings {
             flags: self.slo.clone(),
-            file,
+            file: file
+                .map(|f| slo::spec::FileText::read(f, host))
+                .transpose()?,
             header: self.slo_class_header.clone(),
             default_class: self.slo_default_class.clone(),
-        };
-        Ok(settings.build()?)
+        }
+        .build()
     }
 }
 
@@ -832,7 +813,13 @@ mod tests {
         assert_eq!(b.tps, [5.0, 50.0]);
         assert_eq!(b.ttft, Buckets::coarse().ttft);
         let e = args(&[&up[..], &["--buckets", "fine"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::BadBuckets("fine".into())));
+        let line = e.as_ref().err().map(ToString::to_string);
+        let want = r#"--buckets "fine" is not a bucket set (expected default or coarse)"#;
+        assert_eq!(line.as_deref(), Some(want));
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::BadBuckets(UnknownPreset("fine".into())))
+        );
         let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
         assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
         assert!(parse_buckets("1,1").is_err());
@@ -906,7 +893,7 @@ mod tests {
         assert_eq!(c.slo.default_class(), "gold");
         let e = args(&[&up[..], &["--slo-file", "/nope.yaml"]].concat()).validate_on(&host);
         assert!(
-            matches!(e, Err(ConfigError::SloFile(ref f, _)) if f == "/nope.yaml"),
+            matches!(e, Err(ConfigError::Slo(SloError::Unreadable { ref file, .. })) if file == "/nope.yaml"),
             "{e:?}"
         );
         let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
