@@ -13,7 +13,7 @@ use http::Uri;
 
 use crate::capacity::{self, CapacityConfig};
 use crate::context::{parse_ratio, Sampler};
-use crate::gpus::{GpuError, Gpus};
+use crate::gpus::{GpuError, Note};
 use crate::host::{Host, System};
 use crate::metrics::buckets::{Overrides, UnknownPreset};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
@@ -328,9 +328,12 @@ pub struct Config {
     pub proxy: proxy::Settings,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
+    /// The metrics' settings; they hold the GPU count, its source and `--gpu-hour-cost`,
+    /// which the capacity model reads from here ([`Config::capacity`]).
     pub metrics: MetricsConfig,
-    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' targets).
-    pub capacity: CapacityConfig,
+    /// `--capacity-window`: the live capacity model's own setting (the rest of its settings
+    /// are the SLO classes and the fleet, held once elsewhere in this struct).
+    pub capacity_window: Duration,
     pub drain_timeout: Duration,
     pub max_line_bytes: usize,
     pub header_read_timeout: Duration,
@@ -347,10 +350,9 @@ pub struct Config {
     pub tls: Option<KeyPair>,
     /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
     pub metrics_tls: Option<KeyPair>,
-    /// `--gpus` (and where the number came from).
-    pub gpus: Gpus,
-    /// `--gpu-hour-cost`, USD.
-    pub gpu_hour_cost: Option<f64>,
+    /// What `--gpus` looked at to find the count, for the log (the count itself and its
+    /// source are in [`MetricsConfig`]).
+    pub gpu_notes: Vec<Note>,
     /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
     pub slo: Arc<Classes>,
     /// The page's sample period; `None` with `--no-ui`.
@@ -542,6 +544,23 @@ fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
+impl Config {
+    /// The live capacity model's settings: its window, each SLO class's targets and the fleet,
+    /// taken from where this struct holds them once (the classes, `--replicas`, and the GPU
+    /// count and cost of the metrics' settings).
+    pub fn capacity(&self) -> CapacityConfig {
+        CapacityConfig {
+            window: self.capacity_window,
+            classes: capacity::ClassTargets::of(&self.slo),
+            fleet: capacity::Fleet {
+                replicas: self.replicas.initial(),
+                gpus: self.metrics.gpus,
+                gpu_hour_cost: self.metrics.gpu_hour_cost,
+            },
+        }
+    }
+}
+
 impl ProxyArgs {
     /// Validates the flags, reading what `--gpus auto` and `--slo-file` need from this process's
     /// environment and filesystem.
@@ -630,15 +649,6 @@ impl ProxyArgs {
                 tokens: self.buckets_tokens.clone().map(|b| b.0),
             },
         )?;
-        let capacity = CapacityConfig {
-            window: self.capacity_window,
-            classes: capacity::ClassTargets::of(&slo),
-            fleet: capacity::Fleet {
-                replicas: replicas.initial(),
-                gpus: gpus.count,
-                gpu_hour_cost,
-            },
-        };
         Ok(Config {
             proxy: proxy::Settings {
                 retry_after: self.retry_after,
@@ -653,7 +663,7 @@ impl ProxyArgs {
             },
             listen: parse_addr("listen", &self.listen)?,
             metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
-            capacity,
+            capacity_window: self.capacity_window,
             metrics: MetricsConfig {
                 buckets,
                 max_models: self.max_models,
@@ -678,8 +688,7 @@ impl ProxyArgs {
             upstream_tls,
             tls,
             metrics_tls,
-            gpus,
-            gpu_hour_cost,
+            gpu_notes: gpus.notes,
             slo: Arc::new(slo),
             ui: (!self.no_ui).then_some(self.ui_sample_period),
             replicas,
@@ -836,29 +845,35 @@ mod tests {
         let host = MapHost::default().var("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b");
         let c = args(&up).validate_on(&host).expect("valid");
         assert_eq!(
-            (c.gpus.count, c.gpus.source),
+            (c.metrics.gpus, c.metrics.gpu_source),
             (2.0, Source::NvidiaVisibleDevices)
         );
-        assert_eq!(c.metrics.gpus, 2.0);
+        assert_eq!(c.capacity().fleet.gpus, 2.0);
         let c = args(&[&up[..], &["--gpus", "8"]].concat())
             .validate_on(&host)
             .expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (8.0, Source::Flag));
+        assert_eq!((c.metrics.gpus, c.metrics.gpu_source), (8.0, Source::Flag));
         let host = MapHost::default().file("/podinfo/gpus", "4");
         let c = args(&[&up[..], &["--gpus-file", "/podinfo/gpus"]].concat())
             .validate_on(&host)
             .expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (4.0, Source::File));
+        assert_eq!((c.metrics.gpus, c.metrics.gpu_source), (4.0, Source::File));
         let c = args(&up).validate_on(&MapHost::default()).expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (1.0, Source::Default));
+        assert_eq!(
+            (c.metrics.gpus, c.metrics.gpu_source),
+            (1.0, Source::Default)
+        );
     }
 
     #[test]
     fn gpu_hour_cost_is_a_number() {
         let up = ["--upstream", "http://u:1"];
         let c = args(&[&up[..], &["--gpu-hour-cost", "2.49"]].concat()).validate();
-        assert_eq!(c.expect("valid").gpu_hour_cost, Some(2.49));
-        assert_eq!(args(&up).validate().expect("valid").gpu_hour_cost, None);
+        let c = c.expect("valid");
+        assert_eq!(c.metrics.gpu_hour_cost, Some(2.49));
+        assert_eq!(c.capacity().fleet.gpu_hour_cost, Some(2.49));
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.metrics.gpu_hour_cost, None);
         for bad in ["cheap", "-1", "inf"] {
             let flag = format!("--gpu-hour-cost={bad}");
             let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
@@ -979,7 +994,7 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid").capacity;
+        let c = args(&up).validate().expect("valid").capacity();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
         // The default classes: interactive has a 20 tok/s floor, batch none.
         let floors: Vec<_> = c
@@ -989,7 +1004,7 @@ mod tests {
             .collect();
         assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid").capacity;
+        let c = c.validate().expect("valid").capacity();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(
@@ -1017,7 +1032,7 @@ mod tests {
             c.proxy.upstream.host_and_port(),
             ("fd00::1".to_string(), 443)
         );
-        assert_eq!(c.capacity.fleet.replicas, 1);
+        assert_eq!(c.capacity().fleet.replicas, 1);
     }
 
     #[test]

@@ -318,12 +318,14 @@ pub struct MetricsConfig {
     pub buckets: Buckets,
     pub max_models: usize,
     pub rate_window: Duration,
+    /// `--gpus`: the one place the count is held (the capacity model's fleet reads it here).
     pub gpus: f64,
     /// `--compat`: the other naming schemes to export.
     pub compat: Compat,
     /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
     pub gpu_source: gpus::Source,
-    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
+    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set. The one place
+    /// the cost is held: the capacity model's cost per million tokens reads it here.
     pub gpu_hour_cost: Option<f64>,
     /// Each SLO class with its objective, for `tokenmeter_slo_objective`.
     pub slo_objectives: Vec<(String, f64)>,
