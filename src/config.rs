@@ -35,6 +35,9 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
 /// 10 MiB) that leaves some 86 MiB of a 512 MiB limit for request bodies being read.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 
+/// `--ui-sample-period`'s default.
+pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
+
 /// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
 #[derive(Debug, Clone, Args)]
 pub struct ProxyArgs {
@@ -486,7 +489,8 @@ pub fn parse_buckets(s: &str) -> Result<BucketList, String> {
     Ok(BucketList(v))
 }
 
-fn parse_upstream(s: &str) -> Result<Target, ConfigError> {
+/// An `--upstream` URL: `http://` or `https://`, a host, an optional path prefix, no query.
+pub fn parse_upstream(s: &str) -> Result<Target, ConfigError> {
     let bad = |why: &str| ConfigError::BadUpstream(s.to_string(), why.to_string());
     let uri: Uri = s
         .parse()
@@ -545,6 +549,35 @@ fn nonzero(d: Duration) -> Option<Duration> {
 }
 
 impl Config {
+    /// What the flags give when only `--upstream` is set (and `--gpus auto` finds nothing):
+    /// every subsystem's defaults. Tests and the demo build their configuration from it,
+    /// `Config { listen, ..Config::for_upstream(target) }`, instead of parsing made-up flags.
+    pub fn for_upstream(upstream: Target) -> Self {
+        Config {
+            proxy: proxy::Settings::new(upstream),
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            metrics: MetricsConfig::default(),
+            capacity_window: capacity::DEFAULT_WINDOW,
+            drain_timeout: Duration::from_secs(30),
+            max_line_bytes: 1 << 20,
+            header_read_timeout: Duration::from_secs(30),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            api: None,
+            upstream_tls: UpstreamTls::default(),
+            tls: None,
+            metrics_tls: None,
+            gpu_notes: Vec::new(),
+            slo: Arc::new(Classes::default()),
+            ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
+            replicas: crate::replicas::Setting::Fixed(1),
+            tenants: None,
+            request_log: None,
+            tracing: None,
+        }
+    }
+
     /// The live capacity model's settings: its window, each SLO class's targets and the fleet,
     /// taken from where this struct holds them once (the classes, `--replicas`, and the GPU
     /// count and cost of the metrics' settings).
@@ -772,6 +805,19 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(extra);
         T::try_parse_from(v).expect("parse").a
+    }
+
+    #[test]
+    fn for_upstream_is_what_the_flags_default_to() {
+        use crate::host::MapHost;
+        let url = "http://127.0.0.1:8000/v1";
+        let parsed = args(&["--upstream", url]).validate_on(&MapHost::default());
+        let parsed = Config {
+            gpu_notes: Vec::new(),
+            ..parsed.expect("valid")
+        };
+        let direct = Config::for_upstream(parse_upstream(url).expect("valid"));
+        assert_eq!(format!("{parsed:?}"), format!("{direct:?}"));
     }
 
     #[test]

@@ -125,34 +125,29 @@ impl DemoError {
     }
 }
 
-/// Parses the proxy's own flags, so every `TOKENMETER_*` variable and default applies as it does
-/// to the proxy; the demo sets only the upstream and the addresses.
+/// The proxy's own flags as the environment sets them, so every `TOKENMETER_*` variable and
+/// default applies as it does to the proxy (none is given on a command line: the demo's
+/// command line is its own).
 #[derive(Parser)]
 struct ProxyFlags {
     #[command(flatten)]
     proxy: ProxyArgs,
 }
 
+/// The proxy's settings: the environment's, with the upstream, the addresses and the GPUs set
+/// by the demo.
 fn proxy_args(args: &DemoArgs, upstream: SocketAddr) -> Result<ProxyArgs, DemoError> {
-    let gpus = args.gpus.to_string();
-    let upstream = format!("http://{upstream}");
-    let mut argv = vec![
-        "tokenmeter",
-        "--upstream",
-        &upstream,
-        "--listen",
-        &args.listen,
-        "--metrics-listen",
-        &args.metrics_listen,
-        "--gpus",
-        &gpus,
-    ];
-    if args.no_ui {
-        argv.push("--no-ui");
-    }
-    ProxyFlags::try_parse_from(argv)
+    let mut proxy = ProxyFlags::try_parse_from(["tokenmeter"])
         .map(|f| f.proxy)
-        .map_err(|e| DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string()))
+        .map_err(|e| {
+            DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string())
+        })?;
+    proxy.upstream = Some(format!("http://{upstream}"));
+    proxy.listen = args.listen.clone();
+    proxy.metrics_listen = args.metrics_listen.clone();
+    proxy.gpus = args.gpus.to_string();
+    proxy.no_ui = args.no_ui;
+    Ok(proxy)
 }
 
 /// The concurrency levels of one ramp: 1, 2, 4, ... max, ... 4, 2, 1.
