@@ -38,14 +38,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 /// `--ui-sample-period`'s default.
 pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
 
-/// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
+/// Where the proxy and its metrics listen: flags `tokenmeter demo` shares with the proxy (it
+/// changes their defaults and help to loopback addresses, `DemoArgs`).
 #[derive(Debug, Clone, Args)]
-pub struct ProxyArgs {
-    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
-    /// path prefix is kept).
-    #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
-    pub upstream: Option<String>,
-
+pub struct ListenArgs {
     /// Where clients connect.
     #[arg(long, env = "TOKENMETER_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: String,
@@ -57,6 +53,28 @@ pub struct ProxyArgs {
         default_value = "0.0.0.0:9090"
     )]
     pub metrics_listen: String,
+}
+
+/// Whether the page is served on the metrics listener: a flag `tokenmeter demo` shares with
+/// the proxy.
+#[derive(Debug, Clone, Args)]
+pub struct PageArgs {
+    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
+    /// for it: only /metrics, /healthz and /readyz.
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
+}
+
+/// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
+    /// path prefix is kept).
+    #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    #[command(flatten)]
+    pub listeners: ListenArgs,
 
     /// GPUs behind the upstream, for tokens/s per GPU and cost: a number, or "auto" (the
     /// entries of NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else --gpus-file, else 1).
@@ -260,10 +278,8 @@ pub struct ProxyArgs {
     pub metrics_tls_key: Option<PathBuf>,
 
     // --- the page on the metrics listener (src/ui/) ---
-    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
-    /// for it: only /metrics, /healthz and /readyz.
-    #[arg(long, env = "TOKENMETER_NO_UI")]
-    pub no_ui: bool,
+    #[command(flatten)]
+    pub page: PageArgs,
 
     /// How often the page's sampler reads the registry for its time series (1s to 60s).
     #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
@@ -694,8 +710,8 @@ impl ProxyArgs {
                 pool_idle_timeout: self.pool_idle_timeout,
                 connect_timeout: nonzero(self.connect_timeout),
             },
-            listen: parse_addr("listen", &self.listen)?,
-            metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
+            listen: parse_addr("listen", &self.listeners.listen)?,
+            metrics_listen: parse_addr("metrics-listen", &self.listeners.metrics_listen)?,
             capacity_window: self.capacity_window,
             metrics: MetricsConfig {
                 buckets,
@@ -723,7 +739,7 @@ impl ProxyArgs {
             metrics_tls,
             gpu_notes: gpus.notes,
             slo: Arc::new(slo),
-            ui: (!self.no_ui).then_some(self.ui_sample_period),
+            ui: (!self.page.no_ui).then_some(self.ui_sample_period),
             replicas,
             tenants,
             request_log: self.request_log.clone(),

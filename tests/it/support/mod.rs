@@ -104,8 +104,8 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     let argv = std::iter::once("tokenmeter").chain(extra.iter().copied());
     let mut flags = Args::try_parse_from(argv).expect("flags parse").proxy;
     flags.upstream = Some(upstream.to_string());
-    flags.listen = "127.0.0.1:0".to_string();
-    flags.metrics_listen = "127.0.0.1:0".to_string();
+    flags.listeners.listen = "127.0.0.1:0".to_string();
+    flags.listeners.metrics_listen = "127.0.0.1:0".to_string();
     spawn(flags.validate().expect("valid config")).await
 }
 
