@@ -13,8 +13,9 @@ use http::Uri;
 
 use crate::capacity::{self, CapacityConfig};
 use crate::context::{parse_ratio, Sampler};
-use crate::gpus::{GpuError, Gpus};
+use crate::gpus::{GpuError, Note};
 use crate::host::{Host, System};
+use crate::metrics::buckets::{Overrides, UnknownPreset};
 use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::otlp::TracingConfig;
 use crate::protocol::Api;
@@ -34,14 +35,13 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
 /// 10 MiB) that leaves some 86 MiB of a 512 MiB limit for request bodies being read.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 
-/// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
-#[derive(Debug, Clone, Args)]
-pub struct ProxyArgs {
-    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
-    /// path prefix is kept).
-    #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
-    pub upstream: Option<String>,
+/// `--ui-sample-period`'s default.
+pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
 
+/// Where the proxy and its metrics listen: flags `tokenmeter demo` shares with the proxy (it
+/// changes their defaults and help to loopback addresses, `DemoArgs`).
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
     /// Where clients connect.
     #[arg(long, env = "TOKENMETER_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: String,
@@ -53,6 +53,28 @@ pub struct ProxyArgs {
         default_value = "0.0.0.0:9090"
     )]
     pub metrics_listen: String,
+}
+
+/// Whether the page is served on the metrics listener: a flag `tokenmeter demo` shares with
+/// the proxy.
+#[derive(Debug, Clone, Args)]
+pub struct PageArgs {
+    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
+    /// for it: only /metrics, /healthz and /readyz.
+    #[arg(long, env = "TOKENMETER_NO_UI")]
+    pub no_ui: bool,
+}
+
+/// The proxy's flags. Every one also reads a `TOKENMETER_*` environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// The inference server to forward to, e.g. http://127.0.0.1:8000 (http:// or https://; a
+    /// path prefix is kept).
+    #[arg(long, env = "TOKENMETER_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+
+    #[command(flatten)]
+    pub listeners: ListenArgs,
 
     /// GPUs behind the upstream, for tokens/s per GPU and cost: a number, or "auto" (the
     /// entries of NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else --gpus-file, else 1).
@@ -256,10 +278,8 @@ pub struct ProxyArgs {
     pub metrics_tls_key: Option<PathBuf>,
 
     // --- the page on the metrics listener (src/ui/) ---
-    /// Do not serve the page (/ and /api/summary) on the metrics listener, and take no readings
-    /// for it: only /metrics, /healthz and /readyz.
-    #[arg(long, env = "TOKENMETER_NO_UI")]
-    pub no_ui: bool,
+    #[command(flatten)]
+    pub page: PageArgs,
 
     /// How often the page's sampler reads the registry for its time series (1s to 60s).
     #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
@@ -327,9 +347,12 @@ pub struct Config {
     pub proxy: proxy::Settings,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
+    /// The metrics' settings; they hold the GPU count, its source and `--gpu-hour-cost`,
+    /// which the capacity model reads from here ([`Config::capacity`]).
     pub metrics: MetricsConfig,
-    /// The live capacity model (`--capacity-window`, `--replicas`, the classes' targets).
-    pub capacity: CapacityConfig,
+    /// `--capacity-window`: the live capacity model's own setting (the rest of its settings
+    /// are the SLO classes and the fleet, held once elsewhere in this struct).
+    pub capacity_window: Duration,
     pub drain_timeout: Duration,
     pub max_line_bytes: usize,
     pub header_read_timeout: Duration,
@@ -346,10 +369,9 @@ pub struct Config {
     pub tls: Option<KeyPair>,
     /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
     pub metrics_tls: Option<KeyPair>,
-    /// `--gpus` (and where the number came from).
-    pub gpus: Gpus,
-    /// `--gpu-hour-cost`, USD.
-    pub gpu_hour_cost: Option<f64>,
+    /// What `--gpus` looked at to find the count, for the log (the count itself and its
+    /// source are in [`MetricsConfig`]).
+    pub gpu_notes: Vec<Note>,
     /// The SLO class table (`--slo`, `--slo-file`, `--slo-class-header`, `--slo-default-class`).
     pub slo: Arc<Classes>,
     /// The page's sample period; `None` with `--no-ui`.
@@ -379,8 +401,6 @@ pub enum ConfigError {
     BadCost(String),
     #[error(transparent)]
     Slo(#[from] SloError),
-    #[error("--slo-file {0}: cannot read it: {1}")]
-    SloFile(String, String),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
     #[error("--capacity-window must be at least 10s, got {0:?}")]
@@ -391,8 +411,8 @@ pub enum ConfigError {
     NotHttps(&'static str),
     #[error("--ui-sample-period must be between 1s and 60s, got {0:?}")]
     BadUiSamplePeriod(Duration),
-    #[error("--buckets {0:?} is not a bucket set (expected default or coarse)")]
-    BadBuckets(String),
+    #[error("--buckets {0}")]
+    BadBuckets(#[from] UnknownPreset),
     #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
     #[error(transparent)]
@@ -485,7 +505,8 @@ pub fn parse_buckets(s: &str) -> Result<BucketList, String> {
     Ok(BucketList(v))
 }
 
-fn parse_upstream(s: &str) -> Result<Target, ConfigError> {
+/// An `--upstream` URL: `http://` or `https://`, a host, an optional path prefix, no query.
+pub fn parse_upstream(s: &str) -> Result<Target, ConfigError> {
     let bad = |why: &str| ConfigError::BadUpstream(s.to_string(), why.to_string());
     let uri: Uri = s
         .parse()
@@ -541,6 +562,52 @@ fn pair(
 
 fn nonzero(d: Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
+}
+
+impl Config {
+    /// What the flags give when only `--upstream` is set (and `--gpus auto` finds nothing):
+    /// every subsystem's defaults. Tests and the demo build their configuration from it,
+    /// `Config { listen, ..Config::for_upstream(target) }`, instead of parsing made-up flags.
+    pub fn for_upstream(upstream: Target) -> Self {
+        Config {
+            proxy: proxy::Settings::new(upstream),
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            metrics: MetricsConfig::default(),
+            capacity_window: capacity::DEFAULT_WINDOW,
+            drain_timeout: Duration::from_secs(30),
+            max_line_bytes: 1 << 20,
+            header_read_timeout: Duration::from_secs(30),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            api: None,
+            upstream_tls: UpstreamTls::default(),
+            tls: None,
+            metrics_tls: None,
+            gpu_notes: Vec::new(),
+            slo: Arc::new(Classes::default()),
+            ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
+            replicas: crate::replicas::Setting::Fixed(1),
+            tenants: None,
+            request_log: None,
+            tracing: None,
+        }
+    }
+
+    /// The live capacity model's settings: its window, each SLO class's targets and the fleet,
+    /// taken from where this struct holds them once (the classes, `--replicas`, and the GPU
+    /// count and cost of the metrics' settings).
+    pub fn capacity(&self) -> CapacityConfig {
+        CapacityConfig {
+            window: self.capacity_window,
+            classes: capacity::ClassTargets::of(&self.slo),
+            fleet: capacity::Fleet {
+                replicas: self.replicas.initial(),
+                gpus: self.metrics.gpus,
+                gpu_hour_cost: self.metrics.gpu_hour_cost,
+            },
+        }
+    }
 }
 
 impl ProxyArgs {
@@ -621,28 +688,16 @@ impl ProxyArgs {
             allow_file: self.tenant_allow_file.as_deref(),
         }
         .build(host)?;
-        let d = match self.buckets.trim() {
-            "default" => Buckets::default(),
-            "coarse" => Buckets::coarse(),
-            other => return Err(ConfigError::BadBuckets(other.to_string())),
-        };
-        let capacity = CapacityConfig {
-            window: self.capacity_window,
-            classes: slo
-                .iter()
-                .map(|(name, t)| capacity::ClassTargets {
-                    name: name.to_string(),
-                    tps_floor: t.tps,
-                    ttft: t.ttft.map(|d| d.as_secs_f64()),
-                    objective: t.objective,
-                })
-                .collect(),
-            fleet: capacity::Fleet {
-                replicas: replicas.initial(),
-                gpus: gpus.count,
-                gpu_hour_cost,
+        let buckets = Buckets::preset(
+            &self.buckets,
+            Overrides {
+                ttft: self.buckets_ttft.clone().map(|b| b.0),
+                itl: self.buckets_itl.clone().map(|b| b.0),
+                tps: self.buckets_tps.clone().map(|b| b.0),
+                duration: self.buckets_duration.clone().map(|b| b.0),
+                tokens: self.buckets_tokens.clone().map(|b| b.0),
             },
-        };
+        )?;
         Ok(Config {
             proxy: proxy::Settings {
                 retry_after: self.retry_after,
@@ -655,19 +710,11 @@ impl ProxyArgs {
                 pool_idle_timeout: self.pool_idle_timeout,
                 connect_timeout: nonzero(self.connect_timeout),
             },
-            listen: parse_addr("listen", &self.listen)?,
-            metrics_listen: parse_addr("metrics-listen", &self.metrics_listen)?,
-            capacity,
+            listen: parse_addr("listen", &self.listeners.listen)?,
+            metrics_listen: parse_addr("metrics-listen", &self.listeners.metrics_listen)?,
+            capacity_window: self.capacity_window,
             metrics: MetricsConfig {
-                buckets: Buckets {
-                    ttft: self.buckets_ttft.clone().map_or(d.ttft, |b| b.0),
-                    itl: self.buckets_itl.clone().map_or(d.itl, |b| b.0),
-                    tps: self.buckets_tps.clone().map_or(d.tps, |b| b.0),
-                    duration: self.buckets_duration.clone().map_or(d.duration, |b| b.0),
-                    tokens: self.buckets_tokens.clone().map_or(d.tokens, |b| b.0),
-                    per_event: d.per_event,
-                    stall: d.stall,
-                },
+                buckets,
                 max_models: self.max_models,
                 rate_window: self.rate_window,
                 gpus: gpus.count,
@@ -690,10 +737,9 @@ impl ProxyArgs {
             upstream_tls,
             tls,
             metrics_tls,
-            gpus,
-            gpu_hour_cost,
+            gpu_notes: gpus.notes,
             slo: Arc::new(slo),
-            ui: (!self.no_ui).then_some(self.ui_sample_period),
+            ui: (!self.page.no_ui).then_some(self.ui_sample_period),
             replicas,
             tenants,
             request_log: self.request_log.clone(),
@@ -701,7 +747,6 @@ impl ProxyArgs {
         })
     }
 
-    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
     /// Span export: the endpoint (the flag, else the standard variables), the service and
     /// resource, and the sampler (the flag, else `OTEL_TRACES_SAMPLER`, else parent-based with
     /// no new traces).
@@ -746,24 +791,18 @@ impl ProxyArgs {
         }))
     }
 
-    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, ConfigError> {
-        let file = match &self.slo_file {
-            None => None,
-            Some(path) => {
-                let name = path.display().to_string();
-                let text = host
-                    .read_file(path)
-                    .map_err(|e| ConfigError::SloFile(name.clone(), e.to_string()))?;
-                Some(slo::spec::FileText { name, text })
-            }
-        };
-        let settings = slo::spec::Settings {
+    /// The SLO class table from `--slo`, `--slo-file` and the class flags.
+    fn slo_classes(&self, host: &dyn Host) -> Result<Classes, SloError> {
+        let file = self.slo_file.as_deref();
+        slo::spec::Settings {
             flags: self.slo.clone(),
-            file,
+            file: file
+                .map(|f| slo::spec::FileText::read(f, host))
+                .transpose()?,
             header: self.slo_class_header.clone(),
             default_class: self.slo_default_class.clone(),
-        };
-        Ok(settings.build()?)
+        }
+        .build()
     }
 }
 
@@ -782,6 +821,19 @@ mod tests {
         let mut v = vec!["t"];
         v.extend_from_slice(extra);
         T::try_parse_from(v).expect("parse").a
+    }
+
+    #[test]
+    fn for_upstream_is_what_the_flags_default_to() {
+        use crate::host::MapHost;
+        let url = "http://127.0.0.1:8000/v1";
+        let parsed = args(&["--upstream", url]).validate_on(&MapHost::default());
+        let parsed = Config {
+            gpu_notes: Vec::new(),
+            ..parsed.expect("valid")
+        };
+        let direct = Config::for_upstream(parse_upstream(url).expect("valid"));
+        assert_eq!(format!("{parsed:?}"), format!("{direct:?}"));
     }
 
     #[test]
@@ -832,7 +884,13 @@ mod tests {
         assert_eq!(b.tps, [5.0, 50.0]);
         assert_eq!(b.ttft, Buckets::coarse().ttft);
         let e = args(&[&up[..], &["--buckets", "fine"]].concat()).validate();
-        assert_eq!(e.err(), Some(ConfigError::BadBuckets("fine".into())));
+        let line = e.as_ref().err().map(ToString::to_string);
+        let want = r#"--buckets "fine" is not a bucket set (expected default or coarse)"#;
+        assert_eq!(line.as_deref(), Some(want));
+        assert_eq!(
+            e.err(),
+            Some(ConfigError::BadBuckets(UnknownPreset("fine".into())))
+        );
         let c = args(&[&up[..], &["--buckets-tps", "5,50"]].concat()).validate();
         assert_eq!(c.expect("valid").metrics.buckets.tps, [5.0, 50.0]);
         assert!(parse_buckets("1,1").is_err());
@@ -849,29 +907,35 @@ mod tests {
         let host = MapHost::default().var("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b");
         let c = args(&up).validate_on(&host).expect("valid");
         assert_eq!(
-            (c.gpus.count, c.gpus.source),
+            (c.metrics.gpus, c.metrics.gpu_source),
             (2.0, Source::NvidiaVisibleDevices)
         );
-        assert_eq!(c.metrics.gpus, 2.0);
+        assert_eq!(c.capacity().fleet.gpus, 2.0);
         let c = args(&[&up[..], &["--gpus", "8"]].concat())
             .validate_on(&host)
             .expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (8.0, Source::Flag));
+        assert_eq!((c.metrics.gpus, c.metrics.gpu_source), (8.0, Source::Flag));
         let host = MapHost::default().file("/podinfo/gpus", "4");
         let c = args(&[&up[..], &["--gpus-file", "/podinfo/gpus"]].concat())
             .validate_on(&host)
             .expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (4.0, Source::File));
+        assert_eq!((c.metrics.gpus, c.metrics.gpu_source), (4.0, Source::File));
         let c = args(&up).validate_on(&MapHost::default()).expect("valid");
-        assert_eq!((c.gpus.count, c.gpus.source), (1.0, Source::Default));
+        assert_eq!(
+            (c.metrics.gpus, c.metrics.gpu_source),
+            (1.0, Source::Default)
+        );
     }
 
     #[test]
     fn gpu_hour_cost_is_a_number() {
         let up = ["--upstream", "http://u:1"];
         let c = args(&[&up[..], &["--gpu-hour-cost", "2.49"]].concat()).validate();
-        assert_eq!(c.expect("valid").gpu_hour_cost, Some(2.49));
-        assert_eq!(args(&up).validate().expect("valid").gpu_hour_cost, None);
+        let c = c.expect("valid");
+        assert_eq!(c.metrics.gpu_hour_cost, Some(2.49));
+        assert_eq!(c.capacity().fleet.gpu_hour_cost, Some(2.49));
+        let c = args(&up).validate().expect("valid");
+        assert_eq!(c.metrics.gpu_hour_cost, None);
         for bad in ["cheap", "-1", "inf"] {
             let flag = format!("--gpu-hour-cost={bad}");
             let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
@@ -906,7 +970,7 @@ mod tests {
         assert_eq!(c.slo.default_class(), "gold");
         let e = args(&[&up[..], &["--slo-file", "/nope.yaml"]].concat()).validate_on(&host);
         assert!(
-            matches!(e, Err(ConfigError::SloFile(ref f, _)) if f == "/nope.yaml"),
+            matches!(e, Err(ConfigError::Slo(SloError::Unreadable { ref file, .. })) if file == "/nope.yaml"),
             "{e:?}"
         );
         let e = args(&[&up[..], &["--slo", "chat:tps=-1"]].concat()).validate();
@@ -992,7 +1056,7 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid").capacity;
+        let c = args(&up).validate().expect("valid").capacity();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
         // The default classes: interactive has a 20 tok/s floor, batch none.
         let floors: Vec<_> = c
@@ -1002,7 +1066,7 @@ mod tests {
             .collect();
         assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid").capacity;
+        let c = c.validate().expect("valid").capacity();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(
@@ -1030,7 +1094,7 @@ mod tests {
             c.proxy.upstream.host_and_port(),
             ("fd00::1".to_string(), 443)
         );
-        assert_eq!(c.capacity.fleet.replicas, 1);
+        assert_eq!(c.capacity().fleet.replicas, 1);
     }
 
     #[test]

@@ -122,7 +122,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    for note in &cfg.gpus.notes {
+    for note in &cfg.gpu_notes {
         if note.warn {
             tracing::warn!("{}", note.text);
         } else {

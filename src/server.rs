@@ -144,7 +144,7 @@ impl Server {
         let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
         let client_tls = cfg.upstream_tls.load(cfg.proxy.upstream.is_https())?;
         let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-        let capacity = Arc::new(Capacity::new(cfg.capacity.clone(), Instant::now()));
+        let capacity = Arc::new(Capacity::new(cfg.capacity(), Instant::now()));
         metrics.export_capacity(Arc::clone(&capacity))?;
         let (identify, sinks) = sinks(cfg, &metrics)?;
         let recorder = Arc::new(

@@ -20,8 +20,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
-use tokenmeter::config::ProxyArgs;
+use tokenmeter::config::{parse_upstream, Config};
 use tokenmeter::server::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -126,17 +125,11 @@ const HEAP_PER_IDLE_STREAM_MAX: f64 = 50.0 * 1024.0;
 /// Streams held open for the measure.
 const HELD: usize = 200;
 
-#[derive(Parser)]
-struct Args {
-    #[command(flatten)]
-    proxy: ProxyArgs,
-}
-
 const REQUEST_BODY: &str =
     r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 
 /// A runtime of one worker thread running `upstream` on a listener of its own and a whole
-/// proxy (`Server`, default flags) in front of it: the runtime, the upstream's address and the
+/// proxy (`Server`, every default setting) in front of it: the runtime, the upstream's address and the
 /// proxy's. Call it once the profiler runs, so that every allocation of both is counted.
 fn proxy_before<F, Fut>(upstream: F) -> (tokio::runtime::Runtime, SocketAddr, SocketAddr)
 where
@@ -155,20 +148,12 @@ where
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(upstream(listener));
         let url = format!("http://{addr}");
-        let argv = [
-            "tokenmeter",
-            "--upstream",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ];
-        let cfg = Args::try_parse_from(argv)
-            .expect("flags")
-            .proxy
-            .validate()
-            .expect("config");
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let cfg = Config {
+            listen: loopback,
+            metrics_listen: loopback,
+            ..Config::for_upstream(parse_upstream(&url).expect("upstream"))
+        };
         let server = Server::bind(&cfg).await.expect("bind the proxy");
         let proxy = server.proxy_addr();
         tokio::spawn(server.serve(std::future::pending()));

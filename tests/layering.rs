@@ -30,7 +30,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("drain", &[]),
     ("overload", &[]),
     ("replicas", &[]),
-    ("capacity", &[]),
     ("protocol", &[]),
     ("context", &[]),
     ("error", &[]),
@@ -41,7 +40,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tls", &["error", "ratelog"]),
     ("upgrade", &[]),
     ("gpus", &["host"]),
-    ("slo", &["units"]),
+    // The class table reads `--slo-file` through `host`.
+    ("slo", &["host", "units"]),
+    // The capacity model takes each class's targets from the SLO class table.
+    ("capacity", &["slo"]),
     // What one finished request was: written by the meter, read by every sink.
     ("record", &["context", "protocol", "slo"]),
     (

@@ -10,6 +10,7 @@
 use super::fit::Fit;
 use super::limits::Replays;
 use super::summary::MAX_CONCURRENCY;
+use crate::slo::{Classes, Targets};
 
 /// The concurrencies the curve is reported at: the concurrency bands' edges.
 pub const CURVE: [u32; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
@@ -27,6 +28,25 @@ pub struct ClassTargets {
 }
 
 impl ClassTargets {
+    /// What the capacity model takes of one SLO class: its speed floor, its TTFT target and
+    /// its objective (the end-to-end target bounds no concurrency).
+    pub fn new(name: &str, t: &Targets) -> Self {
+        ClassTargets {
+            name: name.to_string(),
+            tps_floor: t.tps,
+            ttft: t.ttft.map(|d| d.as_secs_f64()),
+            objective: t.objective,
+        }
+    }
+
+    /// Every class of the table, in its order.
+    pub fn of(classes: &Classes) -> Vec<Self> {
+        classes
+            .iter()
+            .map(|(n, t)| ClassTargets::new(n, t))
+            .collect()
+    }
+
     /// A class with a speed floor only, met by 95% of requests.
     pub fn floor(name: &str, tps: f64) -> Self {
         ClassTargets {

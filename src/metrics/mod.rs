@@ -27,6 +27,7 @@
 //! It knows `protocol`'s label enums, `slo`'s verdict and `gpus`' source, and reads the
 //! `record` the meter builds; nothing else of the request path.
 
+pub mod buckets;
 pub mod capacity;
 mod capped;
 mod engine;
@@ -48,6 +49,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+pub use self::buckets::Buckets;
 pub use self::capped::{Capped, OTHER};
 use self::engine::EngineMetrics;
 use self::labels::{tenanted, ModelLabels, ParseError};
@@ -60,97 +62,6 @@ use crate::capacity::Capacity;
 use crate::gpus;
 use crate::protocol::TokenSource;
 use crate::record::Finished;
-
-/// Histogram bucket boundaries, one set per kind of measure.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Buckets {
-    /// Time to first token: vLLM's `vllm:time_to_first_token_seconds` boundaries.
-    pub ttft: Vec<f64>,
-    /// Inter-token latency and time per output token: vLLM's `vllm:inter_token_latency_seconds`.
-    pub itl: Vec<f64>,
-    /// Per-request decode speed in tokens/s, 1 to 10,000.
-    pub tps: Vec<f64>,
-    /// End-to-end request duration: vLLM's `vllm:e2e_request_latency_seconds`.
-    pub duration: Vec<f64>,
-    /// Prompt and output lengths in tokens: 1-2-5 steps, as vLLM's length histograms.
-    pub tokens: Vec<f64>,
-    /// Tokens one event carried: 1 is a plain stream, 2-8 speculative decoding or a stream
-    /// interval, beyond that coalescing (a gateway or a `--stream-interval` of tens).
-    pub per_event: Vec<f64>,
-    /// A request's longest gap between two token-bearing events: from a smooth 10 ms to a
-    /// two-minute freeze.
-    pub stall: Vec<f64>,
-}
-
-impl Default for Buckets {
-    fn default() -> Self {
-        Buckets {
-            ttft: vec![
-                0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-            ],
-            itl: vec![
-                0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0,
-            ],
-            tps: vec![
-                1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 80.0, 100.0, 150.0, 200.0,
-                300.0, 500.0, 750.0, 1000.0, 2000.0, 5000.0, 10000.0,
-            ],
-            duration: vec![
-                0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
-            ],
-            tokens: vec![
-                1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0,
-                10000.0, 20000.0, 50000.0, 100000.0, 200000.0, 500000.0, 1000000.0,
-            ],
-            per_event: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0],
-            stall: vec![
-                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-            ],
-        }
-    }
-}
-
-impl Buckets {
-    /// `--buckets coarse`: for fleets that count series (docs/fleet.md). Every set is a subset
-    /// of the default one, so each coarse bucket is a sum of default buckets and its edges are
-    /// still vLLM's where the defaults are; each histogram keeps about half its series. Kept on
-    /// purpose: TTFT's 2.5 s (the TTFT SLO rules read `le="2.5"`) and 1 s (the default
-    /// interactive class), and 10 and 20 tokens/s (the speed-floor alert and the interactive
-    /// class's floor), so the rules' thresholds stay exact.
-    pub fn coarse() -> Self {
-        Buckets {
-            ttft: vec![
-                0.01, 0.04, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 80.0, 640.0,
-            ],
-            itl: vec![0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 10.0],
-            tps: vec![
-                5.0, 10.0, 20.0, 30.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
-            ],
-            duration: vec![
-                0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 480.0, 1920.0,
-            ],
-            tokens: vec![1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0],
-            per_event: vec![1.0, 2.0, 4.0, 8.0, 16.0, 64.0],
-            stall: vec![0.05, 0.25, 1.0, 5.0, 30.0, 120.0],
-        }
-    }
-
-    /// The measures, in declaration order, for checks that go over every set.
-    pub fn sets(&self) -> [(&'static str, &[f64]); 7] {
-        [
-            ("ttft", &self.ttft),
-            ("itl", &self.itl),
-            ("tps", &self.tps),
-            ("duration", &self.duration),
-            ("tokens", &self.tokens),
-            ("per_event", &self.per_event),
-            ("stall", &self.stall),
-        ]
-    }
-}
 
 /// Other naming schemes exported beside `tokenmeter_*` (`--compat`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -212,12 +123,14 @@ pub struct MetricsConfig {
     pub buckets: Buckets,
     pub max_models: usize,
     pub rate_window: Duration,
+    /// `--gpus`: the one place the count is held (the capacity model's fleet reads it here).
     pub gpus: f64,
     /// `--compat`: the other naming schemes to export.
     pub compat: Compat,
     /// Where `gpus` came from: the `source` label of `tokenmeter_gpus`.
     pub gpu_source: gpus::Source,
-    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set.
+    /// `--gpu-hour-cost`: `tokenmeter_gpu_hour_cost` is exported only when set. The one place
+    /// the cost is held: the capacity model's cost per million tokens reads it here.
     pub gpu_hour_cost: Option<f64>,
     /// Each SLO class with its objective, for `tokenmeter_slo_objective`.
     pub slo_objectives: Vec<(String, f64)>,

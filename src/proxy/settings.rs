@@ -56,3 +56,21 @@ pub struct Settings {
     /// `--connect-timeout`, over DNS, TCP and the TLS handshake; `None`: no limit.
     pub connect_timeout: Option<Duration>,
 }
+
+impl Settings {
+    /// The flags' defaults in front of `upstream`; a test or the demo changes what it needs with
+    /// `Settings { .., ..Settings::new(upstream) }`.
+    pub fn new(upstream: Target) -> Self {
+        Settings {
+            retry_after: 1,
+            max_request_body: 8 << 20,
+            inject_usage: false,
+            idle_timeout: Some(Duration::from_secs(300)),
+            upstream_timeout: Some(Duration::from_secs(300)),
+            upstream,
+            upstream_http2: false,
+            pool_idle_timeout: Duration::from_secs(60),
+            connect_timeout: Some(Duration::from_secs(5)),
+        }
+    }
+}

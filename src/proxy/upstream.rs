@@ -301,31 +301,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use clap::Parser;
     use http::HeaderValue;
 
     use super::*;
-    use crate::config::ProxyArgs;
+    use crate::tls::client::UpstreamTls;
 
-    #[derive(Parser)]
-    struct Args {
-        #[command(flatten)]
-        proxy: ProxyArgs,
-    }
-
-    fn upstream(flags: &[&str]) -> Upstream {
-        let mut argv = vec!["tokenmeter"];
-        argv.extend_from_slice(flags);
-        let cfg = Args::try_parse_from(argv)
-            .expect("flags parse")
-            .proxy
-            .validate()
-            .expect("valid config");
-        let tls = cfg
-            .upstream_tls
-            .load(cfg.proxy.upstream.is_https())
-            .expect("tls");
-        Upstream::new(&cfg.proxy, &tls)
+    /// The upstream of settings built directly: `http://10.0.0.7:8000` with the path prefix
+    /// `/base`, HTTP/2 or not.
+    fn upstream(http2: bool) -> Upstream {
+        let target = Target {
+            origin: Uri::from_static("http://10.0.0.7:8000/"),
+            base_path: "/base".to_string(),
+        };
+        let settings = Settings {
+            upstream_http2: http2,
+            ..Settings::new(target)
+        };
+        let tls = UpstreamTls::default().load(false).expect("tls");
+        Upstream::new(&settings, &tls)
     }
 
     #[test]
@@ -353,21 +346,11 @@ mod tests {
 
     #[tokio::test]
     async fn the_head_is_rewritten_for_the_upstream() {
-        for (flags, version) in [
-            (
-                &["--upstream", "http://10.0.0.7:8000/base/"][..],
-                http::Version::HTTP_11,
-            ),
-            (
-                &[
-                    "--upstream",
-                    "http://10.0.0.7:8000/base",
-                    "--upstream-http2",
-                ][..],
-                http::Version::HTTP_2,
-            ),
+        for (http2, version) in [
+            (false, http::Version::HTTP_11),
+            (true, http::Version::HTTP_2),
         ] {
-            let up = upstream(flags);
+            let up = upstream(http2);
             let req = Request::post("http://proxy.local/v1/chat/completions?x=1")
                 .version(http::Version::HTTP_2)
                 .header(header::HOST, "proxy.local")

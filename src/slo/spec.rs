@@ -21,6 +21,7 @@
 //!
 //! Every problem is one line that names the flag and the fault; `config` turns it into exit 64.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use super::{
     Class, Classes, Match, Rule, Targets, DEFAULT_CLASS, DEFAULT_CLASS_HEADER, MAX_CLASSES,
     MAX_CLASS_NAME, MAX_RULES,
 };
+use crate::host::Host;
 use crate::units::parse_duration;
 
 /// Why a class table was refused. Each message is one line naming the flag.
@@ -40,6 +42,8 @@ pub enum SloError {
     Flag { spec: String, why: String },
     #[error("--slo-file {file}: {why}")]
     File { file: String, why: String },
+    #[error("--slo-file {file}: cannot read it: {why}")]
+    Unreadable { file: String, why: String },
     #[error("--slo: class {0:?} is declared twice")]
     Duplicate(String),
     #[error(
@@ -59,6 +63,21 @@ pub enum SloError {
 pub struct FileText {
     pub name: String,
     pub text: String,
+}
+
+impl FileText {
+    /// Reads `--slo-file` through `host` (never the process's filesystem directly, so tests
+    /// give the text).
+    pub fn read(path: &Path, host: &dyn Host) -> Result<Self, SloError> {
+        let name = path.display().to_string();
+        match host.read_file(path) {
+            Ok(text) => Ok(FileText { name, text }),
+            Err(e) => Err(SloError::Unreadable {
+                file: name,
+                why: e.to_string(),
+            }),
+        }
+    }
 }
 
 /// Everything that declares the table, as given.

@@ -25,7 +25,7 @@ use clap::{Args, Parser};
 use tokio::sync::oneshot;
 
 use crate::capacity::Report;
-use crate::config::{ConfigError, ProxyArgs};
+use crate::config::{ConfigError, ListenArgs, PageArgs, ProxyArgs};
 use crate::metrics::{names, Metrics};
 use crate::record::Outcome;
 use crate::server::{Server, ServerError};
@@ -38,24 +38,24 @@ use crate::tools::sim::text::{Lengths, Rng};
 use crate::tools::sim::{Model, Sim, SimConfig, SimError};
 use crate::units::parse_duration;
 
-/// The demo's flags.
+/// The demo's flags. Those it shares with the proxy are the proxy's definitions (the same
+/// names and variables); the demo listens on loopback by default and says what its addresses
+/// serve in its own words.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("listen", |a| a
+    .default_value("127.0.0.1:8080")
+    .help("Where the proxy listens (the demo's clients connect here too)")))]
+#[command(mut_arg("metrics_listen", |a| a
+    .default_value("127.0.0.1:9090")
+    .help("Where the page (/), /metrics, /healthz and /readyz are served")))]
+#[command(mut_arg("no_ui", |a| a
+    .help("Do not serve the live page on the metrics listener (only /metrics, /healthz, /readyz)")))]
 pub struct DemoArgs {
-    /// Where the proxy listens (the demo's clients connect here too).
-    #[arg(long, env = "TOKENMETER_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: String,
+    #[command(flatten)]
+    pub listeners: ListenArgs,
 
-    /// Where the page (/), /metrics, /healthz and /readyz are served.
-    #[arg(
-        long,
-        env = "TOKENMETER_METRICS_LISTEN",
-        default_value = "127.0.0.1:9090"
-    )]
-    pub metrics_listen: String,
-
-    /// Do not serve the live page on the metrics listener (only /metrics, /healthz, /readyz).
-    #[arg(long, env = "TOKENMETER_NO_UI")]
-    pub no_ui: bool,
+    #[command(flatten)]
+    pub page: PageArgs,
 
     /// GPUs the simulated server stands for, for the per-GPU figures.
     #[arg(long, env = "TOKENMETER_GPUS", default_value_t = 1.0)]
@@ -127,34 +127,28 @@ impl DemoError {
     }
 }
 
-/// Parses the proxy's own flags, so every `TOKENMETER_*` variable and default applies as it does
-/// to the proxy; the demo sets only the upstream and the addresses.
+/// The proxy's own flags as the environment sets them, so every `TOKENMETER_*` variable and
+/// default applies as it does to the proxy (none is given on a command line: the demo's
+/// command line is its own).
 #[derive(Parser)]
 struct ProxyFlags {
     #[command(flatten)]
     proxy: ProxyArgs,
 }
 
+/// The proxy's settings: the environment's, with the upstream, the addresses and the GPUs set
+/// by the demo.
 fn proxy_args(args: &DemoArgs, upstream: SocketAddr) -> Result<ProxyArgs, DemoError> {
-    let gpus = args.gpus.to_string();
-    let upstream = format!("http://{upstream}");
-    let mut argv = vec![
-        "tokenmeter",
-        "--upstream",
-        &upstream,
-        "--listen",
-        &args.listen,
-        "--metrics-listen",
-        &args.metrics_listen,
-        "--gpus",
-        &gpus,
-    ];
-    if args.no_ui {
-        argv.push("--no-ui");
-    }
-    ProxyFlags::try_parse_from(argv)
+    let mut proxy = ProxyFlags::try_parse_from(["tokenmeter"])
         .map(|f| f.proxy)
-        .map_err(|e| DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string()))
+        .map_err(|e| {
+            DemoError::ProxyFlags(e.to_string().lines().next().unwrap_or("").to_string())
+        })?;
+    proxy.upstream = Some(format!("http://{upstream}"));
+    proxy.listeners = args.listeners.clone();
+    proxy.page = args.page.clone();
+    proxy.gpus = args.gpus.to_string();
+    Ok(proxy)
 }
 
 /// The concurrency levels of one ramp: 1, 2, 4, ... max, ... 4, 2, 1.
@@ -543,6 +537,29 @@ fn capacity_line(r: &Report, truth: &Model) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_flags_keep_the_demos_loopback_defaults() {
+        #[derive(Parser)]
+        struct Demo {
+            #[command(flatten)]
+            demo: DemoArgs,
+        }
+        let d = Demo::try_parse_from(["demo"]).expect("parse").demo;
+        let addrs = (d.listeners.listen, d.listeners.metrics_listen);
+        assert_eq!(addrs, ("127.0.0.1:8080".into(), "127.0.0.1:9090".into()));
+        let p = ProxyFlags::try_parse_from(["tokenmeter"])
+            .expect("parse")
+            .proxy;
+        let addrs = (p.listeners.listen, p.listeners.metrics_listen);
+        assert_eq!(addrs, ("0.0.0.0:8080".into(), "0.0.0.0:9090".into()));
+        let d = Demo::try_parse_from(["demo", "--no-ui", "--listen", "127.0.0.1:1"]);
+        let d = d.expect("parse").demo;
+        assert!(d.page.no_ui);
+        let p = proxy_args(&d, SocketAddr::from(([127, 0, 0, 1], 2))).expect("valid");
+        assert_eq!(p.listeners.listen, "127.0.0.1:1");
+        assert!(p.page.no_ui);
+    }
 
     #[test]
     fn ramps_go_up_and_down() {

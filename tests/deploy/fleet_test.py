@@ -74,7 +74,7 @@ RATE_TOLERANCE = 0.10
 # Two aggregations of the same series in the same evaluation: only rounding and the one sample
 # that may arrive between two queries separate them.
 SAME_TOLERANCE = 0.01
-# tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (src/metrics/mod.rs).
+# tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (src/metrics/buckets.rs).
 TPS_BUCKETS = [1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000]
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tokenmeter::capacity::Capacity;
-use tokenmeter::config::ProxyArgs;
+use tokenmeter::config::{parse_upstream, Config, ProxyArgs};
 use tokenmeter::metrics::Metrics;
 use tokenmeter::server::Server;
 use tokenmeter::tools::sim::{Sim, SimConfig};
@@ -85,23 +85,32 @@ impl Proxy {
     }
 }
 
-/// Starts a proxy in front of `upstream` on loopback port 0, with extra flags.
+/// Every default, in front of `upstream`, listening on loopback ports the system picks.
+pub fn config(upstream: &str) -> Config {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    Config {
+        listen: loopback,
+        metrics_listen: loopback,
+        ..Config::for_upstream(parse_upstream(upstream).expect("an upstream URL"))
+    }
+}
+
+/// Starts a proxy in front of `upstream` on loopback port 0, with extra flags, parsed as the
+/// binary parses them: what a flag does, end to end. Without flags it is [`config`]'s proxy.
 pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
-    let mut argv = vec![
-        "tokenmeter",
-        "--upstream",
-        upstream,
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ];
-    argv.extend_from_slice(extra);
-    let cfg = Args::try_parse_from(argv)
-        .expect("flags parse")
-        .proxy
-        .validate()
-        .expect("valid config");
+    if extra.is_empty() {
+        return spawn(config(upstream)).await;
+    }
+    let argv = std::iter::once("tokenmeter").chain(extra.iter().copied());
+    let mut flags = Args::try_parse_from(argv).expect("flags parse").proxy;
+    flags.upstream = Some(upstream.to_string());
+    flags.listeners.listen = "127.0.0.1:0".to_string();
+    flags.listeners.metrics_listen = "127.0.0.1:0".to_string();
+    spawn(flags.validate().expect("valid config")).await
+}
+
+/// Starts a proxy with `cfg`, built directly (`Config { .., ..config(upstream) }`).
+pub async fn spawn(cfg: Config) -> Proxy {
     let server = Server::bind(&cfg).await.expect("bind");
     let (tx, rx) = oneshot::channel();
     let (addr, metrics_addr, metrics, capacity) = (
