@@ -8,10 +8,11 @@
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections (up to
 //!   `--max-connections`), drains on shutdown; [`drain`] is what a request sees of the drain,
 //!   [`tls`] both sides' TLS.
-//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::admission`] (a
-//!   place under `--max-in-flight`, [`overload`], or a 503 at once), [`proxy::inspect`] (the
-//!   request body, the model), [`proxy::metering`] (one meter per request, the tap),
-//!   [`proxy::timeout`] (the response head's deadline), [`proxy::upstream`] (the pooled client).
+//! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::metering`] (one
+//!   meter per request from its head, recorded once; the tap), [`proxy::admission`] (a place
+//!   under `--max-in-flight`, [`overload`], or a 503 at once), [`proxy::inspect`] (the request
+//!   body, the model; the meter is sent), [`proxy::timeout`] (the response head's deadline),
+//!   [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`upgrade`]: a `101 Switching Protocols` joined both ways.
 //! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
