@@ -89,6 +89,7 @@ impl Decoder {
     }
 
     /// A line ends with `head`, after whatever of it earlier pieces held.
+    #[inline]
     fn end_line(&mut self, head: &[u8], on: &mut dyn FnMut(Message<'_>)) {
         if self.skipping {
             self.line.clear();

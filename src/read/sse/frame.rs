@@ -70,6 +70,7 @@ impl Framer {
     }
 
     /// Frames the next piece of the stream, calling `on` for each of its segments in order.
+    #[inline]
     pub fn feed(&mut self, piece: &[u8], mut on: impl FnMut(Segment)) {
         let n = piece.len();
         let mut i = 0;
