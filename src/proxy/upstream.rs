@@ -46,8 +46,13 @@ use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
 use crate::upgrade;
 
 /// Sends requests to the one upstream over a shared connection pool.
+///
+/// The stack is cloned for every request, so all of it sits behind one `Arc`: a clone is one
+/// count, not a count for each of hyper-util's two clients, the pool and the target.
 #[derive(Clone)]
-pub struct Upstream {
+pub struct Upstream(Arc<Shared>);
+
+struct Shared {
     client: Client<Connector, ProxyBody>,
     /// HTTP/1.1 only, for upgrade requests.
     upgrades: Client<Connector, ProxyBody>,
@@ -120,16 +125,18 @@ impl Upstream {
                 cfg.pool_idle_timeout,
             )
         });
-        Upstream {
+        Upstream(Arc::new(Shared {
             client,
             upgrades,
             pool,
             target: cfg.upstream.clone(),
             http2: cfg.upstream_http2,
             failures: Arc::default(),
-        }
+        }))
     }
+}
 
+impl Shared {
     /// The client's request as the upstream gets it. `upgrade` is the `Upgrade` value of an
     /// upgrade request, kept with `Connection: upgrade`.
     fn rewrite(
@@ -173,24 +180,25 @@ impl Service<Request<ProxyBody>> for Upstream {
         let asked = upgrade::requested(req.headers());
         // The client's half of an upgrade: hyper resolves it once our 101 is written.
         let client_half = asked.as_ref().map(|_| hyper::upgrade::on(&mut req));
-        let req = match self.rewrite(req, asked.as_ref()) {
+        let up = &self.0;
+        let req = match up.rewrite(req, asked.as_ref()) {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &self.pool) {
+        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &up.pool) {
             (None, Some(pool)) if !pool.speaks_http2() => {
-                let (pool, client) = (pool.clone(), self.client.clone());
+                let (pool, up) = (pool.clone(), Arc::clone(up));
                 Box::pin(async move {
                     match pool.send(req).await? {
                         Sent::Response(resp) => Ok(resp.map(UpstreamBody::Pooled)),
-                        Sent::Http2(req) => client_request(&client, *req).await,
+                        Sent::Http2(req) => client_request(&up.client, *req).await,
                     }
                 })
             }
-            (Some(_), _) => client_request(&self.upgrades, req),
-            (None, _) => client_request(&self.client, req),
+            (Some(_), _) => client_request(&up.upgrades, req),
+            (None, _) => client_request(&up.client, req),
         };
-        let failures = Arc::clone(&self.failures);
+        let failures = Arc::clone(&up.failures);
         Box::pin(async move {
             match sent.await {
                 Ok(mut resp) => {
@@ -358,7 +366,7 @@ mod tests {
                 .header(header::AUTHORIZATION, "Bearer k")
                 .body(super::super::full(Bytes::new()))
                 .expect("request");
-            let out = up.rewrite(req, None).expect("rewritten");
+            let out = up.0.rewrite(req, None).expect("rewritten");
             assert_eq!(
                 out.uri(),
                 "http://10.0.0.7:8000/base/v1/chat/completions?x=1"
