@@ -269,6 +269,26 @@ struct Clock {
     ident: Option<Arc<Ident>>,
 }
 
+// === impl Head ===
+
+impl Head {
+    /// The request is sent now, with what its body said and its class: it enters the gauges.
+    fn send(self, request: RequestInfo, slo: Option<Choice>) -> State {
+        let mut state = self.recorder.sent(request, self.arrived);
+        let c = &mut state.clock;
+        (c.slo, c.tenant, c.ident) = (slo, self.tenant, self.ident);
+        state
+    }
+}
+
+/// What the client's path says of the request: the GenAI operation and the format it implies.
+fn route(path: &str) -> Route {
+    Route {
+        operation: Operation::of_path(path),
+        api: detect::path_hint(path),
+    }
+}
+
 // === impl Meter ===
 
 impl Meter {
@@ -276,24 +296,17 @@ impl Meter {
     /// the in-flight gauges. `head` is the client's (its path before any base path); the model
     /// refines the SLO class the head named. A meter already sent is unchanged.
     pub fn send(&mut self, head: &http::request::Parts, request: RequestInfo) {
-        if !matches!(self.stage, Some(Stage::Received(_))) {
-            return;
-        }
-        let Some(Stage::Received(h)) = self.stage.take() else {
+        let Some(Stage::Received(h)) = self.stage.take_if(|s| matches!(s, Stage::Received(_)))
+        else {
             return;
         };
         let path = head.uri.path();
-        let slo = h.slo.map(|_| {
+        let slo = h.slo.as_ref().map(|_| {
             let model = request.model.as_deref();
             h.recorder.classes.resolve(&head.headers, path, model)
         });
-        let mut state = h.recorder.sent(request, h.arrived);
-        let c = &mut state.clock;
-        (c.slo, c.tenant, c.ident) = (slo, h.tenant, h.ident);
-        c.route = Route {
-            operation: Operation::of_path(path),
-            api: detect::path_hint(path),
-        };
+        let mut state = h.send(request, slo);
+        state.clock.route = route(path);
         self.stage = Some(Stage::Sent(state));
     }
 
@@ -324,13 +337,11 @@ impl Meter {
 
     /// The measurement, sending a request that was not sent yet as one of unknown content.
     fn state(&mut self) -> Option<&mut State> {
-        if let Some(Stage::Received(_)) = &self.stage {
-            if let Some(Stage::Received(h)) = self.stage.take() {
-                let mut state = h.recorder.sent(RequestInfo::default(), h.arrived);
-                let c = &mut state.clock;
-                (c.slo, c.tenant, c.ident) = (h.slo, h.tenant, h.ident);
-                self.stage = Some(Stage::Sent(state));
-            }
+        if let Some(Stage::Received(mut h)) =
+            self.stage.take_if(|s| matches!(s, Stage::Received(_)))
+        {
+            let slo = h.slo.take();
+            self.stage = Some(Stage::Sent(h.send(RequestInfo::default(), slo)));
         }
         match &mut self.stage {
             Some(Stage::Sent(s)) => Some(s),
@@ -364,10 +375,7 @@ impl Meter {
     /// before its response head still has them).
     pub fn set_route(&mut self, path: &str) {
         if let Some(s) = self.state() {
-            s.clock.route = Route {
-                operation: Operation::of_path(path),
-                api: detect::path_hint(path),
-            };
+            s.clock.route = route(path);
         }
     }
 
