@@ -77,13 +77,14 @@ pub fn inspect(body: &[u8]) -> RequestInfo {
 /// Reads a request body once: what the meter needs, and where its members are. Anything that
 /// is not a JSON object gives the defaults.
 pub fn read(body: &[u8]) -> (RequestInfo, Layout) {
-    if std::str::from_utf8(body).is_err() {
+    let Ok(text) = std::str::from_utf8(body) else {
         return match serde_json::from_slice::<Plain>(body) {
             Ok(p) => (info(p.model, p.stream, p.stream_options), Layout::default()),
             Err(_) => Default::default(),
         };
-    }
-    let Ok(b) = serde_json::from_slice::<Body<'_>>(body) else {
+    };
+    // Checked once above: reading from the text skips serde_json's own UTF-8 checks.
+    let Ok(b) = serde_json::from_str::<Body<'_>>(text) else {
         return Default::default();
     };
     let options = match b.stream_options {
