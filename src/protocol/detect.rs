@@ -16,9 +16,10 @@
 //! `done` event. When one comes before anything has shown the format (an error, then `[DONE]`),
 //! the stream is over all the same: [`Auto`] records the end itself and reads nothing after it.
 
-use serde_json::{Map, Value};
-
+use self::shape::{Key, Shape, Top};
 use super::{extractor, is_done, Api, Extractor, Kinds, Message, Summary};
+
+mod shape;
 
 /// Messages an undecided [`Auto`] inspects before it settles for the path's format (or none).
 /// Real streams decide on their first message; this bounds the work spent on one we cannot read.
@@ -106,26 +107,18 @@ pub fn sniff(msg: &Message<'_>) -> Sniff {
     {
         return Sniff::Neutral;
     }
-    let Ok(value) = serde_json::from_slice::<Value>(msg.data) else {
-        return Sniff::Unknown;
-    };
-    let first = match value {
-        // Gemini without `alt=sse`, and TGI's non-streaming answer, are JSON arrays.
-        Value::Array(items) => match items.into_iter().next() {
-            Some(v) => v,
-            None => return Sniff::Neutral,
-        },
-        v => v,
-    };
-    match first.as_object() {
-        Some(o) if o.is_empty() || o.contains_key("error") => Sniff::Neutral,
-        Some(o) => sniff_object(o),
-        None => Sniff::Unknown,
+    // Gemini without `alt=sse`, and TGI's non-streaming answer, are JSON arrays: their first
+    // element is read.
+    match shape::read(msg.data) {
+        Some(Top::Object(o)) if o.is_empty() || o.has(Key::Error) => Sniff::Neutral,
+        Some(Top::Object(o)) => sniff_object(&o),
+        Some(Top::Empty) => Sniff::Neutral,
+        Some(Top::Other) | None => Sniff::Unknown,
     }
 }
 
-fn sniff_object(o: &Map<String, Value>) -> Sniff {
-    if let Some(t) = o.get("type").and_then(Value::as_str) {
+fn sniff_object(o: &Shape<'_>) -> Sniff {
+    if let Some(t) = o.kind.as_deref() {
         if let Some(api) = by_type(t) {
             return Sniff::Format(api);
         }
@@ -137,38 +130,36 @@ fn sniff_object(o: &Map<String, Value>) -> Sniff {
 }
 
 /// The format an object's fields show, if any.
-fn sniff_shape(o: &Map<String, Value>) -> Option<Api> {
-    let has = |k: &str| o.contains_key(k);
-    let str_of = |k: &str| o.get(k).and_then(Value::as_str);
-    if str_of("type") == Some("message") && has("role") {
+fn sniff_shape(o: &Shape<'_>) -> Option<Api> {
+    use Key::*;
+    let has = |k: Key| o.has(k);
+    if o.kind.as_deref() == Some("message") && has(Role) {
         return Some(Api::Anthropic); // a non-streaming Messages response
     }
-    match str_of("object") {
+    match o.object.as_deref() {
         Some("chat.completion.chunk" | "chat.completion" | "text_completion") => {
             return Some(Api::OpenAi)
         }
         Some("response") => return Some(Api::Responses),
         _ => {}
     }
-    let api = if has("choices") {
+    let api = if has(Choices) {
         Api::OpenAi
-    } else if has("candidates") || has("usageMetadata") {
+    } else if has(Candidates) || has(UsageMetadata) {
         Api::Gemini
-    } else if has("meta_info") {
+    } else if has(MetaInfo) {
         Api::Sglang
-    } else if has("text_output") || (has("model_name") && has("model_version")) {
+    } else if has(TextOutput) || (has(ModelName) && has(ModelVersion)) {
         Api::Triton
-    } else if has("token") || has("generated_text") {
+    } else if has(Token) || has(GeneratedText) {
         Api::Tgi
-    } else if has("results") && has("model_id") {
+    } else if has(Results) && has(ModelId) {
         Api::Watsonx
-    } else if has("created_at") && has("done") {
+    } else if has(CreatedAt) && has(Done) {
         Api::Ollama
-    } else if has("content")
-        && (has("stop") || has("id_slot") || has("tokens_predicted") || has("timings"))
-    {
+    } else if has(Content) && (has(Stop) || has(IdSlot) || has(TokensPredicted) || has(Timings)) {
         Api::LlamaCpp
-    } else if has("message") && has("finish_reason") && has("usage") {
+    } else if has(Message) && has(FinishReason) && has(Usage) {
         Api::Cohere // a non-streaming v2 chat response
     } else {
         return None;

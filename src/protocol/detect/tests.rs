@@ -237,3 +237,202 @@ fn undecided_streams_settle_for_the_path_or_unknown() {
     );
     assert!(a.inner.is_some(), "gave up sniffing");
 }
+
+/// The sniff as it was written over a `serde_json::Value`: the oracle for [`shape`], which reads
+/// the same facts without building the value.
+fn sniff_by_value(msg: &Message<'_>) -> Sniff {
+    use serde_json::{Map, Value};
+    fn object(o: &Map<String, Value>) -> Sniff {
+        let has = |k: &str| o.contains_key(k);
+        let str_of = |k: &str| o.get(k).and_then(Value::as_str);
+        if let Some(t) = str_of("type") {
+            if let Some(api) = by_type(t) {
+                return Sniff::Format(api);
+            }
+            if is_neutral_type(t) {
+                return Sniff::Neutral;
+            }
+        }
+        if str_of("type") == Some("message") && has("role") {
+            return Sniff::Format(Api::Anthropic);
+        }
+        match str_of("object") {
+            Some("chat.completion.chunk" | "chat.completion" | "text_completion") => {
+                return Sniff::Format(Api::OpenAi)
+            }
+            Some("response") => return Sniff::Format(Api::Responses),
+            _ => {}
+        }
+        let api = if has("choices") {
+            Api::OpenAi
+        } else if has("candidates") || has("usageMetadata") {
+            Api::Gemini
+        } else if has("meta_info") {
+            Api::Sglang
+        } else if has("text_output") || (has("model_name") && has("model_version")) {
+            Api::Triton
+        } else if has("token") || has("generated_text") {
+            Api::Tgi
+        } else if has("results") && has("model_id") {
+            Api::Watsonx
+        } else if has("created_at") && has("done") {
+            Api::Ollama
+        } else if has("content")
+            && (has("stop") || has("id_slot") || has("tokens_predicted") || has("timings"))
+        {
+            Api::LlamaCpp
+        } else if has("message") && has("finish_reason") && has("usage") {
+            Api::Cohere
+        } else {
+            return Sniff::Unknown;
+        };
+        Sniff::Format(api)
+    }
+    let quick = sniff(&Message {
+        event: msg.event,
+        data: b"",
+    });
+    if msg.event == "output" || by_type(msg.event).is_some() {
+        return quick;
+    }
+    if is_neutral_type(msg.event)
+        || msg.data == b"[DONE]"
+        || msg.data.iter().all(u8::is_ascii_whitespace)
+    {
+        return Sniff::Neutral;
+    }
+    let Ok(value) = serde_json::from_slice::<Value>(msg.data) else {
+        return Sniff::Unknown;
+    };
+    let first = match value {
+        Value::Array(items) => match items.into_iter().next() {
+            Some(v) => v,
+            None => return Sniff::Neutral,
+        },
+        v => v,
+    };
+    match first.as_object() {
+        Some(o) if o.is_empty() || o.contains_key("error") => Sniff::Neutral,
+        Some(o) => object(o),
+        None => Sniff::Unknown,
+    }
+}
+
+#[test]
+fn the_shape_reads_what_a_value_would_show() {
+    let cases = [
+        r#"{"object":"chat.completion.chunk","choices":[]}"#,
+        r#"{"type":5,"choices":[]}"#,
+        r#"{"type":"message_start","type":5}"#,
+        r#"{"type":5,"type":"message_start"}"#,
+        r#"{"\u0074ype":"message_start"}"#,
+        r#"{"type":"mess\u0061ge","role":"assistant"}"#,
+        r#"{"type":"message","role":"assistant"}"#,
+        r#"{"object":{"nested":"chat.completion.chunk"},"id":"x"}"#,
+        r#"{"object":["chat.completion.chunk"]}"#,
+        r#"{"object":null,"choices":null}"#,
+        r#"[{"candidates":[]},{"candidates":[]}]"#,
+        r#"[[{"choices":[]}]]"#,
+        r#"["choices"]"#,
+        r#"[{"choices":[]}, oops]"#,
+        r#"[]"#,
+        r#"[null]"#,
+        r#"{}"#,
+        r#"{"error":"x","choices":[]}"#,
+        r#"{"model_name":"m","model_version":"1"}"#,
+        r#"{"model_name":"m"}"#,
+        r#"{"content":"x","timings":{}}"#,
+        r#"{"content":"x"}"#,
+        r#"{"message":{},"finish_reason":"stop","usage":{}}"#,
+        r#"{"results":[],"model_id":"m"}"#,
+        r#"{"created_at":"t","done":false}"#,
+        r#"{"token":{"id":1}}"#,
+        r#"{"choices":[]} trailing"#,
+        r#"{"choices":[]"#,
+        r#""a string""#,
+        "true",
+        "null",
+        "-1.5e3",
+        "18446744073709551616",
+        r#"{"type":"\ud800"}"#,
+        r#"{"type":"ping"}"#,
+        r#"{"type":"response.created"}"#,
+        "  \n",
+    ];
+    for data in cases {
+        let m = msg("", data);
+        assert_eq!(sniff(&m), sniff_by_value(&m), "{data}");
+    }
+}
+
+proptest::proptest! {
+    /// Objects made of the keys detection looks at, and others, with values of every JSON kind
+    /// (the type values that decide among them), alone or first in an array.
+    #[test]
+    fn the_shape_reads_what_a_value_would_show_for_generated_objects(
+        entries in proptest::collection::vec((0usize..KEYS.len(), 0usize..VALUES.len()), 0..8),
+        wrap in 0usize..3,
+    ) {
+        let body: Vec<String> = entries
+            .iter()
+            .map(|&(k, v)| format!("{:?}:{}", KEYS[k], VALUES[v]))
+            .collect();
+        let object = format!("{{{}}}", body.join(","));
+        let data = match wrap {
+            0 => object,
+            1 => format!("[{object},{{}}]"),
+            _ => format!("[{object}"),
+        };
+        let m = msg("", &data);
+        proptest::prop_assert_eq!(sniff(&m), sniff_by_value(&m), "{}", data);
+    }
+}
+
+const KEYS: &[&str] = &[
+    "type",
+    "object",
+    "error",
+    "role",
+    "choices",
+    "candidates",
+    "usageMetadata",
+    "meta_info",
+    "text_output",
+    "model_name",
+    "model_version",
+    "token",
+    "generated_text",
+    "results",
+    "model_id",
+    "created_at",
+    "done",
+    "content",
+    "stop",
+    "id_slot",
+    "tokens_predicted",
+    "timings",
+    "message",
+    "finish_reason",
+    "usage",
+    "id",
+    "model",
+];
+
+const VALUES: &[&str] = &[
+    r#""message_start""#,
+    r#""message""#,
+    r#""ping""#,
+    r#""response.created""#,
+    r#""chat.completion.chunk""#,
+    r#""response""#,
+    r#""content-delta""#,
+    r#""x""#,
+    "1",
+    "-2.5",
+    "null",
+    "true",
+    "[]",
+    "{}",
+    r#"[{"type":"message_start"}]"#,
+    r#"{"type":"message_start","choices":[]}"#,
+];
