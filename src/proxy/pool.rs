@@ -9,6 +9,8 @@
 //! connection's task whenever hyper polls the body, so every chunk the upstream socket already
 //! holds is handed over within one poll and written to the client in one go, as nginx does. No
 //! chunk waits for another: a poll that finds nothing more returns at once, and hyper flushes.
+//! The connection is polled with a waker of its own, so that handing a chunk over does not wake
+//! the task that is doing it (`pool/wake.rs`).
 //!
 //! Connections are kept for reuse, most recently used first, for `--pool-idle-timeout`, at most
 //! [`MAX_IDLE`] of them. Nothing reads an idle connection; taking one from the pool first polls
@@ -46,9 +48,12 @@ use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::client::legacy::connect::Connection as _;
 use tower::Service;
 
+use self::wake::Signal;
 use super::ProxyBody;
 use crate::error::BoxError;
 use crate::tls::client::{Conn as Io, Connector};
+
+mod wake;
 
 /// Idle connections kept at most. A pool serves the next wave of requests as large as the last;
 /// 1,024 covers the concurrency an inference server runs at, and bounds what a burst can leave.
@@ -56,6 +61,12 @@ pub const MAX_IDLE: usize = 1024;
 
 /// How often idle connections past the timeout are closed (at most; the timeout when shorter).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Times one poll of a response body polls its connection again because it was woken meanwhile,
+/// before it leaves the rest to the task's next turn. One round is the common case (a chunk
+/// read, or nothing); a connection that keeps waking itself is hyper yielding after many reads,
+/// and other tasks get their turn first.
+const ROUNDS: usize = 4;
 
 /// The upstream connections to one origin.
 #[derive(Clone)]
@@ -103,6 +114,9 @@ struct Conn {
     /// `None` once the connection has ended. The mutex is only there to make the body `Sync`
     /// (hyper's connection future is not): it is reached through `&mut` and never locked.
     driver: Option<Mutex<Driver>>,
+    /// What the driver is polled with while a response body drives it ([`wake`]).
+    signal: Arc<Signal>,
+    waker: Waker,
 }
 
 /// The future that reads and writes one connection.
@@ -170,6 +184,8 @@ impl Pool {
             let again = if reused { replay(&req) } else { None };
             match (conn.send(req).await, again) {
                 (Ok(resp), _) => {
+                    // The driver was polled with the task's own waker until now.
+                    conn.signal.set();
                     let pool = Arc::downgrade(&self.inner);
                     return Ok(Sent::Response(resp.map(|inner| PooledBody {
                         inner,
@@ -319,9 +335,12 @@ impl Inner {
             return Ok(None);
         }
         let (send, driver) = http1::handshake(io).await?;
+        let (signal, waker) = Signal::new();
         Ok(Some(Conn {
             send,
             driver: Some(Mutex::new(Box::pin(driver))),
+            signal,
+            waker,
         }))
     }
 }
@@ -331,15 +350,12 @@ impl Inner {
 impl Conn {
     /// Polls the connection's I/O; forgets it once it has ended.
     fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(d) = &mut self.driver {
-            let d = d.get_mut().unwrap_or_else(|e| e.into_inner());
-            if let Poll::Ready(r) = d.as_mut().poll(cx) {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-                self.driver = None;
-            }
-        }
+        drive(&mut self.driver, cx);
+    }
+
+    /// Polls the connection's I/O with its [`Signal`]'s waker, for a response body.
+    fn drive_signalled(&mut self) {
+        drive(&mut self.driver, &mut Context::from_waker(&self.waker));
     }
 
     /// True when the connection is open and idle, ready for a request (polled once to see).
@@ -370,6 +386,19 @@ impl Conn {
     }
 }
 
+/// Polls a connection's I/O; forgets it once it has ended.
+fn drive(driver: &mut Option<Mutex<Driver>>, cx: &mut Context<'_>) {
+    if let Some(d) = driver {
+        let d = d.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Poll::Ready(r) = d.as_mut().poll(cx) {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+            *driver = None;
+        }
+    }
+}
+
 /// A response body that drives its connection, and gives the connection back to the pool when
 /// the body has been read to its end.
 pub struct PooledBody {
@@ -388,10 +417,11 @@ impl Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        if let Some(c) = &mut this.conn {
-            c.drive(cx);
-        }
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = match this.conn.as_mut().filter(|c| c.driver.is_some()) {
+            Some(conn) => drive_and_poll(conn, &mut this.inner, cx),
+            // The connection has ended: what the body still holds needs no driving.
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+        };
         match &polled {
             Poll::Ready(None) => this.ended = true,
             Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.ended = true,
@@ -409,6 +439,40 @@ impl Body for PooledBody {
     }
 }
 
+/// Polls the connection when it was woken, then the body it feeds; again while the connection
+/// was woken meanwhile ([`wake`] says why the task's own waker is not used for either).
+fn drive_and_poll(
+    conn: &mut Conn,
+    inner: &mut Incoming,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    let mut woken = conn.signal.begin(cx.waker());
+    for _ in 0..ROUNDS {
+        if woken {
+            conn.drive_signalled();
+        }
+        // Only the driver's polls feed the body, and each is followed by this one.
+        let polled = Pin::new(&mut *inner).poll_frame(&mut Context::from_waker(&NO_WAKER));
+        if polled.is_ready() {
+            conn.signal.end();
+            return polled;
+        }
+        if conn.driver.is_none() {
+            // Ended in this poll: from now on the body is polled alone, with the task's waker.
+            conn.signal.end();
+            return Pin::new(inner).poll_frame(cx);
+        }
+        if conn.signal.settle() {
+            return Poll::Pending;
+        }
+        woken = true;
+    }
+    conn.signal.set();
+    conn.signal.end();
+    cx.waker().wake_by_ref();
+    Poll::Pending
+}
+
 impl Drop for PooledBody {
     fn drop(&mut self) {
         // A body read to its end leaves the connection idle and reusable; one dropped before
@@ -419,5 +483,107 @@ impl Drop for PooledBody {
         if self.ended || self.inner.is_end_stream() {
             pool.checkin(conn);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
+mod tests {
+    use super::*;
+    use crate::tls::client::{Alpn, UpstreamTls};
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Wakes {
+        fn seen(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// An upstream that answers one request with a chunked head, then writes each chunk it is
+    /// given.
+    async fn upstream() -> (http::Uri, tokio::sync::mpsc::Sender<&'static [u8]>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<&'static [u8]>(1);
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 4096];
+            let _ = s.read(&mut head).await.unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            while let Some(chunk) = rx.recv().await {
+                s.write_all(chunk).await.unwrap();
+            }
+        });
+        (format!("http://{addr}").parse().unwrap(), tx)
+    }
+
+    /// Lets the runtime turn until `wakes` has seen more than `before`.
+    async fn woken(wakes: &Wakes, before: usize) -> usize {
+        for _ in 0..5000 {
+            if wakes.seen() > before {
+                // And a moment more, for any second wake to show.
+                tokio::task::yield_now().await;
+                return wakes.seen() - before;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the body's task was never woken");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_wakes_the_bodys_task_once_and_handing_it_over_wakes_nobody() {
+        let (origin, chunks) = upstream().await;
+        let tls = UpstreamTls::default().load(false).unwrap();
+        let pool = Pool::new(
+            origin.clone(),
+            tls.connector(Alpn::Http1, None),
+            Duration::from_secs(60),
+        );
+        let req = Request::post(origin)
+            .body(super::super::full(Bytes::new()))
+            .unwrap();
+        let Ok(Sent::Response(resp)) = pool.send(req).await else {
+            panic!("no response");
+        };
+        let mut body = resp.into_body();
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        for _ in 0..5 {
+            let before = wakes.seen();
+            chunks.send(b"5\r\nhello\r\n").await.unwrap();
+            assert_eq!(woken(&wakes, before).await, 1, "the socket's wake");
+            let before = wakes.seen();
+            match Pin::new(&mut body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(f))) => assert_eq!(f.data_ref().unwrap(), "hello"),
+                other => panic!("expected the chunk, got {:?}", other.map(|_| ())),
+            }
+            // hyper polls again after every frame, and twice when it finds nothing.
+            assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+            assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+            assert_eq!(wakes.seen(), before, "a wake from inside the poll");
+        }
+        let before = wakes.seen();
+        chunks.send(b"0\r\n\r\n").await.unwrap();
+        woken(&wakes, before).await;
+        assert!(matches!(
+            Pin::new(&mut body).poll_frame(&mut cx),
+            Poll::Ready(None)
+        ));
+        drop(body);
+        assert_eq!(pool.idle(), 1, "read to its end, the connection goes back");
     }
 }
