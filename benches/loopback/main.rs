@@ -38,6 +38,10 @@ const UPSTREAM_BACKLOG: u32 = 4096;
 /// fewer spare, nginx closes some held streams to make room).
 const SPARE_FDS: u64 = 1200;
 
+/// Streams the `hold` scenario opens: under tokenmeter's default `--max-in-flight` of 8,192, so
+/// that none is shed (a shed stream holds a connection but no upstream, and no stream's memory).
+const HOLD_STREAMS: usize = 8_000;
+
 /// What one run measures, and how long each measurement is.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -124,14 +128,15 @@ impl Settings {
             paced_first_us: 0,
             paced_requests: 1,
             ttfb_streams: 16,
-            // Past tokenmeter's 4 s pool timeout, short of the upstream's 5 s keep-alive: a pool
-            // that keeps connections until the server closes them finds them warm.
+            // Short of the upstream's 5 s keep-alive: a pool that keeps connections until the
+            // server closes them (tokenmeter's, 60 s) finds them warm.
             ttfb_idle: Duration::from_millis(4500),
             ttfb_reps: 2,
             seq_count: 50,
             seq_gap: Duration::from_millis(50),
-            // A proxy holds two descriptors per stream.
-            hold_streams: 10_000.min(((nofile.saturating_sub(SPARE_FDS)) / 2) as usize),
+            // Below tokenmeter's default `--max-in-flight` (8,192), which sheds the rest with a
+            // 503: every stream is held. A proxy holds two descriptors per stream.
+            hold_streams: HOLD_STREAMS.min(((nofile.saturating_sub(SPARE_FDS)) / 2) as usize),
             burst_streams: 5_000.min(((nofile.saturating_sub(SPARE_FDS)) / 2) as usize),
             burst_chunks: 10,
             burst_interval_us: 100_000,
