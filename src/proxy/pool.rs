@@ -489,25 +489,10 @@ impl Drop for PooledBody {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
 mod tests {
+    use super::wake::tests::{task, Count};
     use super::*;
     use crate::tls::client::{Alpn, UpstreamTls};
-    use std::sync::atomic::AtomicUsize;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[derive(Default)]
-    struct Wakes(AtomicUsize);
-
-    impl Wake for Wakes {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    impl Wakes {
-        fn seen(&self) -> usize {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
 
     /// An upstream that answers one request with a chunked head, then writes each chunk it is
     /// given.
@@ -530,7 +515,7 @@ mod tests {
     }
 
     /// Lets the runtime turn until `wakes` has seen more than `before`.
-    async fn woken(wakes: &Wakes, before: usize) -> usize {
+    async fn woken(wakes: &Count, before: usize) -> usize {
         for _ in 0..5000 {
             if wakes.seen() > before {
                 // And a moment more, for any second wake to show.
@@ -558,8 +543,7 @@ mod tests {
             panic!("no response");
         };
         let mut body = resp.into_body();
-        let wakes = Arc::new(Wakes::default());
-        let waker = Waker::from(Arc::clone(&wakes));
+        let (wakes, waker) = task();
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
         for _ in 0..5 {

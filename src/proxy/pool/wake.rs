@@ -93,12 +93,13 @@ impl Wake for Signal {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    /// A task's waker that counts its wakes (the pool's tests use it too).
     #[derive(Default)]
-    struct Count(AtomicUsize);
+    pub struct Count(AtomicUsize);
 
     impl Wake for Count {
         fn wake(self: Arc<Self>) {
@@ -106,7 +107,14 @@ mod tests {
         }
     }
 
-    fn task() -> (Arc<Count>, Waker) {
+    impl Count {
+        pub fn seen(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A counted task's waker.
+    pub fn task() -> (Arc<Count>, Waker) {
         let count = Arc::new(Count::default());
         let waker = Waker::from(Arc::clone(&count));
         (count, waker)
@@ -129,7 +137,7 @@ mod tests {
         waker.wake_by_ref();
         assert!(!signal.settle(), "the caller polls again");
         assert!(signal.settle(), "and then may return Pending");
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.seen(), 0);
     }
 
     #[test]
@@ -139,7 +147,7 @@ mod tests {
         signal.begin(&task);
         assert!(signal.settle());
         waker.wake_by_ref();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(count.seen(), 1);
         assert!(signal.begin(&task));
     }
 
@@ -150,7 +158,7 @@ mod tests {
         signal.begin(&task);
         waker.wake_by_ref();
         signal.end();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.seen(), 0);
         assert!(signal.begin(&task));
     }
 
@@ -161,7 +169,7 @@ mod tests {
         signal.begin(&task);
         assert!(signal.settle());
         signal.set();
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.seen(), 0);
         assert!(signal.begin(&task));
     }
 }
