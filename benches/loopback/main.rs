@@ -530,6 +530,7 @@ impl Bench {
             Scenario::Paced => {
                 let mut v = Vec::new();
                 for &n in &s.paced_loads {
+                    let cpu0 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
                     let r = self.run_client(self.client(
                         "paced",
                         addr,
@@ -545,7 +546,9 @@ impl Bench {
                         / s.paced_requests.max(1))
                     .max(1);
                     let expected = n as u64 * per_request * s.paced_requests.max(1);
-                    v.push(Outcome::latency(n, &r, expected));
+                    let cpu1 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
+                    let cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
+                    v.push(Outcome::latency(n, &r, expected, cpu));
                 }
                 v
             }

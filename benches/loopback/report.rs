@@ -77,8 +77,15 @@ impl Outcome {
         o
     }
 
-    pub fn latency(streams: usize, r: &Report, expected: u64) -> Self {
+    /// `cpu`: the proxy's CPU seconds over the run, when it is a process of its own. Per chunk it
+    /// is where a change to the work per lone chunk shows, which the latency rows, moving more
+    /// between runs, cannot.
+    pub fn latency(streams: usize, r: &Report, expected: u64, cpu: Option<f64>) -> Self {
         let mut o = Outcome::new(format!("paced{streams}"), r);
+        if let Some(cpu) = cpu.filter(|_| r.events > 0) {
+            o.figures
+                .insert("cpu_us_per_chunk", cpu / r.events as f64 * 1e6);
+        }
         let mut s = r.samples_ns.clone();
         s.sort_unstable();
         for (name, p) in [
@@ -351,6 +358,17 @@ pub fn markdown(run: &Run<'_>) -> String {
                 Vs::AddedOverDirect,
             ));
         }
+        rows.push((
+            format!(
+                "proxy CPU per chunk, {} streams x {} chunks/s (ratio to nginx)",
+                l(n),
+                s.paced_rate
+            ),
+            paced(n),
+            "cpu_us_per_chunk",
+            "us/chunk",
+            Vs::RatioToNginx,
+        ));
     }
     rows.push((
         format!(
