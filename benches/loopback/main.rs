@@ -134,8 +134,7 @@ impl Settings {
             ttfb_reps: 2,
             seq_count: 50,
             seq_gap: Duration::from_millis(50),
-            // Below tokenmeter's default `--max-in-flight` (8,192), which sheds the rest with a
-            // 503: every stream is held. A proxy holds two descriptors per stream.
+            // A proxy holds two descriptors per stream.
             hold_streams: HOLD_STREAMS.min(((nofile.saturating_sub(SPARE_FDS)) / 2) as usize),
             burst_streams: 5_000.min(((nofile.saturating_sub(SPARE_FDS)) / 2) as usize),
             burst_chunks: 10,
@@ -485,6 +484,19 @@ impl Bench {
     }
 
     /// Runs one client measurement to its end and returns its report.
+    /// Runs a client, and reads the CPU seconds the proxy (`pid`, when it is a process of its
+    /// own) used meanwhile.
+    fn run_client_cpu(
+        &self,
+        cmd: Command,
+        pid: Option<u32>,
+    ) -> Result<(client::Report, Option<f64>), String> {
+        let cpu = || pid.and_then(|p| procs::cpu_secs(p, self.ticks));
+        let before = cpu();
+        let r = self.run_client(cmd)?;
+        Ok((r, before.zip(cpu()).map(|(a, b)| b - a)))
+    }
+
     fn run_client(&self, mut cmd: Command) -> Result<client::Report, String> {
         let out = cmd
             .stderr(Stdio::inherit())
@@ -510,44 +522,44 @@ impl Bench {
         let addr = running.addr;
         Ok(match scenario {
             Scenario::Saturate => {
-                let cpu0 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
                 let t0 = Instant::now();
-                let r = self.run_client(self.client(
-                    "saturate",
-                    addr,
-                    &[
-                        ("--streams", s.sat_streams.to_string()),
-                        ("--warm", s.sat_warm.to_string()),
-                        ("--secs", s.sat_secs.to_string()),
-                        ("--chunks", s.sat_chunks.to_string()),
-                    ],
-                ))?;
+                let (r, cpu) = self.run_client_cpu(
+                    self.client(
+                        "saturate",
+                        addr,
+                        &[
+                            ("--streams", s.sat_streams.to_string()),
+                            ("--warm", s.sat_warm.to_string()),
+                            ("--secs", s.sat_secs.to_string()),
+                            ("--chunks", s.sat_chunks.to_string()),
+                        ],
+                    ),
+                    pid,
+                )?;
                 let wall = t0.elapsed().as_secs_f64();
-                let cpu1 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
-                let cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
                 vec![Outcome::saturate(&r, cpu, wall)]
             }
             Scenario::Paced => {
                 let mut v = Vec::new();
                 for &n in &s.paced_loads {
-                    let cpu0 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
-                    let r = self.run_client(self.client(
-                        "paced",
-                        addr,
-                        &[
-                            ("--streams", n.to_string()),
-                            ("--rate", s.paced_rate.to_string()),
-                            ("--secs", s.paced_secs.to_string()),
-                            ("--first-us", s.paced_first_us.to_string()),
-                            ("--requests", s.paced_requests.to_string()),
-                        ],
-                    ))?;
+                    let (r, cpu) = self.run_client_cpu(
+                        self.client(
+                            "paced",
+                            addr,
+                            &[
+                                ("--streams", n.to_string()),
+                                ("--rate", s.paced_rate.to_string()),
+                                ("--secs", s.paced_secs.to_string()),
+                                ("--first-us", s.paced_first_us.to_string()),
+                                ("--requests", s.paced_requests.to_string()),
+                            ],
+                        ),
+                        pid,
+                    )?;
                     let per_request = ((s.paced_rate * s.paced_secs).max(1.0) as u64
                         / s.paced_requests.max(1))
                     .max(1);
                     let expected = n as u64 * per_request * s.paced_requests.max(1);
-                    let cpu1 = pid.and_then(|p| procs::cpu_secs(p, self.ticks));
-                    let cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
                     v.push(Outcome::latency(n, &r, expected, cpu));
                 }
                 v

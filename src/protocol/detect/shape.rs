@@ -10,7 +10,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 
 /// The keys whose presence tells formats apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,13 +142,26 @@ pub fn read(data: &[u8]) -> Option<Top<'_>> {
 
 impl<'de> Deserialize<'de> for Top<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(TopVisitor)
+        d.deserialize_any(Level { first: false })
     }
 }
 
-struct TopVisitor;
+/// Reads one value's top level: the message itself, or (`first`) an array's first element,
+/// where only an object counts and an array inside is skipped.
+#[derive(Clone, Copy)]
+struct Level {
+    first: bool,
+}
 
-impl<'de> Visitor<'de> for TopVisitor {
+impl<'de> DeserializeSeed<'de> for Level {
+    type Value = Top<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Level {
     type Value = Top<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -158,10 +173,14 @@ impl<'de> Visitor<'de> for TopVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let top = match seq.next_element::<First>()? {
-            None => Top::Empty,
-            Some(First(Some(shape))) => Top::Object(shape),
-            Some(First(None)) => Top::Other,
+        let top = if self.first {
+            Top::Other
+        } else {
+            match seq.next_element_seed(Level { first: true })? {
+                None => Top::Empty,
+                Some(Top::Object(shape)) => Top::Object(shape),
+                Some(Top::Empty | Top::Other) => Top::Other,
+            }
         };
         skip_seq(seq)?;
         Ok(top)
@@ -172,39 +191,6 @@ impl<'de> Visitor<'de> for TopVisitor {
     }
 
     scalars_are!(Top::Other);
-}
-
-/// An array's first element: its shape when it is an object.
-struct First<'a>(Option<Shape<'a>>);
-
-impl<'de> Deserialize<'de> for First<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FirstVisitor)
-    }
-}
-
-struct FirstVisitor;
-
-impl<'de> Visitor<'de> for FirstVisitor {
-    type Value = First<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        shape(map).map(|s| First(Some(s)))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        skip_seq(seq).map(|()| First(None))
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(First(None))
-    }
-
-    scalars_are!(First(None));
 }
 
 /// A top-level key: one that tells formats apart, one whose value is read, or another.
