@@ -11,30 +11,46 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
+use crate::drain::Connections;
 use crate::metrics::Metrics;
 use crate::overload::Limiter;
 use crate::ui::Ui;
 
 /// Whether the proxy should get new traffic: not while it drains, nor while it is at its
-/// in-flight cap (until it is back to the low-water mark, [`crate::overload`]).
+/// in-flight cap (until it is back to the low-water mark, [`crate::overload`]), nor while its
+/// open connections are near `--max-connections` ([`Connections::is_crowded`]).
 #[derive(Debug, Default)]
 pub struct Readiness {
     draining: AtomicBool,
     limiter: Option<Arc<Limiter>>,
+    connections: Option<Arc<Connections>>,
 }
 
 impl Readiness {
     /// Readiness that also reports the limiter's overload.
     pub fn with_limiter(limiter: Arc<Limiter>) -> Self {
         Readiness {
-            draining: AtomicBool::new(false),
             limiter: Some(limiter),
+            ..Readiness::default()
+        }
+    }
+
+    /// And the crowding of the proxy listener's connections.
+    pub fn with_connections(self, connections: Arc<Connections>) -> Self {
+        Readiness {
+            connections: Some(connections),
+            ..self
         }
     }
 
     /// At the in-flight cap, and not yet back to the low-water mark.
     pub fn is_overloaded(&self) -> bool {
         self.limiter.as_ref().is_some_and(|l| l.is_overloaded())
+    }
+
+    /// Open connections near `--max-connections`, and not yet back to 90% of it.
+    pub fn is_crowded(&self) -> bool {
+        self.connections.as_ref().is_some_and(|c| c.is_crowded())
     }
 
     /// From now on `/readyz` answers 503.
@@ -91,6 +107,9 @@ pub fn handle_with_ui<B>(
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if ready.is_draining() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
         "/readyz" if ready.is_overloaded() => text(StatusCode::SERVICE_UNAVAILABLE, "overloaded\n"),
+        "/readyz" if ready.is_crowded() => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "near --max-connections\n")
+        }
         "/readyz" => text(StatusCode::OK, "ready\n"),
         _ if ui.is_some() => text(
             StatusCode::NOT_FOUND,

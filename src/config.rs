@@ -35,6 +35,20 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
 /// 10 MiB) that leaves some 86 MiB of a 512 MiB limit for request bodies being read.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 
+/// `--listen-backlog`'s default: connections the kernel completes and queues before the
+/// accept loop takes them. tokio binds with 128 (the standard library's number), which a burst
+/// overflows: 1,000 streams opened at once by 256 clients overflowed it about 100 times, and
+/// each of those clients waited for its 1 s SYN retry. 4,096 is Linux's `somaxconn` since 5.4:
+/// every client of a gateway reconnecting after a deploy fits, and a queued connection costs
+/// the kernel a socket, not the proxy a task.
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
+
+/// `--metrics-max-connections`' default. Prometheus, a second scraper, the kubelet's probes
+/// and a few people on the page use a handful; 256 leaves room for a crowd of dashboards and
+/// bounds what the listener's connections can cost in all to a few MiB (an idle hyper
+/// connection is a task and an 8 KiB read buffer).
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 256;
+
 /// `--ui-sample-period`'s default.
 pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
 
@@ -159,6 +173,17 @@ pub struct ProxyArgs {
     /// Open client connections; beyond it a new connection is closed as soon as it is accepted.
     #[arg(long, env = "TOKENMETER_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+
+    /// Connections the kernel completes and queues for each listener before they are accepted
+    /// (listen(2)'s backlog; the kernel caps it at net.core.somaxconn). A burst of new
+    /// connections past it waits for the client's 1 s SYN retry.
+    #[arg(long, env = "TOKENMETER_LISTEN_BACKLOG", default_value_t = DEFAULT_LISTEN_BACKLOG, value_name = "N")]
+    pub listen_backlog: u32,
+
+    /// Open connections on the metrics listener; past it the connection idle longest is closed
+    /// to make room for a new one (a crowd of idle clients cannot lock Prometheus out).
+    #[arg(long, env = "TOKENMETER_METRICS_MAX_CONNECTIONS", default_value_t = DEFAULT_METRICS_MAX_CONNECTIONS, value_name = "N")]
+    pub metrics_max_connections: usize,
 
     /// The Retry-After header of a shed request's 503, in whole seconds.
     #[arg(
@@ -360,6 +385,10 @@ pub struct Config {
     pub max_in_flight: usize,
     /// `--max-connections`: at least 1.
     pub max_connections: usize,
+    /// `--listen-backlog`, both listeners': at least 1.
+    pub listen_backlog: u32,
+    /// `--metrics-max-connections`: at least 1.
+    pub metrics_max_connections: usize,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
     // --- TLS ---
@@ -580,6 +609,8 @@ impl Config {
             header_read_timeout: Duration::from_secs(30),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            listen_backlog: DEFAULT_LISTEN_BACKLOG,
+            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
             api: None,
             upstream_tls: UpstreamTls::default(),
             tls: None,
@@ -650,6 +681,12 @@ impl ProxyArgs {
         }
         if self.retry_after == 0 {
             return Err(ConfigError::Zero("retry-after"));
+        }
+        if self.listen_backlog == 0 {
+            return Err(ConfigError::Zero("listen-backlog"));
+        }
+        if self.metrics_max_connections == 0 {
+            return Err(ConfigError::Zero("metrics-max-connections"));
         }
         if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
@@ -732,6 +769,8 @@ impl ProxyArgs {
             header_read_timeout: self.header_read_timeout,
             max_in_flight: self.max_in_flight,
             max_connections: self.max_connections,
+            listen_backlog: self.listen_backlog,
+            metrics_max_connections: self.metrics_max_connections,
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             upstream_tls,

@@ -12,22 +12,71 @@ use std::sync::Arc;
 
 use tokio::sync::{watch, Notify};
 
-/// Counts open connections, and wakes the drain when the last one closes.
-#[derive(Debug, Default)]
+/// The crowded flag's bit in [`Connections`]' state word; the bits below it are the count.
+const CROWDED: usize = 1 << (usize::BITS - 1);
+
+/// Counts open connections, wakes the drain when the last one closes, and says when they are
+/// near `--max-connections` (what `/readyz` reports).
+///
+/// Crowding has hysteresis, as the in-flight cap's overload has ([`crate::overload`]): the
+/// count turns crowded at 95% of the cap, so a Service stops sending new connections before the
+/// last ones are taken and closed at accept, and uncrowded only at 90%, so a pod near its limit
+/// does not flap in and out of the endpoints with every connection that closes. The count and
+/// the flag change together, in one atomic word.
+#[derive(Debug)]
 pub struct Connections {
-    open: AtomicUsize,
+    /// The count in the low bits, [`CROWDED`] on top.
+    state: AtomicUsize,
+    /// Crowded from this many open connections on.
+    crowded_at: usize,
+    /// Uncrowded again at or below this many.
+    eased_at: usize,
     closed: Notify,
 }
 
+impl Default for Connections {
+    /// A count with no cap: never crowded.
+    fn default() -> Self {
+        Connections::with_cap(CROWDED - 1)
+    }
+}
+
 impl Connections {
+    /// A count of connections under a cap of `cap` (at least 1).
+    pub fn with_cap(cap: usize) -> Self {
+        let cap = cap.clamp(1, CROWDED - 1);
+        Connections {
+            state: AtomicUsize::new(0),
+            crowded_at: cap - cap / 20,
+            eased_at: cap / 10 * 9 + cap % 10 * 9 / 10,
+            closed: Notify::new(),
+        }
+    }
+
     /// Connections open now.
     pub fn open(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
+        self.state.load(Ordering::SeqCst) & !CROWDED
+    }
+
+    /// Whether new connections should go elsewhere: 95% of the cap was reached and the count
+    /// has not yet fallen to 90%.
+    pub fn is_crowded(&self) -> bool {
+        self.state.load(Ordering::SeqCst) & CROWDED != 0
     }
 
     /// Counts one more open connection until the guard drops.
     pub fn hold(self: &Arc<Self>) -> Held {
-        self.open.fetch_add(1, Ordering::SeqCst);
+        let _ = self
+            .state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                let count = (s & !CROWDED) + 1;
+                let flag = if count >= self.crowded_at {
+                    CROWDED
+                } else {
+                    s & CROWDED
+                };
+                Some(count | flag)
+            });
         Held(Arc::clone(self))
     }
 
@@ -41,6 +90,24 @@ impl Connections {
             notified.await;
         }
     }
+
+    fn release(&self) {
+        let mut left = 0;
+        let _ = self
+            .state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                left = (s & !CROWDED).saturating_sub(1);
+                let flag = if left <= self.eased_at {
+                    0
+                } else {
+                    s & CROWDED
+                };
+                Some(left | flag)
+            });
+        if left == 0 {
+            self.closed.notify_waiters();
+        }
+    }
 }
 
 /// One place in the count of open connections, given back on drop, however the holder ends.
@@ -49,9 +116,7 @@ pub struct Held(Arc<Connections>);
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.closed.notify_waiters();
-        }
+        self.0.release();
     }
 }
 
@@ -99,6 +164,30 @@ mod tests {
         drop(b);
         waiter.await.expect("woken at zero");
         assert_eq!(conns.open(), 0);
+    }
+
+    #[test]
+    fn crowded_from_95_percent_of_the_cap_until_back_at_90() {
+        let conns = Arc::new(Connections::with_cap(100));
+        let mut held: Vec<_> = (0..94).map(|_| conns.hold()).collect();
+        assert!(!conns.is_crowded(), "94 of 100");
+        held.push(conns.hold());
+        assert!(conns.is_crowded(), "95 of 100");
+        held.truncate(91);
+        assert!(conns.is_crowded(), "91 of 100: not yet eased");
+        held.truncate(90);
+        assert!(!conns.is_crowded(), "90 of 100");
+        assert_eq!(conns.open(), 90);
+        // A cap of 1 is crowded by its one connection and eased when it closes.
+        let one = Arc::new(Connections::with_cap(1));
+        let h = one.hold();
+        assert!(one.is_crowded());
+        drop(h);
+        assert!(!one.is_crowded());
+        // No cap: never crowded.
+        let free = Arc::new(Connections::default());
+        let _h: Vec<_> = (0..1000).map(|_| free.hold()).collect();
+        assert!(!free.is_crowded());
     }
 
     #[tokio::test]

@@ -50,9 +50,12 @@ use crate::tls::listener::{ServerTls, Stream};
 use crate::tls::TlsError;
 use crate::ui::Ui;
 
+mod admin_cap;
 mod head;
 pub mod http2;
+pub mod listen;
 mod version;
+use admin_cap::{AdminCap, Admitted};
 use head::HeadTimer;
 use version::Version;
 
@@ -100,6 +103,11 @@ pub struct Server {
     header_read_timeout: Duration,
     /// `--max-connections`.
     max_connections: usize,
+    /// The proxy listener's open connections, counted against `--max-connections` (shared
+    /// with `/readyz`, which reports their crowding).
+    conns: Arc<Connections>,
+    /// `--metrics-max-connections`.
+    metrics_max_connections: usize,
     /// With `--replicas auto`: the upstream's host and port, whose addresses are counted.
     replicas_host: Option<(String, u16)>,
 }
@@ -130,10 +138,8 @@ fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), S
     Ok((identify, sinks))
 }
 
-async fn bind(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { flag, addr, source })
+fn bind(flag: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpListener, ServerError> {
+    listen::bind(addr, backlog).map_err(|source| ServerError::Bind { flag, addr, source })
 }
 
 impl Server {
@@ -156,10 +162,15 @@ impl Server {
                 .with_sinks(identify, sinks),
         );
         let limiter = Arc::new(Limiter::new(cfg.max_in_flight));
-        metrics.set_limits(cfg.max_in_flight, cfg.max_connections);
+        let conns = Arc::new(Connections::with_cap(cfg.max_connections));
+        metrics.set_limits(
+            cfg.max_in_flight,
+            cfg.max_connections,
+            cfg.metrics_max_connections,
+        );
         Ok(Server {
-            proxy_listener: bind("--listen", cfg.listen).await?,
-            admin_listener: bind("--metrics-listen", cfg.metrics_listen).await?,
+            proxy_listener: bind("--listen", cfg.listen, cfg.listen_backlog)?,
+            admin_listener: bind("--metrics-listen", cfg.metrics_listen, cfg.listen_backlog)?,
             proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
             tls,
             metrics_tls,
@@ -172,10 +183,12 @@ impl Server {
             }),
             metrics,
             capacity,
-            ready: Arc::new(Readiness::with_limiter(limiter)),
+            ready: Arc::new(Readiness::with_limiter(limiter).with_connections(Arc::clone(&conns))),
             drain_timeout: cfg.drain_timeout,
             header_read_timeout: cfg.header_read_timeout,
             max_connections: cfg.max_connections,
+            conns,
+            metrics_max_connections: cfg.metrics_max_connections,
             replicas_host: (cfg.replicas == replicas::Setting::Auto)
                 .then(|| cfg.proxy.upstream.host_and_port()),
         })
@@ -224,13 +237,16 @@ impl Server {
         });
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
-            Arc::clone(&self.metrics),
-            Arc::clone(&self.ready),
-            self.ui.clone(),
-            self.metrics_tls,
-            self.header_read_timeout,
+            Arc::new(Admin {
+                metrics: Arc::clone(&self.metrics),
+                ready: Arc::clone(&self.ready),
+                ui: self.ui.clone(),
+                tls: self.metrics_tls,
+                header_read_timeout: self.header_read_timeout,
+            }),
+            AdminCap::new(self.metrics_max_connections),
         ));
-        let conns = Arc::new(Connections::default());
+        let conns = self.conns;
         let (drain_tx, drain_rx) = watch::channel(false);
         let (cut_tx, cut_rx) = watch::channel(false);
         // A task of its own, on the runtime's workers: polled from here, it ran on the thread
@@ -246,6 +262,7 @@ impl Server {
                 drain: drain_rx,
                 lent: Drain::new(Arc::clone(&conns), cut_rx),
                 header_read_timeout: self.header_read_timeout,
+                metrics: Arc::clone(&self.metrics),
             },
             Arc::clone(&conns),
             Limits {
@@ -314,6 +331,8 @@ struct Conn {
     /// Lent to each request, for an upgrade to stay counted while it is joined.
     lent: Drain,
     header_read_timeout: Duration,
+    /// Where an HTTP/2 connection closed by a limit is counted.
+    metrics: Arc<Metrics>,
 }
 
 /// What the accept loop holds new connections to.
@@ -401,23 +420,31 @@ async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Conn>, _g
     };
     let mut drain = c.drain.clone();
     let draining = *drain.borrow();
+    // Its own handle, for the end: the shared `Conn` goes into the connection.
+    let metrics = Arc::clone(&c.metrics);
     let conn = connection(io, version, c, draining, accepted);
     tokio::pin!(conn);
     if !draining {
         tokio::select! {
-            res = conn.as_mut() => {
-                if let Err(e) = res {
-                    tracing::debug!(error = %e, "client connection ended with an error");
-                }
-                return;
-            }
+            res = conn.as_mut() => return ended(res, &metrics),
             _ = drain.wait_for(|d| *d) => conn.as_mut().graceful_shutdown(),
         }
     }
-    if let Err(e) = conn.await {
+    ended(conn.await, &metrics);
+}
+
+/// How a client connection ended: an error is logged at debug (a client's business), and an
+/// HTTP/2 connection that one of the limits closed is counted.
+fn ended(res: Result<(), BoxError>, metrics: &Metrics) {
+    if let Err(e) = res {
+        if let Some(reason) = http2::closed_by_limit(e.as_ref()) {
+            metrics.http2_closed(reason);
+        }
         tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// hyper's connection for `io`: HTTP/1.1 (upgrades on) or HTTP/2 by `version`, hyper-util's
 /// `auto` connection when that is not known yet ([`version`] says why it is decided first).
@@ -491,7 +518,7 @@ impl Served {
 }
 
 impl Future for Served {
-    type Output = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+    type Output = Result<(), BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
@@ -518,33 +545,79 @@ impl hyper::service::Service<Request<Incoming>> for Requests {
     }
 }
 
-async fn serve_admin(
-    listener: TcpListener,
+/// What every metrics-listener connection is served with.
+struct Admin {
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
     ui: Option<Arc<Ui>>,
     tls: Option<ServerTls>,
     header_read_timeout: Duration,
-) {
+}
+
+/// The metrics listener's accept loop: each connection under `--metrics-max-connections`
+/// ([`admin_cap`]: at the cap the idlest gives way), with the proxy listener's budget for the
+/// handshake and every head (`--header-read-timeout`).
+async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, cap: Arc<AdminCap>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let (metrics, ready, tls) = (Arc::clone(&metrics), Arc::clone(&ready), tls.clone());
-        let ui = ui.clone();
-        tokio::spawn(async move {
-            let deadline = Instant::now() + header_read_timeout;
-            let Some((io, _)) = handshake(stream, tls.as_ref(), deadline).await else {
-                return;
-            };
-            let service = service_fn(move |req: Request<Incoming>| {
-                let resp = admin::handle_with_ui(&req, &metrics, &ready, ui.as_deref());
+        let place = match cap.admit() {
+            Admitted::Room(place) => place,
+            Admitted::Displaced(place) => {
+                admin.metrics.metrics_connection_shed();
+                place
+            }
+            Admitted::Refused => {
+                admin.metrics.metrics_connection_shed();
+                continue;
+            }
+        };
+        tokio::spawn(serve_admin_conn(
+            stream,
+            Instant::now(),
+            Arc::clone(&admin),
+            place,
+        ));
+    }
+}
+
+/// One metrics-listener connection, until it ends, its head times out or it is shed.
+async fn serve_admin_conn(
+    stream: TcpStream,
+    accepted: Instant,
+    admin: Arc<Admin>,
+    place: admin_cap::Place,
+) {
+    let deadline = accepted + admin.header_read_timeout;
+    let close = Arc::clone(&place.close);
+    let place = Arc::new(place);
+    let serve = async {
+        let Some((io, _)) = handshake(stream, admin.tls.as_ref(), deadline).await else {
+            return;
+        };
+        let service = {
+            let admin = Arc::clone(&admin);
+            service_fn(move |req: Request<Incoming>| {
+                // Not shed while it answers.
+                let _busy = place.busy();
+                let resp =
+                    admin::handle_with_ui(&req, &admin.metrics, &admin.ready, admin.ui.as_deref());
                 async move { Ok::<_, Infallible>(resp) }
-            });
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            http2::configure(&mut builder);
-            let _ = builder.serve_connection(io, service).await;
-        });
+            })
+        };
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(HeadTimer::new(accepted))
+            .header_read_timeout(admin.header_read_timeout);
+        http2::configure(&mut builder);
+        ended(builder.serve_connection(io, service).await, &admin.metrics);
+    };
+    tokio::select! {
+        _ = serve => {}
+        // Shed to make room for a newer connection: dropping hyper's connection closes it.
+        _ = close.notified() => {}
     }
 }

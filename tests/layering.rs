@@ -71,7 +71,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("ui", &["metrics", "quantile", "record"]),
-    ("admin", &["metrics", "overload", "ui"]),
+    ("admin", &["drain", "metrics", "overload", "ui"]),
     // Settings: flags and variables mapped onto each subsystem's types.
     (
         "config",

@@ -115,6 +115,10 @@ pub struct Metrics {
     in_flight_limit: IntGauge,
     connections_limit: IntGauge,
     connections_refused: IntCounter,
+    /// By the GOAWAY's reason: HTTP/2's fixed set of error codes, named by the server.
+    http2_closed: IntCounterVec,
+    metrics_connections_limit: IntGauge,
+    metrics_connections_shed: IntCounter,
 }
 
 /// Settings the metrics need.
@@ -280,6 +284,22 @@ impl Metrics {
             "Client connections closed as soon as they were accepted, at --max-connections.",
         )?;
         r.register(Box::new(connections_refused.clone()))?;
+        let http2_closed = counter(
+            &r,
+            names::HTTP2_CONNECTIONS_CLOSED_TOTAL,
+            "Client HTTP/2 connections tokenmeter closed with a GOAWAY for what the client did, by the GOAWAY's reason: enhance_your_calm for a flood limit (rapid reset, too many stream errors, a CONTINUATION or empty-frame flood), protocol_error and the others for a broken peer.",
+            &["reason"],
+        )?;
+        let metrics_connections_limit = IntGauge::new(
+            names::METRICS_CONNECTIONS_LIMIT,
+            "--metrics-max-connections: open connections on the metrics listener; past it the idlest gives way.",
+        )?;
+        r.register(Box::new(metrics_connections_limit.clone()))?;
+        let metrics_connections_shed = IntCounter::new(
+            names::METRICS_CONNECTIONS_SHED_TOTAL,
+            "Metrics-listener connections closed at --metrics-max-connections: the idlest one, to make room for a new one, or the new one when every open one was in a request.",
+        )?;
+        r.register(Box::new(metrics_connections_shed.clone()))?;
         let parse_errors = counter(
             &r,
             names::PARSE_ERRORS_TOTAL,
@@ -451,15 +471,20 @@ impl Metrics {
             in_flight_limit,
             connections_limit,
             connections_refused,
+            http2_closed,
+            metrics_connections_limit,
+            metrics_connections_shed,
             registry: r,
         })
     }
 
-    /// Exports the admission caps (`--max-in-flight`, `--max-connections`).
-    pub fn set_limits(&self, in_flight: usize, connections: usize) {
+    /// Exports the admission caps (`--max-in-flight`, `--max-connections`,
+    /// `--metrics-max-connections`).
+    pub fn set_limits(&self, in_flight: usize, connections: usize, metrics_connections: usize) {
         let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.in_flight_limit.set(g(in_flight));
         self.connections_limit.set(g(connections));
+        self.metrics_connections_limit.set(g(metrics_connections));
     }
 
     /// `tokenmeter_request_log_dropped_total`, registered when `--request-log` is on (so a
@@ -489,6 +514,17 @@ impl Metrics {
     /// Counts a client connection closed at `--max-connections`.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// Counts a client HTTP/2 connection closed with a GOAWAY whose reason is `reason`, one of
+    /// a fixed set of names.
+    pub fn http2_closed(&self, reason: &'static str) {
+        self.http2_closed.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a metrics-listener connection shed at `--metrics-max-connections`.
+    pub fn metrics_connection_shed(&self) {
+        self.metrics_connections_shed.inc();
     }
 
     /// The `model` label value for a model name: at most `--max-models` distinct names, the

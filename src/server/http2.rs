@@ -81,3 +81,65 @@ pub fn configure(b: &mut auto::Builder<TokioExecutor>) {
         .keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT);
 }
+
+/// Why tokenmeter closed a client's HTTP/2 connection, when one of the limits above (or the
+/// protocol's rules) closed it: the reason of the GOAWAY h2 sent, as the label value of
+/// `tokenmeter_http2_connections_closed_total`. `None` for every other end (the client closed,
+/// the drain, a keep-alive PING unanswered, which h2 ends with `NO_ERROR`).
+pub fn closed_by_limit(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            // A GOAWAY the peer sent, or an I/O error, is not a limit of ours.
+            if !(h2.is_go_away() && h2.is_library()) {
+                return None;
+            }
+            return h2.reason().and_then(reason_name);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+/// The label value of an HTTP/2 error code: the fixed set RFC 9113 defines (section 7),
+/// lower-cased, and `other` for a code outside it, so the label stays bounded.
+fn reason_name(reason: h2::Reason) -> Option<&'static str> {
+    Some(match u32::from(reason) {
+        0x0 => return None,
+        0x1 => "protocol_error",
+        0x2 => "internal_error",
+        0x3 => "flow_control_error",
+        0x4 => "settings_timeout",
+        0x5 => "stream_closed",
+        0x6 => "frame_size_error",
+        0x7 => "refused_stream",
+        0x8 => "cancel",
+        0x9 => "compression_error",
+        0xa => "connect_error",
+        0xb => "enhance_your_calm",
+        0xc => "inadequate_security",
+        0xd => "http_1_1_required",
+        _ => "other",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_code_has_a_bounded_name_and_no_error_is_no_limit() {
+        assert_eq!(reason_name(h2::Reason::NO_ERROR), None);
+        assert_eq!(
+            reason_name(h2::Reason::ENHANCE_YOUR_CALM),
+            Some("enhance_your_calm")
+        );
+        assert_eq!(reason_name(h2::Reason::from(0xff)), Some("other"));
+        // An error that is not h2's (an I/O error, a header timeout) is no limit of ours.
+        let io = std::io::Error::other("reset");
+        assert_eq!(closed_by_limit(&io), None);
+        // h2's errors from the peer's side say so: a GOAWAY we received is not ours.
+        let remote: h2::Error = h2::Reason::ENHANCE_YOUR_CALM.into();
+        assert_eq!(closed_by_limit(&remote), None);
+    }
+}

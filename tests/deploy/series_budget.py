@@ -97,10 +97,14 @@ TOKENMETER = {
     "tokenmeter_capacity_workload_tokens": 3,
     "tokenmeter_capacity_workload_requests": 1,
     "tokenmeter_capacity_in_flight": 1,
-    # The admission caps (--max-in-flight, --max-connections) and the connections closed there.
+    # The admission caps (--max-in-flight, --max-connections) and the connections closed there;
+    # the metrics listener's cap and its sheds. (HTTP/2 connections closed by a limit appear
+    # only once one is: none here.)
     "tokenmeter_in_flight_limit": 1,
     "tokenmeter_connections_limit": 1,
     "tokenmeter_connections_refused_total": 1,
+    "tokenmeter_metrics_connections_limit": 1,
+    "tokenmeter_metrics_connections_shed_total": 1,
 }
 VLLM = {
     "vllm:time_to_first_token_seconds": 25,

@@ -8,6 +8,7 @@ mod cgroup;
 mod cli;
 mod compat;
 mod corpus;
+mod crowd;
 mod documented;
 mod faults;
 mod first_token_capacity;
