@@ -450,6 +450,75 @@ async fn sim_usage_states_the_prefix_cached_tokens_exactly() {
     assert_eq!(s["requests"][0]["cached_tokens"], read);
 }
 
+/// A chat stream's role chunk goes out with the first token, after prefill, as vLLM sends it
+/// (its OpenAI server writes the role chunk in the first turn of its loop over the engine's
+/// outputs), not with the headers: a client that times the first chunk, as LiteLLM's TTFT does,
+/// reads the prefill. The prompt of 2,000 tokens at 0.1 ms each costs at least 200 ms of
+/// prefill, so no byte of the body may arrive sooner; an Anthropic stream's `message_start`
+/// still goes out at once, as the Messages API sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_sends_the_chat_role_chunk_with_the_first_token() {
+    const PREFILL: Duration = Duration::from_millis(200);
+    let cfg = |api| SimConfig {
+        api,
+        model: Model {
+            step_base: Duration::from_millis(1),
+            step_per_seq: Duration::ZERO,
+            prefill_per_token: Duration::from_micros(100),
+            ..SimConfig::default().model
+        },
+        ..SimConfig::default()
+    };
+    let addr = start_sim(cfg(Dialect::Openai)).await;
+    let content = "x".repeat(7996); // + "user" = 8000 characters = 2000 tokens
+    let body = serde_json::json!({
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 3,
+        "stream": true,
+    })
+    .to_string();
+    let reply = post(addr, "/v1/chat/completions", &body).await;
+    let (at, first) = reply.frames.first().expect("a first frame");
+    let events: Vec<&str> = std::str::from_utf8(first)
+        .expect("utf-8")
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .collect();
+    assert!(
+        events[0].contains("\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"),
+        "the role chunk opens the stream: {events:?}"
+    );
+    assert!(
+        events.len() >= 2 && events[1].contains("\"delta\":{\"content\":"),
+        "the first token comes with it: {events:?}"
+    );
+    assert!(
+        *at >= PREFILL,
+        "the role chunk arrived after {at:?}, before the prefill"
+    );
+    let (tokens, _) = openai_tokens(&reply);
+    assert_eq!(total(&tokens), 3);
+
+    let addr = start_sim(cfg(Dialect::Anthropic)).await;
+    let body = serde_json::json!({
+        "model": "m",
+        "max_tokens": 3,
+        "stream": true,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string();
+    let reply = post(addr, "/v1/messages", &body).await;
+    let (at, first) = reply.frames.first().expect("a first frame");
+    let first = String::from_utf8_lossy(first);
+    assert!(
+        first.starts_with("event: message_start") && !first.contains("content_block_delta"),
+        "message_start alone, at once: {first}"
+    );
+    let second = reply.frames.get(1).expect("a token frame").0;
+    assert!(second >= PREFILL, "the first token after {second:?}");
+    assert!(*at < second, "message_start before the first token");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_is_deterministic_under_seed() {
     let a = start_sim(fast(7)).await;

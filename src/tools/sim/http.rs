@@ -320,6 +320,12 @@ impl TokenBody {
         if emitted > self.rendered && self.first.is_none() {
             self.first = Some(Instant::now());
         }
+        if emitted > self.rendered && !self.head_sent {
+            self.head_sent = true;
+            if self.response.stream {
+                self.response.head(&mut self.buf);
+            }
+        }
         while self.rendered < emitted {
             let tok = self.words.next_token();
             if self.keep_text {
@@ -367,7 +373,7 @@ impl Body for TokenBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Interrupted>>> {
         let this = self.get_mut();
-        if !this.head_sent {
+        if !this.head_sent && !this.response.head_waits_for_first_token() {
             this.head_sent = true;
             this.response.head(&mut this.buf);
             if let Some(f) = this.take_frame() {

@@ -3,9 +3,9 @@
 //! Each format follows what the real servers send, as recorded in the corpus
 //! (`../shared/corpus/`), and lives in its own file, as the proxy's extractors do in `protocol/`:
 //!
-//! - `openai.rs`: chat and completions as vLLM streams them (a role chunk first, `finish_reason`
-//!   on the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage`
-//!   is set, then `[DONE]`).
+//! - `openai.rs`: chat and completions as vLLM streams them (a role chunk first, written with
+//!   the first token after prefill; `finish_reason` on the last token's chunk, a `choices: []`
+//!   usage chunk when `stream_options.include_usage` is set, then `[DONE]`).
 //! - `anthropic.rs`: Messages events (`message_start` ... `message_stop`, with `ping`).
 //! - `ollama.rs`: NDJSON (`/api/chat`, `/api/generate`, a final line with `eval_count` and
 //!   durations in ns).
@@ -279,7 +279,17 @@ impl Reply {
         index + 1 >= self.output_tokens
     }
 
-    /// What a stream sends before its first token (right away, with the headers).
+    /// Whether the stream's head goes out with the first token rather than with the headers.
+    /// vLLM's OpenAI server writes a chat stream's role chunk in the first turn of its loop
+    /// over the engine's outputs, so after prefill, with the first token; a client that times
+    /// the first chunk (LiteLLM's TTFT does) would otherwise read the headers' time.
+    /// Anthropic's `message_start` goes out at once, as the Messages API sends it.
+    pub fn head_waits_for_first_token(&self) -> bool {
+        self.route.dialect() == Dialect::Openai
+    }
+
+    /// What a stream sends before its first token: with the headers, or just before the first
+    /// token ([`Reply::head_waits_for_first_token`]).
     pub fn head(&self, out: &mut String) {
         match self.route.dialect() {
             Dialect::Openai => openai::head(self, out),

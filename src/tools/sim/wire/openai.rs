@@ -1,7 +1,8 @@
 //! OpenAI chat and completions (`/v1/chat/completions`, `/v1/completions`), as vLLM streams
-//! them: a role chunk first, `finish_reason` on the last token's chunk, a `choices: []` usage
-//! chunk when `stream_options.include_usage` is set (with vLLM's per-request `metrics` object
-//! under `--enable-per-request-metrics`), then `data: [DONE]`. With the prefix cache on, the
+//! them: a role chunk first (written with the first token, after prefill), `finish_reason` on
+//! the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage` is
+//! set (with vLLM's per-request `metrics` object under `--enable-per-request-metrics`), then
+//! `data: [DONE]`. With the prefix cache on, the
 //! usage states its share as `prompt_tokens_details.cached_tokens`, as vLLM does.
 
 use std::fmt::Write as _;
