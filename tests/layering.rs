@@ -106,14 +106,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
 /// appears.
 const KNOWN_CYCLES: &[(&[&str], &str)] = &[
     (
-        &["capacity", "capacity::stream"],
-        "stream.rs is the meter's half of `impl Capacity` (what each request feeds it), split from \
-         mod.rs by concern over one type; undone by a feed type of its own",
-    ),
-    (
-        &["metrics", "metrics::live", "metrics::otel", "metrics::recording"],
+        &[
+            "metrics",
+            "metrics::engine",
+            "metrics::live",
+            "metrics::otel",
+            "metrics::recording",
+            "metrics::vllm",
+        ],
         "`impl Metrics` split by concern (the per-event handles, a finished record's \
-         observations, the OTel families' registration) over the struct's private fields",
+         observations, each naming scheme's families) over the struct's private fields and \
+         mod.rs's registration helpers",
     ),
     (
         &[
@@ -125,6 +128,7 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
             "protocol::llamacpp",
             "protocol::ollama",
             "protocol::openai",
+            "protocol::replicate",
             "protocol::responses",
             "protocol::sglang",
             "protocol::tgi",
@@ -132,8 +136,9 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
             "protocol::triton",
             "protocol::watsonx",
         ],
-        "mod.rs holds the event types every extractor returns (`Stop`, `Api`) beside the \
-         dispatch to each format's extractor; undone by moving the types to a file of their own",
+        "mod.rs holds the event types every extractor returns (`Stop`, `Api`, the summary) \
+         beside the dispatch to each format's extractor; undone by moving the types to a file \
+         of their own",
     ),
     (
         &[
@@ -142,18 +147,30 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
             "proxy::inspect",
             "proxy::metering",
             "proxy::pool",
+            "proxy::timeout",
             "proxy::upstream",
         ],
         "mod.rs composes the stack from the layers and holds what they share (`ProxyBody`, \
          `ProxyError`, `full`); undone by moving those to files of their own",
     ),
     (
-        &["slo", "slo::judge"],
-        "`Targets` lives in mod.rs, which re-exports the judge that reads it",
+        &["read", "read::ndjson", "read::sse"],
+        "mod.rs holds the `Message` both framers hand out and dispatches to them",
     ),
     (
-        &["ui", "ui::summary"],
-        "the summary reads the page's history span and scrape helper from mod.rs, which serves it",
+        &["slo", "slo::judge", "slo::spec"],
+        "`Targets` and `Class` live in mod.rs, which re-exports the judge and the spec parser \
+         that build and read them",
+    ),
+    (
+        &[
+            "tools::sim::wire",
+            "tools::sim::wire::anthropic",
+            "tools::sim::wire::ollama",
+            "tools::sim::wire::openai",
+            "tools::sim::wire::tgi",
+        ],
+        "mod.rs holds the `Reply` each dialect writes and dispatches to the dialects",
     ),
 ];
 
@@ -346,20 +363,75 @@ fn raw_string_end(b: &[u8], mut i: usize) -> usize {
 }
 
 /// The identifiers that follow `prefix` in `code` (`crate::` gives `metrics`, `proxy`, ...),
-/// where `prefix` starts a path (not `foocrate::`, not `a::super::`).
+/// where `prefix` starts a path (not `foocrate::`, not `a::super::`); a group
+/// (`super::{judge::Verdict, Targets}`) gives the first identifier of each of its paths.
 fn names_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
     let mut out = Vec::new();
     let mut rest = code;
     while let Some(i) = rest.find(prefix) {
         let before = rest[..i].chars().next_back();
         let after = &rest[i + prefix.len()..];
-        let end = after
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(after.len());
-        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') && end > 0 {
+        let starts = !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+        if starts && after.starts_with('{') {
+            let group = &after[1..group_end(after)];
+            out.extend(group_heads(group));
+            rest = &after[1..];
+            continue;
+        }
+        let end = ident_end(after);
+        if starts && end > 0 {
             out.push(&after[..end]);
         }
         rest = &after[end..];
+    }
+    out
+}
+
+fn ident_end(s: &str) -> usize {
+    s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len())
+}
+
+/// The index of the `}` that closes the group `s` opens with `{` (or the end).
+fn group_end(s: &str) -> usize {
+    let mut depth = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// The first identifier of each path in a group's text (`a::{b, c}, d as e, self` gives `a`,
+/// `d`; `self` names the module itself, no other).
+fn group_heads(group: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let bytes = group.as_bytes();
+    for i in 0..=bytes.len() {
+        let c = bytes.get(i).copied();
+        match c {
+            Some(b'{') => depth += 1,
+            Some(b'}') => depth -= 1,
+            Some(b',') | None if depth == 0 => {
+                let item = group[start..i].trim_start();
+                let end = ident_end(item);
+                if end > 0 && &item[..end] != "self" {
+                    out.push(&item[..end]);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
     }
     out
 }
@@ -644,6 +716,17 @@ fn the_reader_sees_arrows_and_not_comments() {
         Vec::<&str>::new()
     );
     assert_eq!(names_after("foocrate::x super::y", "super::"), ["y"]);
+    assert_eq!(
+        names_after(
+            "use super::{\n    judge::{End, Verdict},\n    Targets, self,\n};",
+            "super::"
+        ),
+        ["judge", "Targets"]
+    );
+    assert_eq!(
+        names_after("use crate::{metrics::Metrics, units};", "crate::"),
+        ["metrics", "units"]
+    );
 }
 
 #[test]

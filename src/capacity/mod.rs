@@ -265,6 +265,12 @@ impl Capacity {
     }
 }
 
+impl stream::Gaps for Capacity {
+    fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant) {
+        Capacity::push(self, decoding, gap, tokens, at);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

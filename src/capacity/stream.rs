@@ -10,7 +10,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::Capacity;
+/// Where a stream's groups of tokens go: the capacity model ([`super::Capacity`]), which
+/// implements it. A trait of this file's own, so the stream's bookkeeping needs nothing of the
+/// model's module.
+pub trait Gaps {
+    /// `tokens` tokens came `gap` after the previous ones, while `decoding` requests decoded.
+    fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant);
+}
 
 /// A group of tokens waiting to be pushed.
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +37,7 @@ pub struct StreamGaps {
 impl StreamGaps {
     /// A token-bearing event carrying `tokens` passed at `now`, while `decoding` requests
     /// (this one included) were decoding.
-    pub fn on_tokens(&mut self, cap: &Capacity, tokens: u32, decoding: f64, now: Instant) {
+    pub fn on_tokens(&mut self, cap: &impl Gaps, tokens: u32, decoding: f64, now: Instant) {
         let Some(last) = self.last else {
             self.last = Some(now);
             return;
@@ -53,11 +59,11 @@ impl StreamGaps {
     }
 
     /// The stream ended: push what is pending.
-    pub fn finish(&mut self, cap: &Capacity) {
+    pub fn finish(&mut self, cap: &impl Gaps) {
         self.flush(cap);
     }
 
-    fn flush(&mut self, cap: &Capacity) {
+    fn flush(&mut self, cap: &impl Gaps) {
         if let Some(p) = self.pending.take() {
             cap.push(p.decoding, p.gap, p.tokens, p.at);
         }
@@ -67,7 +73,7 @@ impl StreamGaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::CapacityConfig;
+    use crate::capacity::{Capacity, CapacityConfig};
 
     #[test]
     fn a_coalesced_frame_is_one_observation_of_its_gap_over_its_tokens() {

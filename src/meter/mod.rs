@@ -717,7 +717,7 @@ impl Clock {
             // The gap since this stream's last tokens was one decode step (or several, for an
             // event that carries several tokens) at the number of streams decoding now.
             let decoding = rec.metrics.decoding() as f64;
-            self.gaps.on_tokens(c, tokens, decoding, now);
+            self.gaps.on_tokens(c.as_ref(), tokens, decoding, now);
         }
     }
 

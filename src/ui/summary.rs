@@ -297,7 +297,7 @@ impl PageSummary {
             version: r.version.clone(),
             generated_unix_ms: unix_ms,
             sample_period_seconds: history.period().as_secs_f64(),
-            history_span_seconds: super::HISTORY_SPAN.as_secs_f64(),
+            history_span_seconds: super::history::HISTORY_SPAN.as_secs_f64(),
             now,
             slo,
             tradeoff: Tradeoff {
