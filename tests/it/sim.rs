@@ -519,6 +519,75 @@ async fn sim_sends_the_chat_role_chunk_with_the_first_token() {
     assert!(*at < second, "message_start before the first token");
 }
 
+/// With `--kv-cache-tokens 256 --block-size 16` (16 blocks), eight streams of a ~40-token
+/// prompt and 60 tokens need about 100 tokens of cache each: the cache fills, sequences are
+/// preempted and recomputed, and yet every stream carries exactly its 60 tokens, once each;
+/// the simulator's `/metrics` states it with vLLM's names. With a cache eight times as large
+/// the same load preempts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_with_a_small_kv_cache_preempts_and_recomputes_without_repeating_a_token() {
+    async fn run(kv_tokens: u32) -> (Value, String) {
+        let cfg = SimConfig {
+            kv: Some(tokenmeter::tools::sim::kv::KvConfig {
+                tokens: kv_tokens,
+                block_size: 16,
+            }),
+            ..fast(3)
+        };
+        let addr = start_sim(cfg).await;
+        let prompt = serde_json::json!({
+            "messages": [{"role": "user", "content": "y".repeat(156)}],
+            "max_tokens": 60,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+        .to_string();
+        let streams: Vec<_> = (0..8)
+            .map(|_| {
+                let body = prompt.clone();
+                tokio::spawn(async move { post(addr, "/v1/chat/completions", &body).await })
+            })
+            .collect();
+        for s in streams {
+            let reply = s.await.expect("stream task");
+            let (tokens, summary) = openai_tokens(&reply);
+            assert_eq!(total(&tokens), 60, "each token once");
+            assert_eq!(summary.output_tokens, Some(60));
+        }
+        let metrics = String::from_utf8(get(addr, "/metrics").await.body).expect("text");
+        (stats(addr).await, metrics)
+    }
+    let (small, text) = run(256).await;
+    let preempted = small["preemptions"].as_u64().expect("a count");
+    assert!(preempted > 0, "{small}");
+    assert_eq!(small["kv_blocks"]["total"], 16);
+    assert_eq!(small["kv_blocks"]["max_used"], 16, "the cache filled");
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .to_string()
+    };
+    assert!(line("vllm:num_preemptions_total").ends_with(&format!(" {preempted}")));
+    assert!(
+        line("vllm:kv_cache_usage_perc").ends_with(" 0"),
+        "all done: empty"
+    );
+    assert!(line("vllm:cache_config_info")
+        .contains("block_size=\"16\",num_gpu_blocks=\"16\",kv_cache_size_tokens=\"256\""));
+    assert!(line("vllm:num_requests_running").ends_with(" 0"));
+    let recomputed: u64 = small["requests"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .map(|r| r["preemptions"].as_u64().expect("count"))
+        .sum();
+    assert_eq!(recomputed, preempted);
+
+    let (big, _) = run(2048).await;
+    assert_eq!(big["preemptions"], 0, "{big}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_is_deterministic_under_seed() {
     let a = start_sim(fast(7)).await;

@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 // Tokio's clock, so that tests can pause it and check the schedule exactly.
 use tokio::time::Instant;
 
+use super::kv::{KvCache, KvConfig};
 use super::stall::Stall;
 
 /// How long a step takes: the performance model of the simulated GPU.
@@ -229,9 +230,21 @@ impl Engine {
 
     /// [`Engine::start`], with some sequences pausing mid-stream (`--stall-every`).
     pub fn start_with_stalls(model: Model, keep_records: usize, stall: Option<Stall>) -> Self {
+        Engine::start_with(model, keep_records, stall, None)
+    }
+
+    /// [`Engine::start_with_stalls`], with a KV cache of a given size (`--kv-cache-tokens`):
+    /// sequences are admitted by its blocks and preempted when it is full ([`super::kv`]).
+    /// `None`: memory is never short, and `max_batch` alone caps the batch.
+    pub fn start_with(
+        model: Model,
+        keep_records: usize,
+        stall: Option<Stall>,
+        kv: Option<KvConfig>,
+    ) -> Self {
         let (submit, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::new(keep_records));
-        tokio::spawn(decode_loop(model, rx, Arc::clone(&stats)));
+        tokio::spawn(decode_loop(model, rx, Arc::clone(&stats), kv));
         Engine {
             submit,
             next_id: AtomicU64::new(1),
@@ -266,6 +279,8 @@ impl Engine {
                 last_token: None,
                 model_decode: Duration::ZERO,
                 stall: self.stall.and_then(|s| s.of_request(id)),
+                blocks: 0,
+                preemptions: 0,
             })
             .map_err(|_| Stopped)?;
         Ok(Ticket { id, wake, progress })
@@ -297,10 +312,30 @@ struct Seq {
     model_decode: Duration,
     /// `(after how many tokens, for how long)` this sequence leaves the batch once (`--stall-every`).
     stall: Option<(u32, Duration)>,
+    /// KV-cache blocks held (0 without a cache, and while queued).
+    blocks: u32,
+    /// Times it was preempted: each re-admission recomputes what it had generated.
+    preemptions: u32,
 }
 
-async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: Arc<Stats>) {
+impl Seq {
+    /// Its prompt and what it has generated: the tokens whose KV it holds, or must recompute.
+    fn context(&self) -> u64 {
+        u64::from(self.job.prompt_tokens) + u64::from(self.emitted)
+    }
+}
+
+async fn decode_loop(
+    model: Model,
+    mut rx: mpsc::UnboundedReceiver<Seq>,
+    stats: Arc<Stats>,
+    kv: Option<KvConfig>,
+) {
     let max_batch = model.max_batch.max(1);
+    let mut kv = kv.map(KvCache::new);
+    if let Some(cache) = &kv {
+        stats.set_kv(cache.used(), cache.total(), cache.block_size());
+    }
     let mut queue: VecDeque<Seq> = VecDeque::new();
     let mut running: Vec<Seq> = Vec::new();
     // Sequences out of the batch for a while (`--stall-every`), with the time they rejoin.
@@ -349,6 +384,29 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             Some(c) if now.saturating_duration_since(c) <= MAX_CATCH_UP => c,
             _ => now,
         };
+        // The running sequences' blocks for this step first, in the order they were admitted;
+        // a full cache preempts the one admitted last (vLLM V1's rule, `super::kv`).
+        if let Some(cache) = kv.as_mut() {
+            let mut i = 0;
+            while i < running.len() {
+                let need = cache
+                    .blocks_for(running[i].context())
+                    .saturating_sub(running[i].blocks);
+                if cache.take(need) {
+                    running[i].blocks += need;
+                    i += 1;
+                    continue;
+                }
+                let Some(mut victim) = running.pop() else {
+                    break;
+                };
+                cache.give(victim.blocks);
+                victim.blocks = 0;
+                victim.preemptions += 1;
+                stats.preempted();
+                queue.push_front(victim);
+            }
+        }
         let mut prefill = 0u64;
         while running.len() < max_batch {
             let Some(mut s) = queue.pop_front() else {
@@ -358,16 +416,45 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
                 stats.finish(&s, SeqOutcome::Cancelled);
                 continue;
             }
-            s.admitted = Some(start);
-            store(
-                &s.progress.queue_ns,
-                start.saturating_duration_since(s.arrived),
-            );
+            if let Some(cache) = kv.as_mut() {
+                let need = cache.blocks_for(s.context());
+                if need > cache.total() {
+                    // A context larger than the whole cache can never run (vLLM refuses such
+                    // a prompt at its API): the request ends without an answer.
+                    stats.finish(&s, SeqOutcome::Cancelled);
+                    continue;
+                }
+                if !cache.take(need) {
+                    // The head of the queue waits for memory, and so does everyone behind it.
+                    queue.push_front(s);
+                    break;
+                }
+                s.blocks = need;
+            }
+            if s.admitted.is_none() {
+                s.admitted = Some(start);
+                store(
+                    &s.progress.queue_ns,
+                    start.saturating_duration_since(s.arrived),
+                );
+            }
             prefill += u64::from(s.job.prompt_tokens.saturating_sub(s.job.cached_tokens));
+            if s.preemptions > 0 {
+                // Recomputed: what it had generated is prefilled again.
+                prefill += u64::from(s.emitted);
+            }
             running.push(s);
         }
         stats.set_load(running.len(), queue.len());
+        if let Some(cache) = &kv {
+            stats.set_kv(cache.used(), cache.total(), cache.block_size());
+        }
         if running.is_empty() {
+            // Only memory held by paused sequences can keep the queue's head out: wait for the
+            // first of them to rejoin rather than spin.
+            if let Some(at) = paused.iter().map(|(at, _)| *at).min() {
+                tokio::time::sleep_until(at).await;
+            }
             continue;
         }
         let step = model.step(running.len(), prefill);
@@ -394,6 +481,9 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             s.progress.emitted.store(s.emitted, Ordering::Release);
             if s.wake.is_closed() {
                 stats.finish(s, SeqOutcome::Cancelled);
+                if let Some(cache) = kv.as_mut() {
+                    cache.give(s.blocks);
+                }
                 return false;
             }
             // Recorded before the body is woken, so a client that has its last token can already
@@ -401,6 +491,9 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             let done = s.emitted >= s.job.output_tokens;
             if done {
                 stats.finish(s, SeqOutcome::Complete);
+                if let Some(cache) = kv.as_mut() {
+                    cache.give(s.blocks);
+                }
             }
             // Full: a wake-up is already pending. Closed: seen at the next step.
             let _ = s.wake.try_send(());
@@ -414,6 +507,9 @@ async fn decode_loop(model: Model, mut rx: mpsc::UnboundedReceiver<Seq>, stats: 
             if let Some(i) = running.iter().position(|s| s.id == id) {
                 paused.push((until, running.swap_remove(i)));
             }
+        }
+        if let Some(cache) = &kv {
+            stats.set_kv(cache.used(), cache.total(), cache.block_size());
         }
         stats.step(emitted);
     }
@@ -451,6 +547,8 @@ pub struct Record {
     /// The decode time the model predicts: the sum of the modelled durations of the steps after
     /// the first token.
     pub model_decode_s: f64,
+    /// Times it was preempted for memory (and recomputed).
+    pub preemptions: u32,
 }
 
 /// Engine-wide counters and the most recent request records, for `/sim/stats`.
@@ -470,6 +568,21 @@ pub struct Counters {
     pub running: usize,
     pub queued: usize,
     pub max_running: usize,
+    /// Sequences preempted for memory, each time (`vllm:num_preemptions_total`).
+    pub preemptions: u64,
+    /// With a KV cache: its blocks taken, its blocks in all and their size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_blocks: Option<KvBlocks>,
+}
+
+/// The KV cache's blocks at the last step.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct KvBlocks {
+    pub used: u32,
+    pub total: u32,
+    pub block_size: u32,
+    /// The most ever taken at once.
+    pub max_used: u32,
 }
 
 #[derive(Debug)]
@@ -519,6 +632,21 @@ impl Stats {
         s.counters.max_running = s.counters.max_running.max(running);
     }
 
+    fn set_kv(&self, used: u32, total: u32, block_size: u32) {
+        let mut s = self.lock();
+        let max_used = s.counters.kv_blocks.map_or(0, |k| k.max_used).max(used);
+        s.counters.kv_blocks = Some(KvBlocks {
+            used,
+            total,
+            block_size,
+            max_used,
+        });
+    }
+
+    fn preempted(&self) {
+        self.lock().counters.preemptions += 1;
+    }
+
     fn step(&self, tokens: u64) {
         let mut s = self.lock();
         s.counters.steps += 1;
@@ -541,6 +669,7 @@ impl Stats {
                 .first_token
                 .map(|t| t.saturating_duration_since(seq.arrived).as_secs_f64()),
             model_decode_s: seq.model_decode.as_secs_f64(),
+            preemptions: seq.preemptions,
         };
         let mut s = self.lock();
         match outcome {
@@ -628,6 +757,93 @@ mod tests {
         assert!((r.model_decode_s - 9.0 * 0.0162).abs() < 1e-9);
         let ttft = r.ttft_s.expect("ttft");
         assert!((0.0212..0.0222).contains(&ttft), "{r:?}");
+    }
+
+    /// A cache of 4 blocks of 16 tokens and two sequences of a 16-token prompt and 40 tokens:
+    /// both run while their contexts fit in two blocks each; when the first needs its third
+    /// block (after 17 tokens each) the cache is full, and the second, admitted last, is
+    /// preempted. It waits until the first is done (its 33-token context needs 3 blocks; 1 is
+    /// free), then recomputes prompt and generated tokens (33) in one prefill and finishes its
+    /// 40 tokens, none twice. The paused clock makes every step's time exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_cache_preempts_the_last_admitted_which_recomputes_later() {
+        let kv = KvConfig {
+            tokens: 64,
+            block_size: 16,
+        };
+        let e = Engine::start_with(model(), 10, None, Some(kv));
+        let t0 = Instant::now();
+        let job = Job {
+            prompt_tokens: 16,
+            cached_tokens: 0,
+            output_tokens: 40,
+        };
+        let mut a = e.submit(job).expect("running");
+        let mut b = e.submit(job).expect("running");
+        assert_eq!(drain(&mut a).await, 40);
+        assert_eq!(drain(&mut b).await, 40);
+        let snap = e.stats().report();
+        assert_eq!(snap.counters.preemptions, 1);
+        assert_eq!(snap.counters.output_tokens, 80, "no token twice");
+        let blocks = snap.counters.kv_blocks.expect("a cache");
+        assert_eq!((blocks.total, blocks.max_used, blocks.used), (4, 4, 0));
+        let by_id = |id| snap.requests.iter().find(|r| r.id == id).expect("recorded");
+        let (ra, rb) = (by_id(a.id), by_id(b.id));
+        assert_eq!((ra.preemptions, rb.preemptions), (0, 1));
+        // Step 1: 16 ms + 2 x 0.2 ms + 32 prompt tokens x 0.05 ms = 18.0 ms; steps 2-17 both
+        // decode (16.4 ms each); steps 18-40 the first alone (16.2 ms): its last token at
+        // 653.0 ms. Then the second's recompute of 33 tokens (16.2 + 1.65 ms) and its 22 more
+        // tokens (16.2 ms each): 1,027.25 ms.
+        let at = |s: Option<f64>| s.expect("a last token") - t0_secs(&e, t0);
+        assert!((at(ra.last_token_s) - 0.653).abs() < 0.001, "{ra:?}");
+        assert!((at(rb.last_token_s) - 1.02725).abs() < 0.001, "{rb:?}");
+    }
+
+    /// Seconds from the stats' origin to `t0` (the stats time records from their origin).
+    fn t0_secs(e: &Engine, t0: Instant) -> f64 {
+        e.stats().secs(t0)
+    }
+
+    /// Without room for its whole context a sequence waits, and the queue keeps its order: of
+    /// two 48-token prompts in a 64-token cache the second waits for the first to finish, and a
+    /// 1-token prompt behind it waits too, though its one block was free meanwhile. Admitted
+    /// beside the second, it is the one preempted when the second needs its fourth block.
+    #[tokio::test(start_paused = true)]
+    async fn a_prompt_waits_for_its_blocks_and_the_queue_keeps_its_order() {
+        let kv = KvConfig {
+            tokens: 64,
+            block_size: 16,
+        };
+        let e = Engine::start_with(model(), 10, None, Some(kv));
+        let big = Job {
+            prompt_tokens: 48,
+            cached_tokens: 0,
+            output_tokens: 3,
+        };
+        let mut a = e.submit(big).expect("running");
+        let mut b = e.submit(big).expect("running");
+        let mut c = e
+            .submit(Job {
+                prompt_tokens: 1,
+                ..big
+            })
+            .expect("running");
+        for t in [&mut a, &mut b, &mut c] {
+            assert_eq!(drain(t).await, 3);
+        }
+        let snap = e.stats().report();
+        let r = |id| snap.requests.iter().find(|r| r.id == id).expect("recorded");
+        let (ra, rb, rc) = (r(a.id), r(b.id), r(c.id));
+        let admitted = |r: &Record| r.admitted_s.expect("admitted");
+        let a_done = ra.last_token_s.expect("done");
+        assert!(admitted(rb) >= a_done, "{rb:?}");
+        assert!(
+            admitted(rc) >= a_done,
+            "the small prompt kept its place: {rc:?}"
+        );
+        assert_eq!((ra.preemptions, rb.preemptions, rc.preemptions), (0, 0, 1));
+        assert_eq!(snap.counters.preemptions, 1);
+        assert_eq!(snap.counters.output_tokens, 9);
     }
 
     #[test]

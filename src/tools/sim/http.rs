@@ -136,6 +136,11 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
                 &serde_json::json!({"models": [{"name": state.model, "model": state.model, "size": 0}]}),
             ),
             "/sim/stats" => json(StatusCode::OK, &stats(state)),
+            "/metrics" => full(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                super::metrics::render(&state.model, &state.engine.stats().counters()),
+            ),
             _ => error(None, StatusCode::NOT_FOUND, "no such route"),
         };
     }

@@ -17,6 +17,8 @@
 
 pub mod engine;
 pub mod http;
+pub mod kv;
+pub mod metrics;
 pub mod stall;
 pub mod text;
 pub mod wire;
@@ -68,9 +70,26 @@ pub struct SimArgs {
     #[arg(long, env = "TOKENMETER_SIM_PREFIX_CACHE_HIT_RATE", default_value = "0", value_parser = parse_hit_rate, value_name = "R")]
     pub prefix_cache_hit_rate: PrefixCache,
 
-    /// Requests decoded at once; the rest wait in a FIFO queue (visible in TTFT).
-    #[arg(long, env = "TOKENMETER_SIM_MAX_BATCH", default_value_t = 256)]
+    /// Requests decoded at once; the rest wait in a FIFO queue (visible in TTFT). Also read as
+    /// --max-num-seqs, vLLM's name for it.
+    #[arg(
+        long,
+        alias = "max-num-seqs",
+        env = "TOKENMETER_SIM_MAX_BATCH",
+        default_value_t = 256
+    )]
     pub max_batch: usize,
+
+    /// The KV cache's size in tokens: sequences are admitted only when their blocks fit,
+    /// queue otherwise, and the last admitted is preempted (and later recomputed) when a
+    /// running one needs a block and none is free, as vLLM V1 schedules. Unset: memory is never
+    /// short.
+    #[arg(long, env = "TOKENMETER_SIM_KV_CACHE_TOKENS", value_name = "N")]
+    pub kv_cache_tokens: Option<u32>,
+
+    /// Tokens per KV-cache block (vLLM's --block-size).
+    #[arg(long, env = "TOKENMETER_SIM_BLOCK_SIZE", default_value_t = kv::DEFAULT_BLOCK_SIZE, value_name = "B")]
+    pub block_size: u32,
 
     /// Output length when the request sets no limit: N, or MIN-MAX drawn uniformly. A request's
     /// max_tokens (max_completion_tokens, num_predict, max_new_tokens) is honoured exactly.
@@ -136,6 +155,8 @@ pub struct SimConfig {
     pub stall: Option<Stall>,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
+    /// `--kv-cache-tokens` and `--block-size`; `None` without a cache size.
+    pub kv: Option<kv::KvConfig>,
 }
 
 /// Why the simulator could not start.
@@ -147,6 +168,8 @@ pub enum SimError {
     StepTooShort(Duration),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error("--kv-cache-tokens {tokens} holds no whole block of --block-size {block_size}")]
+    NoBlock { tokens: u32, block_size: u32 },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -161,7 +184,10 @@ impl SimError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            SimError::BadAddress(_) | SimError::StepTooShort(_) | SimError::Zero(_)
+            SimError::BadAddress(_)
+                | SimError::StepTooShort(_)
+                | SimError::Zero(_)
+                | SimError::NoBlock { .. }
         )
     }
 }
@@ -186,6 +212,7 @@ impl Default for SimConfig {
             threads: None,
             stall: None,
             per_request_metrics: false,
+            kv: None,
         }
     }
 }
@@ -208,6 +235,19 @@ impl SimArgs {
         if self.threads == Some(0) {
             return Err(SimError::Zero("threads"));
         }
+        if self.block_size == 0 {
+            return Err(SimError::Zero("block-size"));
+        }
+        let kv = self.kv_cache_tokens.map(|tokens| kv::KvConfig {
+            tokens,
+            block_size: self.block_size,
+        });
+        if let Some(k) = kv.filter(|k| k.tokens < k.block_size) {
+            return Err(SimError::NoBlock {
+                tokens: k.tokens,
+                block_size: k.block_size,
+            });
+        }
         Ok(SimConfig {
             listen,
             api: self.api,
@@ -229,6 +269,7 @@ impl SimArgs {
                 pause: self.stall_for,
             }),
             per_request_metrics: self.enable_per_request_metrics,
+            kv,
         })
     }
 }
@@ -251,7 +292,7 @@ impl Sim {
         Ok(Sim {
             listener,
             state: Arc::new(http::State {
-                engine: Engine::start_with_stalls(cfg.model, cfg.stats_keep, cfg.stall),
+                engine: Engine::start_with(cfg.model, cfg.stats_keep, cfg.stall, cfg.kv),
                 dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
@@ -354,5 +395,39 @@ mod tests {
         let cached = T::try_parse_from(["t", "--prefix-cache-hit-rate", "0.9"]).expect("parse");
         assert_eq!(cached.a.prefix_cache_hit_rate.cached(2000), 1800);
         assert!(T::try_parse_from(["t", "--output-tokens", "9-3"]).is_err());
+        assert!(matches!(
+            bad(&["--kv-cache-tokens", "8", "--block-size", "16"]),
+            Some(SimError::NoBlock {
+                tokens: 8,
+                block_size: 16
+            })
+        ));
+        assert!(matches!(
+            bad(&["--block-size", "0"]),
+            Some(SimError::Zero("block-size"))
+        ));
+    }
+
+    #[test]
+    fn the_cache_flags_and_vllms_name_for_the_batch_cap() {
+        let cfg = |extra: &[&str]| {
+            let mut v = vec!["t", "--listen", "127.0.0.1:0"];
+            v.extend_from_slice(extra);
+            T::try_parse_from(v)
+                .expect("parse")
+                .a
+                .validate()
+                .expect("valid")
+        };
+        assert_eq!(cfg(&[]).kv, None);
+        let c = cfg(&["--kv-cache-tokens", "2048", "--max-num-seqs", "8"]);
+        assert_eq!(
+            c.kv,
+            Some(kv::KvConfig {
+                tokens: 2048,
+                block_size: 16
+            })
+        );
+        assert_eq!(c.model.max_batch, 8);
     }
 }
