@@ -192,6 +192,15 @@ impl Capacity {
         }
     }
 
+    /// Refits now and keeps the result as the report the next [`REFIT_INTERVAL`] reads: what
+    /// a caller that has just finished a load does, instead of waiting out the interval for
+    /// the exported answer to include it.
+    pub fn refresh(&self, now: Instant) -> Report {
+        let r = self.refit(now);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, r.clone()));
+        r
+    }
+
     /// Fits the window that ends at `now`, whatever the last refit's age.
     pub fn refit(&self, now: Instant) -> Report {
         let columns = self.summary.columns(now);
