@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/deploy/run.sh: the checks for grafana/, deploy/, the Dockerfile and docs/runbook.md.
 #
-#   1. rules: the PrometheusRule matches rules.yml; `promtool check rules`; `promtool test rules`
-#      (tests/deploy/rules_test.yml: each alert firing and not firing on crafted series).
+#   1. rules: the PrometheusRule matches rules.yml; `promtool check rules`; the unit tests'
+#      group_eval_order names every group in rules.yml's order (rule_order.py); `promtool test
+#      rules` (tests/deploy/rules_test.yml: each alert firing and not firing on crafted series).
 #   2. static: dashboard structure and metric names (check_dashboard.py); every overlay built
 #      and every object validated offline against the Kubernetes and Prometheus Operator
 #      schemas, wiring, runbook anchors, the plain scrape config (check_manifests.py); the
@@ -82,6 +83,8 @@ check() {
 
 check "rules: PrometheusRule is a copy of rules.yml" python3 $here/sync_rules.py
 check "rules: promtool check rules" promtool check rules deploy/prometheus/rules.yml
+check "rules: rules_test.yml evaluates every group, in an order that reads recordings after they are made" \
+  "$vpy" $here/rule_order.py
 check "rules: promtool test rules (each alert firing and not firing)" promtool test rules $here/rules_test.yml
 check "dashboard: structure, variables, metric names" python3 $here/check_dashboard.py
 check "manifests: overlays build, schemas, wiring, runbooks, scrape config" "$vpy" $here/check_manifests.py
