@@ -88,7 +88,7 @@ TOKENMETER = {
     "tokenmeter_capacity_tps_floor": 1,
     "tokenmeter_capacity_replicas": 1,
     # The first token's end: both limits of the one class with targets, its arrival rate, the
-    # predicted TTFT at 9 concurrencies x 3 quantiles, the prefill cost (one source), the mix
+    # predicted TTFT at 9 concurrencies x 3 percentiles, the prefill cost (one source), the mix
     # (3 kinds and its size) and the requests in flight.
     "tokenmeter_capacity_limit_concurrency": 2,
     "tokenmeter_capacity_max_request_rate": 1,
