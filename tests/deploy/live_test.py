@@ -101,6 +101,31 @@ def wait_for(what, check, timeout=20):
     raise RuntimeError(f"timed out waiting for {what} ({last})")
 
 
+def until_passes(what, check, deadline_s):
+    """Runs `check(problem)` until a run reports no problem, for at most `deadline_s` seconds,
+    then reports the last run's problems as failures. For conditions that come true some time
+    after the traffic that makes them (a refit, a scrape, a rule's evaluation, a remote write):
+    a pass returns as soon as it holds, and only a failure waits for the deadline. Returns the
+    seconds it took, or None."""
+    started = time.monotonic()
+    tries = 0
+    while True:
+        problems = []
+        tries += 1
+        check(problems.append)
+        if not problems:
+            if tries > 1:
+                print(f"  {what}: passed on try {tries}, {time.monotonic() - started:.0f} s after the first",
+                      flush=True)
+            return time.monotonic() - started
+        if time.monotonic() - started >= deadline_s:
+            print(f"  {what}: {len(problems)} problem(s) left after {deadline_s:.0f} s", flush=True)
+            for msg in problems:
+                fail(f"{msg} (still so after {deadline_s:.0f} s)")
+            return None
+        time.sleep(1)
+
+
 class Procs:
     """Processes this test started; all are stopped, in reverse order, by stop()."""
 
