@@ -581,11 +581,11 @@ def capacity_curve():
 
 def ttft_curve():
     """The predicted TTFT per engine by concurrency, p50 / p90 / p99, beside the tokens/s curve."""
-    sel = F + ', quantile=\"{}\"'
+    sel = F + ', percentile=\"{}\"'
     tgts = [
-        dict(target(f"avg by (concurrency) (tokenmeter_capacity_ttft_seconds{{{sel.format(q)}}})",
-                    f"p{q[2:]}", ref=ref, fmt="table", instant=True))
-        for ref, q in (("A", "0.5"), ("B", "0.9"), ("C", "0.99"))
+        dict(target(f"avg by (concurrency) (tokenmeter_capacity_ttft_seconds{{{sel.format(p)}}})",
+                    f"p{p}", ref=ref, fmt="table", instant=True))
+        for ref, p in (("A", "50"), ("B", "90"), ("C", "99"))
     ]
     return {
         "type": "barchart",

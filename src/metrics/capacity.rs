@@ -36,8 +36,10 @@ pub mod names {
 
 /// The `bound` label of [`names::LIMIT_CONCURRENCY`].
 pub const LIMIT_BOUNDS: [Bound; 2] = [Bound::Ttft, Bound::TokensPerSecond];
-/// The `quantile` label of [`names::TTFT_SECONDS`], as `capacity::limits::QUANTILES` holds them.
-pub const QUANTILE_LABELS: [&str; 3] = ["0.5", "0.9", "0.99"];
+/// The `percentile` label of [`names::TTFT_SECONDS`]: `capacity::limits::QUANTILES` in
+/// hundredths. Not `quantile`: the family is a gauge, and `quantile` is the label a summary
+/// owns (`promtool check metrics` refuses it on any other type).
+pub const PERCENTILE_LABELS: [&str; 3] = ["50", "90", "99"];
 /// The `kind` label of [`names::WORKLOAD_TOKENS`].
 pub const WORKLOAD_KINDS: [&str; 3] = ["prompt", "cached", "output"];
 
@@ -188,7 +190,7 @@ impl CapacityMetrics {
                 r,
                 TTFT_SECONDS,
                 "Predicted TTFT per engine at a concurrency of clients over the window's mix, in seconds.",
-                &["concurrency", "quantile"],
+                &["concurrency", "percentile"],
             )?,
             prefill: vec(
                 r,
@@ -245,8 +247,8 @@ impl CapacityMetrics {
         for b in CURVE {
             let point = report.ttft_curve.iter().find(|p| p.concurrency == b);
             let c = b.to_string();
-            for (i, q) in QUANTILE_LABELS.iter().enumerate() {
-                set(&self.ttft, &[&c, q], point.map(|p| p.quantiles[i]));
+            for (i, p) in PERCENTILE_LABELS.iter().enumerate() {
+                set(&self.ttft, &[&c, p], point.map(|t| t.quantiles[i]));
             }
         }
         for class in &self.classes {
@@ -361,5 +363,35 @@ mod tests {
                 .count(),
             18
         );
+    }
+
+    #[test]
+    fn ttft_percentile_labels_are_the_curves_quantiles_in_hundredths() {
+        use crate::capacity::limits::QUANTILES;
+        let hundredths: Vec<String> = QUANTILES
+            .iter()
+            .map(|q| format!("{}", (q * 100.0).round()))
+            .collect();
+        assert_eq!(hundredths, PERCENTILE_LABELS);
+
+        // A gauge with a `quantile` label is what `promtool check metrics` refuses.
+        let r = Registry::new();
+        let m = CapacityMetrics::register(&r, &[]).expect("register");
+        let cap = Capacity::new(CapacityConfig::default(), Instant::now());
+        let mut report = cap.refit(Instant::now());
+        report.ttft_curve = vec![crate::capacity::TtftPoint {
+            concurrency: 4,
+            quantiles: [0.25, 0.5, 0.75],
+        }];
+        m.update(&report);
+        let text = render(&r);
+        for want in [
+            "tokenmeter_capacity_ttft_seconds{concurrency=\"4\",percentile=\"50\"} 0.25",
+            "tokenmeter_capacity_ttft_seconds{concurrency=\"4\",percentile=\"90\"} 0.5",
+            "tokenmeter_capacity_ttft_seconds{concurrency=\"4\",percentile=\"99\"} 0.75",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        assert!(!text.contains("quantile="), "{text}");
     }
 }

@@ -14,7 +14,7 @@ use clap::Args;
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
 use crate::capacity::Bound;
-use crate::metrics::capacity::{names, BOUNDS, KINDS, QUANTILE_LABELS, TERMS, WORKLOAD_KINDS};
+use crate::metrics::capacity::{names, BOUNDS, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS};
 use crate::tools::bench::chart::{self, Axis, Chart, Series};
 use crate::tools::exposition::Sample;
 use crate::tools::scrape::{scrape, ScrapeError};
@@ -159,8 +159,8 @@ impl CapacityReading {
                 names::TTFT_SECONDS => {
                     let b = s.label("concurrency").and_then(|c| c.parse::<u32>().ok());
                     let q = s
-                        .label("quantile")
-                        .and_then(|q| QUANTILE_LABELS.iter().position(|l| *l == q));
+                        .label("percentile")
+                        .and_then(|q| PERCENTILE_LABELS.iter().position(|l| *l == q));
                     if let (Some(p), Some(q)) = (ttft.iter_mut().find(|p| Some(p.0) == b), q) {
                         p.1[q] = v;
                     }
@@ -555,10 +555,10 @@ mod tests {
             sample(names::PREFILL_PER_TOKEN, &[("source", "wire")], 0.0002),
             sample(names::IN_FLIGHT, &[], 6.5),
         ]);
-        for (q, t) in [("0.5", 0.41), ("0.9", 0.42), ("0.99", 0.43)] {
+        for (q, t) in [("50", 0.41), ("90", 0.42), ("99", 0.43)] {
             v.push(sample(
                 names::TTFT_SECONDS,
-                &[("concurrency", "1"), ("quantile", q)],
+                &[("concurrency", "1"), ("percentile", q)],
                 t,
             ));
         }

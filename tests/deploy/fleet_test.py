@@ -13,7 +13,9 @@ On loopback only, in a temporary directory, it starts:
     `cluster` and remote_writes everything into VictoriaMetrics; it evaluates no rules,
   - vmalert (shipped in the same Debian package) with deploy/prometheus/rules.yml unchanged,
     querying VictoriaMetrics and writing the recorded series back into it, alerts to a sink,
-  - `tokenmeter bench` through every pod (a fixed number of streams, one model).
+  - `tokenmeter bench` through every pod (a fixed number of streams, one model), for at least
+    FLEET_TRAFFIC_SECONDS and until the recordings the checks read are in the store; then the
+    test stops it (SIGINT: the streams in flight finish and the bench writes its figures).
 The rules run in the central store and not in the Prometheus that scrapes: in a fleet, each
 scraping Prometheus sees only its own shard of the pods, and a fleet-wide sum has to be taken
 where all the pods' series are (vmalert here; the Thanos or Mimir ruler elsewhere).
@@ -36,9 +38,16 @@ Then, against VictoriaMetrics' Prometheus-compatible API (and vmalert's for the 
   8. the second case, federation: a cluster's Prometheus (rules.yml loaded) scrapes the same pods
      and a global Prometheus federates its recorded series and the raw token counter: the
      fleet's tokens/s there is the sum of its per-pod recordings, per GPU over the 6 GPUs, the
-     per-request p50 between the pods', the token total exactly the simulators'.
+     per-request p50 between the pods', the token total exactly the simulators';
+  9. capacity: a short ramp through every pod (RAMP) gives each pod's capacity model the three
+     concurrencies it fits from; once every pod exports tokenmeter_capacity_utilization, the
+     capacity recordings (the mean and its 30-minute prediction) must reach the store, and then
+     every rule vmalert loaded is healthy with every recorded series in the store (2).
+Each of 6, 8 and 9 waits for its condition (a scrape, a remote write, a rule's evaluation, a
+refit), up to a deadline said at its constant, never for a fixed time.
 Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
-PROMETHEUS, VICTORIA_METRICS, VMALERT (default: on PATH), FLEET_TRAFFIC_SECONDS (default 20).
+PROMETHEUS, VICTORIA_METRICS, VMALERT (default: on PATH), FLEET_TRAFFIC_SECONDS (default 20: the
+least load the figures are averaged over).
 """
 
 import http.server
@@ -46,6 +55,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -74,6 +84,28 @@ RATE_TOLERANCE = 0.10
 # Two aggregations of the same series in the same evaluation: only rounding and the one sample
 # that may arrive between two queries separate them.
 SAME_TOLERANCE = 0.01
+# The load clients' --duration: only a bound; the test stops them once it has its snapshot.
+LOAD_BOUND_S = 600
+# Deadlines (a loaded 2-core machine; a pass returns as soon as its condition holds):
+# - the deepest recording chain (a histogram rate, then a quantile over it, each one vmalert
+#   evaluation and one remote write later) reaches the store about 5 s into the load here;
+SNAPSHOT_DEADLINE_S = 120
+# - the last tokens reach the store with the next scrape (1 s) and remote_write batch (1 s), the
+#   global Prometheus with the cluster's scrape and its own federation scrape (1 s each);
+TOTALS_DEADLINE_S = 60
+# - the capacity recordings: the ramp (3 levels of RAMP_LEVEL_S), a refit (at most
+#   capacity::REFIT_INTERVAL, 5 s, after a scrape), a scrape and remote write, vmalert's
+#   mean, then its prediction over at least two of the mean's samples: some 20 s.
+CAPACITY_DEADLINE_S = 120
+# The capacity model fits a line through at least three concurrencies (src/capacity/fit.rs,
+# MIN_POINTS, 20 token samples each). The steady load holds CONCURRENCY streams in lockstep:
+# it gives one, and others only as its streams start and end, by chance. The ramp gives three,
+# each RAMP_LEVEL_S long: at 10-20 ms steps a stream makes 50-100 tokens/s, a level some
+# hundred samples or more, five times what a concurrency needs.
+RAMP = "1,2,3"
+RAMP_LEVEL_S = 3
+CAPACITY_RECORDINGS = ["namespace_class:tokenmeter_capacity_utilization:avg",
+                       "namespace_class:tokenmeter_capacity_utilization:predict_linear30m"]
 # tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (src/metrics/buckets.rs).
 TPS_BUCKETS = [1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000]
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -151,7 +183,7 @@ def check_arrival(vm):
         fail(f"raw series in VictoriaMetrics carry {sorted(seen)}, expected {sorted(want)}")
 
 
-def check_rules(vm, vmalert):
+def check_rules(vm, vmalert, problem):
     _, body = lt.http_get(f"{vmalert}/api/v1/rules")
     groups = json.loads(body)["data"]["groups"]
     records = set()
@@ -159,17 +191,18 @@ def check_rules(vm, vmalert):
     for g in groups:
         for r in g["rules"]:
             if r.get("lastError"):
-                fail(f"vmalert rule {r['name']} in {g['name']}: {r['lastError']}")
+                problem(f"vmalert rule {r['name']} in {g['name']}: {r['lastError']}")
             if r["type"] == "recording":
                 records.add(r["name"])
             else:
                 n_alert += 1
+    flush(vm)
     empty = sorted(n for n in records if not lt.finite_values(vm.api("query", query=n, time=time.time())))
-    print(f"  vmalert: {len(records)} recorded series, {n_alert} alerts, in {len(groups)} groups")
     if not records or not n_alert:
-        fail("vmalert loaded no recording rules or no alerts")
+        problem("vmalert loaded no recording rules or no alerts")
     for n in empty:
-        fail(f"recorded series {n} has no data in VictoriaMetrics")
+        problem(f"recorded series {n} has no data in VictoriaMetrics")
+    return f"{len(records)} recorded series, {n_alert} alerts, in {len(groups)} groups"
 
 
 def check_values(vm, d, at, loads):
@@ -239,8 +272,9 @@ def check_values(vm, d, at, loads):
                      f"median {truth:.4g} is not")
 
 
-def check_totals(vm, sims):
+def check_totals(vm, sims, problem):
     """6: after the load, the store's token total per pod is what each simulator generated."""
+    flush(vm)
     got = by_pod(vm, "sum by (pod) (tokenmeter_output_tokens_total)", time.time())
     fleet = one(vm, "sum(tokenmeter_output_tokens_total)", time.time())
     want = {}
@@ -249,15 +283,15 @@ def check_totals(vm, sims):
         s = json.loads(body)
         want[pod] = float(s["output_tokens"])
         if s["cancelled"]:
-            fail(f"{pod}: the simulator cancelled {s['cancelled']} requests; the exact total needs none")
-    print(f"  output tokens: store {got} (fleet {fleet}), simulators {want}")
+            problem(f"{pod}: the simulator cancelled {s['cancelled']} requests; the exact total needs none")
     if got != want:
-        fail(f"token totals in VictoriaMetrics {got} differ from the simulators' {want}")
+        problem(f"token totals in VictoriaMetrics {got} differ from the simulators' {want}")
     if fleet != sum(want.values()):
-        fail(f"the fleet's token total {fleet} is not the simulators' {sum(want.values())}")
+        problem(f"the fleet's token total {fleet} is not the simulators' {sum(want.values())}")
+    return f"store {got} (fleet {fleet}), simulators {want}"
 
 
-def check_federation(glob, vm, at, sims):
+def check_federation(glob, vm, at):
     """8: the second case, federation. A cluster's Prometheus evaluates the rules over its own
     pods; a global Prometheus federates the recorded series (and the raw token counter) from it.
     Its fleet figures must be the sums of its per-pod ones, its percentile between the pods', and
@@ -277,13 +311,31 @@ def check_federation(glob, vm, at, sims):
         fail(f"federated tokens/s per GPU {per_gpu} is not {fed:.1f} over the GPUs")
     if p50 is None or not pods or not min(pods.values()) <= p50 <= max(pods.values()):
         fail(f"federated per-request p50 {p50} is not between the pods' {pods}")
+
+
+def check_federated_total(glob, sims, problem):
+    """8, after the load: the global Prometheus's token total is the simulators'."""
     got = one(glob, "sum(tokenmeter_output_tokens_total)", time.time())
     want = 0.0
     for port in sims.values():
         want += float(json.loads(lt.http_get(f"http://127.0.0.1:{port}/sim/stats")[1])["output_tokens"])
-    print(f"  federated token total {got}, simulators {want}")
     if got != want:
-        fail(f"the federated token total {got} is not the simulators' {want}")
+        problem(f"the federated token total {got} is not the simulators' {want}")
+    return f"federated token total {got}, simulators {want}"
+
+
+def check_capacity(vm, problem):
+    """9: every pod's capacity utilization, and the two recordings over it, are in the store."""
+    flush(vm)
+    pods = by_pod(vm, "tokenmeter_capacity_utilization", time.time())
+    missing = sorted(p for p, *_ in PODS if p not in pods)
+    if missing:
+        problem(f"no tokenmeter_capacity_utilization from {missing} in the store (no capacity fit yet: "
+                "see their /metrics, tokenmeter_capacity_observed_concurrency)")
+    for rec in CAPACITY_RECORDINGS:
+        if not lt.finite_values(vm.api("query", query=rec, time=time.time())):
+            problem(f"recorded series {rec} has no data in VictoriaMetrics")
+    return f"utilization {pods}"
 
 
 def check_all_panels(vm, d, at):
@@ -406,38 +458,52 @@ def main():
         lt.wait_for("every pod in the store", lambda: len(vm.api(
             "query", query="tokenmeter_build_info", time=time.time())["result"]) == len(PODS), timeout=30)
 
+        def bench(pod, listen, name, levels, duration):
+            out = os.path.join(tmp, f"{name}-{pod}")
+            p = procs.start(f"{name}-{pod}", [
+                tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
+                "--concurrency", levels, "--duration", duration,
+                "--prompt-tokens", "40", "--output-tokens", str(OUTPUT_TOKENS), "--out", out,
+            ])
+            return p, os.path.join(out, "bench.json")
+
         loads, load_procs = {}, []
         for pod, listen, _ in targets:
-            out = os.path.join(tmp, f"bench-{pod}")
-            loads[pod] = os.path.join(out, "bench.json")
-            load_procs.append(procs.start(f"load-{pod}", [
-                tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
-                "--concurrency", str(CONCURRENCY), "--duration", f"{traffic_s:.0f}s",
-                "--prompt-tokens", "40", "--output-tokens", str(OUTPUT_TOKENS), "--out", out,
-            ]))
+            p, loads[pod] = bench(pod, listen, "load", str(CONCURRENCY), f"{LOAD_BOUND_S}s")
+            load_procs.append(p)
         load_start = time.time()
-        print(f"fleet_test: {len(PODS)} pods, {CONCURRENCY} streams each for {traffic_s:.0f}s "
+        print(f"fleet_test: {len(PODS)} pods, {CONCURRENCY} streams each for at least {traffic_s:.0f}s "
               f"(logs in {tmp})", flush=True)
-        # The snapshot is taken while the load still runs (3 s before it ends), at a time the
-        # store has had 2 s to receive: a scrape (1 s), remote_write's batch (1 s). Recorded
-        # series built on recorded series reach the store some seconds after their inputs (per
-        # level: one evaluation, one remote_write flush, and the store's in-memory buffer, which
-        # vmalert's own queries wait for): the deepest chain must have data by then.
+        # The snapshot `at` is taken while the load runs, at least traffic_s into it, once the
+        # deepest recording chain has data there: recorded series built on recorded series
+        # reach the store some seconds after their inputs (per level: one evaluation, one
+        # remote_write flush, and the store's in-memory buffer, which vmalert's own queries wait
+        # for). `at` is 2 s before the query that finds it: a scrape (1 s) and remote_write's
+        # batch (1 s), so the raw series have their samples up to it. Then the load is stopped.
         deepest = 'namespace_model:tokenmeter_request_tokens_per_second:histogram_quantile_rate5m{quantile="0.5"}'
-        at = load_start + traffic_s - 3
-        ready = None
-        while time.time() < load_start + traffic_s - 1:
+        at = None
+        while at is None:
             procs.check_alive()
+            if any(p.poll() is not None for p in load_procs):
+                raise RuntimeError(f"a load client ended before the snapshot; see {tmp}")
             flush(vm)
-            if ready is None and lt.finite_values(vm.api("query", query=deepest, time=time.time() - 2)):
-                ready = time.time() - 2 - load_start
-                print(f"  the deepest recorded series is in the store {ready:.1f}s after the load began", flush=True)
+            now = time.time()
+            if lt.finite_values(vm.api("query", query=deepest, time=now - 2)):
+                if now - load_start >= traffic_s:
+                    at = now - 2
+                    print(f"  snapshot {at - load_start:.1f}s after the load began", flush=True)
+                    break
+            elif now - load_start > traffic_s + SNAPSHOT_DEADLINE_S:
+                fail(f"{deepest} had no data {traffic_s + SNAPSHOT_DEADLINE_S:.0f} s after the load began")
+                at = now - 2
+                break
             time.sleep(0.5)
-        if ready is None or ready > traffic_s - 3:
-            fail(f"{deepest} had no data 3 s before the load ended: raise FLEET_TRAFFIC_SECONDS")
         for p in load_procs:
+            p.send_signal(signal.SIGINT)
+        for p in load_procs:
+            # Interrupted, the bench lets its streams finish (under 2 s) and writes its figures.
             p.wait(timeout=60)
-            if p.returncode != 0:
+            if p.returncode not in (0, 130):
                 raise RuntimeError(f"a load client exited {p.returncode}; see {tmp}")
 
         flush(vm)
@@ -446,17 +512,31 @@ def main():
         check_arrival(vm)
         print("fleet_test: the fleet's figures from the rules and the dashboard", flush=True)
         check_values(vm, d, at, loads)
-        print("fleet_test: vmalert's rules", flush=True)
-        check_rules(vm, vmalert)
         print("fleet_test: every dashboard query in VictoriaMetrics", flush=True)
         check_all_panels(vm, d, at)
-        # The last tokens reach the store with the next scrape and remote_write batch.
-        time.sleep(4)
-        flush(vm)
         print("fleet_test: exact token totals", flush=True)
-        check_totals(vm, sims)
+        said = []
+        if lt.until_passes("token totals", lambda problem: said.append(check_totals(vm, sims, problem)),
+                           TOTALS_DEADLINE_S) is not None:
+            print(f"  output tokens: {said[-1]}", flush=True)
         print("fleet_test: the second case, federation", flush=True)
-        check_federation(glob, vm, at, sims)
+        check_federation(glob, vm, at)
+        if lt.until_passes("federated total", lambda problem: said.append(check_federated_total(glob, sims, problem)),
+                           TOTALS_DEADLINE_S) is not None:
+            print(f"  {said[-1]}", flush=True)
+        # Last, as it adds tokens: the ramp that gives each pod's capacity model its fit.
+        print(f"fleet_test: capacity (a ramp of {RAMP} streams through every pod)", flush=True)
+        for pod, listen, _ in targets:
+            bench(pod, listen, "load-ramp", RAMP, f"{RAMP_LEVEL_S}s")
+        took = lt.until_passes("capacity recordings", lambda problem: said.append(check_capacity(vm, problem)),
+                               CAPACITY_DEADLINE_S)
+        if took is not None:
+            print(f"  {', '.join(CAPACITY_RECORDINGS)} in the store {took:.0f}s after the ramp began; "
+                  f"{said[-1]}", flush=True)
+        print("fleet_test: vmalert's rules", flush=True)
+        if lt.until_passes("vmalert's rules", lambda problem: said.append(check_rules(vm, vmalert, problem)),
+                           TOTALS_DEADLINE_S) is not None:
+            print(f"  vmalert: {said[-1]}", flush=True)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")
     finally:

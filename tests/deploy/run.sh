@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/deploy/run.sh: the checks for grafana/, deploy/, the Dockerfile and docs/runbook.md.
 #
-#   1. rules: the PrometheusRule matches rules.yml; `promtool check rules`; `promtool test rules`
-#      (tests/deploy/rules_test.yml: each alert firing and not firing on crafted series).
+#   1. rules: the PrometheusRule matches rules.yml; `promtool check rules`; the unit tests'
+#      group_eval_order names every group in rules.yml's order (rule_order.py); `promtool test
+#      rules` (tests/deploy/rules_test.yml: each alert firing and not firing on crafted series).
 #   2. static: dashboard structure and metric names (check_dashboard.py); every overlay built
 #      and every object validated offline against the Kubernetes and Prometheus Operator
 #      schemas, wiring, runbook anchors, the plain scrape config (check_manifests.py); the
@@ -11,13 +12,16 @@
 #      live traffic, and every dashboard query and recording rule must return data; the
 #      sidecar's drain hook must wait for open streams (live_test.py, about a minute); then
 #      vLLM's own dashboard queries against tokenmeter --compat vllm in front of the simulator,
-#      and `promtool check metrics` on every mode's exposition (compat_test.py, ~40 s).
+#      and `promtool check metrics` on every mode's exposition, once each holds every capacity
+#      series (compat_test.py, ~15 s).
 #   4. fleet: the series one pod exports with one model in all 9 concurrency bands, counted
-#      family by family against the budget (series_budget.py, ~25 s); several pods scraped by
+#      family by family against the budget (series_budget.py, ~45 s); several pods scraped by
 #      Prometheus in agent mode, remote_write into VictoriaMetrics, the recording rules in
 #      vmalert, and the fleet's tokens/s, per GPU and percentiles checked there against the
 #      load; beside it, a cluster Prometheus with the rules federated by a global one
 #      (fleet_test.py, ~40 s).
+# Each live check waits for what it checks (a fit, a scrape, a rule's evaluation, a remote
+# write) up to a deadline, never for a fixed time; a pass returns as soon as it holds.
 #
 # On a fresh Debian machine it installs what it needs: the prometheus package (prometheus and
 # promtool), victoria-metrics (the store and vmalert) and python3-venv with apt, and the
@@ -25,7 +29,8 @@
 # where kubectl exists; elsewhere tests/deploy/kustomize_lite.py (no Debian/PyPI/npm package of
 # kustomize exists). Runs every check, then exits non-zero if any failed.
 #
-# Environment: TOKENMETER_BIN (skip the build, use this binary), LIVE_TRAFFIC_SECONDS.
+# Environment: TOKENMETER_BIN (skip the build, use this binary), LIVE_TRAFFIC_SECONDS,
+# FLEET_TRAFFIC_SECONDS (the least traffic those two judge), BUDGET_LEVEL_SECONDS.
 set -uo pipefail
 export PYTHONDONTWRITEBYTECODE=1
 cd "$(dirname "$0")/../.."
@@ -82,6 +87,8 @@ check() {
 
 check "rules: PrometheusRule is a copy of rules.yml" python3 $here/sync_rules.py
 check "rules: promtool check rules" promtool check rules deploy/prometheus/rules.yml
+check "rules: rules_test.yml evaluates every group, in an order that reads recordings after they are made" \
+  "$vpy" $here/rule_order.py
 check "rules: promtool test rules (each alert firing and not firing)" promtool test rules $here/rules_test.yml
 check "dashboard: structure, variables, metric names" python3 $here/check_dashboard.py
 check "manifests: overlays build, schemas, wiring, runbooks, scrape config" "$vpy" $here/check_manifests.py

@@ -25,6 +25,7 @@ Exits 1 listing each difference. Environment: TOKENMETER_BIN (default
 target/release/tokenmeter), BUDGET_LEVEL_SECONDS (default 2: seconds per concurrency level).
 """
 
+import json
 import os
 import re
 import shutil
@@ -39,6 +40,9 @@ REPO = lt.REPO
 MODEL = "tokenmeter-sim"
 LEVELS = "1,3,6,12,24,48,96,192,320"
 BANDS = ["1", "2-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256", "257+"]
+# Seconds for the proxy to count the last requests after the load has seen them end (a stream
+# is recorded when it ends, well under a second here; the rest is for a loaded machine).
+COUNTED_DEADLINE_S = 30
 # Every request meets both classes (a minute to the first token, 1 token/s): one `result`.
 SLO = ["interactive:ttft=60s,tps=1", "batch"]
 
@@ -88,7 +92,7 @@ TOKENMETER = {
     "tokenmeter_capacity_tps_floor": 1,
     "tokenmeter_capacity_replicas": 1,
     # The first token's end: both limits of the one class with targets, its arrival rate, the
-    # predicted TTFT at 9 concurrencies x 3 quantiles, the prefill cost (one source), the mix
+    # predicted TTFT at 9 concurrencies x 3 percentiles, the prefill cost (one source), the mix
     # (3 kinds and its size) and the requests in flight.
     "tokenmeter_capacity_limit_concurrency": 2,
     "tokenmeter_capacity_max_request_rate": 1,
@@ -248,10 +252,23 @@ def main():
             if time.monotonic() > deadline:
                 raise RuntimeError("the loads did not finish in time")
             time.sleep(0.2)
-        time.sleep(1.5)  # the capacity model refits every second or so: let it see the last level
         for i, name, _, metrics, expected in targets:
-            _, body = lt.http_get(f"http://127.0.0.1:{metrics}/metrics")
-            text = body.decode()
+            # The proxy records a request when its stream ends, which can be a moment after the
+            # client saw the end: scrape until it has counted every request the loads sent (each
+            # load's levels, and the one short probe a bench sends before them).
+            sent = sum(1 + sum(lv["requests"] + lv["errors"] for lv in json.load(
+                open(os.path.join(tmp, f"bench-{i}-{key}", "bench.json")))["levels"]) for key in SETUPS[i][3])
+            texts = []
+
+            def counted(problem, metrics=metrics, sent=sent, texts=texts):
+                _, body = lt.http_get(f"http://127.0.0.1:{metrics}/metrics")
+                texts.append(body.decode())
+                got = sum(float(m.group(1)) for m in re.finditer(
+                    r"^tokenmeter_requests_total\{[^}]*\} (\S+)$", texts[-1], re.M))
+                if got != sent:
+                    problem(f"[{name}] the proxy counted {got:.0f} requests, the load sent {sent}")
+            lt.until_passes(f"[{name}] requests counted", counted, COUNTED_DEADLINE_S)
+            text = texts[-1]
             missing = [b for b in BANDS if b not in bands_reached(text)]
             if missing:
                 lt.fail(f"[{name}] the load reached no request in band(s) {missing}: the budget needs all 9 "

@@ -5,6 +5,7 @@ Python standard library only (asyncio), so it runs on a fresh machine with nothi
 
     traffic.py upstream --port 0 --port-file F     # serves /v1/chat/completions until killed
     traffic.py load --target http://127.0.0.1:8080 --duration 40 --concurrency 1,4,12
+    traffic.py load ... --duration 600 --step-seconds 10   # a ramp of 10 s steps, stopped by SIGTERM
 
 The upstream streams OpenAI chat.completion chunks (SSE, chunked transfer encoding, one chunk per
 token) and the final `usage` chunk when the request asks for it. What it does with a request is
@@ -291,7 +292,7 @@ async def worker(wid, args, deadline, stats, rng):
 async def run_load(args):
     stats = {"requests": 0, "status": {}, "events": 0, "bytes": 0, "hangups": 0, "errors": 0, "seconds": 0.0}
     steps = [int(c) for c in args.concurrency.split(",")]
-    step_len = args.duration / len(steps)
+    step_len = args.step_seconds if args.step_seconds is not None else args.duration / len(steps)
     rng = random.Random(args.seed)
     started = time.monotonic()
 
@@ -332,6 +333,8 @@ def main():
     ld.add_argument("--target", required=True, help="e.g. http://127.0.0.1:8080")
     ld.add_argument("--duration", type=float, default=30)
     ld.add_argument("--concurrency", default="4", help="comma-separated steps, e.g. 1,4,12")
+    ld.add_argument("--step-seconds", type=float, help="seconds between steps (default: --duration / steps), "
+                    "so that a long --duration, as a bound, does not slow the ramp")
     ld.add_argument("--mix", choices=["mixed", "ok"], default="mixed")
     ld.add_argument("--models", default="llama-3.1-8b-instruct,qwen2.5-7b-instruct")
     ld.add_argument("--min-tokens", type=int, default=20)

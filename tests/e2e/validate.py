@@ -557,7 +557,7 @@ def capacity_reading(tm_metrics, path):
                 key = f"{key}_{d['bound']}"
             classes.setdefault(d["class"], {})[key] = v
         if n == "tokenmeter_capacity_ttft_seconds":
-            ttft.setdefault(int(d["concurrency"]), {})[d["quantile"]] = v
+            ttft.setdefault(int(d["concurrency"]), {})[d["percentile"]] = v
     out["classes"] = classes
     out["ttft"] = ttft
     out["prefill"] = {
@@ -618,7 +618,7 @@ def capacity_phase(cfg, urls):
             row["measured"].append(
                 {"c": c, "requests": lv["requests"], "errors": lv["errors"], "tps_p50": tps,
                  "aggregate": lv["aggregate_tps"], "predicted": predicted,
-                 "ttft_p90": ttft_p90, "predicted_ttft_p90": a["ttft"].get(c, {}).get("0.9")}
+                 "ttft_p90": ttft_p90, "predicted_ttft_p90": a["ttft"].get(c, {}).get("90")}
             )  # fmt: skip
         # The planner's command on the same exposition: what it prints is shown as is.
         svg = os.path.join(out_dir, "capacity.svg")
