@@ -355,20 +355,18 @@ def main():
     procs = lt.Procs(tmp)
     started = time.monotonic()
     try:
-        sim_port = lt.free_port()
-        procs.start("sim", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
-                            "--step-base", "10ms", "--enable-per-request-metrics"])
-        lt.wait_for("the simulator", lambda: lt.http_get(f"http://127.0.0.1:{sim_port}/v1/models")[0] == 200)
+        (sim_port,) = procs.start_listening(
+            "sim", lambda port: [tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL,
+                                 "--step-base", "10ms", "--enable-per-request-metrics"],
+            1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
         targets = []
         for name, flags in MODES:
-            listen, metrics = lt.free_port(), lt.free_port()
-            procs.start(f"tokenmeter-{name}", [
-                tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", *COMMON_FLAGS, *flags,
-            ])
+            listen, metrics = procs.start_listening(
+                f"tokenmeter-{name}", lambda listen, metrics, flags=flags: [
+                    tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
+                    "--metrics-listen", f"127.0.0.1:{metrics}", *COMMON_FLAGS, *flags,
+                ], 2, lambda _l, m: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
             targets.append((name, listen, metrics))
-        for name, _, metrics in targets:
-            lt.wait_for(f"tokenmeter {name}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
         for name, listen, _ in targets:
             if name == "tenant":
                 send_tenant_requests(listen)

@@ -385,18 +385,18 @@ def main():
 
         sims, targets = {}, []
         for pod, gpus, step in PODS:
-            sim_port, listen, metrics = lt.free_port(), lt.free_port(), lt.free_port()
-            procs.start(f"sim-{pod}", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
-                                       "--step-base", step])
-            procs.start(f"tokenmeter-{pod}", [
-                tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus), "--gpu-hour-cost", PRICE,
-                "--no-ui",
-            ])
+            (sim_port,) = procs.start_listening(
+                f"sim-{pod}", lambda port, step=step: [
+                    tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL, "--step-base", step],
+                1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
+            listen, metrics = procs.start_listening(
+                f"tokenmeter-{pod}", lambda listen, metrics, gpus=gpus, sim_port=sim_port: [
+                    tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
+                    "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", str(gpus), "--gpu-hour-cost", PRICE,
+                    "--no-ui",
+                ], 2, lambda _l, m: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
             sims[pod] = sim_port
             targets.append((pod, listen, metrics))
-        for pod, _, metrics in targets:
-            lt.wait_for(f"tokenmeter {pod}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
 
         prom_port = lt.free_port()
         config = {

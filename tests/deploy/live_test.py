@@ -106,10 +106,21 @@ def collected(fn, *args):
     return check
 
 
+# Ports this test has handed out: the kernel may give the same free port to two bind(0) calls in a
+# row, and two of our processes told the same port would fight for it (one exits at start).
+_handed_out = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never handed out before by this test. Another process may
+    still take it before ours binds it; Procs.start_listening starts again on fresh ports then."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def http_get(url, timeout=5):
@@ -167,6 +178,45 @@ class Procs:
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **kw)
         self.items.append((name, p, log))
         return p
+
+    def log_tail(self, name, lines=5):
+        try:
+            with open(os.path.join(self.logdir, name + ".log"), errors="replace") as f:
+                return "".join(f.readlines()[-lines:]).strip()
+        except OSError:
+            return ""
+
+    def start_listening(self, name, argv_for, ports, ready, env=None, tries=3, timeout=20):
+        """Starts a server on `ports` fresh ports (`argv_for(*ports)`) and waits until
+        `ready(*ports)` holds; returns the ports. A port can be taken by another process between
+        free_port() and the server's bind: the server then exits at start saying so, and it is
+        started again on fresh ports (at most `tries` times). Any other early exit is a failure
+        that quotes the end of the server's log."""
+        for attempt in range(1, tries + 1):
+            chosen = [free_port() for _ in range(ports)]
+            p = self.start(name, argv_for(*chosen), **({"env": env} if env is not None else {}))
+            deadline = time.monotonic() + timeout
+            last = None
+            while time.monotonic() < deadline:
+                if p.poll() is not None:
+                    break
+                try:
+                    if ready(*chosen):
+                        return chosen
+                except (OSError, urllib.error.URLError, ValueError) as e:
+                    last = e
+                time.sleep(0.2)
+            else:
+                raise RuntimeError(f"timed out waiting for {name} ({last}); log: {self.log_tail(name)}")
+            tail = self.log_tail(name)
+            for item in [item for item in self.items if item[1] is p]:
+                item[2].close()
+                self.items.remove(item)
+            if "in use" not in tail.lower() or attempt == tries:
+                raise RuntimeError(f"{name} exited at start with {p.returncode}: {tail}")
+            print(f"  {name}: a port was taken before it bound ({tail.splitlines()[-1] if tail else ''}); "
+                  f"starting it again on fresh ports", flush=True)
+        raise AssertionError("unreachable")
 
     def check_alive(self):
         for name, p, _ in self.items:
@@ -457,17 +507,15 @@ def main():
         # Two tokenmeters, one per "pod".
         targets = []
         for pod, flags, env, models, steps in PODS:
-            listen, metrics = free_port(), free_port()
             clean = {k: v for k, v in os.environ.items() if not k.endswith("_VISIBLE_DEVICES")}
-            procs.start(f"tokenmeter-{pod}", [
-                tm_bin, "--upstream", upstream, "--listen", f"127.0.0.1:{listen}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", *flags,
-                "--upstream-timeout", "2s", "--rate-window", "5s",
-                *[a for c in SLO_CLASSES for a in ("--slo", c)],
-            ], env=dict(clean, **env))
+            listen, metrics = procs.start_listening(
+                f"tokenmeter-{pod}", lambda listen, metrics, flags=flags: [
+                    tm_bin, "--upstream", upstream, "--listen", f"127.0.0.1:{listen}",
+                    "--metrics-listen", f"127.0.0.1:{metrics}", *flags,
+                    "--upstream-timeout", "2s", "--rate-window", "5s",
+                    *[a for c in SLO_CLASSES for a in ("--slo", c)],
+                ], 2, lambda _l, m: http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200, env=dict(clean, **env))
             targets.append((pod, listen, metrics, models, steps))
-        for pod, _, metrics, _, _ in targets:
-            wait_for(f"tokenmeter {pod}", lambda m=metrics: http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
 
         # Prometheus, scraping both with the labels a PodMonitor would add.
         prom_port = free_port()

@@ -211,21 +211,19 @@ def main():
     started = time.monotonic()
     rows = []
     try:
-        sim_port = lt.free_port()
-        procs.start("sim", [tm_bin, "sim", "--listen", f"127.0.0.1:{sim_port}", "--model", MODEL,
-                            "--step-base", "2ms", "--step-per-seq", "0.02ms", "--max-batch", "2048"])
-        lt.wait_for("the simulator", lambda: lt.http_get(f"http://127.0.0.1:{sim_port}/v1/models")[0] == 200)
+        (sim_port,) = procs.start_listening(
+            "sim", lambda port: [tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL,
+                                 "--step-base", "2ms", "--step-per-seq", "0.02ms", "--max-batch", "2048"],
+            1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
         targets = []
         for i, (name, flags, expected, _) in enumerate(SETUPS):
-            listen, metrics = lt.free_port(), lt.free_port()
-            procs.start(f"tokenmeter-{i}", [
-                tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
-                "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", "1", "--no-ui",
-                *[a for c in SLO for a in ("--slo", c)], *flags,
-            ])
+            listen, metrics = procs.start_listening(
+                f"tokenmeter-{i}", lambda listen, metrics, flags=flags: [
+                    tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",
+                    "--metrics-listen", f"127.0.0.1:{metrics}", "--gpus", "1", "--no-ui",
+                    *[a for c in SLO for a in ("--slo", c)], *flags,
+                ], 2, lambda _l, m: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
             targets.append((i, name, listen, metrics, expected))
-        for _, name, _, metrics, _ in targets:
-            lt.wait_for(f"tokenmeter {name}", lambda m=metrics: lt.http_get(f"http://127.0.0.1:{m}/readyz")[0] == 200)
         def load(i, listen, key):
             return [tm_bin, "bench", "--target", f"http://127.0.0.1:{listen}", "--model", MODEL,
                     "--concurrency", LEVELS, "--duration", f"{level_s}s", "--prompt-tokens", "40",
