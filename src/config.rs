@@ -266,6 +266,22 @@ pub struct ProxyArgs {
         value_name = "N|auto"
     )]
     pub replicas: String,
+
+    /// The engine's KV cache in tokens (vLLM: `kv_cache_size_tokens` on `cache_config_info`,
+    /// or num_gpu_blocks x block_size). With it the capacity model bounds every class by memory
+    /// (`bound="kv_cache"`). Wins over what the engine's metrics say.
+    #[arg(long, env = "TOKENMETER_KV_CACHE_TOKENS", value_name = "N")]
+    pub kv_cache_tokens: Option<u64>,
+
+    /// Tokens per KV-cache block (vLLM's --block-size; default 16, or what the engine's
+    /// metrics say).
+    #[arg(long, env = "TOKENMETER_BLOCK_SIZE", value_name = "N")]
+    pub block_size: Option<u32>,
+
+    /// The engine's cap on running sequences (vLLM's --max-num-seqs): a bound of its own on
+    /// every class (`bound="max_num_seqs"`). Wins over what the engine's metrics say.
+    #[arg(long, env = "TOKENMETER_MAX_NUM_SEQS", value_name = "N")]
+    pub max_num_seqs: Option<u32>,
     // --- TLS ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
@@ -407,6 +423,9 @@ pub struct Config {
     pub ui: Option<Duration>,
     /// `--replicas`: a number, or `auto` (the server watches the upstream's DNS records).
     pub replicas: crate::replicas::Setting,
+    /// `--kv-cache-tokens`, `--block-size`, `--max-num-seqs`: the engine's memory as the flags
+    /// state it (each `None` when not given).
+    pub memory: capacity::memory::Stated,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
     /// `--request-log`: a file, or `-` for standard output.
@@ -619,6 +638,7 @@ impl Config {
             slo: Arc::new(Classes::default()),
             ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
             replicas: crate::replicas::Setting::Fixed(1),
+            memory: capacity::memory::Stated::default(),
             tenants: None,
             request_log: None,
             tracing: None,
@@ -637,6 +657,7 @@ impl Config {
                 gpus: self.metrics.gpus,
                 gpu_hour_cost: self.metrics.gpu_hour_cost,
             },
+            memory: self.memory,
         }
     }
 }
@@ -780,6 +801,11 @@ impl ProxyArgs {
             slo: Arc::new(slo),
             ui: (!self.page.no_ui).then_some(self.ui_sample_period),
             replicas,
+            memory: capacity::memory::Stated {
+                kv_cache_tokens: self.kv_cache_tokens,
+                block_size: self.block_size,
+                max_num_seqs: self.max_num_seqs,
+            },
             tenants,
             request_log: self.request_log.clone(),
             tracing: self.tracing(host)?,

@@ -22,6 +22,11 @@
 //! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
 //!   and the predicted TTFT curve.
 //!
+//! Memory, the third end: [`memory`] holds the KV cache's size (the flags over what the engine
+//! states, [`Capacity::set_engine_memory`]) and the mix's footprint in it; the replay admits by
+//! blocks and preempts, and the plan bounds each class by the cache and by the engine's cap on
+//! sequences.
+//!
 //! `tokenmeter capacity`, which reads the answers back from `/metrics`, is a tool:
 //! [`crate::tools::capacity_command`].
 //!
@@ -36,6 +41,7 @@ pub mod bins;
 pub mod busy;
 pub mod fit;
 pub mod limits;
+pub mod memory;
 pub mod plan;
 pub mod prefill;
 pub mod replay;
@@ -49,6 +55,7 @@ use std::time::{Duration, Instant};
 
 pub use fit::Fit;
 pub use limits::TtftPoint;
+pub use memory::Memory;
 pub use plan::{Answer, Bound, ClassTargets, Fleet, TradeoffPoint};
 pub use prefill::PrefillFit;
 pub use stream::StreamGaps;
@@ -71,6 +78,9 @@ pub struct CapacityConfig {
     /// The classes and their floors (from the SLO classes).
     pub classes: Vec<ClassTargets>,
     pub fleet: Fleet,
+    /// What the flags say of the engine's memory (`--kv-cache-tokens`, `--block-size`,
+    /// `--max-num-seqs`); they win over what the engine states.
+    pub memory: memory::Stated,
 }
 
 impl Default for CapacityConfig {
@@ -83,6 +93,7 @@ impl Default for CapacityConfig {
                 gpus: 1.0,
                 gpu_hour_cost: None,
             },
+            memory: memory::Stated::default(),
         }
     }
 }
@@ -113,6 +124,11 @@ pub struct Report {
     pub in_flight: f64,
     /// The replicas the concurrency was divided by at this refit.
     pub replicas: u32,
+    /// The engine's memory as the model took it at this refit.
+    pub memory: Memory,
+    /// The KV blocks one closed-loop client of the mix holds on average
+    /// ([`Memory::mean_blocks`]); `None` without a mix.
+    pub kv_blocks_per_request: Option<f64>,
 }
 
 /// The live model: pushed into per event, read per scrape.
@@ -126,6 +142,8 @@ pub struct Capacity {
     config: CapacityConfig,
     /// The replicas now (`--replicas`, or what `auto` last found), at least 1.
     replicas: AtomicU32,
+    /// What the engine last stated of its memory (`--engine-metrics`).
+    engine_memory: Mutex<memory::Stated>,
     last: Mutex<Option<(Instant, Report)>>,
 }
 
@@ -137,6 +155,7 @@ impl Capacity {
             waiting: busy::Busy::new(origin),
             workload: workload::Workload::new(config.window),
             replicas: AtomicU32::new(config.fleet.replicas.max(1)),
+            engine_memory: Mutex::new(memory::Stated::default()),
             config,
             last: Mutex::new(None),
         }
@@ -154,6 +173,19 @@ impl Capacity {
     /// Sets the replicas (`--replicas auto` after each lookup); 0 is taken as 1.
     pub fn set_replicas(&self, n: u32) {
         self.replicas.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Sets what the engine states of its memory (its cache size, block size and sequence
+    /// cap, read from its metrics); the flags still win where they are given. Taken at the
+    /// next refit.
+    pub fn set_engine_memory(&self, stated: memory::Stated) {
+        *self.engine_memory.lock().unwrap_or_else(|e| e.into_inner()) = stated;
+    }
+
+    /// The engine's memory as the model takes it now: the flags over the engine's word.
+    pub fn memory(&self) -> Memory {
+        let engine = *self.engine_memory.lock().unwrap_or_else(|e| e.into_inner());
+        self.config.memory.over(engine)
     }
 
     /// `tokens` tokens arrived at `at`, `gap` after the stream's previous ones, while
@@ -225,20 +257,33 @@ impl Capacity {
             .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
             .and_then(|f| prefill::fit(&recent, f.step(1.0)));
         let jobs = workload::jobs(&recent);
+        let memory = self.memory();
         let mut replays = match (&fit, &prefill) {
             (Some(f), Some(p)) => Some(limits::Replays::new(
                 replay::Engine {
                     base: f.base,
                     per_seq: f.per_seq,
                     prefill_per_token: p.per_token,
+                    memory,
                 },
                 &jobs,
             )),
             _ => None,
         };
+        let held = plan::Held {
+            kv_cache: memory.kv_limit(&jobs),
+            max_num_seqs: memory.max_num_seqs,
+        };
         let (answers, curve) = match &fit {
             Some(f) => (
-                plan::answers(f, &self.config.classes, &fleet, in_flight, replays.as_mut()),
+                plan::answers(
+                    f,
+                    &self.config.classes,
+                    &fleet,
+                    in_flight,
+                    held,
+                    replays.as_mut(),
+                ),
                 plan::curve(f),
             ),
             None => (Vec::new(), Vec::new()),
@@ -259,6 +304,8 @@ impl Capacity {
             decoding,
             in_flight,
             replicas,
+            kv_blocks_per_request: memory.mean_blocks(&jobs),
+            memory,
         }
     }
 
@@ -355,6 +402,7 @@ mod tests {
             &cap.config().classes,
             &cap.config().fleet,
             r.in_flight * 4.0,
+            plan::Held::default(),
             None,
         );
         assert!((r.answers[0].output_tps / one[0].output_tps - 4.0).abs() < 1e-9);

@@ -63,15 +63,40 @@ impl ClassTargets {
 pub enum Bound {
     Ttft,
     TokensPerSecond,
+    /// The KV cache holds no more of the mix's requests.
+    KvCache,
+    /// The engine runs no more sequences (`--max-num-seqs`).
+    MaxNumSeqs,
 }
 
 impl Bound {
+    /// Every bound, in the order a tie is named: the speed and first-token ends first, as
+    /// they were before memory was known.
+    pub const ALL: [Bound; 4] = [
+        Bound::Ttft,
+        Bound::TokensPerSecond,
+        Bound::KvCache,
+        Bound::MaxNumSeqs,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Bound::Ttft => "ttft",
             Bound::TokensPerSecond => "tokens_per_second",
+            Bound::KvCache => "kv_cache",
+            Bound::MaxNumSeqs => "max_num_seqs",
         }
     }
+}
+
+/// What the engine's memory holds whatever the class: the same for every class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    /// Closed-loop clients of the live mix the KV cache holds ([`super::Memory::kv_limit`]);
+    /// `None` while the cache's size is not known.
+    pub kv_cache: Option<u32>,
+    /// The engine's cap on running sequences, where known.
+    pub max_num_seqs: Option<u32>,
 }
 
 /// What the fleet looks like, beyond the fit.
@@ -96,7 +121,10 @@ pub struct Answer {
     /// Largest number of requests in flight per engine whose predicted TTFT meets the target
     /// at the objective; `None` without a target or while the prefill cost is not known yet.
     pub limit_ttft: Option<u32>,
-    /// The smaller of the two: what the engine can hold for this class.
+    /// The memory bounds, where the engine's memory is known ([`Held`]).
+    pub limit_kv: Option<u32>,
+    pub limit_seqs: Option<u32>,
+    /// The smallest of them: what the engine can hold for this class.
     pub max_concurrency: u32,
     pub binding: Bound,
     /// Poisson arrivals per second per engine at which the class still holds.
@@ -158,13 +186,15 @@ pub fn curve(fit: &Fit) -> Vec<TradeoffPoint> {
 }
 
 /// Every class with a floor or a TTFT target; `in_flight` is the mean number of requests in
-/// flight per engine. `replays` is `None` until the prefill cost is known, and then only the
-/// decode bound is answered.
+/// flight per engine; `held` the memory's bounds, which apply to a class that has a target of
+/// its own. `replays` is `None` until the prefill cost is known, and then only the decode
+/// bound is answered.
 pub fn answers(
     fit: &Fit,
     classes: &[ClassTargets],
     fleet: &Fleet,
     in_flight: f64,
+    held: Held,
     mut replays: Option<&mut Replays>,
 ) -> Vec<Answer> {
     classes
@@ -175,16 +205,26 @@ pub fn answers(
                 (Some(t), Some(r)) => r.concurrency_limit(t, c.objective),
                 _ => None,
             };
-            let (b, binding) = match (limit_tps, limit_ttft) {
-                (Some(d), Some(f)) if f < d => (f, Bound::Ttft),
-                (Some(d), _) => (d, Bound::TokensPerSecond),
-                (None, Some(f)) => (f, Bound::Ttft),
-                (None, None) => return None,
+            if limit_tps.is_none() && limit_ttft.is_none() {
+                return None;
+            }
+            let limit = |bound| match bound {
+                Bound::Ttft => limit_ttft,
+                Bound::TokensPerSecond => limit_tps,
+                Bound::KvCache => held.kv_cache,
+                Bound::MaxNumSeqs => held.max_num_seqs,
             };
+            // The smallest bound binds; on a tie the first named in `Bound::ALL`.
+            let (b, binding) = Bound::ALL
+                .iter()
+                .filter_map(|&bound| limit(bound).map(|l| (l, bound)))
+                .min_by_key(|&(l, _)| l)?;
             let engine_tps = match (binding, replays.as_deref_mut()) {
                 _ if b == 0 => 0.0,
-                (Bound::Ttft, Some(r)) => r.output_tps(b).unwrap_or(0.0),
-                _ => f64::from(b) / fit.step(f64::from(b)),
+                (Bound::TokensPerSecond, _) | (_, None) => f64::from(b) / fit.step(f64::from(b)),
+                // Held by the first token or by memory: the replay knows prefill and memory,
+                // the decode line neither.
+                (_, Some(r)) => r.output_tps(b).unwrap_or(0.0),
             };
             let output_tps = engine_tps * f64::from(fleet.replicas.max(1));
             let per_gpu = if fleet.gpus > 0.0 {
@@ -203,6 +243,8 @@ pub fn answers(
                 class: c.name.clone(),
                 limit_tps,
                 limit_ttft,
+                limit_kv: held.kv_cache,
+                limit_seqs: held.max_num_seqs,
                 max_concurrency: b,
                 binding,
                 max_request_rate,
@@ -259,7 +301,7 @@ mod tests {
             gpus: 4.0,
             gpu_hour_cost: Some(2.0),
         };
-        let a = answers(&f, &classes, &fleet, 15.0, None);
+        let a = answers(&f, &classes, &fleet, 15.0, Held::default(), None);
         assert_eq!(a.len(), 2);
         let i = &a[0];
         assert_eq!((i.class.as_str(), i.max_concurrency), ("interactive", 30));
@@ -301,7 +343,14 @@ mod tests {
             gpus: 1.0,
             gpu_hour_cost: None,
         };
-        let a = &answers(&f, &[chat], &fleet, 8.0, Some(&mut replays))[0];
+        let a = &answers(
+            &f,
+            &[chat],
+            &fleet,
+            8.0,
+            Held::default(),
+            Some(&mut replays),
+        )[0];
         // Decode alone would hold 256 at 10 tok/s; the first token holds four.
         assert_eq!((a.limit_tps, a.limit_ttft), (Some(256), Some(4)));
         assert_eq!((a.max_concurrency, a.binding), (4, Bound::Ttft));
@@ -316,6 +365,85 @@ mod tests {
             "{} vs {want}",
             a.output_tps
         );
+    }
+
+    #[test]
+    fn memory_binds_first_when_the_cache_holds_fewer_than_the_targets_allow() {
+        use crate::capacity::limits::Replays;
+        use crate::capacity::memory::Memory;
+        use crate::capacity::replay::{Engine, Job};
+        // 100 prompt and 100 output tokens, 0.01 ms per prompt token, a cache of 52 blocks
+        // of 16: a client holds 10 blocks on average, so 5 fit.
+        let memory = Memory {
+            kv_cache_tokens: Some(52 * 16),
+            block_size: 16,
+            max_num_seqs: Some(64),
+        };
+        let engine = Engine {
+            base: 0.010,
+            per_seq: 0.0002,
+            prefill_per_token: 0.000_01,
+            memory,
+        };
+        let jobs = [Job {
+            uncached: 100,
+            output: 100,
+        }];
+        let held = Held {
+            kv_cache: memory.kv_limit(&jobs),
+            max_num_seqs: memory.max_num_seqs,
+        };
+        assert_eq!(held.kv_cache, Some(5));
+        let mut replays = Replays::new(engine, &jobs);
+        let chat = ClassTargets {
+            name: "chat".into(),
+            tps_floor: Some(10.0),
+            ttft: Some(2.0),
+            objective: 0.9,
+        };
+        let fleet = Fleet {
+            replicas: 1,
+            gpus: 1.0,
+            gpu_hour_cost: None,
+        };
+        let a = &answers(
+            &f_line(),
+            std::slice::from_ref(&chat),
+            &fleet,
+            10.0,
+            held,
+            Some(&mut replays),
+        )[0];
+        assert_eq!((a.limit_kv, a.limit_seqs), (Some(5), Some(64)));
+        assert_eq!((a.max_concurrency, a.binding), (5, Bound::KvCache));
+        assert_eq!(a.utilization, Some(2.0));
+        // The aggregate at the bound is the replay's, which queues for memory: five clients
+        // make about 5 / 11 ms less the recomputed work.
+        assert!(
+            a.output_tps > 350.0 && a.output_tps < 5.0 / 0.011,
+            "{}",
+            a.output_tps
+        );
+        // A cap on sequences below it binds instead; without memory known, the old two.
+        let seqs = Held {
+            max_num_seqs: Some(2),
+            ..held
+        };
+        let a = &answers(
+            &f_line(),
+            std::slice::from_ref(&chat),
+            &fleet,
+            1.0,
+            seqs,
+            Some(&mut replays),
+        )[0];
+        assert_eq!((a.max_concurrency, a.binding), (2, Bound::MaxNumSeqs));
+        let a = &answers(&f_line(), &[chat], &fleet, 1.0, Held::default(), None)[0];
+        assert_eq!((a.limit_kv, a.binding), (None, Bound::TokensPerSecond));
+    }
+
+    fn f_line() -> Fit {
+        line(0.010, 0.0002)
     }
 
     #[test]

@@ -11,7 +11,13 @@
 //! - a request that arrived before a step starts joins it (the batch is capped at
 //!   [`MAX_CONCURRENCY`]), and its first token comes at the end of that step;
 //! - every running sequence gets one token per step, so a joining prompt's prefill delays
-//!   everyone's next token (the decode slowdown while prefilling).
+//!   everyone's next token (the decode slowdown while prefilling);
+//! - where the KV cache's size is known ([`Memory`]), a request joins only when its prompt's
+//!   blocks fit beside the running ones; a running sequence that needs a block the cache does
+//!   not have preempts the newest one, which goes back to the front of the queue and is
+//!   recomputed (its prompt and answer so far prefilled again) when it is admitted again, as
+//!   vLLM's scheduler does; no request joins in a step that preempted. The engine's cap on
+//!   sequences (`--max-num-seqs`) caps the batch.
 //!
 //! The load is either `n` closed-loop clients, each sending its next request the moment the last
 //! one ends (a fixed number of users, `tokenmeter bench --concurrency`), or Poisson arrivals at a
@@ -23,6 +29,7 @@
 
 use std::collections::VecDeque;
 
+use super::memory::Memory;
 use super::summary::MAX_CONCURRENCY;
 
 /// Requests measured per replay, after the warm-up: enough for a stable 0.99 quantile.
@@ -33,12 +40,13 @@ pub const MEASURED: usize = 400;
 /// requests it measured by then.
 pub const MAX_WORK: u64 = 1_500_000;
 
-/// What a step costs, in seconds.
+/// What a step costs, in seconds, and the memory it runs in.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Engine {
     pub base: f64,
     pub per_seq: f64,
     pub prefill_per_token: f64,
+    pub memory: Memory,
 }
 
 /// One request of the mix: its uncached prompt tokens and its output tokens (at least 1).
@@ -68,6 +76,8 @@ pub struct Replayed {
     pub tps: Vec<f64>,
     /// Output tokens per second of replayed time.
     pub output_tps: f64,
+    /// Sequences preempted for want of KV blocks (0 without a known cache).
+    pub preemptions: u64,
 }
 
 impl Replayed {
@@ -127,9 +137,28 @@ impl Rng {
 #[derive(Debug, Clone, Copy)]
 struct Waiting {
     arrival: f64,
-    job: Job,
+    /// Tokens to prefill when admitted: the uncached prompt, or for a preempted request its
+    /// prompt and its answer so far.
+    prefill: u32,
+    /// When its first token came, for a preempted request.
+    first: Option<f64>,
+    left: u32,
+    output: u32,
     /// Counted in the results (not warm-up).
     measured: bool,
+}
+
+impl Waiting {
+    fn new(arrival: f64, job: Job, measured: bool) -> Self {
+        Waiting {
+            arrival,
+            prefill: job.uncached,
+            first: None,
+            left: job.output,
+            output: job.output,
+            measured,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +168,23 @@ struct Running {
     left: u32,
     output: u32,
     measured: bool,
+    /// Tokens in its KV blocks, and the blocks.
+    held: u64,
+    blocks: u64,
+}
+
+impl Running {
+    /// Back to the queue, to be recomputed: everything it holds is prefilled again.
+    fn preempted(self) -> Waiting {
+        Waiting {
+            arrival: self.arrival,
+            prefill: u32::try_from(self.held).unwrap_or(u32::MAX),
+            first: self.first,
+            left: self.left,
+            output: self.output,
+            measured: self.measured,
+        }
+    }
 }
 
 /// The most a closed-loop client's turnaround takes, in decode steps of one sequence.
@@ -148,18 +194,37 @@ pub const TURNAROUND: f64 = 1.0;
 pub const SEED: u64 = 0x746f_6b65_6e6d_6574;
 
 /// Replays `load` over `jobs`; `None` without jobs or with a step that costs nothing.
+///
+/// With a known cache, a job that could not fit in it alone is cut to what fits (an engine
+/// refuses a request longer than its context, so such a job is not in a real mix).
 pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
     let step = engine.base + engine.per_seq;
     if jobs.is_empty() || step.is_nan() || step <= 0.0 {
         return None;
     }
+    let memory = engine.memory;
+    let cache = memory
+        .blocks()
+        .map(|b| b * u64::from(memory.block_size.max(1)));
+    if cache.is_some_and(|c| c < 2) {
+        return None;
+    }
+    let batch_cap = memory
+        .max_num_seqs
+        .map_or(MAX_CONCURRENCY, |n| (n as usize).clamp(1, MAX_CONCURRENCY));
+    let mut free = memory.blocks().unwrap_or(u64::MAX);
     let mut rng = Rng(SEED);
     let draw = |rng: &mut Rng| {
         let j = jobs[rng.below(jobs.len())];
-        Job {
-            uncached: j.uncached,
-            output: j.output.max(1),
-        }
+        let (uncached, output) = match cache {
+            Some(c) => {
+                let c = u32::try_from(c).unwrap_or(u32::MAX);
+                let uncached = j.uncached.min(c - 1);
+                (uncached, j.output.max(1).min(c - uncached))
+            }
+            None => (j.uncached, j.output.max(1)),
+        };
+        Job { uncached, output }
     };
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
@@ -172,11 +237,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             let n = n.max(1);
             for _ in 0..n {
                 let job = draw(&mut rng);
-                waiting.push_back(Waiting {
-                    arrival: 0.0,
-                    job,
-                    measured: false,
-                });
+                waiting.push_back(Waiting::new(0.0, job, false));
             }
             (2 * n as usize, f64::INFINITY, 0.0)
         }
@@ -195,6 +256,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
     let mut measured_started = 0usize;
     let mut work = 0u64;
     let mut output_tokens = 0u64;
+    let mut preemptions = 0u64;
     let mut t = 0.0f64;
     loop {
         // Open loop: every arrival up to now joins the queue.
@@ -202,11 +264,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             let measured = arrivals >= warm;
             arrivals += 1;
             measured_started += usize::from(measured);
-            waiting.push_back(Waiting {
-                arrival: next_arrival,
-                job: draw(&mut rng),
-                measured,
-            });
+            waiting.push_back(Waiting::new(next_arrival, draw(&mut rng), measured));
             next_arrival -= rng.unit().ln() / rate;
         }
         if running.is_empty() {
@@ -226,23 +284,62 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             }
         }
         let idle = running.is_empty();
+        // Decode first: each running sequence gets the block its next token needs, the newest
+        // giving up its blocks when the cache has none.
+        let mut preempted = false;
+        let mut i = 0;
+        while i < running.len() {
+            let need = memory.blocks_for(running[i].held + 1);
+            while need > running[i].blocks + free && i + 1 < running.len() {
+                if let Some(last) = running.pop() {
+                    free += last.blocks;
+                    waiting.push_front(last.preempted());
+                    preempted = true;
+                    preemptions += 1;
+                }
+            }
+            if need > running[i].blocks + free {
+                // Nothing newer to take from: it goes back itself.
+                let s = running.remove(i);
+                free += s.blocks;
+                waiting.push_front(s.preempted());
+                preempted = true;
+                preemptions += 1;
+                continue;
+            }
+            free -= need.saturating_sub(running[i].blocks);
+            running[i].blocks = running[i].blocks.max(need);
+            i += 1;
+        }
         let mut prefill = 0u64;
-        while running.len() < MAX_CONCURRENCY {
+        while !preempted && running.len() < batch_cap {
             // A request that arrives just as a step starts waits for the next one, unless the
             // engine was idle (then the step starts for it).
-            match waiting.front() {
-                Some(w) if w.arrival < t || (idle && w.arrival <= t) => {}
+            let need = match waiting.front() {
+                Some(w) if w.arrival < t || (idle && w.arrival <= t) => {
+                    memory.blocks_for(u64::from(w.prefill) + 1)
+                }
                 _ => break,
+            };
+            if need > free {
+                break;
             }
             let Some(w) = waiting.pop_front() else { break };
-            prefill += u64::from(w.job.uncached);
+            free -= need;
+            prefill += u64::from(w.prefill);
             running.push(Running {
                 arrival: w.arrival,
-                first: None,
-                left: w.job.output,
-                output: w.job.output,
+                first: w.first,
+                left: w.left,
+                output: w.output,
                 measured: w.measured,
+                held: u64::from(w.prefill),
+                blocks: need,
             });
+        }
+        if running.is_empty() {
+            // Everything was preempted back into the queue: the next step takes them again.
+            continue;
         }
         let step = engine.base
             + engine.per_seq * running.len() as f64
@@ -253,6 +350,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
         while i < running.len() {
             let s = &mut running[i];
             s.left -= 1;
+            s.held += 1;
             output_tokens += 1;
             if s.first.is_none() {
                 s.first = Some(end);
@@ -264,7 +362,10 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
                 i += 1;
                 continue;
             }
-            let s = running.swap_remove(i);
+            // Removed in place, not swapped: the running order is the admission order, which
+            // says who is preempted first.
+            let s = running.remove(i);
+            free += s.blocks;
             if s.measured && s.output > 1 {
                 let first = s.first.unwrap_or(end);
                 if end > first {
@@ -279,11 +380,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
                 // moment, but not always the same one: drawn within one decode step, it lets
                 // clients that end near each other meet in one admission, as real ones do.
                 let turnaround = rng.unit() * TURNAROUND * (engine.base + engine.per_seq);
-                waiting.push_back(Waiting {
-                    arrival: end + turnaround,
-                    job: draw(&mut rng),
-                    measured,
-                });
+                waiting.push_back(Waiting::new(end + turnaround, draw(&mut rng), measured));
             }
         }
         t = end;
@@ -298,7 +395,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
     ttft.extend(
         waiting
             .iter()
-            .filter(|w| w.measured)
+            .filter(|w| w.measured && w.first.is_none())
             .map(|w| (t - w.arrival).max(0.0)),
     );
     ttft.extend(
@@ -317,6 +414,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
         } else {
             0.0
         },
+        preemptions,
     })
 }
 
@@ -327,6 +425,7 @@ pub(crate) const LONG: Engine = Engine {
     base: 0.010,
     per_seq: 0.0002,
     prefill_per_token: 0.0002,
+    memory: Memory::UNKNOWN,
 };
 
 #[cfg(test)]
@@ -406,12 +505,110 @@ mod tests {
         assert!(r.ttft.len() <= MEASURED, "{}", r.ttft.len());
     }
 
+    /// Short prompts, so memory and not prefill is what the clients wait for: 10 ms + 0.2 ms
+    /// steps, 0.01 ms per prompt token, and a cache of `blocks` blocks of 16 tokens.
+    fn small(blocks: u64, max_num_seqs: Option<u32>) -> Engine {
+        Engine {
+            base: 0.010,
+            per_seq: 0.0002,
+            prefill_per_token: 0.000_01,
+            memory: Memory {
+                kv_cache_tokens: Some(blocks * 16),
+                block_size: 16,
+                max_num_seqs,
+            },
+        }
+    }
+
+    const UNLIMITED: Engine = Engine {
+        memory: Memory::UNKNOWN,
+        ..LONG
+    };
+
+    #[test]
+    fn clients_whose_blocks_fit_run_as_if_memory_were_endless() {
+        // 100 prompt and 100 output tokens hold at most ceil(200 / 16) = 13 blocks: four
+        // clients need 52 at their peak.
+        let job = jobs(100, 100);
+        let endless = Engine {
+            prefill_per_token: 0.000_01,
+            ..UNLIMITED
+        };
+        let fits = run(&small(52, None), &job, Load::Closed(4)).expect("a replay");
+        let free = run(&endless, &job, Load::Closed(4)).expect("a replay");
+        assert_eq!(fits.preemptions, 0);
+        assert_eq!(fits.ttft, free.ttft);
+        assert_eq!(fits.tps, free.tps);
+    }
+
+    #[test]
+    fn clients_beyond_the_cache_wait_for_memory_and_preempt() {
+        let job = jobs(100, 100);
+        let endless = Engine {
+            prefill_per_token: 0.000_01,
+            ..UNLIMITED
+        };
+        let p90 = |e: &Engine, n| {
+            run(e, &job, Load::Closed(n))
+                .and_then(|r| r.ttft_quantile(0.9))
+                .expect("measured")
+        };
+        // Without a cache bound eight clients join the batch as soon as they send: about
+        // two steps.
+        let free = p90(&endless, 8);
+        assert!(free < 0.05, "{free}");
+        // With room for four, the others wait for a whole request (about 100 steps of 11 ms)
+        // and the growing answers push the newest out.
+        let tight = run(&small(52, None), &job, Load::Closed(8)).expect("a replay");
+        let waited = tight.ttft_quantile(0.9).expect("measured");
+        assert!(waited > 0.5, "{waited}");
+        assert!(tight.preemptions > 0);
+        // The cache caps the aggregate: more clients queue and add nothing, and eight make
+        // far less than eight with endless memory (about five fit on average, less the
+        // recomputed work).
+        let twelve = run(&small(52, None), &job, Load::Closed(12)).expect("a replay");
+        let endless8 = run(&endless, &job, Load::Closed(8)).expect("a replay");
+        assert!(
+            (tight.output_tps / twelve.output_tps - 1.0).abs() < 0.02,
+            "{} vs {}",
+            tight.output_tps,
+            twelve.output_tps
+        );
+        assert!(
+            tight.output_tps < 0.75 * endless8.output_tps,
+            "{} vs {}",
+            tight.output_tps,
+            endless8.output_tps
+        );
+    }
+
+    #[test]
+    fn the_engines_cap_on_sequences_caps_the_batch() {
+        let job = jobs(100, 100);
+        let capped = run(&small(1 << 20, Some(2)), &job, Load::Closed(4)).expect("a replay");
+        let two = run(&small(1 << 20, None), &job, Load::Closed(2)).expect("a replay");
+        // Four clients through two slots: the aggregate of two, and half wait a request.
+        assert!((capped.output_tps / two.output_tps - 1.0).abs() < 0.05);
+        assert!(capped.ttft_quantile(0.9).expect("measured") > 0.5);
+        assert_eq!(capped.preemptions, 0);
+    }
+
+    #[test]
+    fn a_job_longer_than_the_cache_is_cut_to_it_and_the_replay_ends() {
+        // 4,000 tokens of prompt and answer in a 1,024-token cache: an engine would refuse the
+        // request; the replay runs what fits instead of waiting for ever.
+        let r = run(&small(64, None), &jobs(3000, 1000), Load::Closed(2)).expect("a replay");
+        assert_eq!(r.ttft.len(), MEASURED);
+        assert_eq!(run(&small(0, None), &jobs(10, 10), Load::Closed(1)), None);
+    }
+
     #[test]
     fn quantiles_and_shares_are_exact_on_a_known_list() {
         let r = Replayed {
             ttft: (1..=10).map(f64::from).collect(),
             tps: vec![5.0, 10.0, 20.0, 40.0],
             output_tps: 0.0,
+            preemptions: 0,
         };
         assert_eq!(r.ttft_quantile(0.9), Some(9.0));
         assert_eq!(r.ttft_quantile(0.5), Some(5.0));

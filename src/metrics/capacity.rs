@@ -32,10 +32,12 @@ pub mod names {
     pub const WORKLOAD_TOKENS: &str = "tokenmeter_capacity_workload_tokens";
     pub const WORKLOAD_REQUESTS: &str = "tokenmeter_capacity_workload_requests";
     pub const IN_FLIGHT: &str = "tokenmeter_capacity_in_flight";
+    pub const KV_CACHE_TOKENS: &str = "tokenmeter_capacity_kv_cache_tokens";
+    pub const KV_TOKENS_PER_REQUEST: &str = "tokenmeter_capacity_kv_tokens_per_request";
 }
 
 /// The `bound` label of [`names::LIMIT_CONCURRENCY`].
-pub const LIMIT_BOUNDS: [Bound; 2] = [Bound::Ttft, Bound::TokensPerSecond];
+pub const LIMIT_BOUNDS: [Bound; 4] = Bound::ALL;
 /// The `percentile` label of [`names::TTFT_SECONDS`]: `capacity::limits::QUANTILES` in
 /// hundredths. Not `quantile`: the family is a gauge, and `quantile` is the label a summary
 /// owns (`promtool check metrics` refuses it on any other type).
@@ -70,6 +72,8 @@ pub struct CapacityMetrics {
     workload: GaugeVec,
     workload_requests: Gauge,
     in_flight: Gauge,
+    kv_cache_tokens: GaugeVec,
+    kv_per_request: GaugeVec,
     /// Every class name a series may carry.
     classes: Vec<String>,
 }
@@ -206,6 +210,18 @@ impl CapacityMetrics {
             )?,
             workload_requests,
             in_flight,
+            kv_cache_tokens: vec(
+                r,
+                KV_CACHE_TOKENS,
+                "The engine's KV cache in tokens as the model takes it (--kv-cache-tokens, else the engine's metrics); absent when not known.",
+                &[],
+            )?,
+            kv_per_request: vec(
+                r,
+                KV_TOKENS_PER_REQUEST,
+                "KV cache tokens (whole blocks) one closed-loop client of the mix holds on average over its requests' lives; absent while the cache's size is not known.",
+                &[],
+            )?,
             classes: classes.iter().map(|c| c.name.clone()).collect(),
         })
     }
@@ -220,6 +236,20 @@ impl CapacityMetrics {
                 let _ = g.remove_label_values(labels);
             }
         };
+        let m = &report.memory;
+        set(
+            &self.kv_cache_tokens,
+            &[],
+            m.kv_cache_tokens.map(|t| t as f64),
+        );
+        set(
+            &self.kv_per_request,
+            &[],
+            report
+                .kv_blocks_per_request
+                .filter(|_| m.kv_cache_tokens.is_some())
+                .map(|b| b * f64::from(m.block_size)),
+        );
         let fit = report.fit.as_ref();
         set(&self.step, &[TERMS[0]], fit.map(|f| f.base));
         set(&self.step, &[TERMS[1]], fit.map(|f| f.per_seq));
@@ -258,6 +288,8 @@ impl CapacityMetrics {
                 let v = a.and_then(|a| match bound {
                     Bound::Ttft => a.limit_ttft,
                     Bound::TokensPerSecond => a.limit_tps,
+                    Bound::KvCache => a.limit_kv,
+                    Bound::MaxNumSeqs => a.limit_seqs,
                 });
                 set(&self.limit, &[class, bound.as_str()], v.map(f64::from));
             }

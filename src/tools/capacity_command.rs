@@ -71,10 +71,33 @@ pub struct ClassRow {
     pub output_tps_per_gpu: Option<f64>,
     pub cost_per_million: Option<f64>,
     pub utilization: Option<f64>,
-    /// The two limits, the TTFT end's and the decode end's.
+    /// The limits: the TTFT end's, the decode end's, and memory's (the KV cache's and the
+    /// engine's cap on sequences).
     pub limit_ttft: Option<f64>,
     pub limit_tps: Option<f64>,
+    pub limit_kv: Option<f64>,
+    pub limit_seqs: Option<f64>,
     pub max_request_rate: Option<f64>,
+}
+
+impl ClassRow {
+    /// The bound that binds: the smallest limit, on a tie the first of [`Bound::ALL`], as the
+    /// model chose it.
+    pub fn binds(&self) -> Option<Bound> {
+        Bound::ALL
+            .iter()
+            .filter_map(|&b| {
+                let v = match b {
+                    Bound::Ttft => self.limit_ttft,
+                    Bound::TokensPerSecond => self.limit_tps,
+                    Bound::KvCache => self.limit_kv,
+                    Bound::MaxNumSeqs => self.limit_seqs,
+                }?;
+                Some((v, b))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, b)| b)
+    }
 }
 
 /// The mix the first-token predictions assume.
@@ -96,6 +119,9 @@ pub struct CapacityReading {
     pub r2: Option<f64>,
     pub samples: f64,
     pub observed: (Option<f64>, Option<f64>),
+    /// The KV cache the model takes, and a client's mean footprint in it, where known.
+    pub kv_cache_tokens: Option<f64>,
+    pub kv_tokens_per_request: Option<f64>,
     /// Sorted by name.
     pub classes: Vec<ClassRow>,
     /// (concurrency, per-request, aggregate) as exported.
@@ -177,6 +203,8 @@ impl CapacityReading {
                     r.workload.prefill = Some((s.value, source));
                 }
                 names::IN_FLIGHT => r.in_flight = v,
+                names::KV_CACHE_TOKENS => r.kv_cache_tokens = v,
+                names::KV_TOKENS_PER_REQUEST => r.kv_tokens_per_request = v,
                 names::LIMIT_CONCURRENCY => {
                     let bound = s.label("bound");
                     if let Some(i) = class(&mut r) {
@@ -184,6 +212,8 @@ impl CapacityReading {
                         match bound {
                             Some(b) if b == Bound::Ttft.as_str() => c.limit_ttft = v,
                             Some(b) if b == Bound::TokensPerSecond.as_str() => c.limit_tps = v,
+                            Some(b) if b == Bound::KvCache.as_str() => c.limit_kv = v,
+                            Some(b) if b == Bound::MaxNumSeqs.as_str() => c.limit_seqs = v,
                             _ => {}
                         }
                     }
@@ -326,14 +356,20 @@ impl CapacityReading {
         s
     }
 
-    /// The first token's end: both limits per class, the arrival rate, the mix the predictions
-    /// assume and the predicted TTFT curve. Nothing when the scrape has none of it.
+    /// The first token's and memory's ends: every limit per class and which binds, the arrival
+    /// rate, the mix the predictions assume, the KV cache, and the predicted TTFT curve.
+    /// Nothing when the scrape has none of it.
     fn first_token_text(&self, s: &mut String) {
         let opt = |v: Option<f64>, digits: usize| {
             v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
         };
         let w = &self.workload;
-        if w.requests.is_none() && self.ttft.iter().all(|p| p.1[1].is_none()) {
+        let memory = self.kv_cache_tokens.is_some()
+            || self
+                .classes
+                .iter()
+                .any(|c| c.limit_kv.is_some() || c.limit_seqs.is_some());
+        if !memory && w.requests.is_none() && self.ttft.iter().all(|p| p.1[1].is_none()) {
             return;
         }
         let _ = writeln!(
@@ -348,25 +384,28 @@ impl CapacityReading {
                 |(v, source)| format!("{:.4} ms per uncached token ({source})", v * 1e3)
             ),
         );
-        let _ = writeln!(
-            s,
-            "{:<16} {:>12} {:>13} {:>18} {:>10}",
-            "class", "ttft limit", "tok/s limit", "binds", "max req/s"
-        );
-        for c in &self.classes {
-            let binds = match (c.limit_ttft, c.limit_tps) {
-                (Some(f), Some(d)) if f < d => "ttft",
-                (_, Some(_)) => "tokens_per_second",
-                (Some(_), None) => "ttft",
-                (None, None) => "-",
-            };
+        if let Some(kv) = self.kv_cache_tokens {
             let _ = writeln!(
                 s,
-                "{:<16} {:>12} {:>13} {:>18} {:>10}",
+                "memory: KV cache {kv:.0} tokens; a client of this mix holds {} tokens on average",
+                opt(self.kv_tokens_per_request, 0),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:<16} {:>12} {:>13} {:>10} {:>10} {:>18} {:>10}",
+            "class", "ttft limit", "tok/s limit", "kv limit", "seqs limit", "binds", "max req/s"
+        );
+        for c in &self.classes {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>13} {:>10} {:>10} {:>18} {:>10}",
                 c.name,
                 opt(c.limit_ttft, 0),
                 opt(c.limit_tps, 0),
-                binds,
+                opt(c.limit_kv, 0),
+                opt(c.limit_seqs, 0),
+                c.binds().map_or("-", Bound::as_str),
                 opt(c.max_request_rate, 2),
             );
         }
@@ -582,11 +621,51 @@ mod tests {
             .expect("chat's limits row");
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
-            ["chat", "4", "256", "ttft", "1.25"]
+            ["chat", "4", "256", "-", "-", "ttft", "1.25"]
         );
         assert!(
             text.contains("          1          0.410          0.420          0.430"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_memory_end_is_read_back_and_named_when_it_binds() {
+        let mut v = scrape();
+        let chat = ("class", "chat");
+        for (bound, limit) in [
+            ("ttft", 7.0),
+            ("tokens_per_second", 256.0),
+            ("kv_cache", 3.0),
+            ("max_num_seqs", 8.0),
+        ] {
+            v.push(sample(
+                names::LIMIT_CONCURRENCY,
+                &[chat, ("bound", bound)],
+                limit,
+            ));
+        }
+        v.push(sample(names::KV_CACHE_TOKENS, &[], 2048.0));
+        v.push(sample(names::KV_TOKENS_PER_REQUEST, &[], 563.2));
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
+        let c = r.classes.iter().find(|c| c.name == "chat").expect("chat");
+        assert_eq!((c.limit_kv, c.limit_seqs), (Some(3.0), Some(8.0)));
+        assert_eq!(c.binds(), Some(Bound::KvCache));
+        let text = r.text();
+        assert!(
+            text.contains(
+                "memory: KV cache 2048 tokens; a client of this mix holds 563 tokens on average"
+            ),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("chat "))
+            .expect("chat's limits row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["chat", "7", "256", "3", "8", "kv_cache", "-"]
         );
     }
 
