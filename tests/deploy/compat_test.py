@@ -54,8 +54,9 @@ MODES = [
     ("vllm+otel", ["--compat", "vllm,otel"]),
     ("tenant", ["--tenant-header", "x-tenant", "--tenant-from-key", "--max-tenants", "3"]),
 ]
-# Every mode: one GPU, and a price for it, which the capacity model's cost family needs.
-COMMON_FLAGS = ["--gpus", "1", "--gpu-hour-cost", "2.5"]
+# Every mode: one GPU, and a price for it, which the capacity model's cost family needs; the
+# engine's memory, which its memory families need (a cache far larger than this load holds).
+COMMON_FLAGS = ["--gpus", "1", "--gpu-hour-cost", "2.5", "--kv-cache-tokens", "262144", "--max-num-seqs", "256"]
 
 # The load, per mode. STEADY streams run until the test ends (the vLLM panels read rates over the
 # last seconds, so traffic must still flow when they are checked); beside them a second client
@@ -102,7 +103,7 @@ CAPACITY_SERIES = {
     "tokenmeter_capacity_tps_floor": [CLASS],
     "tokenmeter_capacity_replicas": [{}],
     "tokenmeter_capacity_limit_concurrency": [
-        dict(CLASS, bound=b) for b in ("ttft", "tokens_per_second")],
+        dict(CLASS, bound=b) for b in ("ttft", "tokens_per_second", "kv_cache", "max_num_seqs")],
     "tokenmeter_capacity_max_request_rate": [CLASS],
     "tokenmeter_capacity_ttft_seconds": [
         {"concurrency": c, "percentile": p} for c in CURVE for p in ("50", "90", "99")],
@@ -110,6 +111,8 @@ CAPACITY_SERIES = {
     "tokenmeter_capacity_workload_tokens": [{"kind": k} for k in ("prompt", "cached", "output")],
     "tokenmeter_capacity_workload_requests": [{}],
     "tokenmeter_capacity_in_flight": [{}],
+    "tokenmeter_capacity_kv_cache_tokens": [{}],
+    "tokenmeter_capacity_kv_tokens_per_request": [{}],
 }
 
 # --compat otel: the families a real Prometheus must hold, with the label names every series
