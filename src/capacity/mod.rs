@@ -271,7 +271,7 @@ impl Capacity {
             _ => None,
         };
         let held = plan::Held {
-            kv_cache: memory.kv_limit(&jobs),
+            kv_cache: memory.kv_limit(workload::lengths(&jobs)),
             max_num_seqs: memory.max_num_seqs,
         };
         let (answers, curve) = match &fit {
@@ -304,7 +304,7 @@ impl Capacity {
             decoding,
             in_flight,
             replicas,
-            kv_blocks_per_request: memory.mean_blocks(&jobs),
+            kv_blocks_per_request: memory.mean_blocks(workload::lengths(&jobs)),
             memory,
         }
     }

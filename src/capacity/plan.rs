@@ -390,7 +390,7 @@ mod tests {
             output: 100,
         }];
         let held = Held {
-            kv_cache: memory.kv_limit(&jobs),
+            kv_cache: memory.kv_limit(crate::capacity::workload::lengths(&jobs)),
             max_num_seqs: memory.max_num_seqs,
         };
         assert_eq!(held.kv_cache, Some(5));

@@ -289,7 +289,8 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
         let mut preempted = false;
         let mut i = 0;
         while i < running.len() {
-            let need = memory.blocks_for(running[i].held + 1);
+            // The step computes the KV of the token it last made: its context so far.
+            let need = memory.blocks_for(running[i].held);
             while need > running[i].blocks + free && i + 1 < running.len() {
                 if let Some(last) = running.pop() {
                     free += last.blocks;
@@ -317,7 +318,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             // engine was idle (then the step starts for it).
             let need = match waiting.front() {
                 Some(w) if w.arrival < t || (idle && w.arrival <= t) => {
-                    memory.blocks_for(u64::from(w.prefill) + 1)
+                    memory.blocks_for(u64::from(w.prefill))
                 }
                 _ => break,
             };

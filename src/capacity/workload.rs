@@ -89,6 +89,11 @@ pub fn jobs(requests: &[Request]) -> Vec<Job> {
         .collect()
 }
 
+/// The jobs' `(uncached prompt, output)` lengths: what the memory footprint reads.
+pub fn lengths(jobs: &[Job]) -> impl Iterator<Item = (u32, u32)> + '_ {
+    jobs.iter().map(|j| (j.uncached, j.output))
+}
+
 /// The means; `None` for an empty window.
 pub fn mix(requests: &[Request]) -> Option<Mix> {
     if requests.is_empty() {

@@ -17,6 +17,7 @@ mod https;
 mod inject;
 mod listener;
 mod lockstep;
+mod memory_capacity;
 mod overload;
 mod pool;
 mod props;

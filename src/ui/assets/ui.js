@@ -3,6 +3,8 @@
 'use strict';
 (function () {
   const REFRESH_MS = 2000;
+  // tokenmeter_capacity_limit_concurrency's bounds, in the order the model names a tie.
+  const BOUNDS = [['ttft', 'TTFT'], ['tokens_per_second', 'tokens/s'], ['kv_cache', 'KV cache'], ['max_num_seqs', 'max-num-seqs']];
   const NS = 'http://www.w3.org/2000/svg';
   let last = null;
   let refreshes = 0;
@@ -325,9 +327,12 @@
       });
     }
     const hlines = (t.floors || []).map((f) => ({ axis: 'left', y: f.tokens_per_second, label: `${f.class} floor ${fmt(f.tokens_per_second)} tok/s` }));
+    // The bound that binds: the smallest, on a tie the first of BOUNDS (the model's order).
     const binds = (c) => {
       const l = (t.limits || {})[c] || {};
-      return l.ttft !== undefined && (l.tokens_per_second === undefined || l.ttft < l.tokens_per_second) ? ' (TTFT binds)' : '';
+      let best = null;
+      BOUNDS.forEach(([b, name]) => { if (l[b] !== undefined && (best === null || l[b] < l[best[0]])) best = [b, name]; });
+      return best && best[0] !== 'tokens_per_second' ? ` (${best[1]} binds)` : '';
     };
     const vlines = Object.keys(t.max_concurrency).map((c) => ({ x: t.max_concurrency[c], label: `${c}: max ${fmt(t.max_concurrency[c])}${binds(c)}` }));
     renderLimits(t);
@@ -341,7 +346,7 @@
     });
   }
 
-  // Each class's two limits and the mix the first-token prediction assumes, beside the chart.
+  // Each class's limits and the mix the predictions assume, beside the chart.
   function renderLimits(t) {
     const el = document.getElementById('tradeoff-limits');
     if (!el) return;
@@ -350,8 +355,8 @@
     if (!classes.length && w.requests === undefined) { el.textContent = ''; return; }
     const parts = classes.map((c) => {
       const l = t.limits[c];
-      const one = (b, name) => (l[b] === undefined ? '' : `${name} ${fmt(l[b])}`);
-      return `${c}: ` + [one('ttft', 'TTFT limit'), one('tokens_per_second', 'tokens/s limit')].filter((x) => x).join(', ');
+      const one = ([b, name]) => (l[b] === undefined ? '' : `${name} limit ${fmt(l[b])}`);
+      return `${c}: ` + BOUNDS.map(one).filter((x) => x).join(', ');
     });
     if (w.requests !== undefined) {
       parts.push(`assuming the last ${fmt(w.requests)} requests: prompt ${fmt(w.prompt || 0)} tokens (${fmt(w.cached || 0)} cached), output ${fmt(w.output || 0)}`);
