@@ -97,6 +97,7 @@ fn bench(c: &mut Criterion) {
         ttft: Some(0.05 + 0.0002 * f64::from(200 + 37 * (i % 100))),
         stated_prefill: None,
         stated_queue: None,
+        tps: None,
     };
     let mut i = 0u32;
     c.bench_function("capacity waited (per request)", |bench| {

@@ -51,6 +51,11 @@ impl<'a> Replays<'a> {
             .as_ref()
     }
 
+    /// The replay with `n` closed-loop clients (memoised).
+    pub fn at(&mut self, n: u32) -> Option<&Replayed> {
+        self.closed(n)
+    }
+
     /// Output tokens/s per engine with `n` clients.
     pub fn output_tps(&mut self, n: u32) -> Option<f64> {
         self.closed(n).map(|r| r.output_tps)

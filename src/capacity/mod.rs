@@ -22,6 +22,9 @@
 //! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
 //!   and the predicted TTFT curve.
 //!
+//! [`check`] holds the model to the truth where it can be: at the concurrency seen over the
+//! last minute, its predicted TTFT and tokens/s beside the measured ones.
+//!
 //! Memory, the third end: [`memory`] holds the KV cache's size (the flags over what the engine
 //! states, [`Capacity::set_engine_memory`]) and the mix's footprint in it; the replay admits by
 //! blocks and preempts, and the plan bounds each class by the cache and by the engine's cap on
@@ -39,6 +42,7 @@
 
 pub mod bins;
 pub mod busy;
+pub mod check;
 pub mod fit;
 pub mod limits;
 pub mod memory;
@@ -129,6 +133,8 @@ pub struct Report {
     /// The KV blocks one closed-loop client of the mix holds on average
     /// ([`Memory::mean_blocks`]); `None` without a mix.
     pub kv_blocks_per_request: Option<f64>,
+    /// The model against the last minute, once there is a replay and enough requests.
+    pub check: Option<check::Check>,
 }
 
 /// The live model: pushed into per event, read per scrape.
@@ -292,6 +298,9 @@ impl Capacity {
             .as_mut()
             .map(|r| r.curve(&plan::CURVE))
             .unwrap_or_default();
+        let check = replays
+            .as_mut()
+            .and_then(|r| check::check(&recent, now, in_flight, r));
         Report {
             fit,
             samples,
@@ -305,6 +314,7 @@ impl Capacity {
             in_flight,
             replicas,
             kv_blocks_per_request: memory.mean_blocks(workload::lengths(&jobs)),
+            check,
             memory,
         }
     }

@@ -108,6 +108,7 @@ mod tests {
             ttft: Some(ttft),
             stated_prefill: stated,
             stated_queue: None,
+            tps: None,
         }
     }
 
@@ -117,6 +118,7 @@ mod tests {
         let rs: Vec<Request> = (0..10)
             .map(|_| Request {
                 stated_queue: Some(2.0),
+                tps: None,
                 ..req(1000, 0, 2.0 + 0.010 + 0.2, None)
             })
             .collect();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::replay::Job;
 
 /// Requests kept: enough for a 0.9 quantile of the prefill cost and a varied mix (the replay
-/// draws from them), small enough (40 bytes each) to be nothing beside the rest of the model.
+/// draws from them), small enough (under 100 bytes each) to be nothing beside the rest of the model.
 pub const KEEP: usize = 1024;
 
 /// What one finished request says about the engine's first-token work.
@@ -29,6 +29,8 @@ pub struct Request {
     /// The engine's own prefill and queue times, where its stream stated them.
     pub stated_prefill: Option<f64>,
     pub stated_queue: Option<f64>,
+    /// Its decode tokens/s, as the proxy saw it (for the model's self-check).
+    pub tps: Option<f64>,
 }
 
 impl Request {
@@ -122,6 +124,7 @@ mod tests {
             ttft: None,
             stated_prefill: None,
             stated_queue: None,
+            tps: None,
         }
     }
 

@@ -37,6 +37,7 @@ pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
         ttft: Some(ttft.as_secs_f64()),
         stated_prefill: stated.and_then(|e| e.prefill).map(|d| d.as_secs_f64()),
         stated_queue: stated.and_then(|e| e.queue).map(|d| d.as_secs_f64()),
+        tps: f.tokens_per_second(),
     })
 }
 

@@ -34,7 +34,17 @@ pub mod names {
     pub const IN_FLIGHT: &str = "tokenmeter_capacity_in_flight";
     pub const KV_CACHE_TOKENS: &str = "tokenmeter_capacity_kv_cache_tokens";
     pub const KV_TOKENS_PER_REQUEST: &str = "tokenmeter_capacity_kv_tokens_per_request";
+    pub const CHECK_CONCURRENCY: &str = "tokenmeter_capacity_check_concurrency";
+    pub const CHECK_TTFT: &str = "tokenmeter_capacity_check_ttft_seconds";
+    pub const CHECK_TPS: &str = "tokenmeter_capacity_check_tokens_per_second";
+    pub const CHECK_ERROR: &str = "tokenmeter_capacity_check_error_ratio";
+    pub const CHECK_TRUSTED: &str = "tokenmeter_capacity_check_trusted";
 }
+
+/// The `source` label of [`names::CHECK_TTFT`] and [`names::CHECK_TPS`].
+pub const CHECK_SOURCES: [&str; 2] = ["predicted", "observed"];
+/// The `quantity` label of [`names::CHECK_ERROR`].
+pub const CHECK_QUANTITIES: [&str; 2] = ["ttft", "tokens_per_second"];
 
 /// The `bound` label of [`names::LIMIT_CONCURRENCY`].
 pub const LIMIT_BOUNDS: [Bound; 4] = Bound::ALL;
@@ -74,6 +84,11 @@ pub struct CapacityMetrics {
     in_flight: Gauge,
     kv_cache_tokens: GaugeVec,
     kv_per_request: GaugeVec,
+    check_concurrency: GaugeVec,
+    check_ttft: GaugeVec,
+    check_tps: GaugeVec,
+    check_error: GaugeVec,
+    check_trusted: GaugeVec,
     /// Every class name a series may carry.
     classes: Vec<String>,
 }
@@ -222,6 +237,36 @@ impl CapacityMetrics {
                 "KV cache tokens (whole blocks) one closed-loop client of the mix holds on average over its requests' lives; absent while the cache's size is not known.",
                 &[],
             )?,
+            check_concurrency: vec(
+                r,
+                CHECK_CONCURRENCY,
+                "Requests in flight per engine (the last minute's mean, rounded) at which the model is checked against what was measured.",
+                &[],
+            )?,
+            check_ttft: vec(
+                r,
+                CHECK_TTFT,
+                "TTFT p90 at the checked concurrency: the model's prediction and the last minute's requests', seconds.",
+                &["source"],
+            )?,
+            check_tps: vec(
+                r,
+                CHECK_TPS,
+                "Median per-request decode tokens/s at the checked concurrency: predicted and observed.",
+                &["source"],
+            )?,
+            check_error: vec(
+                r,
+                CHECK_ERROR,
+                "The model's error at the checked concurrency: predicted / observed - 1.",
+                &["quantity"],
+            )?,
+            check_trusted: vec(
+                r,
+                CHECK_TRUSTED,
+                "1 when every checked error is within 50%, 0 when the capacity answer is not to be trusted.",
+                &[],
+            )?,
             classes: classes.iter().map(|c| c.name.clone()).collect(),
         })
     }
@@ -236,6 +281,33 @@ impl CapacityMetrics {
                 let _ = g.remove_label_values(labels);
             }
         };
+        let c = report.check.as_ref();
+        set(
+            &self.check_concurrency,
+            &[],
+            c.map(|c| f64::from(c.concurrency)),
+        );
+        let tps = c.and_then(|c| c.tps);
+        for (i, source) in CHECK_SOURCES.iter().enumerate() {
+            let pick = |p: crate::capacity::check::Pair| [p.predicted, p.observed][i];
+            set(&self.check_ttft, &[source], c.map(|c| pick(c.ttft)));
+            set(&self.check_tps, &[source], tps.map(pick));
+        }
+        set(
+            &self.check_error,
+            &[CHECK_QUANTITIES[0]],
+            c.and_then(|c| c.ttft.error()),
+        );
+        set(
+            &self.check_error,
+            &[CHECK_QUANTITIES[1]],
+            tps.and_then(|p| p.error()),
+        );
+        set(
+            &self.check_trusted,
+            &[],
+            c.map(|c| if c.trusted() { 1.0 } else { 0.0 }),
+        );
         let m = &report.memory;
         set(
             &self.kv_cache_tokens,

@@ -14,7 +14,9 @@ use clap::Args;
 use crate::capacity::plan::CURVE;
 use crate::capacity::summary::MAX_CONCURRENCY;
 use crate::capacity::Bound;
-use crate::metrics::capacity::{names, BOUNDS, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS};
+use crate::metrics::capacity::{
+    names, BOUNDS, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
+};
 use crate::tools::bench::chart::{self, Axis, Chart, Series};
 use crate::tools::exposition::Sample;
 use crate::tools::scrape::{scrape, ScrapeError};
@@ -100,6 +102,15 @@ impl ClassRow {
     }
 }
 
+/// The self-check's families.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckReading {
+    pub concurrency: Option<f64>,
+    pub ttft: [Option<f64>; 2],
+    pub tps: [Option<f64>; 2],
+    pub trusted: Option<f64>,
+}
+
 /// The mix the first-token predictions assume.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Workload {
@@ -119,6 +130,9 @@ pub struct CapacityReading {
     pub r2: Option<f64>,
     pub samples: f64,
     pub observed: (Option<f64>, Option<f64>),
+    /// The model's self-check: the concurrency, TTFT p90 and median tokens/s (predicted,
+    /// observed), and whether it is trusted.
+    pub check: CheckReading,
     /// The KV cache the model takes, and a client's mean footprint in it, where known.
     pub kv_cache_tokens: Option<f64>,
     pub kv_tokens_per_request: Option<f64>,
@@ -204,6 +218,21 @@ impl CapacityReading {
                 }
                 names::IN_FLIGHT => r.in_flight = v,
                 names::KV_CACHE_TOKENS => r.kv_cache_tokens = v,
+                names::CHECK_CONCURRENCY => r.check.concurrency = v,
+                names::CHECK_TRUSTED => r.check.trusted = v,
+                names::CHECK_TTFT | names::CHECK_TPS => {
+                    let i = s
+                        .label("source")
+                        .and_then(|l| CHECK_SOURCES.iter().position(|c| *c == l));
+                    if let Some(i) = i {
+                        let pair = if s.name == names::CHECK_TTFT {
+                            &mut r.check.ttft
+                        } else {
+                            &mut r.check.tps
+                        };
+                        pair[i] = v;
+                    }
+                }
                 names::KV_TOKENS_PER_REQUEST => r.kv_tokens_per_request = v,
                 names::LIMIT_CONCURRENCY => {
                     let bound = s.label("bound");
@@ -353,7 +382,35 @@ impl CapacityReading {
             );
         }
         self.first_token_text(&mut s);
+        self.check_text(&mut s);
         s
+    }
+
+    /// The self-check: the model against the last minute, and whether to trust the answer.
+    fn check_text(&self, s: &mut String) {
+        let c = &self.check;
+        let Some(n) = c.concurrency else { return };
+        let pair = |p: [Option<f64>; 2], digits: usize| match p {
+            [Some(a), Some(b)] if b > 0.0 => {
+                format!(
+                    "predicted {a:.digits$}, observed {b:.digits$} ({:+.0}%)",
+                    (a / b - 1.0) * 100.0
+                )
+            }
+            _ => "-".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "\nself-check at {n:.0} in flight: TTFT p90 s {}; tok/s per request {}",
+            pair(c.ttft, 3),
+            pair(c.tps, 1),
+        );
+        if c.trusted == Some(0.0) {
+            let _ = writeln!(
+                s,
+                "NOT TO BE TRUSTED: the model is more than 50% off what the engine does now (docs/capacity.md, \"When the model is off\")"
+            );
+        }
     }
 
     /// The first token's and memory's ends: every limit per class and which binds, the arrival
@@ -627,6 +684,34 @@ mod tests {
             text.contains("          1          0.410          0.420          0.430"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_self_check_is_printed_and_says_when_not_to_trust_the_answer() {
+        let mut v = scrape();
+        v.extend([
+            sample(names::CHECK_CONCURRENCY, &[], 6.0),
+            sample(names::CHECK_TTFT, &[("source", "predicted")], 0.9),
+            sample(names::CHECK_TTFT, &[("source", "observed")], 2.0),
+            sample(names::CHECK_TPS, &[("source", "predicted")], 40.0),
+            sample(names::CHECK_TPS, &[("source", "observed")], 50.0),
+            sample(names::CHECK_TRUSTED, &[], 0.0),
+        ]);
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
+        let text = r.text();
+        assert!(
+            text.contains("self-check at 6 in flight: TTFT p90 s predicted 0.900, observed 2.000 (-55%); tok/s per request predicted 40.0, observed 50.0 (-20%)"),
+            "{text}"
+        );
+        assert!(text.contains("NOT TO BE TRUSTED"), "{text}");
+        v.push(sample(names::CHECK_TRUSTED, &[], 1.0));
+        let text = CapacityReading::from_samples(&v).expect("families").text();
+        assert!(!text.contains("NOT TO BE TRUSTED"), "{text}");
+        // No check exported: no line.
+        let text = CapacityReading::from_samples(&scrape())
+            .expect("families")
+            .text();
+        assert!(!text.contains("self-check"), "{text}");
     }
 
     #[test]

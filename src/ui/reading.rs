@@ -130,6 +130,9 @@ pub struct Reading {
     /// The mix the first-token predictions assume: mean tokens per request by kind, and
     /// `requests`.
     pub capacity_workload: BTreeMap<String, f64>,
+    /// The model's self-check: `concurrency`, `ttft_predicted`, `ttft_observed`,
+    /// `tps_predicted`, `tps_observed`, `trusted`; empty when not exported.
+    pub capacity_check: BTreeMap<String, f64>,
 }
 
 fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
@@ -249,6 +252,18 @@ impl Reading {
             }
             capacity::WORKLOAD_TOKENS => bump(&mut r.capacity_workload, label("kind"), v),
             capacity::WORKLOAD_REQUESTS => bump(&mut r.capacity_workload, Some("requests"), v),
+            capacity::CHECK_CONCURRENCY => bump(&mut r.capacity_check, Some("concurrency"), v),
+            capacity::CHECK_TRUSTED => bump(&mut r.capacity_check, Some("trusted"), v),
+            capacity::CHECK_TTFT | capacity::CHECK_TPS => {
+                let what = if name == capacity::CHECK_TTFT {
+                    "ttft"
+                } else {
+                    "tps"
+                };
+                if let Some(source) = label("source") {
+                    bump(&mut r.capacity_check, Some(&format!("{what}_{source}")), v);
+                }
+            }
             _ => {}
         }
     }

@@ -111,6 +111,10 @@ pub struct Tradeoff {
     /// The mix the predictions assume (`tokenmeter_capacity_workload_tokens` by kind, and
     /// `requests`); `{}` when not exported.
     pub workload: BTreeMap<String, f64>,
+    /// The model's self-check (`tokenmeter_capacity_check_*`): `concurrency`,
+    /// `ttft_predicted`, `ttft_observed`, `tps_predicted`, `tps_observed`, `trusted`; `{}` when
+    /// not exported.
+    pub check: BTreeMap<String, f64>,
 }
 
 /// A class's per-request speed floor.
@@ -306,6 +310,7 @@ impl PageSummary {
                 max_concurrency: r.capacity_max_concurrency.clone(),
                 limits: r.capacity_limits.clone(),
                 workload: r.capacity_workload.clone(),
+                check: r.capacity_check.clone(),
                 floors: r
                     .capacity_tps_floor
                     .iter()

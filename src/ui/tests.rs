@@ -272,6 +272,17 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
     mix.with_label_values(&["prompt"]).set(2000.0);
     mix.with_label_values(&["output"]).set(100.0);
     f.registry.register(Box::new(mix)).unwrap();
+    let check = GaugeVec::new(
+        Opts::new("tokenmeter_capacity_check_ttft_seconds", "g"),
+        &["source"],
+    )
+    .unwrap();
+    check.with_label_values(&["predicted"]).set(0.5);
+    check.with_label_values(&["observed"]).set(1.5);
+    f.registry.register(Box::new(check)).unwrap();
+    let trusted = GaugeVec::new(Opts::new("tokenmeter_capacity_check_trusted", "g"), &[]).unwrap();
+    trusted.with_label_values::<&str>(&[]).set(0.0);
+    f.registry.register(Box::new(trusted)).unwrap();
     let s = PageSummary::compute(
         &f.reading(),
         &History::new(PERIOD, WINDOW),
@@ -298,6 +309,12 @@ fn the_capacity_curve_is_read_when_it_is_exported() {
         (2000.0, 100.0)
     );
     assert!(!s.tradeoff.workload.contains_key("requests"));
+    let k = &s.tradeoff.check;
+    assert_eq!(
+        (k["ttft_predicted"], k["ttft_observed"], k["trusted"]),
+        (0.5, 1.5, 0.0)
+    );
+    assert!(!k.contains_key("concurrency"));
 }
 
 #[test]

@@ -113,6 +113,11 @@ CAPACITY_SERIES = {
     "tokenmeter_capacity_in_flight": [{}],
     "tokenmeter_capacity_kv_cache_tokens": [{}],
     "tokenmeter_capacity_kv_tokens_per_request": [{}],
+    "tokenmeter_capacity_check_concurrency": [{}],
+    "tokenmeter_capacity_check_ttft_seconds": [{"source": s} for s in ("predicted", "observed")],
+    "tokenmeter_capacity_check_tokens_per_second": [{"source": s} for s in ("predicted", "observed")],
+    "tokenmeter_capacity_check_error_ratio": [{"quantity": q} for q in ("ttft", "tokens_per_second")],
+    "tokenmeter_capacity_check_trusted": [{}],
 }
 
 # --compat otel: the families a real Prometheus must hold, with the label names every series

@@ -352,7 +352,7 @@
     if (!el) return;
     const classes = Object.keys(t.limits || {});
     const w = t.workload || {};
-    if (!classes.length && w.requests === undefined) { el.textContent = ''; return; }
+    if (!classes.length && w.requests === undefined && !Object.keys(t.check || {}).length) { el.textContent = ''; return; }
     const parts = classes.map((c) => {
       const l = t.limits[c];
       const one = ([b, name]) => (l[b] === undefined ? '' : `${name} limit ${fmt(l[b])}`);
@@ -360,6 +360,12 @@
     });
     if (w.requests !== undefined) {
       parts.push(`assuming the last ${fmt(w.requests)} requests: prompt ${fmt(w.prompt || 0)} tokens (${fmt(w.cached || 0)} cached), output ${fmt(w.output || 0)}`);
+    }
+    const k = t.check || {};
+    if (k.concurrency !== undefined && k.ttft_predicted !== undefined && k.ttft_observed !== undefined) {
+      parts.push(`self-check at ${fmt(k.concurrency)} in flight: TTFT p90 predicted ${fmt(k.ttft_predicted)} s, observed ${fmt(k.ttft_observed)} s` +
+        (k.tps_predicted !== undefined && k.tps_observed !== undefined ? `, tok/s predicted ${fmt(k.tps_predicted)}, observed ${fmt(k.tps_observed)}` : '') +
+        (k.trusted === 0 ? ' (NOT TO BE TRUSTED: the model is more than 50% off what the engine does now)' : ''));
     }
     el.textContent = 'Capacity per engine, requests in flight. ' + parts.join('; ') + '.';
   }
