@@ -101,6 +101,14 @@ TOKENMETER = {
     "tokenmeter_capacity_workload_tokens": 3,
     "tokenmeter_capacity_workload_requests": 1,
     "tokenmeter_capacity_in_flight": 1,
+    # The self-check at the concurrency seen: its concurrency, TTFT and tokens/s (predicted,
+    # observed), both errors, and the verdict. (The memory families appear only with a known
+    # KV cache: none here.)
+    "tokenmeter_capacity_check_concurrency": 1,
+    "tokenmeter_capacity_check_ttft_seconds": 2,
+    "tokenmeter_capacity_check_tokens_per_second": 2,
+    "tokenmeter_capacity_check_error_ratio": 2,
+    "tokenmeter_capacity_check_trusted": 1,
     # The admission caps (--max-in-flight, --max-connections) and the connections closed there;
     # the metrics listener's cap and its sheds. (HTTP/2 connections closed by a limit appear
     # only once one is: none here.)
