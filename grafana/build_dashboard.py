@@ -377,6 +377,23 @@ def layout():
                                                               {"color": "orange", "value": 0.8},
                                                               {"color": "red", "value": 1.0}]}), 6, 8),
         (capacity_fit_table(), 6, 8),
+        (timeseries("Predicted vs observed: TTFT p90 where the engine runs now",
+                    "The model checks itself: at the last minute's mean requests in flight per engine "
+                    "(tokenmeter_capacity_check_concurrency), the TTFT p90 it predicts beside the p90 of the requests "
+                    "that finished in that minute (tokenmeter_capacity_check_ttft_seconds), per pod. Apart by more "
+                    "than half: the capacity answer is not to be trusted (docs/capacity.md, When the model is off).",
+                    targets((f"max by (namespace, pod, source) (tokenmeter_capacity_check_ttft_seconds{{{F}}})",
+                             "{{pod}} {{source}}")), "s",
+                    overrides=[dashed(".* predicted")]), 12, 8),
+        (timeseries("Predicted vs observed: the model's error",
+                    "predicted / observed - 1 at the concurrency seen, for TTFT p90 and the median per-request "
+                    "tokens/s (tokenmeter_capacity_check_error_ratio), per pod. Red past +-50%: "
+                    "tokenmeter_capacity_check_trusted is 0 there, and an autoscaler should hold.",
+                    targets((f"max by (namespace, pod, quantity) (tokenmeter_capacity_check_error_ratio{{{F}}})",
+                             "{{pod}} {{quantity}}")), "percentunit", min0=False,
+                    thresholds={"mode": "absolute", "steps": [{"color": "red", "value": None},
+                                                              {"color": "transparent", "value": -0.5},
+                                                              {"color": "red", "value": 0.5}]}), 12, 8),
         (bargauge("Max concurrency per engine by class",
                   CAPACITY_NOTE + " The most requests in flight per engine at which the class still holds: the "
                   "smaller of its TTFT and tokens/s limits (tokenmeter_capacity_max_concurrency).",
@@ -624,6 +641,8 @@ def capacity_limits_table():
     tgts = [
         q(f'{limit}{{{F}, bound="ttft"}}', "A"),
         q(f'{limit}{{{F}, bound="tokens_per_second"}}', "B"),
+        q(f'{limit}{{{F}, bound="kv_cache"}}', "G"),
+        q(f'{limit}{{{F}, bound="max_num_seqs"}}', "H"),
         q(f"tokenmeter_capacity_max_concurrency{{{F}}}", "C"),
         q(f"tokenmeter_capacity_max_request_rate{{{F}}}", "D"),
         q(f"tokenmeter_capacity_utilization{{{F}}}", "E"),
@@ -636,8 +655,8 @@ def capacity_limits_table():
         "type": "table",
         "title": "Limits per engine by class now: which one binds",
         "description": CAPACITY_NOTE + " Per class, the largest over the selected pods (select one pod to read its "
-                       "own): the concurrency limits from TTFT and from tokens/s, the max concurrency (the smaller "
-                       "of the two), the max request rate, and utilization (in flight / max concurrency). binds: the "
+                       "own): the concurrency limits from TTFT, from tokens/s, from the KV cache and from the engine's "
+                       "cap on sequences (the last two where the cache is known), the max concurrency (the smallest), the max request rate, and utilization (in flight / max concurrency). binds: the "
                        "bound whose limit is the max concurrency, and on how many pods. No row: the fit is still "
                        "warming up, or the class has neither target.",
         "datasource": DS,
@@ -648,11 +667,12 @@ def capacity_limits_table():
                 "excludeByName": {"Time": True},
                 "renameByName": {"Value #A": "TTFT limit", "Value #B": "tokens/s limit",
                                  "Value #C": "max concurrency", "Value #D": "max requests/s",
-                                 "Value #E": "utilization", "bound": "binds", "Value #F": "pods"},
+                                 "Value #E": "utilization", "bound": "binds", "Value #F": "pods",
+                                 "Value #G": "KV cache limit", "Value #H": "max-num-seqs limit"},
             }},
         ],
         "fieldConfig": {"defaults": {}, "overrides": [
-            {"matcher": {"id": "byRegexp", "options": "TTFT limit|tokens/s limit|max concurrency"},
+            {"matcher": {"id": "byRegexp", "options": "TTFT limit|tokens/s limit|KV cache limit|max-num-seqs limit|max concurrency"},
              "properties": [{"id": "decimals", "value": 0}]},
             {"matcher": {"id": "byName", "options": "max requests/s"},
              "properties": [{"id": "unit", "value": "reqps"}, {"id": "decimals", "value": 2}]},

@@ -58,10 +58,14 @@ REPO = dash.REPO
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "inference"
 # (pod, tokenmeter flags and environment, models, concurrency steps)
+# The engine's memory, as a planner states it: the capacity model's memory bounds and series exist
+# (the dashboard's limits table reads them). A cache far larger than this load holds.
+MEMORY = ["--kv-cache-tokens", "262144", "--max-num-seqs", "256"]
 PODS = [
-    ("vllm-llama-0", ["--gpus", "2", "--gpu-hour-cost", "1.80", "--tenant-header", "x-tenant"], {},
+    ("vllm-llama-0", ["--gpus", "2", "--gpu-hour-cost", "1.80", "--tenant-header", "x-tenant", *MEMORY], {},
      "llama-3.1-8b-instruct", "1,4,10"),
-    ("vllm-qwen-0", ["--gpus", "auto"], {"NVIDIA_VISIBLE_DEVICES": "GPU-4e1c7a2b"}, "qwen2.5-7b-instruct,mistral-7b", "2,6"),
+    ("vllm-qwen-0", ["--gpus", "auto", *MEMORY], {"NVIDIA_VISIBLE_DEVICES": "GPU-4e1c7a2b"},
+     "qwen2.5-7b-instruct,mistral-7b", "2,6"),
 ]
 PRICE = "2.50"
 # The upstream's TTFT is 75-225 ms and it streams at 50 tokens/s: interactive and batch are met
