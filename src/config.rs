@@ -282,6 +282,21 @@ pub struct ProxyArgs {
     /// every class (`bound="max_num_seqs"`). Wins over what the engine's metrics say.
     #[arg(long, env = "TOKENMETER_MAX_NUM_SEQS", value_name = "N")]
     pub max_num_seqs: Option<u32>,
+
+    /// Where to read the engine's own metrics (its KV cache, queue and preemptions): `auto`
+    /// reads the upstream's `/metrics` where it answers in a dialect tokenmeter knows (vLLM,
+    /// SGLang), a URL reads that page, `off` reads nothing.
+    #[arg(
+        long,
+        env = "TOKENMETER_ENGINE_METRICS",
+        default_value = "auto",
+        value_name = "URL|auto|off"
+    )]
+    pub engine_metrics: String,
+
+    /// How often the engine's metrics are read (`--engine-metrics`).
+    #[arg(long, env = "TOKENMETER_ENGINE_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub engine_metrics_interval: Duration,
     // --- TLS ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
@@ -426,6 +441,9 @@ pub struct Config {
     /// `--kv-cache-tokens`, `--block-size`, `--max-num-seqs`: the engine's memory as the flags
     /// state it (each `None` when not given).
     pub memory: capacity::memory::Stated,
+    /// `--engine-metrics` and `--engine-metrics-interval`.
+    pub engine_metrics: crate::engine::Setting,
+    pub engine_metrics_interval: Duration,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
     /// `--request-log`: a file, or `-` for standard output.
@@ -465,6 +483,8 @@ pub enum ConfigError {
     BadCompat(String),
     #[error(transparent)]
     Replicas(#[from] crate::replicas::BadReplicas),
+    #[error(transparent)]
+    EngineMetrics(#[from] crate::engine::BadSetting),
     #[error(transparent)]
     Tenant(#[from] TenantError),
     #[error("--trace-sample {0:?} is not a ratio from 0 to 1")]
@@ -639,6 +659,8 @@ impl Config {
             ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
             replicas: crate::replicas::Setting::Fixed(1),
             memory: capacity::memory::Stated::default(),
+            engine_metrics: crate::engine::Setting::Auto,
+            engine_metrics_interval: crate::engine::reader::INTERVAL,
             tenants: None,
             request_log: None,
             tracing: None,
@@ -806,6 +828,8 @@ impl ProxyArgs {
                 block_size: self.block_size,
                 max_num_seqs: self.max_num_seqs,
             },
+            engine_metrics: crate::engine::parse(&self.engine_metrics)?,
+            engine_metrics_interval: self.engine_metrics_interval,
             tenants,
             request_log: self.request_log.clone(),
             tracing: self.tracing(host)?,

@@ -33,6 +33,8 @@
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing; [`replicas`]:
 //!   how many engines it is spread over (`--replicas auto` counts the upstream's addresses).
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`engine`]: the engine's own view of itself (`--engine-metrics`): its KV cache, queue and
+//!   preemptions, read from its metrics off the request path, with [`exposition`].
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener; [`ui`]: the page there.
 //! - [`context`]: who a request is (W3C trace context, `x-request-id`, path) and whether its span
 //!   is sampled; [`reqlog`]: one JSON line per finished request (`--request-log`); [`otlp`]:
@@ -65,6 +67,8 @@ pub mod upgrade;
 // What is made of it.
 pub mod admin;
 pub mod capacity;
+pub mod engine;
+pub mod exposition;
 pub mod gpus;
 pub mod metrics;
 pub mod otlp;

@@ -36,6 +36,7 @@ use crate::capacity::Capacity;
 use crate::config::Config;
 use crate::context::Identify;
 use crate::drain::{Connections, Drain, Held};
+use crate::engine;
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::otlp::Exporter;
@@ -110,6 +111,8 @@ pub struct Server {
     metrics_max_connections: usize,
     /// With `--replicas auto`: the upstream's host and port, whose addresses are counted.
     replicas_host: Option<(String, u16)>,
+    /// The engine's metrics reader, unless `--engine-metrics off`.
+    engine: Option<engine::reader::Reader>,
 }
 
 /// The sinks of finished records, in the order they are called.
@@ -161,6 +164,21 @@ impl Server {
                 .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
                 .with_sinks(identify, sinks),
         );
+        let engine = match cfg.engine_metrics.url(&cfg.proxy.upstream.origin) {
+            Some(url) => Some(engine::reader::Reader::new(
+                url,
+                cfg.engine_metrics == engine::Setting::Auto,
+                &client_tls,
+                {
+                    let observed = Arc::new(engine::observed::Observed::default());
+                    metrics.export_engine_view(Arc::clone(&observed))?;
+                    observed
+                },
+                Arc::clone(&capacity),
+                cfg.engine_metrics_interval,
+            )),
+            None => None,
+        };
         let limiter = Arc::new(Limiter::new(cfg.max_in_flight));
         let conns = Arc::new(Connections::with_cap(cfg.max_connections));
         metrics.set_limits(
@@ -191,6 +209,7 @@ impl Server {
             metrics_max_connections: cfg.metrics_max_connections,
             replicas_host: (cfg.replicas == replicas::Setting::Auto)
                 .then(|| cfg.proxy.upstream.host_and_port()),
+            engine,
         })
     }
 
@@ -225,6 +244,8 @@ impl Server {
             .filter_map(|(name, t)| t.as_ref().map(|t| t.cert.watch(name)))
             .collect();
         let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
+        // Off the request path: one bounded read of the engine's page at a time.
+        let engine = self.engine.map(|reader| tokio::spawn(reader.run()));
         let replicas = self.replicas_host.map(|(host, port)| {
             let capacity = Arc::clone(&self.capacity);
             tokio::spawn(replicas::watch(
@@ -306,6 +327,9 @@ impl Server {
         }
         if let Some(replicas) = replicas {
             replicas.abort();
+        }
+        if let Some(engine) = engine {
+            engine.abort();
         }
         for w in watchers {
             w.abort();

@@ -38,6 +38,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("context", &[]),
     ("error", &[]),
+    // The Prometheus text reader: the engine's page, and the tools' scrapes of our own.
+    ("exposition", &[]),
     // What the request path is made of, bottom up.
     ("read", &["protocol"]),
     // The usage filter cuts the stream by the SSE framer the meter's decoder reads by.
@@ -51,9 +53,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("capacity", &["slo"]),
     // What one finished request was: written by the meter, read by every sink.
     ("record", &["context", "protocol", "slo"]),
+    // The engine's own view: read over the upstream's TLS settings, parsed with `exposition`,
+    // its cache size handed to the capacity model.
+    ("engine", &["capacity", "exposition", "ratelog", "tls"]),
     (
         "metrics",
-        &["capacity", "gpus", "protocol", "record", "slo"],
+        &["capacity", "engine", "gpus", "protocol", "record", "slo"],
     ),
     ("reqlog", &["context", "protocol", "ratelog", "record"]),
     ("otlp", &["context", "protocol", "ratelog", "record"]),
@@ -80,23 +85,33 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "config",
         &[
-            "capacity", "context", "gpus", "host", "metrics", "otlp", "protocol", "proxy",
-            "replicas", "slo", "tenant", "tls", "units",
+            "capacity", "context", "engine", "gpus", "host", "metrics", "otlp", "protocol",
+            "proxy", "replicas", "slo", "tenant", "tls", "units",
         ],
     ),
     (
         "server",
         &[
-            "admin", "capacity", "config", "context", "drain", "meter", "metrics", "overload",
-            "proxy", "otlp", "ratelog", "record", "replicas", "reqlog", "tenant", "tls", "ui",
+            "admin", "capacity", "config", "context", "drain", "engine", "meter", "metrics",
+            "overload", "proxy", "otlp", "ratelog", "record", "replicas", "reqlog", "tenant",
+            "tls", "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.
     (
         "tools",
         &[
-            "capacity", "config", "metrics", "protocol", "quantile", "read", "record", "server",
-            "signal", "units",
+            "capacity",
+            "config",
+            "exposition",
+            "metrics",
+            "protocol",
+            "quantile",
+            "read",
+            "record",
+            "server",
+            "signal",
+            "units",
         ],
     ),
 ];

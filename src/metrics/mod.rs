@@ -31,6 +31,7 @@ pub mod buckets;
 pub mod capacity;
 mod capped;
 mod engine;
+pub mod engine_view;
 mod goodput;
 mod labels;
 mod live;
@@ -59,6 +60,7 @@ use self::otel::Otel;
 use self::rate::RateWindow;
 use self::vllm::Vllm;
 use crate::capacity::Capacity;
+use crate::engine::observed::Observed;
 use crate::gpus;
 use crate::protocol::TokenSource;
 use crate::record::Finished;
@@ -106,6 +108,8 @@ pub struct Metrics {
     /// The live capacity model, when one is exported ([`Metrics::export_capacity`]), and its
     /// families.
     capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
+    /// What the engine's metrics reader observes, when it runs, and its families.
+    engine_view: OnceLock<(Arc<Observed>, engine_view::EngineViewMetrics)>,
     /// The parts of TTFT the engines state, and their coverage.
     engine: EngineMetrics,
     slo_requests: IntCounterVec,
@@ -443,6 +447,7 @@ impl Metrics {
             decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
             engine: EngineMetrics::new(&r, b)?,
             capacity: OnceLock::new(),
+            engine_view: OnceLock::new(),
             in_flight,
             parse_errors,
             output_tps: gauge(
@@ -550,6 +555,17 @@ impl Metrics {
         self.decoding.get()
     }
 
+    /// Exports what the engine's metrics reader observes (`--engine-metrics` not off),
+    /// refreshed whenever the registry is gathered; a second call changes nothing.
+    pub fn export_engine_view(&self, observed: Arc<Observed>) -> prometheus::Result<()> {
+        if self.engine_view.get().is_some() {
+            return Ok(());
+        }
+        let families = engine_view::EngineViewMetrics::register(&self.registry)?;
+        let _ = self.engine_view.set((observed, families));
+        Ok(())
+    }
+
     /// Exports `model`'s answers (its families are registered now, one per class it knows),
     /// refreshed whenever the registry is gathered. The model is the server's, which the meter
     /// feeds; a second call changes nothing.
@@ -588,6 +604,9 @@ impl Metrics {
         // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
         if let Some((model, families)) = self.capacity.get() {
             families.update(&model.report(now));
+        }
+        if let Some((observed, families)) = self.engine_view.get() {
+            families.update(observed);
         }
         let tps = self.rate.rate(now);
         self.output_tps.set(tps);

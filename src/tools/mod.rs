@@ -10,11 +10,12 @@
 //! - [`demo`]: `tokenmeter demo`, the simulator, the proxy and a ramping load in one process.
 //! - [`capacity_command`]: `tokenmeter capacity`, the live capacity model read back from
 //!   `/metrics`, drawn with the bench's charts.
-//! - [`exposition`]: a `/metrics` text read back into samples; [`scrape`] fetches one.
+//! - [`exposition`]: the product's reader of a `/metrics` text ([`crate::exposition`]), re-exported
+//!   under the tools for their callers; [`scrape`] fetches one.
 
 pub mod bench;
 pub mod capacity_command;
 pub mod demo;
-pub mod exposition;
+pub use crate::exposition;
 pub mod scrape;
 pub mod sim;

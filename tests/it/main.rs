@@ -10,6 +10,7 @@ mod compat;
 mod corpus;
 mod crowd;
 mod documented;
+mod engine_view;
 mod faults;
 mod first_token_capacity;
 mod hostile;

@@ -85,14 +85,32 @@ impl Proxy {
     }
 }
 
-/// Every default, in front of `upstream`, listening on loopback ports the system picks.
+/// Every default, in front of `upstream`, listening on loopback ports the system picks, but
+/// not reading the upstream's `/metrics` (see [`ENGINE_METRICS_OFF`]).
 pub fn config(upstream: &str) -> Config {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     Config {
         listen: loopback,
         metrics_listen: loopback,
+        engine_metrics: tokenmeter::engine::Setting::Off,
         ..Config::for_upstream(parse_upstream(upstream).expect("an upstream URL"))
     }
+}
+
+/// The scripted upstreams answer every request and count them, and many tests hold a proxy to
+/// exactly the requests they sent: the proxies the tests start do not read the upstream's
+/// `/metrics` (`--engine-metrics auto`, the default) unless a test asks for it by naming the
+/// flag. `tests/it/engine_view.rs` tests the reading.
+pub const ENGINE_METRICS_OFF: [&str; 2] = ["--engine-metrics", "off"];
+
+/// `extra`, with [`ENGINE_METRICS_OFF`] first unless `extra` sets `--engine-metrics` itself.
+pub fn with_engine_metrics_off<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut argv = Vec::with_capacity(extra.len() + 2);
+    if !extra.contains(&"--engine-metrics") {
+        argv.extend_from_slice(&ENGINE_METRICS_OFF);
+    }
+    argv.extend_from_slice(extra);
+    argv
 }
 
 /// Starts a proxy in front of `upstream` on loopback port 0, with extra flags, parsed as the
@@ -101,6 +119,7 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     if extra.is_empty() {
         return spawn(config(upstream)).await;
     }
+    let extra = with_engine_metrics_off(extra);
     let argv = std::iter::once("tokenmeter").chain(extra.iter().copied());
     let mut flags = Args::try_parse_from(argv).expect("flags parse").proxy;
     flags.upstream = Some(upstream.to_string());

@@ -39,7 +39,8 @@ impl Binary {
             &metrics,
             "--no-ui",
         ];
-        argv.extend_from_slice(extra);
+        let extra = super::with_engine_metrics_off(extra);
+        argv.extend_from_slice(&extra);
         let mut cmd = match procs {
             None => Command::new(bin),
             Some(procs) => {

@@ -1,10 +1,10 @@
 //! Reading a Prometheus text exposition (what `/metrics` serves) back into samples.
 //!
-//! The product writes its exposition with the `prometheus` crate and never reads one; the tools
-//! do: `bench --proxy-metrics` sets tokenmeter's own figures beside the client's, and the
-//! integration tests assert on a live proxy's scrape. Both read it through this module, so there
-//! is one reading of the format (label escapes, `+Inf`, comments, timestamps) and not one per
-//! caller.
+//! The product writes its own exposition with the `prometheus` crate; it reads one to learn
+//! what the engine behind it says of itself (`--engine-metrics`: [`crate::engine`]). The tools
+//! read tokenmeter's own (`bench --proxy-metrics`, `tokenmeter capacity`, the integration
+//! tests). All go through this module, so there is one reading of the format (label escapes,
+//! `+Inf`, comments, timestamps) and not one per caller.
 //!
 //! The API is three things: [`Scrape::parse`] turns the text into [`Sample`]s (name, labels,
 //! value), [`Scrape::select`] / [`Scrape::sum`] / [`Scrape::buckets`] pick series by name and a

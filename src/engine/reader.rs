@@ -1,0 +1,170 @@
+//! Reading the engine's metrics on a schedule of its own, off the request path.
+//!
+//! One task, one request at a time: every [`INTERVAL`] (`--engine-metrics-interval`) it GETs the
+//! page with the upstream's own TLS settings, gives the whole exchange [`TIMEOUT`] and the body
+//! [`MAX_BYTES`], reads it ([`super::view`]), exports what it says and hands the cache's size to
+//! the capacity model. However the engine misbehaves (silent, slow, garbage, gigabytes) the cost
+//! is one bounded request per interval, and no request through the proxy waits for it.
+//!
+//! A read that fails keeps the last good figures for [`STALE_AFTER`] intervals (a restart or a
+//! slow scrape is not news), then drops them: the gauges go and the capacity model falls back to
+//! the flags, or to no memory bound. Failures are counted by cause and logged at most once a
+//! minute per cause. With `auto`, an upstream without a page (a 404) or in no dialect known here
+//! is asked again only every [`AUTO_RETRY`], and quietly: most upstreams are not vLLM.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::header::ACCEPT;
+use hyper::{Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::observed::{Observed, ScrapeResult};
+use super::view::{self, EngineView};
+use crate::capacity::memory::Stated;
+use crate::capacity::Capacity;
+use crate::ratelog::{RateLimited, LOG_PERIOD};
+use crate::tls::client::{Alpn, ClientTls, Connector};
+
+/// `--engine-metrics-interval`'s default: as often as Prometheus scrapes a fast job, and the
+/// capacity model refits every 5 s anyway.
+pub const INTERVAL: Duration = Duration::from_secs(5);
+
+/// The whole exchange, connect to the body's end: an engine's page is served from memory in
+/// milliseconds; one that takes seconds is in trouble, and its figures would be old.
+pub const TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most of a page read: vLLM's with a few models, LoRA adapters and data-parallel engines
+/// is some hundreds of KB (mostly histograms); 4 MiB is ten times that, and bounds what one read
+/// holds whatever the engine sends.
+pub const MAX_BYTES: usize = 4 << 20;
+
+/// Intervals of failed reads after which the last good figures are dropped.
+pub const STALE_AFTER: u32 = 3;
+
+/// With `auto`, how long an upstream with no page in a known dialect waits for the next try.
+pub const AUTO_RETRY: Duration = Duration::from_secs(60);
+
+/// The task's state.
+pub struct Reader {
+    url: Uri,
+    auto: bool,
+    client: Client<Connector, Empty<Bytes>>,
+    observed: Arc<Observed>,
+    capacity: Arc<Capacity>,
+    interval: Duration,
+    log: RateLimited<ScrapeResult>,
+}
+
+impl Reader {
+    /// Reads `url` (`auto`: the upstream's own page, found by `--engine-metrics auto`).
+    pub fn new(
+        url: Uri,
+        auto: bool,
+        tls: &ClientTls,
+        observed: Arc<Observed>,
+        capacity: Arc<Capacity>,
+        interval: Duration,
+    ) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(1)
+            .build(tls.connector(Alpn::Http1, Some(TIMEOUT)));
+        Reader {
+            url,
+            auto,
+            client,
+            observed,
+            capacity,
+            interval: interval.max(Duration::from_millis(100)),
+            log: RateLimited::new(LOG_PERIOD),
+        }
+    }
+
+    /// One read of the page.
+    pub async fn read_once(&self) -> Result<EngineView, ScrapeResult> {
+        let exchange = async {
+            let req = Request::get(self.url.clone())
+                .header(ACCEPT, "text/plain")
+                .body(Empty::<Bytes>::new())
+                .map_err(|_| ScrapeResult::ConnectError)?;
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|_| ScrapeResult::ConnectError)?;
+            if resp.status() != StatusCode::OK {
+                return Err(ScrapeResult::HttpError);
+            }
+            let body = Limited::new(resp.into_body(), MAX_BYTES)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        ScrapeResult::TooLarge
+                    } else {
+                        ScrapeResult::ConnectError
+                    }
+                })?
+                .to_bytes();
+            let text = String::from_utf8_lossy(&body);
+            view::read(&crate::exposition::Scrape::parse(&text))
+                .map(|(_, v)| v)
+                .ok_or(ScrapeResult::UnknownDialect)
+        };
+        tokio::time::timeout(TIMEOUT, exchange)
+            .await
+            .unwrap_or(Err(ScrapeResult::Timeout))
+    }
+
+    /// Reads until the task is aborted.
+    pub async fn run(self) {
+        let mut last_ok: Option<Instant> = None;
+        loop {
+            let wait = match self.read_once().await {
+                Ok(view) => {
+                    self.observed.scraped(ScrapeResult::Ok);
+                    self.observed.saw(view);
+                    self.capacity.set_engine_memory(Stated {
+                        kv_cache_tokens: view.kv_cache_tokens,
+                        block_size: view.block_size,
+                        max_num_seqs: None,
+                    });
+                    last_ok = Some(Instant::now());
+                    self.interval
+                }
+                Err(result) => {
+                    self.observed.scraped(result);
+                    let absent = matches!(
+                        result,
+                        ScrapeResult::HttpError | ScrapeResult::UnknownDialect
+                    );
+                    let stale =
+                        last_ok.map_or(true, |at| at.elapsed() >= self.interval * STALE_AFTER);
+                    if stale {
+                        self.observed.stale();
+                        self.capacity.set_engine_memory(Stated::default());
+                    }
+                    if !(self.auto && absent) {
+                        if let Some(held_back) = self.log.check(result, Instant::now()) {
+                            tracing::warn!(
+                                result = result.as_str(),
+                                held_back,
+                                "reading the engine's metrics failed (--engine-metrics); the capacity model keeps the last figures for {} reads, then falls back to the flags",
+                                STALE_AFTER
+                            );
+                        }
+                    }
+                    if self.auto && absent {
+                        AUTO_RETRY.max(self.interval)
+                    } else {
+                        self.interval
+                    }
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}

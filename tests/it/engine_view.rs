@@ -1,0 +1,245 @@
+//! The engine's own view (`--engine-metrics`): read from a real simulator's `/metrics`, and
+//! held to its bounds by engines that hang, answer garbage or answer 50 MB.
+//!
+//! Every case reads the page from the same upstream the streams go to (`auto`), every 200 ms
+//! (`--engine-metrics-interval`), and waits for a condition on tokenmeter's own `/metrics`,
+//! never for a time.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::support::metrics::metric;
+use crate::support::process::Binary;
+use crate::support::upstream::{self, Reply, Step};
+use crate::support::{client, spawn_proxy, start_sim};
+use tokenmeter::tools::sim::kv::KvConfig;
+use tokenmeter::tools::sim::SimConfig;
+
+/// The longest a condition may take to come true: reads every 200 ms, so a few hundred ms here;
+/// a busy 2-core machine may be slower by far, and only a failure waits this long.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn get(url: &str) -> String {
+    client::get_text(url).await
+}
+
+/// Polls `url` until `f` holds; panics with the last page at the deadline.
+async fn until(url: &str, what: &str, f: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    loop {
+        let page = get(url).await;
+        if f(&page) {
+            return page;
+        }
+        assert!(start.elapsed() < DEADLINE, "{what} never came:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulators_cache_reaches_the_capacity_model() {
+    let sim = start_sim(SimConfig {
+        kv: Some(KvConfig {
+            tokens: 2048,
+            block_size: 128,
+        }),
+        ..SimConfig::default()
+    })
+    .await;
+    let proxy = spawn_proxy(
+        &format!("http://{sim}"),
+        &[
+            "--engine-metrics",
+            "auto",
+            "--engine-metrics-interval",
+            "200ms",
+        ],
+    )
+    .await;
+    let start = Instant::now();
+    let page = loop {
+        // The capacity model takes the engine's word at its next refit: ask for one now.
+        proxy.capacity.refresh(Instant::now());
+        let page = proxy.scrape().await;
+        if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
+            break page;
+        }
+        assert!(start.elapsed() < DEADLINE, "no cache size:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        2048.0
+    );
+    assert_eq!(
+        metric("tokenmeter_capacity_kv_cache_tokens").value(&page),
+        2048.0
+    );
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_usage_ratio").value(&page),
+        0.0
+    );
+    assert_eq!(
+        metric("tokenmeter_engine_requests_running").value(&page),
+        0.0
+    );
+    assert!(
+        metric("tokenmeter_engine_metrics_scrapes_total")
+            .label("result", "ok")
+            .value(&page)
+            >= 1.0
+    );
+    // The flags win over the engine.
+    let flagged = spawn_proxy(
+        &format!("http://{sim}"),
+        &[
+            "--engine-metrics",
+            "auto",
+            "--engine-metrics-interval",
+            "200ms",
+            "--kv-cache-tokens",
+            "4096",
+        ],
+    )
+    .await;
+    let _ = flagged
+        .eventually(|p| metric("tokenmeter_engine_kv_cache_tokens").sum(p) > 0.0)
+        .await;
+    flagged.capacity.refresh(Instant::now());
+    let page = flagged.scrape().await;
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        2048.0
+    );
+    assert_eq!(
+        metric("tokenmeter_capacity_kv_cache_tokens").value(&page),
+        4096.0
+    );
+}
+
+/// The SSE body every stream gets, in pieces.
+fn stream_steps() -> (Vec<Step>, Vec<u8>) {
+    let mut body = Vec::new();
+    let mut steps = Vec::new();
+    for i in 0..20 {
+        let event = format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}}}}]}}\n\n"
+        );
+        body.extend_from_slice(event.as_bytes());
+        steps.push(Step::Send(Bytes::from(event)));
+        steps.push(Step::Sleep(Duration::from_millis(5)));
+    }
+    body.extend_from_slice(b"data: [DONE]\n\n");
+    steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    (steps, body)
+}
+
+/// An engine whose `/metrics` is `page`; streams go through a separate proxy process, and one
+/// stream must arrive byte for byte while the engine misbehaves. Returns the proxy's page once
+/// `result` was counted, and the proxy.
+async fn misbehaving(page: fn() -> Reply, result: &str) -> (String, Binary) {
+    let (steps, body) = stream_steps();
+    let up = upstream::spawn(move |r| {
+        if r.path == "/metrics" {
+            page()
+        } else {
+            Reply::sse(steps.clone())
+        }
+    })
+    .await;
+    let proxy = Binary::start(
+        &up.url(),
+        &[
+            "--engine-metrics",
+            "auto",
+            "--engine-metrics-interval",
+            "200ms",
+        ],
+    );
+    let metrics = format!("http://{}/metrics", proxy.metrics_addr);
+    let counted = until(&metrics, result, |p| {
+        metric("tokenmeter_engine_metrics_scrapes_total")
+            .label("result", result)
+            .sum(p)
+            >= 1.0
+    })
+    .await;
+    let seen = client::post(
+        &format!("{}/v1/chat/completions", proxy.url()),
+        &client::chat_request(true, false),
+    )
+    .await;
+    assert_eq!(seen.status, 200);
+    assert!(!seen.error);
+    assert_eq!(
+        seen.body, body,
+        "the stream changed while the engine's page was {result}"
+    );
+    // No figure is made up from a page that said nothing, and the model has no cache size.
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_tokens").sum(&counted),
+        0.0,
+        "{counted}"
+    );
+    (counted, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_hangs_is_given_up_on_and_counted() {
+    let (_, _proxy) = misbehaving(
+        || Reply {
+            head_delay: Duration::from_secs(3600),
+            ..Reply::sse(vec![])
+        },
+        "timeout",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_answers_garbage_says_nothing() {
+    let (_, _proxy) = misbehaving(
+        || Reply::json(200, "<html><body>\u{0}\u{1} vllm? {{{ not a metric page"),
+        "unknown_dialect",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_answers_fifty_megabytes_is_read_no_further_than_the_limit() {
+    fn huge() -> Reply {
+        // 50 MB of a valid-looking page, in 1 MB pieces.
+        let line = "vllm:num_requests_running{model_name=\"m\",padding=\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"} 1\n";
+        let piece = Bytes::from(line.repeat((1 << 20) / line.len()));
+        Reply {
+            headers: vec![("content-type".into(), "text/plain".into())],
+            ..Reply::sse((0..50).map(|_| Step::Send(piece.clone())).collect())
+        }
+    }
+    let (page, proxy) = misbehaving(huge, "too_large").await;
+    // Keep it reading for a few more intervals, then hold the peak: 50 MB read in full (let
+    // alone parsed) would show; the 4 MiB limit and its parse stay far below.
+    let metrics = format!("http://{}/metrics", proxy.metrics_addr);
+    let before = metric("tokenmeter_engine_metrics_scrapes_total")
+        .label("result", "too_large")
+        .sum(&page);
+    until(&metrics, "more reads", |p| {
+        metric("tokenmeter_engine_metrics_scrapes_total")
+            .label("result", "too_large")
+            .sum(p)
+            >= before + 3.0
+    })
+    .await;
+    let peak = proxy.peak_rss();
+    eprintln!(
+        "peak RSS {} MiB after reading a 50 MB page {} times",
+        peak >> 20,
+        before + 3.0
+    );
+    assert!(
+        peak < 48 << 20,
+        "peak RSS {} MiB while reading a 50 MB page",
+        peak >> 20
+    );
+}
