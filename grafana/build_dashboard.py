@@ -452,6 +452,21 @@ def layout():
                             (f"(sum({rate('tokenmeter_engine_timing_mismatch_total')}) or vector(0))"
                              f" / scalar(sum({rate('tokenmeter_engine_timings_requests_total')}))", "mismatches")),
                     "percentunit"), 8, 8),
+        (timeseries("Memory pressure: the engine's KV cache",
+                    "Beside queue and prefill, the third reason a first token is late: the engine's KV cache, as its "
+                    "own metrics state it (--engine-metrics): the share in use (tokenmeter_engine_kv_cache_usage_ratio), "
+                    "per pod. Near 100% with requests waiting or preemptions (right), newcomers wait for memory, "
+                    "not compute: TokenmeterTTFTMissedOnMemory.",
+                    targets((f"max by (namespace, pod) (tokenmeter_engine_kv_cache_usage_ratio{{{F}}})", "{{pod}} usage")),
+                    "percentunit", thresholds={"mode": "absolute", "steps": [{"color": "transparent", "value": None},
+                                                                          {"color": "orange", "value": 0.95}]}), 12, 8),
+        (timeseries("Memory pressure: waiting inside the engine, and preemptions",
+                    "Requests the engine holds back for a batch slot or memory (tokenmeter_engine_requests_waiting), "
+                    "and the sequences it preempts per second for want of KV-cache blocks "
+                    "(tokenmeter_engine_preemptions_total), per pod, as the engine's metrics state them.",
+                    targets((f"max by (namespace, pod) (tokenmeter_engine_requests_waiting{{{F}}})", "{{pod}} waiting"),
+                            (f"sum by (namespace, pod) (rate(tokenmeter_engine_preemptions_total{{{F}}}[$__rate_interval]))",
+                             "{{pod}} preemptions/s")), "short"), 12, 8),
 
         (row("What the wire shows"), 24, 1),
         (timeseries("Time to first token by prompt band (p50)", "TTFT is prefill, and prefill grows with the prompt: "

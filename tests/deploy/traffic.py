@@ -69,8 +69,32 @@ def sse(obj) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+# What a vLLM's /metrics says of its memory (--engine-metrics auto reads it): a cache of 4,096
+# blocks of 16, its usage, waiting requests and preemptions moving with the requests served.
+def engine_page(counters):
+    n = counters["requests"]
+    return (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="4096",engine="0"} 1\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f'vllm:kv_cache_usage_perc{{engine="0",model_name="test-model"}} {(n % 50) / 50}\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name="test-model"}} {n % 7}\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f'vllm:num_requests_waiting{{engine="0",model_name="test-model"}} {n % 3}\n'
+        "# TYPE vllm:num_preemptions_total counter\n"
+        f'vllm:num_preemptions_total{{engine="0",model_name="test-model"}} {n // 5}\n'
+    ).encode()
+
+
 async def respond(writer, req, counters):
     method, path, headers, body = req
+    if method == "GET" and path == "/metrics":
+        page = engine_page(counters)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(page), page))
+        await writer.drain()
+        return True
     try:
         spec = json.loads(body or b"{}")
     except ValueError:
