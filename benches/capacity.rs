@@ -4,6 +4,9 @@
 //! observation (what the meter already does once per token for the inter-token latency) so the
 //! figures read as ratios on a noisy machine.
 //!
+//! With memory (a KV cache that binds), the replay admits by blocks and preempts; and reading an
+//! engine's `/metrics` page (`--engine-metrics`, every 5 s) is parsed and read here too.
+//!
 //! `cargo bench --bench capacity`
 
 use std::sync::Arc;
@@ -11,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use prometheus::{Histogram, HistogramOpts};
+use tokenmeter::capacity::memory::Stated;
 use tokenmeter::capacity::{Capacity, CapacityConfig, ClassTargets, Request};
+use tokenmeter::engine::view;
+use tokenmeter::exposition::Scrape;
 
 fn model() -> Capacity {
     Capacity::new(
@@ -119,6 +125,79 @@ fn bench(c: &mut Criterion) {
         "capacity refit with the first-token end (1,024 requests)",
         |bench| bench.iter(|| black_box(full.refit(end))),
     );
+
+    // The same window and mix with a KV cache of 36,000 tokens in blocks of 16: a client of this
+    // mix holds about 2,250 tokens, so memory binds at about 16 and every replay past that
+    // queues for blocks and preempts.
+    let memory = Capacity::new(
+        CapacityConfig {
+            memory: Stated {
+                kv_cache_tokens: Some(36_000),
+                block_size: Some(16),
+                max_num_seqs: None,
+            },
+            ..model().config().clone()
+        },
+        at,
+    );
+    for slot in 0..10u64 {
+        for b in 1..=64u32 {
+            for _ in 0..100 {
+                memory.push(
+                    f64::from(b),
+                    Duration::from_micros(10_000 + 500 * u64::from(b)),
+                    1,
+                    at + Duration::from_secs(90 * slot),
+                );
+            }
+        }
+    }
+    for i in 0..1024 {
+        memory.finished(request(i));
+    }
+    c.bench_function(
+        "capacity refit with memory (KV cache binds, 1,024 requests)",
+        |bench| bench.iter(|| black_box(memory.refit(end))),
+    );
+
+    // One read of an engine's page: vLLM's families for one model, with its histograms (about
+    // 60 KB, the size of a real vLLM 0.x page), parsed and read.
+    let page = vllm_page();
+    c.bench_function(
+        &format!("engine page read ({} KB vLLM page)", page.len() / 1024),
+        |bench| bench.iter(|| black_box(view::read(&Scrape::parse(black_box(&page))))),
+    );
+}
+
+/// A vLLM-shaped `/metrics` page: its gauges and counters, and 20 histograms of 30 buckets.
+fn vllm_page() -> String {
+    let mut s = String::new();
+    let l = r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct""#;
+    for (name, v) in [
+        ("vllm:num_requests_running", 12.0),
+        ("vllm:num_requests_waiting", 3.0),
+        ("vllm:kv_cache_usage_perc", 0.87),
+        ("vllm:num_preemptions_total", 34.0),
+        ("vllm:prompt_tokens_total", 1.2e7),
+        ("vllm:generation_tokens_total", 3.4e6),
+    ] {
+        s.push_str(&format!("# TYPE {name} gauge\n{name}{{{l}}} {v}\n"));
+    }
+    s.push_str(r#"vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="27000",num_cpu_blocks="None",prefix_caching_hash_algo="builtin",kv_cache_size_tokens="432000"} 1.0"#);
+    s.push('\n');
+    for h in 0..20 {
+        let name = format!("vllm:histogram_{h}_seconds");
+        s.push_str(&format!("# TYPE {name} histogram\n"));
+        for b in 0..30 {
+            let le = 0.001 * 1.5f64.powi(b);
+            s.push_str(&format!("{name}_bucket{{{l},le=\"{le}\"}} {}\n", b * 100));
+        }
+        s.push_str(&format!("{name}_bucket{{{l},le=\"+Inf\"}} 3000\n"));
+        s.push_str(&format!(
+            "{name}_sum{{{l}}} 1234.5\n{name}_count{{{l}}} 3000\n"
+        ));
+    }
+    s
 }
 
 criterion_group!(benches, bench);
