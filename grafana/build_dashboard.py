@@ -460,6 +460,17 @@ def layout():
                     targets((f"max by (namespace, pod) (tokenmeter_engine_kv_cache_usage_ratio{{{F}}})", "{{pod}} usage")),
                     "percentunit", thresholds={"mode": "absolute", "steps": [{"color": "transparent", "value": None},
                                                                           {"color": "orange", "value": 0.95}]}), 12, 8),
+        (timeseries("KV cache held: the engine's count and the wire's",
+                    "Tokens in the KV cache per pod: as the engine counts them (tokenmeter_engine_kv_cache_usage_ratio x "
+                    "tokenmeter_engine_kv_cache_tokens) and as the wire counts them (tokenmeter_kv_cache_wire_tokens: "
+                    "the requests in flight, their streamed tokens and the mix's mean uncached prompt). The engine "
+                    "below the wire: its prefix cache shares blocks. Above: it preempts and recomputes, or traffic "
+                    "tokenmeter does not see reaches it.",
+                    targets((f"max by (namespace, pod) (tokenmeter_engine_kv_cache_usage_ratio{{{F}}})"
+                             f" * on (namespace, pod) max by (namespace, pod) (tokenmeter_engine_kv_cache_tokens{{{F}}})",
+                             "{{pod}} engine"),
+                            (f"max by (namespace, pod) (tokenmeter_kv_cache_wire_tokens{{{F}}})", "{{pod}} wire")),
+                    "short", overrides=[dashed(".* wire")]), 12, 8),
         (timeseries("Memory pressure: waiting inside the engine, and preemptions",
                     "Requests the engine holds back for a batch slot or memory (tokenmeter_engine_requests_waiting), "
                     "and the sequences it preempts per second for want of KV-cache blocks "

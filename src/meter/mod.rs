@@ -168,6 +168,7 @@ impl Recorder {
                 max_stall: None,
                 first_output: FirstOutput::default(),
                 streamed: 0,
+                held: 0,
                 at_start,
                 at_leave: None,
                 slo: Some(self.classes.default_choice()),
@@ -251,6 +252,9 @@ struct Clock {
     first_output: FirstOutput,
     /// Tokens already counted in the output total as they streamed.
     streamed: u64,
+    /// Tokens added to the wire's view of the KV cache (`Metrics::wire_streamed`) while in
+    /// flight, taken back when the request leaves.
+    held: i64,
     /// The concurrency tracker as the request entered and left the in-flight gauges: the band of
     /// a request without a decode window.
     at_start: Snapshot,
@@ -713,6 +717,10 @@ impl Clock {
         self.last_token = Some(now);
         self.at_last = Some(rec.concurrency.snapshot(now));
         rec.metrics.tokens(u64::from(tokens), now);
+        if !self.left {
+            self.held += i64::from(tokens);
+            rec.metrics.wire_streamed(i64::from(tokens));
+        }
         if let (false, Some(c)) = (self.left, &rec.capacity) {
             // The gap since this stream's last tokens was one decode step (or several, for an
             // event that carries several tokens) at the number of streams decoding now.
@@ -747,6 +755,9 @@ impl Clock {
             Phase::Prefill
         };
         self.in_flight.add(phase, -1);
+        self.recorder
+            .metrics
+            .wire_streamed(-std::mem::take(&mut self.held));
         self.at_leave = Some(self.recorder.concurrency.update(now, -1));
     }
 }

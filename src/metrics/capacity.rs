@@ -39,6 +39,7 @@ pub mod names {
     pub const CHECK_TPS: &str = "tokenmeter_capacity_check_tokens_per_second";
     pub const CHECK_ERROR: &str = "tokenmeter_capacity_check_error_ratio";
     pub const CHECK_TRUSTED: &str = "tokenmeter_capacity_check_trusted";
+    pub const KV_WIRE_TOKENS: &str = "tokenmeter_kv_cache_wire_tokens";
 }
 
 /// The `source` label of [`names::CHECK_TTFT`] and [`names::CHECK_TPS`].
@@ -61,6 +62,16 @@ pub const TERMS: [&str; 2] = ["base", "per_sequence"];
 pub const BOUNDS: [&str; 2] = ["min", "max"];
 /// The `kind` label of [`names::CURVE_TPS`].
 pub const KINDS: [&str; 2] = ["per_request", "aggregate"];
+
+/// The KV-cache tokens the requests in flight hold per engine by the wire's count: `streamed`
+/// output tokens of the requests in flight, plus `in_flight` times the mix's mean uncached
+/// prompt (a request's own prompt is known only when its usage comes, at its end), over the
+/// replicas. `None` until the report has a mix.
+pub fn wire_tokens(report: &Report, streamed: f64, in_flight: f64) -> Option<f64> {
+    let mix = report.mix?;
+    let prompt = (mix.prompt - mix.cached).max(0.0);
+    Some((streamed.max(0.0) + in_flight.max(0.0) * prompt) / f64::from(report.replicas.max(1)))
+}
 
 /// The capacity families, registered in a given registry.
 pub struct CapacityMetrics {
@@ -89,6 +100,7 @@ pub struct CapacityMetrics {
     check_tps: GaugeVec,
     check_error: GaugeVec,
     check_trusted: GaugeVec,
+    wire: GaugeVec,
     /// Every class name a series may carry.
     classes: Vec<String>,
 }
@@ -267,8 +279,24 @@ impl CapacityMetrics {
                 "1 when every checked error is within 50%, 0 when the capacity answer is not to be trusted.",
                 &[],
             )?,
+            wire: vec(
+                r,
+                KV_WIRE_TOKENS,
+                "KV-cache tokens the requests in flight hold per engine by the wire's count: the output tokens they have streamed, plus for each the mean uncached prompt of the capacity window's mix; absent until there is a mix.",
+                &[],
+            )?,
             classes: classes.iter().map(|c| c.name.clone()).collect(),
         })
+    }
+
+    /// Sets the wire's view of the KV cache (see [`wire_tokens`]).
+    pub fn update_wire(&self, tokens: Option<f64>) {
+        match tokens {
+            Some(t) => self.wire.with_label_values::<&str>(&[]).set(t),
+            None => {
+                let _ = self.wire.remove_label_values::<&str>(&[]);
+            }
+        }
     }
 
     /// Sets every series from `report`; removes those it has no value for.

@@ -41,6 +41,7 @@ mod rate;
 mod recording;
 mod vllm;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -110,6 +111,9 @@ pub struct Metrics {
     capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
     /// What the engine's metrics reader observes, when it runs, and its families.
     engine_view: OnceLock<(Arc<Observed>, engine_view::EngineViewMetrics)>,
+    /// Output tokens streamed so far by the requests in flight: the wire's view of the KV
+    /// cache they hold (with their prompts, `capacity::wire_tokens`).
+    wire_streamed: AtomicI64,
     /// The parts of TTFT the engines state, and their coverage.
     engine: EngineMetrics,
     slo_requests: IntCounterVec,
@@ -448,6 +452,7 @@ impl Metrics {
             engine: EngineMetrics::new(&r, b)?,
             capacity: OnceLock::new(),
             engine_view: OnceLock::new(),
+            wire_streamed: AtomicI64::new(0),
             in_flight,
             parse_errors,
             output_tps: gauge(
@@ -550,6 +555,12 @@ impl Metrics {
         InFlight::resolve(self, model)
     }
 
+    /// `delta` output tokens joined (or, negative, left) the KV cache the requests in flight
+    /// hold by the wire's count. One atomic add: called on every token-bearing event.
+    pub fn wire_streamed(&self, delta: i64) {
+        self.wire_streamed.fetch_add(delta, Ordering::Relaxed);
+    }
+
     /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
     pub fn decoding(&self) -> i64 {
         self.decoding.get()
@@ -603,7 +614,22 @@ impl Metrics {
         let now = Instant::now();
         // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
         if let Some((model, families)) = self.capacity.get() {
-            families.update(&model.report(now));
+            let report = model.report(now);
+            families.update(&report);
+            let in_flight: i64 = [Phase::Prefill, Phase::Decode]
+                .iter()
+                .map(|p| self.in_flight.with_label_values(&[p.as_str()]).get())
+                .sum();
+            let wire = capacity::wire_tokens(
+                &report,
+                self.wire_streamed.load(Ordering::Relaxed) as f64,
+                in_flight as f64,
+            );
+            families.update_wire(wire);
+            if let Some(v) = &self.vllm {
+                let cache = report.memory.kv_cache_tokens.map(|t| t as f64);
+                v.kv_usage(wire.zip(cache).map(|(w, c)| w / c));
+            }
         }
         if let Some((observed, families)) = self.engine_view.get() {
             families.update(observed);

@@ -97,6 +97,8 @@ pub(super) struct Vllm {
     success: IntCounterVec,
     running: IntGaugeVec,
     waiting: IntGaugeVec,
+    /// `vllm:kv_cache_usage_perc` from the wire's view, where the cache's size is known.
+    kv_usage: prometheus::GaugeVec,
 }
 
 /// One request's live vLLM handles (TTFT, ITL), resolved with the request's `ModelMetrics`.
@@ -220,7 +222,46 @@ impl Vllm {
                 "vllm:num_requests_waiting",
                 "Number of requests sent upstream with no token yet (the engine's queue and prefill together).",
             )?,
+            kv_usage: {
+                let g = prometheus::GaugeVec::new(
+                    Opts::new(
+                        "vllm:kv_cache_usage_perc",
+                        "KV-cache usage (1 = full) from the wire's view: tokenmeter_kv_cache_wire_tokens over the known cache size (--kv-cache-tokens or the engine's).",
+                    ),
+                    &LABELS,
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
         })
+    }
+
+    /// Sets `vllm:kv_cache_usage_perc` (`None`: the cache's size is not known; absent). The
+    /// cache is the engine's, not a model's; vLLM labels it with the model it serves, and its
+    /// dashboard selects by `model_name`, so it is set under every model the running and waiting
+    /// gauges know (a bounded set: the `model` label's).
+    pub(super) fn kv_usage(&self, usage: Option<f64>) {
+        self.kv_usage.reset();
+        let Some(u) = usage else { return };
+        let mut models: Vec<String> = Vec::new();
+        let families = [
+            prometheus::core::Collector::collect(&self.running),
+            prometheus::core::Collector::collect(&self.waiting),
+        ];
+        for family in families.iter().flatten() {
+            for m in family.get_metric() {
+                for l in m.get_label() {
+                    if l.name() == "model_name" && !models.iter().any(|x| x == l.value()) {
+                        models.push(l.value().to_string());
+                    }
+                }
+            }
+        }
+        for model in models {
+            self.kv_usage
+                .with_label_values(&[model.as_str(), ENGINE])
+                .set(u.clamp(0.0, 1.0));
+        }
     }
 
     pub(super) fn live(&self, model: &str) -> VllmLive {

@@ -192,7 +192,10 @@ VLLM_PANELS = [
         f"histogram_quantile(0.5, sum by(le) (rate(vllm:time_to_first_token_seconds_bucket{Q}{RI})))",
         f"rate(vllm:time_to_first_token_seconds_sum{Q}{RI})\n/\nrate(vllm:time_to_first_token_seconds_count{Q}{RI})",
     ], None),
-    ("Cache Utilization", None, ("vllm:kv_cache_usage_perc", "KV-cache usage is the engine's memory: nothing on the wire says it")),
+    # With a known cache size (every mode here states one): the wire's view over it.
+    ("Cache Utilization", [
+        f"vllm:kv_cache_usage_perc{Q}",
+    ], None),
     ("Request Prompt Length", [
         f"sum by(le) (increase(vllm:request_prompt_tokens_bucket{Q}{RI}))",
     ], None),

@@ -109,6 +109,8 @@ TOKENMETER = {
     "tokenmeter_capacity_check_tokens_per_second": 2,
     "tokenmeter_capacity_check_error_ratio": 2,
     "tokenmeter_capacity_check_trusted": 1,
+    # The wire's view of the KV cache the requests in flight hold (once there is a mix).
+    "tokenmeter_kv_cache_wire_tokens": 1,
     # The admission caps (--max-in-flight, --max-connections) and the connections closed there;
     # the metrics listener's cap and its sheds. (HTTP/2 connections closed by a limit appear
     # only once one is: none here.)

@@ -34,3 +34,4 @@ mod tracing;
 mod ui;
 mod upgrade;
 mod wire;
+mod wire_kv;
