@@ -1,4 +1,4 @@
-//! Admission, the outermost layer: a request is proxied only with a place under
+//! Admission, the layer under metering: a request is proxied only with a place under
 //! `--max-in-flight` ([`crate::overload`]).
 //!
 //! The place is taken when the request head arrives and kept in the response body
