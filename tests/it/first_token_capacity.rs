@@ -13,17 +13,15 @@
 //!
 //! Each case takes its levels' time (90 s and 60 s of wall time).
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::bench::client::Client;
 use tokenmeter::tools::bench::live::Live;
 use tokenmeter::tools::bench::load::{Driver, Stop};
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::tools::sim::{Model, Sim, SimConfig};
 
+use crate::support::levels::{self, Measured};
 use crate::support::{serial, spawn_proxy, Proxy};
 
 struct Case {
@@ -43,22 +41,14 @@ struct Case {
 /// What a case measured and what the proxy answered.
 #[derive(Debug)]
 struct Outcome {
-    /// Each level and its TTFT p90 at the clients.
-    p90: Vec<(usize, f64)>,
+    /// Each level's TTFT p90 at the clients, and the prompts their usage stated.
+    measured: Measured,
     limit_ttft: f64,
     limit_tps: f64,
     max_concurrency: f64,
     utilization: f64,
     prefill_per_token: f64,
     workload_prompt: f64,
-    /// The mean prompt tokens the responses' usage stated, at the clients.
-    usage_prompt: f64,
-}
-
-fn p90(mut ttfts: Vec<f64>) -> f64 {
-    ttfts.sort_by(f64::total_cmp);
-    let rank = ((0.9 * ttfts.len() as f64).ceil() as usize).clamp(1, ttfts.len());
-    ttfts[rank - 1]
 }
 
 /// A simulator with `model`, a proxy in front of it with the class `slo`, and the bench's driver
@@ -82,22 +72,7 @@ async fn serve(
         let _ = sim.serve(std::future::pending()).await;
     });
     let proxy = spawn_proxy(&upstream, &["--slo", slo]).await;
-    let driver = Driver {
-        client: Arc::new(Client::new(
-            format!("{}/v1", proxy.url()),
-            None,
-            Duration::from_secs(120),
-        )),
-        requests: Arc::new(RequestBuilder {
-            endpoint: Endpoint::Chat,
-            model: "first-token-test".into(),
-            prompt_tokens: prompt,
-            output_tokens: output,
-            seed: 11,
-        }),
-        next_id: Arc::new(AtomicU64::new(0)),
-        interrupted: Default::default(),
-    };
+    let driver = levels::driver(&proxy.url(), "first-token-test", prompt, output, 11);
     (proxy, driver, sim_task)
 }
 
@@ -117,17 +92,7 @@ async fn run(case: &Case) -> Outcome {
         case.output_tokens,
     )
     .await;
-    let mut measured = Vec::new();
-    let mut prompts = Vec::new();
-    for &n in case.levels {
-        let level = driver
-            .run_level(n, Stop::After(case.hold), Arc::new(Live::default()))
-            .await;
-        let ttfts: Vec<f64> = level.samples.iter().filter_map(|s| s.ttft_secs()).collect();
-        assert!(!ttfts.is_empty(), "level {n} measured nothing");
-        prompts.extend(level.samples.iter().filter_map(|s| s.input_tokens));
-        measured.push((n, p90(ttfts)));
-    }
+    let measured = levels::run(&driver, case.levels, case.hold).await;
     let text = refitted(&proxy).await;
     sim_task.abort();
     let s = Scrape::parse(&text);
@@ -139,7 +104,7 @@ async fn run(case: &Case) -> Outcome {
     };
     let chat = [("class", "chat")];
     Outcome {
-        p90: measured,
+        measured,
         limit_ttft: one(
             "tokenmeter_capacity_limit_concurrency",
             &[("class", "chat"), ("bound", "ttft")],
@@ -155,27 +120,13 @@ async fn run(case: &Case) -> Outcome {
             &[("source", if case.stated { "stated" } else { "wire" })],
         ),
         workload_prompt: one("tokenmeter_capacity_workload_tokens", &[("kind", "prompt")]),
-        usage_prompt: prompts.iter().sum::<u64>() as f64 / prompts.len().max(1) as f64,
     }
 }
 
 /// The must-hold check of one case.
 fn check(case: &Case, o: &Outcome) {
     let why = format!("{o:#?}");
-    let met = |p: f64| p <= case.ttft;
-    let first_missed = o
-        .p90
-        .iter()
-        .find(|(_, p)| !met(*p))
-        .map(|(n, _)| *n as f64)
-        .unwrap_or_else(|| panic!("every level met the class: the case is too light\n{why}"));
-    let last_met = o
-        .p90
-        .iter()
-        .take_while(|(_, p)| met(*p))
-        .last()
-        .map(|(n, _)| *n as f64)
-        .unwrap_or_else(|| panic!("no level met the class\n{why}"));
+    let (last_met, first_missed) = o.measured.edge(case.ttft, &why);
     assert!(
         (last_met..=first_missed).contains(&o.max_concurrency),
         "max concurrency {} outside [{last_met}, {first_missed}]\n{why}",
@@ -194,7 +145,7 @@ fn check(case: &Case, o: &Outcome) {
     // The mix's prompt is the prompt the responses' usage stated (the simulator's tokens, a
     // little more than the bench's words).
     assert!(
-        (o.workload_prompt / o.usage_prompt - 1.0).abs() < 0.02,
+        (o.workload_prompt / o.measured.usage_prompt() - 1.0).abs() < 0.02,
         "{why}"
     );
 }

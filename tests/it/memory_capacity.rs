@@ -16,18 +16,13 @@
 //!
 //! Each case takes its levels' time (about 60 s of wall time each).
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::bench::client::Client;
-use tokenmeter::tools::bench::live::Live;
-use tokenmeter::tools::bench::load::{Driver, Stop};
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::tools::sim::kv::KvConfig;
 use tokenmeter::tools::sim::{Model, Sim, SimConfig};
 
+use crate::support::levels::{self, Measured};
 use crate::support::{serial, spawn_proxy};
 
 struct Case {
@@ -45,21 +40,13 @@ struct Case {
 
 #[derive(Debug)]
 struct Outcome {
-    /// Each level and its TTFT p90 at the clients.
-    p90: Vec<(usize, f64)>,
+    /// Each level's TTFT p90 at the clients, and the prompts their usage stated.
+    measured: Measured,
     limit_ttft: f64,
     limit_tps: f64,
     limit_kv: f64,
     max_concurrency: f64,
     kv_tokens_per_request: f64,
-    /// Mean prompt tokens the responses' usage stated, at the clients.
-    usage_prompt: f64,
-}
-
-fn p90(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let rank = ((0.9 * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
 }
 
 async fn run(case: &Case) -> Outcome {
@@ -90,33 +77,14 @@ async fn run(case: &Case) -> Outcome {
         ],
     )
     .await;
-    let driver = Driver {
-        client: Arc::new(Client::new(
-            format!("{}/v1", proxy.url()),
-            None,
-            Duration::from_secs(120),
-        )),
-        requests: Arc::new(RequestBuilder {
-            endpoint: Endpoint::Chat,
-            model: "memory-test".into(),
-            prompt_tokens: case.prompt_words,
-            output_tokens: case.output_tokens,
-            seed: 5,
-        }),
-        next_id: Arc::new(AtomicU64::new(0)),
-        interrupted: Default::default(),
-    };
-    let mut measured = Vec::new();
-    let mut prompts = Vec::new();
-    for &n in case.levels {
-        let level = driver
-            .run_level(n, Stop::After(case.hold), Arc::new(Live::default()))
-            .await;
-        let ttfts: Vec<f64> = level.samples.iter().filter_map(|s| s.ttft_secs()).collect();
-        assert!(!ttfts.is_empty(), "level {n} measured nothing");
-        prompts.extend(level.samples.iter().filter_map(|s| s.input_tokens));
-        measured.push((n, p90(ttfts)));
-    }
+    let driver = levels::driver(
+        &proxy.url(),
+        "memory-test",
+        case.prompt_words,
+        case.output_tokens,
+        5,
+    );
+    let measured = levels::run(&driver, case.levels, case.hold).await;
     proxy.capacity.refresh(std::time::Instant::now());
     let text = proxy.scrape().await;
     sim_task.abort();
@@ -134,34 +102,13 @@ async fn run(case: &Case) -> Outcome {
         )
     };
     Outcome {
-        p90: measured,
+        measured,
         limit_ttft: limit("ttft"),
         limit_tps: limit("tokens_per_second"),
         limit_kv: limit("kv_cache"),
         max_concurrency: one("tokenmeter_capacity_max_concurrency", &[("class", "chat")]),
         kv_tokens_per_request: one("tokenmeter_capacity_kv_tokens_per_request", &[]),
-        usage_prompt: prompts.iter().sum::<u64>() as f64 / prompts.len().max(1) as f64,
     }
-}
-
-/// The levels' edge: the last that met the class and the first that missed.
-fn edge(case: &Case, o: &Outcome) -> (f64, f64) {
-    let why = format!("{o:#?}");
-    let met = |p: f64| p <= case.ttft;
-    let first_missed = o
-        .p90
-        .iter()
-        .find(|(_, p)| !met(*p))
-        .map(|(n, _)| *n as f64)
-        .unwrap_or_else(|| panic!("every level met the class: the case is too light\n{why}"));
-    let last_met = o
-        .p90
-        .iter()
-        .take_while(|(_, p)| met(*p))
-        .last()
-        .map(|(n, _)| *n as f64)
-        .unwrap_or_else(|| panic!("no level met the class\n{why}"));
-    (last_met, first_missed)
 }
 
 /// The mean footprint a client holds, from the mix the clients saw: contexts p ..= p + o - 1
@@ -195,7 +142,7 @@ async fn a_small_cache_holds_the_limit_where_memory_runs_out() {
     };
     let o = run(&case).await;
     let why = format!("{o:#?}");
-    let (last_met, first_missed) = edge(&case, &o);
+    let (last_met, first_missed) = o.measured.edge(case.ttft, &why);
     assert!(
         (last_met..=first_missed).contains(&o.max_concurrency),
         "max concurrency {} outside [{last_met}, {first_missed}]\n{why}",
@@ -205,7 +152,7 @@ async fn a_small_cache_holds_the_limit_where_memory_runs_out() {
     assert!(o.limit_kv <= o.limit_ttft, "memory binds\n{why}");
     assert!(o.limit_tps > 10.0 * o.limit_kv, "{why}");
     // The footprint the model took is the one the clients' requests have, within a block.
-    let want = footprint(o.usage_prompt, case.output_tokens);
+    let want = footprint(o.measured.usage_prompt(), case.output_tokens);
     assert!(
         (o.kv_tokens_per_request - want).abs() <= 16.0,
         "footprint {} vs {want}\n{why}",
@@ -235,7 +182,7 @@ async fn a_large_cache_leaves_the_limit_to_the_first_token() {
     };
     let o = run(&case).await;
     let why = format!("{o:#?}");
-    let (last_met, first_missed) = edge(&case, &o);
+    let (last_met, first_missed) = o.measured.edge(case.ttft, &why);
     assert!(
         (last_met..=first_missed).contains(&o.max_concurrency),
         "max concurrency {} outside [{last_met}, {first_missed}]\n{why}",

@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod corpus;
+pub mod levels;
 pub mod metrics;
 pub mod process;
 pub mod promtool;
