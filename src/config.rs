@@ -883,7 +883,7 @@ impl ProxyArgs {
     /// The SLO class table from `--slo`, `--slo-file` and the class flags.
     fn slo_classes(&self, host: &dyn Host) -> Result<Classes, SloError> {
         let file = self.slo_file.as_deref();
-        slo::spec::Settings {
+        slo::spec::Declaration {
             flags: self.slo.clone(),
             file: file
                 .map(|f| slo::spec::FileText::read(f, host))

@@ -20,7 +20,7 @@ pub trait Gaps {
 
 /// A group of tokens waiting to be pushed.
 #[derive(Debug, Clone, Copy)]
-struct Pending {
+struct Group {
     gap: Duration,
     tokens: u32,
     decoding: f64,
@@ -31,7 +31,7 @@ struct Pending {
 #[derive(Debug, Default)]
 pub struct StreamGaps {
     last: Option<Instant>,
-    pending: Option<Pending>,
+    pending: Option<Group>,
 }
 
 impl StreamGaps {
@@ -49,7 +49,7 @@ impl StreamGaps {
             return;
         }
         self.flush(cap);
-        self.pending = Some(Pending {
+        self.pending = Some(Group {
             gap: now - last,
             tokens,
             decoding,

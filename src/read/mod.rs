@@ -136,11 +136,11 @@ enum Decoder {
 /// Reads one response body.
 pub struct Reader {
     decoder: Decoder,
-    sink: Sink,
+    tally: Tally,
 }
 
 /// The extractor and what it has said, apart from the decoder that calls into it.
-struct Sink {
+struct Tally {
     extractor: Box<dyn Extractor>,
     /// The events of the latest chunk (reused, so the per-frame path does not allocate).
     events: Vec<Event>,
@@ -179,7 +179,7 @@ impl Reader {
     fn with(decoder: Decoder, extractor: Box<dyn Extractor>) -> Self {
         Reader {
             decoder,
-            sink: Sink {
+            tally: Tally {
                 extractor,
                 events: Vec::new(),
                 counted: 0,
@@ -191,9 +191,9 @@ impl Reader {
 
     /// Reads the next piece of the body.
     pub fn feed(&mut self, data: &[u8]) -> Chunk<'_> {
-        let sink = &mut self.sink;
-        sink.events.clear();
-        let mut on = |msg: Message<'_>| sink.on_message(&msg);
+        let tally = &mut self.tally;
+        tally.events.clear();
+        let mut on = |msg: Message<'_>| tally.on_message(&msg);
         match &mut self.decoder {
             Decoder::Sse(d) => d.feed(data, &mut on),
             Decoder::Ndjson(d) => d.feed(data, &mut on),
@@ -212,56 +212,56 @@ impl Reader {
             }
             Decoder::Opaque => {}
         }
-        self.sink.chunk(0)
+        self.tally.chunk(0)
     }
 
     /// The body ended: completes the decoder's pending input. `complete` is false when the body
     /// was cut short: it then ends in a fragment of a line, which is not an event and not
     /// malformed, and a partial JSON document is not parsed.
     pub fn finish(&mut self, complete: bool) -> Chunk<'_> {
-        let sink = &mut self.sink;
-        sink.events.clear();
+        let tally = &mut self.tally;
+        tally.events.clear();
         let mut document = 0;
-        let mut on = |msg: Message<'_>| sink.on_message(&msg);
+        let mut on = |msg: Message<'_>| tally.on_message(&msg);
         match &mut self.decoder {
             Decoder::Sse(d) if complete => d.finish(&mut on),
             Decoder::Ndjson(d) if complete => d.finish(&mut on),
             Decoder::Sse(_) | Decoder::Ndjson(_) => {}
             Decoder::Json { body, overflow, .. } => {
                 if complete && !*overflow && !body.is_empty() {
-                    let sink = &mut self.sink;
-                    document = sink.extractor.on_message(&Message {
+                    let tally = &mut self.tally;
+                    document = tally.extractor.on_message(&Message {
                         event: "",
                         data: body,
                     });
-                    sink.counted += u64::from(document);
+                    tally.counted += u64::from(document);
                 }
                 *body = Vec::new();
             }
             Decoder::Opaque => {}
         }
-        self.sink.chunk(document)
+        self.tally.chunk(document)
     }
 
     /// Which parser reads this body (after detection, for an auto-detecting extractor).
     pub fn api(&self) -> Api {
-        self.sink.extractor.api()
+        self.tally.extractor.api()
     }
 
     /// Everything the stream has reported about itself so far.
     pub fn summary(&self) -> &Summary {
-        self.sink.extractor.summary()
+        self.tally.extractor.summary()
     }
 
     /// Output tokens counted from events (and a whole document) so far.
     pub fn counted(&self) -> u64 {
-        self.sink.counted
+        self.tally.counted
     }
 
     /// Reasoning tokens: the usage report's, else the tokens of events that carried reasoning
     /// and nothing else (an event mixing kinds cannot be split); `None` when there were none.
     pub fn reasoning(&self) -> Option<u64> {
-        let counted = self.sink.counted_reasoning;
+        let counted = self.tally.counted_reasoning;
         self.summary()
             .reasoning_tokens
             .or((counted > 0).then_some(counted))
@@ -269,7 +269,7 @@ impl Reader {
 
     /// The response's output tokens by the order of truth (see [`Summary::output`]).
     pub fn output(&self) -> (u64, TokenSource) {
-        self.summary().output(self.sink.counted)
+        self.summary().output(self.tally.counted)
     }
 
     /// What the framing decoder counted instead of failing.
@@ -285,7 +285,7 @@ impl Reader {
     }
 }
 
-impl Sink {
+impl Tally {
     fn on_message(&mut self, m: &Message<'_>) {
         let tokens = self.extractor.on_message(m);
         if tokens == 0 {

@@ -167,7 +167,7 @@ pub struct Classes {
 impl Default for Classes {
     /// `interactive` (TTFT 1 s, 20 tokens/s) and `batch` (no targets), `interactive` the default.
     fn default() -> Self {
-        spec::Settings::default()
+        spec::Declaration::default()
             .build()
             .unwrap_or_else(|_| unreachable!("the built-in classes are valid"))
     }
@@ -257,7 +257,7 @@ mod tests {
     }
 
     fn table() -> Classes {
-        spec::Settings {
+        spec::Declaration {
             flags: vec!["interactive:ttft=1s,tps=20".into(), "batch".into()],
             file: Some(spec::FileText {
                 name: "slo.yaml".into(),
@@ -267,7 +267,7 @@ mod tests {
                        \x20 - model: \"qwen*\"\n    class: batch\n"
                     .into(),
             }),
-            ..spec::Settings::default()
+            ..spec::Declaration::default()
         }
         .build()
         .expect("valid")

@@ -82,7 +82,7 @@ impl FileText {
 
 /// Everything that declares the table, as given.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub struct Declaration {
     /// `--slo` values, one class each.
     pub flags: Vec<String>,
     /// `--slo-file`, read.
@@ -93,9 +93,9 @@ pub struct Settings {
     pub default_class: Option<String>,
 }
 
-impl Default for Settings {
+impl Default for Declaration {
     fn default() -> Self {
-        Settings {
+        Declaration {
             flags: Vec::new(),
             file: None,
             header: DEFAULT_CLASS_HEADER.to_string(),
@@ -122,7 +122,7 @@ fn builtin() -> Vec<Class> {
     ]
 }
 
-impl Settings {
+impl Declaration {
     /// Checks everything and builds the table.
     pub fn build(&self) -> Result<Classes, SloError> {
         let mut classes = Vec::new();
@@ -416,20 +416,20 @@ mod tests {
     use super::*;
 
     fn flags(v: &[&str]) -> Result<Classes, SloError> {
-        Settings {
+        Declaration {
             flags: v.iter().map(|s| s.to_string()).collect(),
-            ..Settings::default()
+            ..Declaration::default()
         }
         .build()
     }
 
     fn file(name: &str, text: &str) -> Result<Classes, SloError> {
-        Settings {
+        Declaration {
             file: Some(FileText {
                 name: name.into(),
                 text: text.into(),
             }),
-            ..Settings::default()
+            ..Declaration::default()
         }
         .build()
     }
@@ -500,22 +500,22 @@ mod tests {
 
     #[test]
     fn header_and_default_class_are_checked() {
-        let s = Settings {
+        let s = Declaration {
             header: "X-Team-Class".into(),
             default_class: Some("batch".into()),
-            ..Settings::default()
+            ..Declaration::default()
         };
         let c = s.build().expect("valid");
         assert_eq!(c.header().as_str(), "x-team-class");
         assert_eq!(c.default_class(), "batch");
-        let s = Settings {
+        let s = Declaration {
             header: "bad header".into(),
-            ..Settings::default()
+            ..Declaration::default()
         };
         assert_eq!(s.build().err(), Some(SloError::Header("bad header".into())));
-        let s = Settings {
+        let s = Declaration {
             default_class: Some("vip".into()),
-            ..Settings::default()
+            ..Declaration::default()
         };
         assert_eq!(
             s.build().err().map(|e| e.to_string()).as_deref(),
@@ -594,20 +594,20 @@ class = "agent"
 
     #[test]
     fn flags_and_file_add_up_and_may_not_repeat_a_name() {
-        let s = Settings {
+        let s = Declaration {
             flags: vec!["chat:ttft=300ms".into()],
             file: Some(FileText {
                 name: "slo.yml".into(),
                 text: "classes: [{name: batch}]\n".into(),
             }),
-            ..Settings::default()
+            ..Declaration::default()
         };
         let c = s.build().expect("valid");
         assert_eq!(
             c.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             ["chat", "batch"]
         );
-        let s = Settings {
+        let s = Declaration {
             flags: vec!["batch".into()],
             ..s
         };
