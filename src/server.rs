@@ -277,7 +277,7 @@ impl Server {
         // was within the loopback benchmark's noise: docs/bench.md).
         let mut accept = Aborting(tokio::spawn(accept_loop(
             self.proxy_listener,
-            Conn {
+            Serving {
                 proxy: self.proxy,
                 tls: self.tls,
                 drain: drain_rx,
@@ -348,7 +348,7 @@ impl Drop for Aborting {
 }
 
 /// What every proxy connection is served with, shared by all of them.
-struct Conn {
+struct Serving {
     proxy: Proxy,
     tls: Option<ServerTls>,
     drain: watch::Receiver<bool>,
@@ -369,7 +369,12 @@ struct Limits {
     refusing: RateLimited<()>,
 }
 
-async fn accept_loop(listener: TcpListener, conn: Conn, conns: Arc<Connections>, limits: Limits) {
+async fn accept_loop(
+    listener: TcpListener,
+    conn: Serving,
+    conns: Arc<Connections>,
+    limits: Limits,
+) {
     let conn = Arc::new(conn);
     loop {
         let (stream, _peer) = match listener.accept().await {
@@ -433,10 +438,10 @@ async fn handshake(
 /// One client connection, from its TLS handshake to its end.
 ///
 /// Its future is the task tokio allocates for every open connection, so what it holds across
-/// an await is memory per open stream: the shared [`Conn`] by reference count, the handshake
+/// an await is memory per open stream: the shared [`Serving`] by reference count, the handshake
 /// boxed (a TLS handshake's state is large and over by the first request), and the connection
 /// built outside it ([`connection`]), so no copy of the request path is left behind in it.
-async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Conn>, _guard: Held) {
+async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Serving>, _guard: Held) {
     // The handshake, the first bytes and the first head share one budget from accept.
     let deadline = accepted + c.header_read_timeout;
     let Some((io, version)) = Box::pin(handshake(stream, c.tls.as_ref(), deadline)).await else {
@@ -444,7 +449,7 @@ async fn serve_proxy_conn(stream: TcpStream, accepted: Instant, c: Arc<Conn>, _g
     };
     let mut drain = c.drain.clone();
     let draining = *drain.borrow();
-    // Its own handle, for the end: the shared `Conn` goes into the connection.
+    // Its own handle, for the end: the shared `Serving` goes into the connection.
     let metrics = Arc::clone(&c.metrics);
     let conn = connection(io, version, c, draining, accepted);
     tokio::pin!(conn);
@@ -477,7 +482,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 fn connection(
     io: TokioIo<Stream>,
     version: Version,
-    c: Arc<Conn>,
+    c: Arc<Serving>,
     draining: bool,
     accepted: Instant,
 ) -> Served {
@@ -556,7 +561,7 @@ impl Future for Served {
 /// The proxy's hyper service: each request through a clone of the request path, with the
 /// drain's handle in its extensions.
 #[derive(Clone)]
-struct Requests(Arc<Conn>);
+struct Requests(Arc<Serving>);
 
 impl hyper::service::Service<Request<Incoming>> for Requests {
     type Response = hyper::Response<ProxyBody>;

@@ -98,7 +98,7 @@ pub enum Sent {
 }
 
 struct Idle {
-    conn: Conn,
+    conn: Pooled,
     since: Instant,
 }
 
@@ -109,7 +109,7 @@ struct Idle {
 pub struct Replayable(pub Bytes);
 
 /// One connection: the handle that sends requests, and the future that does its I/O.
-struct Conn {
+struct Pooled {
     send: SendRequest<ProxyBody>,
     /// `None` once the connection has ended. The mutex is only there to make the body `Sync`
     /// (hyper's connection future is not): it is reached through `&mut` and never locked.
@@ -272,7 +272,7 @@ fn origin_form(req: Request<ProxyBody>) -> Request<ProxyBody> {
 }
 
 /// True for how a written request is lost to a server's close: the connection ended, or was
-/// reset, before a byte of the response (`Conn::send` returns at the response head, so any error
+/// reset, before a byte of the response (`Pooled::send` returns at the response head, so any error
 /// it gives came before one).
 fn lost_unanswered(e: &hyper::Error) -> bool {
     use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
@@ -296,7 +296,7 @@ impl Inner {
     }
 
     /// The most recently used idle connection that is still open, if any.
-    fn checkout(&self) -> Option<Conn> {
+    fn checkout(&self) -> Option<Pooled> {
         let now = Instant::now();
         loop {
             let i = self.lock().pop()?;
@@ -313,7 +313,7 @@ impl Inner {
         }
     }
 
-    fn checkin(&self, mut conn: Conn) {
+    fn checkin(&self, mut conn: Pooled) {
         if !conn.usable() {
             return;
         }
@@ -328,7 +328,7 @@ impl Inner {
     }
 
     /// A new connection; `None` when TLS settled on `h2`, which is then remembered.
-    async fn connect(&self) -> Result<Option<Conn>, BoxError> {
+    async fn connect(&self) -> Result<Option<Pooled>, BoxError> {
         let io = self.connector.clone().call(self.origin.clone()).await?;
         if io.connected().is_negotiated_h2() {
             self.http2.store(true, Ordering::Relaxed);
@@ -336,7 +336,7 @@ impl Inner {
         }
         let (send, driver) = http1::handshake(io).await?;
         let (signal, waker) = Signal::new();
-        Ok(Some(Conn {
+        Ok(Some(Pooled {
             send,
             driver: Some(Mutex::new(Box::pin(driver))),
             signal,
@@ -345,9 +345,9 @@ impl Inner {
     }
 }
 
-// === impl Conn ===
+// === impl Pooled ===
 
-impl Conn {
+impl Pooled {
     /// Polls the connection's I/O; forgets it once it has ended.
     fn drive(&mut self, cx: &mut Context<'_>) {
         drive(&mut self.driver, cx);
@@ -403,7 +403,7 @@ fn drive(driver: &mut Option<Mutex<Driver>>, cx: &mut Context<'_>) {
 /// the body has been read to its end.
 pub struct PooledBody {
     inner: Incoming,
-    conn: Option<Conn>,
+    conn: Option<Pooled>,
     ended: bool,
     pool: Weak<Inner>,
 }
@@ -442,7 +442,7 @@ impl Body for PooledBody {
 /// Polls the connection when it was woken, then the body it feeds; again while the connection
 /// was woken meanwhile ([`wake`] says why the task's own waker is not used for either).
 fn drive_and_poll(
-    conn: &mut Conn,
+    conn: &mut Pooled,
     inner: &mut Incoming,
     cx: &mut Context<'_>,
 ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
