@@ -8,16 +8,13 @@
 //! Each run is a real simulator, a real proxy in front of it (the same process, port 0) and the
 //! bench's closed-loop clients: 17 s of ramp, so the whole file takes about 75 s of wall time.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::bench::client::Client;
-use tokenmeter::tools::bench::load::Driver;
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter::tools::exposition::Scrape;
 use tokenmeter::tools::sim::{Model, Sim, SimConfig, Stall};
 
+use crate::support::levels;
 use crate::support::{serial, spawn_proxy};
 
 /// The class whose floor the issue names.
@@ -59,22 +56,7 @@ async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
     let upstream = format!("http://{}", sim.local_addr());
     let sim_task = tokio::spawn(sim.serve(std::future::pending()));
     let proxy = spawn_proxy(&upstream, &["--slo", &format!("{CLASS}:tps={FLOOR}")]).await;
-    let driver = Driver {
-        client: Arc::new(Client::new(
-            format!("{}/v1", proxy.url()),
-            None,
-            Duration::from_secs(60),
-        )),
-        requests: Arc::new(RequestBuilder {
-            endpoint: Endpoint::Chat,
-            model: "capacity-test".into(),
-            prompt_tokens: 0,
-            output_tokens: 100,
-            seed: 7,
-        }),
-        next_id: Arc::new(AtomicU64::new(0)),
-        interrupted: Default::default(),
-    };
+    let driver = levels::driver(&proxy.url(), "capacity-test", 0, 100, 7);
     // 100-token answers: a closed-loop client spends about 1 step in 100 waiting for its next
     // first token, so the decoding count follows the target closely.
     let ramp = driver.ramp(64, Arc::new(|_| (0, 100)), Arc::new(|_| {}));
@@ -235,22 +217,7 @@ async fn the_capacity_command_prints_the_live_model_and_writes_the_chart() {
         ],
     )
     .await;
-    let driver = Driver {
-        client: Arc::new(Client::new(
-            format!("{}/v1", proxy.url()),
-            None,
-            Duration::from_secs(60),
-        )),
-        requests: Arc::new(RequestBuilder {
-            endpoint: Endpoint::Chat,
-            model: "capacity-command".into(),
-            prompt_tokens: 0,
-            output_tokens: 100,
-            seed: 11,
-        }),
-        next_id: Arc::new(AtomicU64::new(0)),
-        interrupted: Default::default(),
-    };
+    let driver = levels::driver(&proxy.url(), "capacity-command", 0, 100, 11);
     // 7 levels x 0.8 s: about 6 s, a few thousand samples; enough for a fit within 15%.
     let ramp = driver.ramp(32, Arc::new(|_| (0, 100)), Arc::new(|_| {}));
     for level in [1, 2, 4, 8, 16, 24, 32] {
