@@ -33,6 +33,14 @@ ENGINE_STATED = (
     "stated generation time at most",
 )
 
+# Issue 38's memory case (tests/e2e/memory.py): the capacity answer against the levels of a
+# CPU model on 2 shared cores; reported, as the issue asks. Its exact readings of the engine
+# (cache size, preemptions) gate.
+MEMORY_CASE = (
+    "chat's max concurrency between",
+    "utilization above 1 at 6 and 8",
+)
+
 
 def main():
     path, started = sys.argv[1], float(sys.argv[2])
@@ -48,11 +56,11 @@ def main():
     for phase, what, ok, detail in checks:
         if ok:
             continue
-        (reported if any(k in what for k in CLIENT_TIMED + ENGINE_STATED) else gating).append(
+        (reported if any(k in what for k in CLIENT_TIMED + ENGINE_STATED + MEMORY_CASE) else gating).append(
             f"{phase}: {what}: {detail}"
         )
     for line in reported:
-        print(f"e2e gate: reported, not gating (client-timed or vLLM's own timings): {line}")
+        print(f"e2e gate: reported, not gating (client-timed, vLLM's own timings, or the memory case): {line}")
     for line in gating:
         print(f"e2e gate: FAIL: {line}")
     n = len(checks)

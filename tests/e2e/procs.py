@@ -97,7 +97,7 @@ class Server:
 
 
 def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, timeout=420,
-               otlp=None):
+               otlp=None, extra=()):
     """vLLM's OpenAI server on loopback, with our histogram boundaries.
 
     `--custom-histogram-buckets` gives vLLM's TTFT and per-token histograms the same fine
@@ -143,13 +143,14 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
         # the engine's span must land in the caller's trace, under tokenmeter's.
         env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
         argv += ["--otlp-traces-endpoint", otlp + "/v1/traces"]
+    argv += list(extra)
     return Server(
         f"vLLM ({name})", argv, env, log, f"http://127.0.0.1:{port}/health", timeout
     )
 
 
 def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
-                     capacity_class, otlp=None, request_log=None):
+                     capacity_class, otlp=None, request_log=None, slos=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
@@ -171,6 +172,8 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         "--slo", "batch",
         "--slo", f"{capacity_class[0]}:tps={capacity_class[1]:g}",
     ]  # fmt: skip
+    for slo in slos:
+        argv += ["--slo", slo]
     if otlp:
         argv += ["--otlp-endpoint", otlp]
     if request_log:

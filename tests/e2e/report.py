@@ -247,6 +247,8 @@ def render(meta, results, checks):
             "the error of doing so against vLLM's own count.\n"
         )
         _token_table(w, results["bytes"], error=True)
+    if results.get("memory"):
+        _memory(w, results["memory"])
 
     w("## How the checks are stated\n")
     w(
@@ -424,6 +426,8 @@ def _capacity(w, cap):
                 ("tps_floor", "floor, tokens/s", 0),
                 ("limit_concurrency_ttft", "limit_concurrency{bound=\"ttft\"}", 0),
                 ("limit_concurrency_tokens_per_second", "limit_concurrency{bound=\"tokens_per_second\"}", 0),
+                ("limit_concurrency_kv_cache", "limit_concurrency{bound=\"kv_cache\"}", 0),
+                ("limit_concurrency_max_num_seqs", "limit_concurrency{bound=\"max_num_seqs\"}", 0),
                 ("max_concurrency", "max_concurrency", 0),
                 ("max_request_rate", "max_request_rate, requests/s", 2),
                 ("output_tokens_per_second", "output_tokens_per_second", 1),
@@ -467,3 +471,54 @@ def _capacity(w, cap):
         rc, text = cap["command"]
         w(f"`tokenmeter capacity --metrics URL` on the same exposition (exit {rc}):\n")
         w("```\n" + text + "\n```\n")
+
+
+def _memory(w, mem):
+    """Issue 38's case: a KV cache that binds first, on the real vLLM."""
+    w("## The memory end: a KV cache that binds first\n")
+    cache = mem.get("vllm_cache")
+    cache_s = f"{cache[0]} blocks of {cache[1]} tokens, {cache[0] * cache[1]:,} tokens" if cache else "not stated"
+    levels = ", ".join(str(c) for c in mem["levels"])
+    w(
+        f"The second server runs with `{mem['vllm_args']}`: vLLM states a KV cache of {cache_s} "
+        "(`vllm:cache_config_info`). tokenmeter in front of it reads the engine's `/metrics` "
+        f"(`--engine-metrics auto`) and declares the class `{mem['class']}`. "
+        f"`tokenmeter bench` ramps {levels} streams, {mem['level_seconds']} s each "
+        f"({mem['prompt_words']}-word prompts, {mem['output_tokens']} output tokens, `ignore_eos`), "
+        "while both servers' `/metrics` are sampled every 0.5 s. tokenmeter's reading of the "
+        "engine (its cache size, its preemptions) is checked exactly and gates CI; the capacity "
+        "answer against the levels is reported, not gated (it rests on a CPU model's timing on "
+        f"2 shared cores). The case took {mem.get('seconds', 0):.0f} s.\n"
+    )
+    if mem.get("error"):
+        w(f"The ramp did not complete: `{mem['error']}`\n")
+    if mem.get("measured"):
+        w("| streams | requests | mean in flight | prompt / output tokens (median) | TTFT p50 / p90 / p99 | "
+          "per-request tok/s p10 | met `chat` | utilization at the answer |")
+        w("|---:|---:|---:|---:|---:|---:|:---:|---:|")
+        mx = mem.get("max_concurrency")
+        for m in mem["measured"]:
+            ttft = " / ".join(f"{v:.2f} s" if v is not None else "n/a" for v in (m["ttft_p50"], m["ttft_p90"], m["ttft_p99"]))
+            util = f"{m['c'] / mx:.2f}" if mx else "n/a"
+            verdict = {True: "yes", False: "**no**", None: "n/a"}[m["met"]]
+            w(
+                f"| {m['c']} | {_n(m['requests'])}" + (f" ({m['errors']} failed)" if m["errors"] else "")
+                + f" | {_n(m['mean_c'])} | {_n(m['prompt'])} / {_n(m['output'])} | {ttft}"
+                + f" | {_n(m['tps_p10'])} | {verdict} | {util} |"
+            )
+        w("")
+    limits = mem.get("limits") or {}
+    w("| | |\n|---|---|")
+    for b in ("ttft", "tokens_per_second", "kv_cache", "max_num_seqs"):
+        if b in limits:
+            w(f"| `limit_concurrency{{class=\"chat\",bound=\"{b}\"}}` | {_n(limits[b])} |")
+    w(f"| `max_concurrency{{class=\"chat\"}}` | {_n(mem.get('max_concurrency'))} (binds: {mem.get('binds') or 'n/a'}) |")
+    w(f"| last level that met `chat`, first that missed | {_n(mem.get('last_met'))}, {_n(mem.get('first_missed'))} |")
+    w(f"| `capacity_kv_cache_tokens` / `capacity_kv_tokens_per_request` | {_n(mem.get('kv_cache_tokens'))} / {_n(mem.get('kv_per_request'))} |")
+    p = mem.get("peaks") or {}
+    w(f"| vLLM's peak `num_requests_waiting` / `num_requests_running` | {_n(p.get('vllm_waiting'))} / {_n(p.get('vllm_running'))} |")
+    w(f"| vLLM's peak `kv_cache_usage_perc`; tokenmeter's engine view of it | {_n(p.get('vllm_kv_usage'))}; {_n(p.get('engine_kv_usage'))} |")
+    w(f"| tokenmeter's peak `kv_cache_wire_tokens` (the wire's count of what is held) | {_n(p.get('wire_kv_tokens'))} |")
+    w(f"| tokenmeter's peak `capacity_utilization{{class=\"chat\"}}` (mean of the last minute) | {_n(p.get('utilization'))} |")
+    w(f"| preemptions in the ramp: vLLM; tokenmeter's engine view (since it started) | {_n(mem.get('vllm_preemptions'))}; {_n(mem.get('engine_preemptions'))} |")
+    w("")

@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bands as bandcheck  # noqa: E402
 import clients  # noqa: E402
+import memory  # noqa: E402
 import procs  # noqa: E402
 import prom  # noqa: E402
 import report  # noqa: E402
@@ -877,12 +878,12 @@ def warm_up(urls, model):
         clients.sdk_requests(base + "/v1", model, "chat", "usage", 3, 16)
 
 
-def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None):
+def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None, vllm_args=(), slos=()):
     vport, pport, mport = procs.free_port(), procs.free_port(), procs.free_port()
     t0 = time.monotonic()
     vllm = procs.start_vllm(
         cfg.vllm_python, model_dir, name, vport, os.path.join(cfg.out_dir, f"vllm-{tag}.log"),
-        bounds["ttft"], bounds["itl"], otlp=otlp,
+        bounds["ttft"], bounds["itl"], otlp=otlp, extra=vllm_args,
     )  # fmt: skip
     stack.append(vllm)
     print(f"[e2e] vLLM ({name}) ready in {time.monotonic() - t0:.0f} s on port {vport}", flush=True)
@@ -891,6 +892,7 @@ def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None):
         os.path.join(cfg.out_dir, f"tokenmeter-{tag}.log"), bounds["ttft"], bounds["tps"],
         CAPACITY_CLASS, otlp=otlp,
         request_log=os.path.join(cfg.out_dir, f"requests-{tag}.jsonl") if otlp else None,
+        slos=slos,
     )  # fmt: skip
     stack.append(tm)
     urls = {
@@ -985,7 +987,12 @@ def main():
         )  # fmt: skip
         stack.append(receiver)
         otlp = f"http://127.0.0.1:{rport}"
-        vllm, tm, urls = serve(cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp)
+        # Its KV cache is 16 blocks, for the memory case after the byte and trace phases (whose
+        # requests run one at a time and fit it many times over).
+        vllm, tm, urls = serve(
+            cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp,
+            vllm_args=memory.MEMORY_VLLM_ARGS, slos=[memory.MEMORY_CLASS],
+        )  # fmt: skip
         results["startup"]["bytes"] = vllm.ready_after
         results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
         plain = [r for r in results["bytes"] if r["mode"] == "plain"]
@@ -996,6 +1003,7 @@ def main():
             "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
         )
         results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
+        results["memory"] = memory.phase(cfg, checks, urls, BYTES_MODEL_NAME, settle)
     except Exception as e:  # reported loudly below, and the run fails
         error = "".join(traceback.format_exception(e))
         print(f"[e2e] FAIL: the run stopped early:\n{error}", file=sys.stderr, flush=True)
