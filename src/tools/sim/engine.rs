@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 // Tokio's clock, so that tests can pause it and check the schedule exactly.
 use tokio::time::Instant;
 
+use super::account;
 use super::kv::{KvCache, KvConfig};
 use super::stall::Stall;
 
@@ -256,6 +257,12 @@ impl Engine {
 
     /// Queues a job. The first token comes after the queue, and the step that admits it.
     pub fn submit(&self, job: Job) -> Result<Ticket, Stopped> {
+        self.submit_for(job, account::NONE)
+    }
+
+    /// Queues a job for a tenant ([`Stats::accounts`]): its share of every step it is in is
+    /// accounted to that tenant.
+    pub fn submit_for(&self, job: Job, tenant: account::TenantId) -> Result<Ticket, Stopped> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Capacity 1: a pending wake-up already tells the body to look at the counter, so further
         // ones can be dropped (that is the coalescing).
@@ -281,6 +288,8 @@ impl Engine {
                 stall: self.stall.and_then(|s| s.of_request(id)),
                 blocks: 0,
                 preemptions: 0,
+                tenant,
+                step_prefill: 0,
             })
             .map_err(|_| Stopped)?;
         Ok(Ticket { id, wake, progress })
@@ -316,6 +325,10 @@ struct Seq {
     blocks: u32,
     /// Times it was preempted: each re-admission recomputes what it had generated.
     preemptions: u32,
+    /// Who its share of each step is accounted to.
+    tenant: account::TenantId,
+    /// Prompt tokens (or recomputed ones) the coming step prefills for it.
+    step_prefill: u64,
 }
 
 impl Seq {
@@ -342,6 +355,8 @@ async fn decode_loop(
     let mut paused: Vec<(Instant, Seq)> = Vec::new();
     // The ideal end of the last step; None after the engine was idle.
     let mut clock: Option<Instant> = None;
+    // Each step's sequences, for the accounts (one buffer, reused).
+    let mut parts: Vec<account::Part> = Vec::new();
     let mut open = true;
     loop {
         if running.is_empty() && queue.is_empty() {
@@ -438,11 +453,12 @@ async fn decode_loop(
                     start.saturating_duration_since(s.arrived),
                 );
             }
-            prefill += u64::from(s.job.prompt_tokens.saturating_sub(s.job.cached_tokens));
+            s.step_prefill = u64::from(s.job.prompt_tokens.saturating_sub(s.job.cached_tokens));
             if s.preemptions > 0 {
                 // Recomputed: what it had generated is prefilled again.
-                prefill += u64::from(s.emitted);
+                s.step_prefill += u64::from(s.emitted);
             }
+            prefill += s.step_prefill;
             running.push(s);
         }
         stats.set_load(running.len(), queue.len());
@@ -458,6 +474,22 @@ async fn decode_loop(
             continue;
         }
         let step = model.step(running.len(), prefill);
+        parts.clear();
+        parts.extend(running.iter_mut().map(|s| account::Part {
+            tenant: s.tenant,
+            phase: if s.first_token.is_none() {
+                account::Phase::Prefill
+            } else {
+                account::Phase::Decode
+            },
+            prefill_tokens: std::mem::take(&mut s.step_prefill),
+        }));
+        stats.accounts.step(
+            model.step_base,
+            model.step_per_seq,
+            model.prefill_per_token,
+            &parts,
+        );
         let end = start + step;
         tokio::time::sleep_until(end).await;
         clock = Some(end);
@@ -556,6 +588,8 @@ pub struct Record {
 pub struct Stats {
     origin: Instant,
     inner: Mutex<StatsInner>,
+    /// Who each step worked for: the truth of GPU time by tenant (docs/cost.md).
+    pub accounts: account::Accounts,
 }
 
 #[derive(Debug, Default, Clone, Serialize)]
@@ -605,6 +639,7 @@ impl Stats {
     fn new(keep: usize) -> Self {
         Stats {
             origin: Instant::now(),
+            accounts: account::Accounts::default(),
             inner: Mutex::new(StatsInner {
                 counters: Counters::default(),
                 keep,
@@ -615,6 +650,11 @@ impl Stats {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, StatsInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Seconds since the engine started: what the accounts' busy time and idle time add up to.
+    pub fn uptime(&self) -> f64 {
+        self.origin.elapsed().as_secs_f64()
     }
 
     fn secs(&self, t: Instant) -> f64 {

@@ -27,6 +27,7 @@ use hyper_util::server::conn::auto;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
+use super::account::TenantId;
 use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
 use super::text::{estimate_tokens, Lengths, Rng, Words};
 use super::wire::{self, BodyError, Dialect, Handler, Parsed, Reply, Timings};
@@ -56,6 +57,8 @@ pub struct State {
     pub lengths: Lengths,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
+    /// `--tenant-header`: whose GPU time a request is.
+    pub tenant_header: hyper::header::HeaderName,
 }
 
 /// Accepts connections until `shutdown` completes. Connections already open are left to finish
@@ -139,7 +142,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
             "/metrics" => full(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
-                super::metrics::render(&state.model, &state.engine.stats().counters()),
+                super::metrics::render_all(&state.model, state.engine.stats()),
             ),
             _ => error(None, StatusCode::NOT_FOUND, "no such route"),
         };
@@ -148,6 +151,11 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
     else {
         return error(None, StatusCode::NOT_FOUND, "no such route");
     };
+    let tenant = state.engine.stats().accounts.tenant(
+        req.headers()
+            .get(&state.tenant_header)
+            .and_then(|v| v.to_str().ok()),
+    );
     let body = match Limited::new(req.into_body(), MAX_REQUEST_BODY)
         .collect()
         .await
@@ -170,7 +178,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
         }
     };
     match wire::parse(route, &body) {
-        Ok(parsed) => generate(state, route, parsed).await,
+        Ok(parsed) => generate(state, route, parsed, tenant).await,
         Err(e @ (BodyError::NotJson | BodyError::BadLimit(_))) => {
             error(Some(route), StatusCode::BAD_REQUEST, &e.to_string())
         }
@@ -206,7 +214,7 @@ fn stats(state: &State) -> StatsBody<'_> {
     }
 }
 
-async fn generate(state: &State, route: Handler, p: Parsed) -> Response<SimBody> {
+async fn generate(state: &State, route: Handler, p: Parsed, tenant: TenantId) -> Response<SimBody> {
     let received = Instant::now();
     // Length first, then the words, from one stream: a request's text is the same whatever its
     // limit, only cut shorter.
@@ -215,7 +223,7 @@ async fn generate(state: &State, route: Handler, p: Parsed) -> Response<SimBody>
     let output_tokens = p.max_tokens.unwrap_or(natural);
     let prompt_tokens = estimate_tokens(p.prompt_chars);
     let job = state.prefix_cache.job(prompt_tokens, output_tokens);
-    let Ok(ticket) = state.engine.submit(job) else {
+    let Ok(ticket) = state.engine.submit_for(job, tenant) else {
         return error(
             Some(route),
             StatusCode::SERVICE_UNAVAILABLE,

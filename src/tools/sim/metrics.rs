@@ -9,7 +9,46 @@
 
 use std::fmt::Write as _;
 
-use super::engine::Counters;
+use super::account::Accounts;
+use super::engine::{Counters, Stats};
+
+/// Everything the simulator's `/metrics` serves: vLLM's series, then its own account of GPU time.
+pub fn render_all(model: &str, stats: &Stats) -> String {
+    let mut out = render(model, &stats.counters());
+    out.push_str(&render_accounts(model, &stats.accounts, stats.uptime()));
+    out
+}
+
+/// The engine's account of who used it (`super::account`): seconds by tenant and phase, its
+/// busy seconds and its uptime (idle is the difference). One simulated engine is one GPU.
+pub fn render_accounts(model: &str, accounts: &Accounts, uptime: f64) -> String {
+    let model = escape(model);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP tokenmeter_sim_gpu_seconds_total Seconds of the simulated GPU spent on each tenant's requests, by phase (docs/cost.md's rule)."
+    );
+    let _ = writeln!(out, "# TYPE tokenmeter_sim_gpu_seconds_total counter");
+    for row in accounts.rows() {
+        let tenant = escape(&row.tenant);
+        for (phase, v) in [("prefill", row.prefill), ("decode", row.decode)] {
+            let _ = writeln!(
+                out,
+                "tokenmeter_sim_gpu_seconds_total{{model_name=\"{model}\",tenant=\"{tenant}\",phase=\"{phase}\"}} {v}"
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tokenmeter_sim_gpu_busy_seconds_total Seconds the simulated GPU computed steps.\n# TYPE tokenmeter_sim_gpu_busy_seconds_total counter\ntokenmeter_sim_gpu_busy_seconds_total{{model_name=\"{model}\"}} {}",
+        accounts.busy()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP tokenmeter_sim_uptime_seconds Seconds since the simulated engine started.\n# TYPE tokenmeter_sim_uptime_seconds gauge\ntokenmeter_sim_uptime_seconds{{model_name=\"{model}\"}} {uptime}"
+    );
+    out
+}
 
 /// The exposition text of `counters` for a model named `model`.
 pub fn render(model: &str, c: &Counters) -> String {
@@ -81,7 +120,31 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::sim::account::{Part, Phase};
     use crate::tools::sim::engine::KvBlocks;
+    use std::time::Duration;
+
+    #[test]
+    fn the_account_is_served_by_tenant_and_phase() {
+        let a = Accounts::default();
+        let t = a.tenant(Some("team-a"));
+        a.step(
+            Duration::from_millis(10),
+            Duration::ZERO,
+            Duration::ZERO,
+            &[Part {
+                tenant: t,
+                phase: Phase::Decode,
+                prefill_tokens: 0,
+            }],
+        );
+        let text = render_accounts("m", &a, 2.5);
+        assert!(text.contains(
+            "tokenmeter_sim_gpu_seconds_total{model_name=\"m\",tenant=\"team-a\",phase=\"decode\"} 0.01\n"
+        ), "{text}");
+        assert!(text.contains("tokenmeter_sim_gpu_busy_seconds_total{model_name=\"m\"} 0.01\n"));
+        assert!(text.contains("tokenmeter_sim_uptime_seconds{model_name=\"m\"} 2.5\n"));
+    }
 
     #[test]
     fn the_cache_is_stated_only_when_it_has_a_size() {

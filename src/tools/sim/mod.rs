@@ -15,6 +15,7 @@
 //! - [`text`]: the seeded generator, vocabulary and length distribution.
 //! - [`stall`]: `--stall-every`, a few responses pausing mid-stream (for the capacity fit's tests).
 
+pub mod account;
 pub mod engine;
 pub mod http;
 pub mod kv;
@@ -136,6 +137,17 @@ pub struct SimArgs {
     /// same flag.
     #[arg(long, env = "TOKENMETER_SIM_ENABLE_PER_REQUEST_METRICS")]
     pub enable_per_request_metrics: bool,
+
+    /// The header whose value names a request's tenant in the engine's own account of GPU
+    /// time (`tokenmeter_sim_gpu_seconds_total{tenant}` on /metrics): the truth tokenmeter's
+    /// `--tenant-header` estimate is held against.
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_TENANT_HEADER",
+        default_value = "x-tenant",
+        value_name = "NAME"
+    )]
+    pub tenant_header: hyper::header::HeaderName,
 }
 
 /// The validated simulator settings.
@@ -157,6 +169,8 @@ pub struct SimConfig {
     pub per_request_metrics: bool,
     /// `--kv-cache-tokens` and `--block-size`; `None` without a cache size.
     pub kv: Option<kv::KvConfig>,
+    /// `--tenant-header`.
+    pub tenant_header: hyper::header::HeaderName,
 }
 
 /// Why the simulator could not start.
@@ -213,6 +227,7 @@ impl Default for SimConfig {
             stall: None,
             per_request_metrics: false,
             kv: None,
+            tenant_header: hyper::header::HeaderName::from_static("x-tenant"),
         }
     }
 }
@@ -270,6 +285,7 @@ impl SimArgs {
             }),
             per_request_metrics: self.enable_per_request_metrics,
             kv,
+            tenant_header: self.tenant_header.clone(),
         })
     }
 }
@@ -299,6 +315,7 @@ impl Sim {
                 prefix_cache: cfg.prefix_cache,
                 lengths: cfg.lengths,
                 per_request_metrics: cfg.per_request_metrics,
+                tenant_header: cfg.tenant_header.clone(),
             }),
         })
     }
