@@ -67,6 +67,7 @@ pub mod upgrade;
 // What is made of it.
 pub mod admin;
 pub mod capacity;
+pub mod cost;
 pub mod engine;
 pub mod exposition;
 pub mod gpus;

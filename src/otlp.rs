@@ -231,6 +231,10 @@ pub fn span(f: &Finished) -> Option<Vec<u8>> {
     a.f64("tokenmeter.ttft_seconds", secs(f.first_token));
     a.f64("tokenmeter.tokens_per_second", f.tokens_per_second());
     a.f64("tokenmeter.concurrency", f.mean_in_flight);
+    let gpu = f.gpu_seconds.as_ref();
+    a.f64("tokenmeter.gpu_seconds", gpu.map(|g| g.total()));
+    a.f64("tokenmeter.gpu_prefill_seconds", gpu.map(|g| g.prefill));
+    a.f64("tokenmeter.gpu_decode_seconds", gpu.map(|g| g.decode));
     let band = f.slo.as_ref().map_or_else(|| f.band(), |s| s.band);
     a.str("tokenmeter.concurrency_band", Some(band));
     a.str("tokenmeter.slo.class", f.slo.as_ref().map(|s| &*s.class));

@@ -130,6 +130,9 @@ pub struct Finished {
     /// What the request's head said of it (method, path, request id, trace), for the request
     /// log and the span; `None` when neither is on (nothing per request is read for them).
     pub ident: Option<Arc<Ident>>,
+    /// Its charge of GPU time (`crate::cost`); `None` where the request was never metered as
+    /// in flight (a record built by hand).
+    pub gpu_seconds: Option<crate::cost::GpuSeconds>,
 }
 
 /// What else takes each [`Finished`] record, after the metrics: the request log, the span
@@ -225,6 +228,7 @@ pub(crate) mod tests {
             model_from_response: true,
             tenant: None,
             ident: None,
+            gpu_seconds: None,
         }
     }
 

@@ -34,7 +34,7 @@ pub const QUEUE_LINES: usize = 1024;
 const BATCH_LINES: usize = 256;
 
 /// The keys of a line, in their order.
-pub const KEYS: [&str; 31] = [
+pub const KEYS: [&str; 34] = [
     "time",
     "trace_id",
     "span_id",
@@ -57,6 +57,9 @@ pub const KEYS: [&str; 31] = [
     "tokens_per_second",
     "concurrency",
     "concurrency_band",
+    "gpu_seconds",
+    "gpu_prefill_seconds",
+    "gpu_decode_seconds",
     "max_stall_seconds",
     "token_source",
     "engine_source",
@@ -185,6 +188,10 @@ pub fn line(f: &Finished, now: SystemTime) -> String {
     w.num("concurrency", f.mean_in_flight);
     let band = f.slo.as_ref().map_or_else(|| f.band(), |s| s.band);
     w.str("concurrency_band", Some(band));
+    let gpu = f.gpu_seconds.as_ref();
+    w.num("gpu_seconds", gpu.map(|g| g.total()));
+    w.num("gpu_prefill_seconds", gpu.map(|g| g.prefill));
+    w.num("gpu_decode_seconds", gpu.map(|g| g.decode));
     w.num("max_stall_seconds", secs(f.max_stall));
     w.str("token_source", read.then(|| f.token_source.as_str()));
     let engine = f.engine.as_ref();

@@ -50,15 +50,19 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The class table reads `--slo-file` through `host`.
     ("slo", &["host", "units"]),
     // The capacity model takes each class's targets from the SLO class table.
-    ("capacity", &["slo"]),
+    // Who pays for the GPU: the books and the prices, knowing nothing of the request path.
+    ("cost", &[]),
+    ("capacity", &["cost", "slo"]),
     // What one finished request was: written by the meter, read by every sink.
-    ("record", &["context", "protocol", "slo"]),
+    ("record", &["context", "cost", "protocol", "slo"]),
     // The engine's own view: read over the upstream's TLS settings, parsed with `exposition`,
     // its cache size handed to the capacity model.
     ("engine", &["capacity", "exposition", "ratelog", "tls"]),
     (
         "metrics",
-        &["capacity", "engine", "gpus", "protocol", "record", "slo"],
+        &[
+            "capacity", "cost", "engine", "gpus", "protocol", "record", "slo",
+        ],
     ),
     ("reqlog", &["context", "protocol", "ratelog", "record"]),
     ("otlp", &["context", "protocol", "ratelog", "record"]),
@@ -66,7 +70,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "meter",
         &[
-            "capacity", "context", "metrics", "protocol", "read", "record", "slo", "tenant",
+            "capacity", "context", "cost", "metrics", "protocol", "read", "record", "slo", "tenant",
         ],
     ),
     ("tap", &["error", "meter", "record"]),

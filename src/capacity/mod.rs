@@ -57,6 +57,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::cost::Prices;
 pub use fit::Fit;
 pub use limits::TtftPoint;
 pub use memory::Memory;
@@ -151,6 +152,9 @@ pub struct Capacity {
     /// What the engine last stated of its memory (`--engine-metrics`).
     engine_memory: Mutex<memory::Stated>,
     last: Mutex<Option<(Instant, Report)>>,
+    /// The last refit's step and prefill costs, for the GPU-time ledger (`crate::cost`): read
+    /// as each request ends, so apart from `last`, which a refit holds while it runs.
+    prices: Mutex<Option<Prices>>,
 }
 
 impl Capacity {
@@ -164,6 +168,7 @@ impl Capacity {
             engine_memory: Mutex::new(memory::Stated::default()),
             config,
             last: Mutex::new(None),
+            prices: Mutex::new(None),
         }
     }
 
@@ -217,6 +222,11 @@ impl Capacity {
         self.workload.push(r);
     }
 
+    /// The step and prefill costs of the last refit that had both (`None` before one).
+    pub fn prices(&self) -> Option<Prices> {
+        *self.prices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
     pub fn report(&self, now: Instant) -> Report {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -263,6 +273,13 @@ impl Capacity {
             .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
             .and_then(|f| prefill::fit(&recent, f.step(1.0)));
         let jobs = workload::jobs(&recent);
+        if let (Some(f), Some(p)) = (&fit, &prefill) {
+            *self.prices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Prices {
+                base: f.base,
+                per_seq: f.per_seq,
+                prefill_per_token: p.per_token,
+            });
+        }
         let memory = self.memory();
         let mut replays = match (&fit, &prefill) {
             (Some(f), Some(p)) => Some(limits::Replays::new(

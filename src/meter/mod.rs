@@ -28,6 +28,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub use self::concurrency::{Concurrency, Snapshot};
 use crate::capacity::{Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
+use crate::cost::{Facts, GpuSeconds, Ledger};
 use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
 use crate::protocol::detect;
 use crate::protocol::operation::{Operation, Route};
@@ -45,7 +46,9 @@ pub struct Recorder {
     pub metrics: Arc<Metrics>,
     /// The live capacity model the meter feeds (the server's); `None`: nothing is modelled.
     pub capacity: Option<Arc<Capacity>>,
-    pub concurrency: Concurrency,
+    pub concurrency: Arc<Concurrency>,
+    /// The GPUs' time, charged to each request as it ends (`crate::cost`).
+    pub ledger: Arc<Ledger>,
     /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
     pub max_line: usize,
     /// `--api`: the wire format every response is read as (`None`: detected per response).
@@ -63,10 +66,18 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(metrics: Arc<Metrics>, max_line: usize) -> Self {
+        let concurrency = Arc::new(Concurrency::default());
+        let ledger = Arc::new(Ledger::new(metrics.gpus()));
+        let tracker = Arc::clone(&concurrency);
+        metrics.export_books(
+            Arc::clone(&ledger),
+            Box::new(move || tracker.snapshot(std::time::Instant::now()).clock()),
+        );
         Recorder {
             metrics,
             capacity: None,
-            concurrency: Concurrency::default(),
+            concurrency,
+            ledger,
             max_line,
             api: None,
             classes: Arc::new(Classes::default()),
@@ -543,9 +554,11 @@ impl State {
             model_from_response,
             tenant: s.tenant.clone(),
             ident: s.ident.clone(),
+            gpu_seconds: None,
         };
         let f = Finished {
             slo: s.judge(&f),
+            gpu_seconds: Some(s.charge(&f, now)),
             ..f
         };
         debug_lines(&f, now, wall, s.last_token);
@@ -729,6 +742,38 @@ impl Clock {
         }
     }
 
+    /// The request's charge of GPU time, once it has left (`crate::cost`): its price by the
+    /// capacity model's fit where there is one, its time share otherwise.
+    fn charge(&self, f: &Finished, now: Instant) -> GpuSeconds {
+        let rec = &self.recorder;
+        let start = &self.at_start;
+        let leave = self
+            .at_leave
+            .unwrap_or_else(|| rec.concurrency.snapshot(now));
+        let share = (leave.share - start.share).max(0.0);
+        let facts = Facts {
+            share,
+            share_prefill: self
+                .at_first
+                .map_or(share, |a| (a.share - start.share).clamp(0.0, share)),
+            first_token: self.first_token.is_some(),
+            output_tokens: f.output_tokens,
+            uncached_prompt: workload::uncached_prompt(f),
+            mean_in_flight: f.mean_in_flight,
+        };
+        let gpus = rec.ledger.gpus();
+        let time_share = facts.time_share(gpus);
+        let price = match rec.capacity.as_deref() {
+            Some(c) => match c.prices() {
+                Some(p) => facts.price(&p, gpus, f64::from(c.replicas())),
+                None => time_share,
+            },
+            None => time_share,
+        };
+        rec.ledger
+            .charge(price, time_share, &rec.concurrency.snapshot(now).clock())
+    }
+
     /// Observes the pending TTFT in the band of `input_tokens` (once: it is taken).
     fn observe_ttft(&mut self, input_tokens: Option<u64>) {
         if let (Some(ttft), Some(h)) = (self.ttft_pending.take(), &self.model) {
@@ -759,6 +804,7 @@ impl Clock {
             .metrics
             .wire_streamed(-std::mem::take(&mut self.held));
         self.at_leave = Some(self.recorder.concurrency.update(now, -1));
+        self.recorder.ledger.left();
     }
 }
 

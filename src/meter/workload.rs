@@ -20,14 +20,7 @@ pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
     };
     let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     let read = f.cached_input.read.unwrap_or(0);
-    // Anthropic's `input_tokens` leaves out the tokens read from and written to the cache;
-    // the others count the whole prompt.
-    let prompt = match f.api {
-        Api::Anthropic => prompt
-            .saturating_add(read)
-            .saturating_add(f.cached_input.write.unwrap_or(0)),
-        _ => prompt,
-    };
+    let prompt = whole_prompt(f, prompt);
     let stated = f.engine.as_ref();
     Some(capacity::Request {
         at,
@@ -39,6 +32,25 @@ pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
         stated_queue: stated.and_then(|e| e.queue).map(|d| d.as_secs_f64()),
         tps: f.tokens_per_second(),
     })
+}
+
+/// The whole prompt of `f`, whose usage counted `prompt` input tokens: Anthropic's
+/// `input_tokens` leaves out the tokens read from and written to the cache; the others count
+/// the whole prompt.
+fn whole_prompt(f: &Finished, prompt: u64) -> u64 {
+    match f.api {
+        Api::Anthropic => prompt
+            .saturating_add(f.cached_input.read.unwrap_or(0))
+            .saturating_add(f.cached_input.write.unwrap_or(0)),
+        _ => prompt,
+    }
+}
+
+/// The prompt tokens the engine computed for `f`: its whole prompt less what the prefix cache
+/// served; `None` where the response did not say how long its prompt was.
+pub(super) fn uncached_prompt(f: &Finished) -> Option<u64> {
+    let prompt = whole_prompt(f, f.input_tokens?);
+    Some(prompt.saturating_sub(f.cached_input.read.unwrap_or(0)))
 }
 
 #[cfg(test)]

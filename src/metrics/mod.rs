@@ -30,6 +30,7 @@
 pub mod buckets;
 pub mod capacity;
 mod capped;
+pub mod cost;
 mod engine;
 pub mod engine_view;
 mod goodput;
@@ -61,6 +62,7 @@ use self::otel::Otel;
 use self::rate::RateWindow;
 use self::vllm::Vllm;
 use crate::capacity::Capacity;
+use crate::cost::Ledger;
 use crate::engine::observed::Observed;
 use crate::gpus;
 use crate::protocol::TokenSource;
@@ -109,6 +111,10 @@ pub struct Metrics {
     /// The live capacity model, when one is exported ([`Metrics::export_capacity`]), and its
     /// families.
     capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
+    /// Who pays for the GPU: the charges' families, and the books idle and unassigned are read
+    /// from ([`Metrics::export_books`]).
+    cost: cost::CostMetrics,
+    books: OnceLock<cost::Books>,
     /// What the engine's metrics reader observes, when it runs, and its families.
     engine_view: OnceLock<(Arc<Observed>, engine_view::EngineViewMetrics)>,
     /// Output tokens streamed so far by the requests in flight: the wire's view of the KV
@@ -451,6 +457,8 @@ impl Metrics {
             decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
             engine: EngineMetrics::new(&r, b)?,
             capacity: OnceLock::new(),
+            cost: cost::CostMetrics::register(&r, cfg.tenant, cfg.gpu_hour_cost)?,
+            books: OnceLock::new(),
             engine_view: OnceLock::new(),
             wire_streamed: AtomicI64::new(0),
             in_flight,
@@ -590,6 +598,17 @@ impl Metrics {
         Ok(())
     }
 
+    /// `--gpus`.
+    pub fn gpus(&self) -> f64 {
+        self.gpus
+    }
+
+    /// Reads idle and unassigned GPU time from `ledger` at each scrape (the first call wins:
+    /// one ledger per process).
+    pub fn export_books(&self, ledger: Arc<Ledger>, clock: cost::ReadClock) {
+        let _ = self.books.set((ledger, clock));
+    }
+
     /// Counts `n` output tokens produced at `at` in the aggregate rate.
     pub fn tokens(&self, n: u64, at: Instant) {
         if n > 0 {
@@ -630,6 +649,9 @@ impl Metrics {
                 let cache = report.memory.kv_cache_tokens.map(|t| t as f64);
                 v.kv_usage(wire.zip(cache).map(|(w, c)| w / c));
             }
+        }
+        if let Some((ledger, clock)) = self.books.get() {
+            self.cost.update(ledger, &clock());
         }
         if let Some((observed, families)) = self.engine_view.get() {
             families.update(observed);

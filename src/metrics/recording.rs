@@ -22,6 +22,9 @@ pub(super) fn observe(m: &Metrics, f: &Finished) {
     let tenant = tenant_value(m, f);
     let values = [model, &code, f.outcome.as_str(), f.api.as_str()];
     child(&m.requests, &values, tenant).inc();
+    if let Some(g) = &f.gpu_seconds {
+        m.cost.charged(model, tenant, g);
+    }
     let e = &f.parse_errors;
     parse_error(m, ParseError::InvalidJson, e.invalid_json);
     parse_error(m, ParseError::LineTooLong, e.line_too_long);

@@ -128,6 +128,11 @@ TOKENMETER = {
     "tokenmeter_engine_requests_waiting": 1,
     "tokenmeter_engine_preemptions_total": 1,
     "tokenmeter_engine_metrics_scrapes_total": 1,
+    # Who pays for the GPU: the charges by model and phase (prefill, decode), idle, and the
+    # busy time not charged yet. (The USD counter appears only with --gpu-hour-cost: none here.)
+    "tokenmeter_gpu_seconds_total": 2,
+    "tokenmeter_gpu_idle_seconds_total": 1,
+    "tokenmeter_gpu_unassigned_seconds": 1,
 }
 VLLM = {
     "vllm:time_to_first_token_seconds": 25,
@@ -175,7 +180,8 @@ COARSE = dict(TOKENMETER, **{
 # allow-list, plus `other`, `none` and `invalid`).
 TENANTED = ["tokenmeter_request_tokens_per_second", "tokenmeter_time_to_first_token_seconds",
             "tokenmeter_slo_requests_total", "tokenmeter_goodput_output_tokens_total",
-            "tokenmeter_output_tokens_total", "tokenmeter_input_tokens_total", "tokenmeter_requests_total"]
+            "tokenmeter_output_tokens_total", "tokenmeter_input_tokens_total", "tokenmeter_requests_total",
+            "tokenmeter_gpu_seconds_total"]
 TENANTS = ["budget-tenant-a", "budget-tenant-b"]
 
 

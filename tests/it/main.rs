@@ -8,6 +8,7 @@ mod cgroup;
 mod cli;
 mod compat;
 mod corpus;
+mod cost;
 mod crowd;
 mod documented;
 mod engine_view;

@@ -1,0 +1,346 @@
+//! Who pays for the GPU, against the simulator's truth (`tools::sim::account`): the engine
+//! knows which sequences each step served and what it cost, and keeps the same rule
+//! (docs/cost.md) step by step; tokenmeter only sees the wire.
+//!
+//! Each case first runs a short ramp through the proxy so the capacity model has a fit (the
+//! prices), then the load under test; between the two, and at the end, nothing is in flight, so
+//! the books are closed and every counter's difference is that load's alone.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter::tools::exposition::Scrape;
+use tokenmeter::tools::sim::{Model, SimConfig};
+
+use crate::support::levels;
+use crate::support::metrics::metric;
+use crate::support::{client, serial, spawn_proxy, start_sim, Proxy};
+
+/// One tenant's load: closed-loop workers sending the same shape of request.
+#[derive(Clone, Copy)]
+struct Load {
+    tenant: &'static str,
+    workers: usize,
+    prompt_words: usize,
+    output_tokens: u64,
+}
+
+/// What a tenant was charged and what the engine says it used, over one load.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    requests: u64,
+    output_tokens: f64,
+    charged: f64,
+    truth: f64,
+}
+
+struct Rig {
+    sim: String,
+    proxy: Proxy,
+    /// Just before the proxy started, and just after: its books begin in between.
+    born: (Instant, Instant),
+}
+
+async fn rig(extra: &[&str]) -> Rig {
+    let sim = start_sim(SimConfig {
+        model: Model {
+            step_base: Duration::from_millis(16),
+            step_per_seq: Duration::from_micros(200),
+            prefill_per_token: Duration::from_micros(50),
+            max_batch: 256,
+        },
+        // The engine states each request's queue and prefill time, as vLLM does with
+        // --enable-per-request-metrics: the prefill price is fitted from it.
+        per_request_metrics: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let sim = format!("http://{sim}");
+    let mut flags = vec!["--tenant-header", "x-tenant", "--gpus", "1"];
+    flags.extend_from_slice(extra);
+    let before = Instant::now();
+    let proxy = spawn_proxy(&sim, &flags).await;
+    let born = (before, Instant::now());
+    // A ramp of prompts long enough to fit prefill, at 1 to 8 streams: the capacity model's
+    // fit, which prices the requests.
+    let driver = levels::driver(&proxy.url(), "cost-test", 300, 24, 7);
+    levels::run(&driver, &[1, 2, 4, 8], Duration::from_millis(1500)).await;
+    proxy.settled(1.0).await;
+    proxy.capacity.refresh(Instant::now());
+    assert!(
+        proxy.capacity.prices().is_some(),
+        "the ramp gave the capacity model no fit"
+    );
+    Rig { sim, proxy, born }
+}
+
+/// Runs `loads` side by side for `hold`, then waits for every request to end.
+async fn run(proxy: &Proxy, loads: &[Load], hold: Duration) -> BTreeMap<&'static str, u64> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    let counts: Vec<Arc<AtomicU64>> = loads.iter().map(|_| Arc::default()).collect();
+    for (i, load) in loads.iter().enumerate() {
+        let builder = Arc::new(RequestBuilder {
+            endpoint: Endpoint::Chat,
+            model: "cost-test".into(),
+            prompt_tokens: load.prompt_words,
+            output_tokens: load.output_tokens,
+            seed: 11 + i as u64,
+        });
+        for w in 0..load.workers {
+            let (stop, count, builder) = (stop.clone(), counts[i].clone(), builder.clone());
+            let url = format!("{}/v1/chat/completions", proxy.url());
+            let tenant = load.tenant;
+            tasks.push(tokio::spawn(async move {
+                let c = client::client();
+                let mut n = w as u64 * 1000;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let req = http::Request::post(&url)
+                        .header("content-type", "application/json")
+                        .header("x-tenant", tenant)
+                        .body(Full::new(Bytes::from(
+                            builder.body(n, builder.output_tokens),
+                        )))
+                        .expect("request");
+                    let resp = c.request(req).await.expect("response");
+                    assert_eq!(resp.status(), 200);
+                    let _ = resp.into_body().collect().await.expect("body");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(hold).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    loads
+        .iter()
+        .zip(counts)
+        .map(|(l, c)| (l.tenant, c.load(Ordering::Relaxed)))
+        .collect()
+}
+
+/// Per tenant: GPU-seconds charged (all phases) and output tokens, from tokenmeter's scrape.
+fn charged(scrape: &str, tenant: &str) -> (f64, f64) {
+    (
+        metric("tokenmeter_gpu_seconds_total")
+            .label("tenant", tenant)
+            .sum(scrape),
+        metric("tokenmeter_output_tokens_total")
+            .label("tenant", tenant)
+            .sum(scrape),
+    )
+}
+
+/// The simulator's own account of a tenant, seconds (one engine, one GPU).
+fn truth(sim_metrics: &str, tenant: &str) -> f64 {
+    Scrape::parse(sim_metrics).sum("tokenmeter_sim_gpu_seconds_total", &[("tenant", tenant)])
+}
+
+async fn sim_metrics(sim: &str) -> String {
+    client::get_text(&format!("{sim}/metrics")).await
+}
+
+/// Runs `loads` and returns what each tenant was charged beside the engine's truth, with
+/// tokenmeter's scrape at the end.
+async fn measure(
+    rig: &Rig,
+    loads: &[Load],
+    hold: Duration,
+) -> (BTreeMap<&'static str, Seen>, String) {
+    let before = rig.proxy.scrape().await;
+    let truth_before = sim_metrics(&rig.sim).await;
+    let counts = run(&rig.proxy, loads, hold).await;
+    let total: u64 = counts.values().sum();
+    let after = rig
+        .proxy
+        .eventually(|s| {
+            metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+                && metric("tokenmeter_gpu_unassigned_seconds").sum(s) < 1e-9
+                && metric("tokenmeter_requests_total").sum(s)
+                    >= metric("tokenmeter_requests_total").sum(&before) + total as f64
+        })
+        .await;
+    let truth_after = sim_metrics(&rig.sim).await;
+    let mut out = BTreeMap::new();
+    for l in loads {
+        let (g0, o0) = charged(&before, l.tenant);
+        let (g1, o1) = charged(&after, l.tenant);
+        out.insert(
+            l.tenant,
+            Seen {
+                requests: counts[l.tenant],
+                output_tokens: o1 - o0,
+                charged: g1 - g0,
+                truth: truth(&truth_after, l.tenant) - truth(&truth_before, l.tenant),
+            },
+        );
+    }
+    (out, after)
+}
+
+fn within(got: f64, want: f64, rel: f64) -> bool {
+    (got - want).abs() <= rel * want.abs()
+}
+
+/// Two tenants at mixed concurrency: one with long prompts and short answers, one with short
+/// prompts and long answers. Each tenant's share of the GPU within 5% of the engine's truth,
+/// their GPU-seconds per million output tokens in the truth's order and ratio (within 5%), and
+/// the books balanced: charges plus idle are `--gpus` x the proxy's uptime (within 1%).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_pays_its_share_of_the_engine() {
+    let _turn = serial().await;
+    let rig = rig(&[]).await;
+    let loads = [
+        Load {
+            tenant: "retrieval",
+            workers: 3,
+            prompt_words: 1000,
+            output_tokens: 16,
+        },
+        Load {
+            tenant: "writer",
+            workers: 4,
+            prompt_words: 20,
+            output_tokens: 160,
+        },
+    ];
+    let (seen, _) = measure(&rig, &loads, Duration::from_secs(8)).await;
+    let (r, w) = (seen["retrieval"], seen["writer"]);
+    let why = format!("{seen:#?}\nprices {:?}", rig.proxy.capacity.prices());
+    assert!(
+        r.requests >= 10 && w.requests >= 4,
+        "too little load: {why}"
+    );
+    eprintln!("{why}");
+    let share = |x: Seen, field: fn(&Seen) -> f64| field(&x) / (field(&r) + field(&w));
+    for t in [r, w] {
+        let (got, want) = (share(t, |s| s.charged), share(t, |s| s.truth));
+        eprintln!("share {got:.4}, truth {want:.4}");
+        assert!(
+            within(got, want, 0.05),
+            "share {got:.4} against the truth's {want:.4}: {why}"
+        );
+    }
+    // GPU-seconds per million output tokens: the long-prompt tenant's are dearer, by the truth's
+    // ratio.
+    let per_m = |x: Seen, v: f64| v / x.output_tokens * 1e6;
+    let got = per_m(r, r.charged) / per_m(w, w.charged);
+    let want = per_m(r, r.truth) / per_m(w, w.truth);
+    eprintln!("GPU-seconds per million output tokens, ratio {got:.3}, truth {want:.3}");
+    assert!(
+        want > 1.5,
+        "the case should make prompts dear: {want} {why}"
+    );
+    assert!(
+        within(got, want, 0.05),
+        "ratio {got:.3} against {want:.3}: {why}"
+    );
+    // The books: everything charged plus idle is the GPU's time since the proxy started (a
+    // scrape with nothing in flight, so nothing unassigned).
+    let before = Instant::now();
+    let scrape = rig.proxy.scrape().await;
+    let after = Instant::now();
+    let s = Scrape::parse(&scrape);
+    let charged = s.sum("tokenmeter_gpu_seconds_total", &[]);
+    let idle = s.sum("tokenmeter_gpu_idle_seconds_total", &[]);
+    let unassigned = s.sum("tokenmeter_gpu_unassigned_seconds", &[]);
+    let shortest = (before - rig.born.1).as_secs_f64();
+    let longest = (after - rig.born.0).as_secs_f64();
+    let books = charged + idle + unassigned;
+    assert!(
+        books >= shortest * 0.99 && books <= longest * 1.01 && unassigned < 0.01 * books,
+        "charged {charged} + idle {idle} + unassigned {unassigned} against {shortest}-{longest} s of 1 GPU"
+    );
+}
+
+/// The same requests from two tenants, one at twice the rate of the other: each request is
+/// charged the same (within 5%), so the first tenant pays twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_requests_pay_twice() {
+    let _turn = serial().await;
+    let rig = rig(&[]).await;
+    let shape = Load {
+        tenant: "a",
+        workers: 4,
+        prompt_words: 200,
+        output_tokens: 64,
+    };
+    let loads = [
+        shape,
+        Load {
+            tenant: "b",
+            workers: 2,
+            ..shape
+        },
+    ];
+    let (seen, _) = measure(&rig, &loads, Duration::from_secs(6)).await;
+    let (a, b) = (seen["a"], seen["b"]);
+    let per_request = |x: Seen| x.charged / x.requests as f64;
+    assert!(
+        within(per_request(a), per_request(b), 0.05),
+        "{} against {} GPU-seconds a request: {seen:#?}",
+        per_request(a),
+        per_request(b)
+    );
+    assert!(
+        within(per_request(a), a.truth / a.requests as f64, 0.05),
+        "{seen:#?}"
+    );
+}
+
+/// The request log's per-request GPU-seconds add up to the counters, by phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_adds_up_to_the_counters() {
+    let _turn = serial().await;
+    let dir = std::env::temp_dir().join(format!("tokenmeter-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("requests.jsonl");
+    let _ = std::fs::remove_file(&log);
+    let log_flag = log.to_string_lossy().to_string();
+    let rig = rig(&["--request-log", &log_flag]).await;
+    let loads = [Load {
+        tenant: "a",
+        workers: 3,
+        prompt_words: 300,
+        output_tokens: 40,
+    }];
+    let (_, scrape) = measure(&rig, &loads, Duration::from_secs(3)).await;
+    let logged = |key: &str| -> f64 {
+        let text = std::fs::read_to_string(&log).expect("the request log");
+        text.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
+            .filter_map(|v| v[key].as_f64())
+            .sum()
+    };
+    // The log is written behind the request; wait for every line.
+    let counted = metric("tokenmeter_requests_total").sum(&scrape);
+    for _ in 0..100 {
+        let lines = std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
+        if lines as f64 >= counted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (key, phase) in [
+        ("gpu_prefill_seconds", "prefill"),
+        ("gpu_decode_seconds", "decode"),
+    ] {
+        let counter = metric("tokenmeter_gpu_seconds_total")
+            .label("phase", phase)
+            .sum(&scrape);
+        let sum = logged(key);
+        assert!(
+            (sum - counter).abs() < 1e-6 * counter.max(1.0),
+            "{key}: the log's {sum} against the counter's {counter}"
+        );
+    }
+}
