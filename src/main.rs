@@ -41,6 +41,9 @@ enum Command {
     /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
     /// curve, and the chart as SVG.
     Capacity(tokenmeter::tools::capacity_command::CapacityArgs),
+    /// Read who used the GPUs from a running tokenmeter: GPU time by tenant and model, prefill
+    /// and decode, share, per million output tokens, dollars, and idle, over a window.
+    Cost(tokenmeter::tools::cost_command::CostArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -107,6 +110,11 @@ fn main() -> ExitCode {
         }
         Some(Command::Demo(args)) => {
             return exit(tokenmeter::tools::demo::run(&args), |e| e.is_usage())
+        }
+        Some(Command::Cost(args)) => {
+            return exit(tokenmeter::tools::cost_command::run(&args), |e| {
+                e.is_usage()
+            })
         }
         Some(Command::Capacity(args)) => {
             return exit(tokenmeter::tools::capacity_command::run(&args), |e| {

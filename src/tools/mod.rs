@@ -15,6 +15,7 @@
 
 pub mod bench;
 pub mod capacity_command;
+pub mod cost_command;
 pub mod demo;
 pub use crate::exposition;
 pub mod scrape;
