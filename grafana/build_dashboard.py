@@ -25,6 +25,8 @@ F = 'namespace=~"$namespace", pod=~"$pod"'
 FM = F + ', model=~"$model"'
 RI = "$__rate_interval"
 FAILED = 'outcome=~"upstream_error|timeout"'
+ALLOCATION = ', basis="allocation"'
+USAGE = ', basis="usage"'
 NOT_FAILED_BUT_5XX = 'outcome!~"upstream_error|timeout", code=~"5..|429"'
 
 
@@ -523,6 +525,36 @@ def layout():
                     targets((quantile(0.5, "tokenmeter_request_tokens_per_second", by="tenant"), "{{tenant}}")), TOKS), 6, 8),
         (timeseries("TTFT by tenant (p90)", "90th percentile time to first token of each tenant's requests. " + TENANT_NOTE,
                     targets((quantile(0.9, "tokenmeter_time_to_first_token_seconds", by="tenant"), "{{tenant}}")), "s"), 6, 8),
+
+        (row("Who pays: GPU time by tenant and model"), 24, 1),
+        (timeseries("GPUs busy for each tenant, and idle", "GPU-seconds per second charged to each tenant's "
+                    "requests (docs/cost.md's rule: a decode step's fixed cost shared by its batch, its per-sequence "
+                    "cost to each, prefill to the request whose prompt it is), and idle: together they add up to "
+                    "--gpus (a request's charge is counted when it ends). " + TENANT_NOTE,
+                    targets((f"sum by (tenant) ({rate('tokenmeter_gpu_seconds_total')})", "{{tenant}}"),
+                            (f"sum({rate('tokenmeter_gpu_idle_seconds_total', F)})", "idle")), "short",
+                    stack=True), 12, 8),
+        (timeseries("GPU time by model and phase", "GPU-seconds per second charged by model, prefill (up to the first "
+                    "token) and decode.",
+                    targets((f"sum by (model, phase) ({rate('tokenmeter_gpu_seconds_total')})", "{{model}} {{phase}}")),
+                    "short", stack=True), 6, 8),
+        (timeseries("GPU-seconds per million output tokens by tenant", "What a tenant's tokens really cost the GPU: "
+                    "long prompts and requests that decode alone cost more per token than short prompts in a full "
+                    "batch. " + TENANT_NOTE,
+                    targets((f"sum by (tenant) ({rate('tokenmeter_gpu_seconds_total')}) * 1e6 / "
+                             f"sum by (tenant) ({rate('tokenmeter_output_tokens_total')})", "{{tenant}}")), "s"), 6, 8),
+        (timeseries("Cost per hour by tenant (USD, allocation)", "With --gpu-hour-cost: each tenant's GPU time in "
+                    "USD per hour, with the idle time spread over the tenants by their use (OpenCost's allocation "
+                    "basis: it adds up to the bill); the usage basis leaves idle out.",
+                    targets((f"3600 * sum by (tenant) ({rate('tokenmeter_gpu_cost_usd_total', FM + ALLOCATION)})",
+                             "{{tenant}} allocation"),
+                            (f"3600 * sum by (tenant) ({rate('tokenmeter_gpu_cost_usd_total', FM + USAGE)})",
+                             "{{tenant}} usage")), "currencyUSD"), 12, 8),
+        (timeseries("Idle share of the GPUs", "The share of GPU time with no request in flight. Idle is paid for too: "
+                    "the allocation basis spreads it over the tenants.",
+                    targets((f"sum({rate('tokenmeter_gpu_idle_seconds_total', F)}) / "
+                             f"(sum({rate('tokenmeter_gpu_idle_seconds_total', F)}) + sum({rate('tokenmeter_gpu_seconds_total', F)}))",
+                             "idle")), "percentunit"), 12, 8),
 
         (row("Requests and errors"), 24, 1),
         (timeseries("Requests/s by outcome", "complete, client_disconnect (the client went away), upstream_error "
