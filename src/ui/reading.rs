@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use prometheus::proto::{MetricFamily, MetricType};
 
 use crate::metrics::capacity::names as capacity;
+use crate::metrics::cost::names as cost;
 use crate::quantile::histogram_quantile;
 
 // The names the page reads the exposition by, under the short names its code uses.
@@ -133,6 +134,11 @@ pub struct Reading {
     /// The model's self-check: `concurrency`, `ttft_predicted`, `ttft_observed`,
     /// `tps_predicted`, `tps_observed`, `trusted`; empty when not exported.
     pub capacity_check: BTreeMap<String, f64>,
+    /// GPU-seconds charged by tenant (`""` without the label), idle, and held by the requests
+    /// in flight.
+    pub gpu_by_tenant: BTreeMap<String, f64>,
+    pub gpu_idle: f64,
+    pub gpu_unassigned: f64,
 }
 
 fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
@@ -250,6 +256,9 @@ impl Reading {
                     limits.insert(bound.to_string(), v);
                 }
             }
+            cost::GPU_SECONDS => bump(&mut r.gpu_by_tenant, label("tenant"), v),
+            cost::GPU_IDLE_SECONDS => r.gpu_idle += v,
+            cost::GPU_UNASSIGNED_SECONDS => r.gpu_unassigned += v,
             capacity::WORKLOAD_TOKENS => bump(&mut r.capacity_workload, label("kind"), v),
             capacity::WORKLOAD_REQUESTS => bump(&mut r.capacity_workload, Some("requests"), v),
             capacity::CHECK_CONCURRENCY => bump(&mut r.capacity_check, Some("concurrency"), v),

@@ -33,6 +33,24 @@ pub struct PageSummary {
     pub codes: Vec<Count>,
     pub token_sources: Vec<Count>,
     pub totals: Totals,
+    pub gpu_time: GpuTime,
+}
+
+/// Who used the GPUs, since start: GPU-seconds charged by tenant, idle, and held by the
+/// requests in flight (docs/cost.md).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuTime {
+    /// By tenant; one row named `""` without the label.
+    pub by_tenant: Vec<GpuShare>,
+    pub idle_seconds: f64,
+    pub unassigned_seconds: f64,
+}
+
+/// One tenant's GPU-seconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuShare {
+    pub name: String,
+    pub gpu_seconds: f64,
 }
 
 /// The window the "now" percentiles and SLO attainment cover.
@@ -328,6 +346,18 @@ impl PageSummary {
                 requests: r.requests,
                 output_tokens: r.output_tokens,
                 input_tokens: r.input_tokens,
+            },
+            gpu_time: GpuTime {
+                by_tenant: r
+                    .gpu_by_tenant
+                    .iter()
+                    .map(|(k, &v)| GpuShare {
+                        name: k.clone(),
+                        gpu_seconds: v,
+                    })
+                    .collect(),
+                idle_seconds: r.gpu_idle,
+                unassigned_seconds: r.gpu_unassigned,
             },
         }
     }

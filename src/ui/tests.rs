@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use prometheus::{Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    CounterVec, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
+};
 
 use super::reading::*;
 use super::*;
@@ -64,6 +66,20 @@ impl Fixture {
         sources.with_label_values(&["usage"]).inc_by(3);
         sources.with_label_values(&["counted"]).inc();
         r.register(Box::new(sources)).unwrap();
+        let gpu = CounterVec::new(
+            Opts::new(crate::metrics::cost::names::GPU_SECONDS, "c"),
+            &["model", "phase", "tenant"],
+        )
+        .unwrap();
+        gpu.with_label_values(&["a", "prefill", "team-a"])
+            .inc_by(1.5);
+        gpu.with_label_values(&["a", "decode", "team-a"])
+            .inc_by(2.0);
+        gpu.with_label_values(&["b", "decode", "team-b"])
+            .inc_by(0.5);
+        r.register(Box::new(gpu)).unwrap();
+        g(crate::metrics::cost::names::GPU_IDLE_SECONDS, 6.0);
+        g(crate::metrics::cost::names::GPU_UNASSIGNED_SECONDS, 0.25);
         Fixture {
             registry: r,
             ttft,
@@ -163,6 +179,18 @@ fn now_figures_are_the_buckets_read_as_histogram_quantile_does() {
         .map(|c| (c.name.as_str(), c.requests))
         .collect();
     assert_eq!(sources, [("counted", 1.0), ("usage", 3.0)]);
+    // GPU-seconds by tenant, both phases and models summed; idle and in flight beside them.
+    let gpu: Vec<_> = s
+        .gpu_time
+        .by_tenant
+        .iter()
+        .map(|g| (g.name.as_str(), g.gpu_seconds))
+        .collect();
+    assert_eq!(gpu, [("team-a", 3.5), ("team-b", 0.5)]);
+    assert_eq!(
+        (s.gpu_time.idle_seconds, s.gpu_time.unassigned_seconds),
+        (6.0, 0.25)
+    );
     assert_eq!(s.slo, None);
     assert!(s.tradeoff.capacity_curve.is_empty());
     assert!(s.tradeoff.floors.is_empty() && s.tradeoff.max_concurrency.is_empty());

@@ -413,6 +413,12 @@
     fillTable('outcomes-table', s.outcomes);
     fillTable('codes-table', s.codes);
     fillTable('sources-table', s.token_sources);
+    // Who used the GPUs (docs/cost.md): each tenant's charged GPU-seconds and idle, as shares
+    // of all of it.
+    const gpu = s.gpu_time || { by_tenant: [], idle_seconds: 0 };
+    const gpuRows = gpu.by_tenant.map((r) => ({ name: r.name || 'all traffic', requests: r.gpu_seconds }));
+    if (gpu.idle_seconds > 0) gpuRows.push({ name: 'idle', requests: gpu.idle_seconds });
+    fillTable('gpu-table', gpuRows);
     refreshes++;
     document.body.setAttribute('data-generated', String(s.generated_unix_ms));
     document.body.setAttribute('data-refreshes', String(refreshes));
