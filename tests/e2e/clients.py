@@ -55,6 +55,11 @@ class GuideRun:
                         "prompt_tokens": r.get("prompt_tokens"),
                     }
                 )
+        # Requests its scheduler still had in process when the run was cut: GuideLLM 0.8.1
+        # sometimes leaves these out of its `incomplete` list (a CI run on 2026-12-05 listed 0
+        # incomplete with 16 in process), though it cancelled them and the servers saw them go.
+        state = bench["scheduler_state"] if isinstance(bench.get("scheduler_state"), dict) else {}
+        self.in_process_at_cut = int(state.get("processing_requests") or 0)
         m = bench["metrics"]
         self.reported_ttft_ms = m["time_to_first_token_ms"]["successful"]
         self.reported_itl_ms = m["inter_token_latency_ms"]["successful"]

@@ -243,18 +243,23 @@ def guidellm_phase(cfg, checks, urls, c):
     # on the client's list as incomplete. (Not the client's whole list as the bound of both: when
     # GuideLLM's loop stalls at its cut it can leave a request out of its report that vLLM and
     # tokenmeter both completed, as one run on a loaded machine did.)
-    left_out = max(0, tm_complete + tm_cut - len(ok) - len(cut))
+    # The client's cut ones: its incomplete list, or, where its report left them out, the
+    # requests its scheduler still had in process at the cut (its own scheduler state).
+    client_cut = max(len(cut), run.in_process_at_cut)
+    left_out = max(0, tm_complete + tm_cut - len(ok) - client_cut)
     checks.add(
         name,
         "every request that reached the servers is counted once",
         len(ok) + len(cut_answered) <= tm_complete + tm_cut
         and tm_complete <= v_done
-        and tm_cut <= len(cut)
+        and tm_cut <= client_cut
         and tm_other == 0,
         f"tokenmeter complete + client_disconnect = {_num(tm_complete)} + {_num(tm_cut)} (other "
         f"outcomes {_num(tm_other)}); vLLM completed {_num(v_done)}; GuideLLM successful + "
         f"incomplete = {len(ok)} + {len(cut)}, of which {len(cut_answered)} had response bytes (one "
         "cancelled before its body reached tokenmeter never existed for the servers)"
+        + (f"; its scheduler had {run.in_process_at_cut} in process at the cut, which its "
+           "report leaves out of the incomplete list" if run.in_process_at_cut > len(cut) else "")
         + (f"; GuideLLM's report leaves out {left_out} the servers completed" if left_out else ""),
     )
     if nothing_cut:
