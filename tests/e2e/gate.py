@@ -33,8 +33,8 @@ ENGINE_STATED = (
     "stated generation time at most",
 )
 
-# Issue 38's memory case (tests/e2e/memory.py): the capacity answer against the levels of a
-# CPU model on 2 shared cores; reported, as the issue asks. Its exact readings of the engine
+# The memory case (tests/e2e/memory.py): the capacity answer against the levels of a CPU
+# model on 2 shared cores rests on its timing, so it is reported. Its exact readings of the engine
 # (cache size, preemptions) gate.
 MEMORY_CASE = (
     "chat's max concurrency between",

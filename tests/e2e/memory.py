@@ -10,7 +10,7 @@ are sampled. Then:
   exactly, and `tokenmeter_engine_preemptions_total` catches up with
   `vllm:num_preemptions_total` within a few of its scrape intervals once the load stops. Both
   are read from the same engine, so they are exact whatever the machine's speed.
-- **reported, not gated (issue 38's case):** the `chat` class's max concurrency and the bound
+- **reported, not gated:** the `chat` class's max concurrency and the bound
   that sets it, against the last level whose requests met the class and the first that did
   not, and the utilization the answer gives at each level. These depend on the timing of a
   CPU model on 2 shared cores; `docs/validation.md` shows them beside vLLM's own cache size,
@@ -28,7 +28,7 @@ import prom
 
 # A cache a few requests fill: 16 blocks (vLLM's CPU block is 128 tokens: 2,048 tokens).
 MEMORY_VLLM_ARGS = ["--num-gpu-blocks-override", "16", "--max-model-len", "1024"]
-# The class of issue 38's case: a first token within 2 s and 5 tokens/s for 90% of requests.
+# The class the case is judged by: a first token within 2 s and 5 tokens/s for 90% of requests.
 MEMORY_CLASS = "chat:ttft=2s,tps=5,objective=0.9"
 MEMORY_LEVELS = (1, 2, 3, 4, 6, 8)
 MEMORY_LEVEL_SECONDS = 15
@@ -217,7 +217,7 @@ def phase(cfg, checks, urls, model, settle):
              "met": met(lv, 2.0, 5.0), "prompt": inp, "output": out}
         )  # fmt: skip
 
-    # Issue 38's case: reported, not gated (gate.py, MEMORY_CASE).
+    # Reported, not gated (gate.py, MEMORY_CASE): it rests on a CPU model's timing.
     # The edge: the highest level that met the class, and the first above it that missed (a
     # lone miss below it, a level of a few requests on a busy machine, is shown in the table).
     last_met = max((m["c"] for m in row["measured"] if m["met"]), default=None)

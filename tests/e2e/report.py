@@ -474,7 +474,7 @@ def _capacity(w, cap):
 
 
 def _memory(w, mem):
-    """Issue 38's case: a KV cache that binds first, on the real vLLM."""
+    """The memory case: a KV cache that binds first, on the real vLLM."""
     w("## The memory end: a KV cache that binds first\n")
     cache = mem.get("vllm_cache")
     cache_s = f"{cache[0]} blocks of {cache[1]} tokens, {cache[0] * cache[1]:,} tokens" if cache else "not stated"
