@@ -285,7 +285,8 @@ pub struct ProxyArgs {
 
     /// Where to read the engine's own metrics (its KV cache, queue and preemptions): `auto`
     /// reads the upstream's `/metrics` where it answers in a dialect tokenmeter knows (vLLM,
-    /// SGLang), a URL reads that page, `off` reads nothing.
+    /// SGLang, TGI with its `/info`, llama.cpp with its `/props`), a URL reads that page, `off`
+    /// reads nothing.
     #[arg(
         long,
         env = "TOKENMETER_ENGINE_METRICS",

@@ -5,7 +5,8 @@
 //! is, how full, how many requests wait inside it, how often it preempts. The engine states
 //! those on its own `/metrics`. A task of its own ([`reader`]) reads them on a schedule, off the
 //! request path, bounded in time and size; [`view`] turns a page into an [`view::EngineView`] in
-//! the dialects it knows (vLLM, SGLang). The cache's size goes to the capacity model (the flags
+//! the dialects it knows (vLLM, SGLang, TGI and llama.cpp with the JSON document each keeps its
+//! limits in, [`stated`]). The cache's size goes to the capacity model (the flags
 //! `--kv-cache-tokens`, `--block-size` win over it), and the rest is exported as
 //! `tokenmeter_engine_*` beside the wire's own figures.
 //!
@@ -14,6 +15,7 @@
 
 pub mod observed;
 pub mod reader;
+pub mod stated;
 pub mod view;
 
 use hyper::Uri;

@@ -3,7 +3,8 @@
 //! One task, one request at a time: every [`INTERVAL`] (`--engine-metrics-interval`) it GETs the
 //! page with the upstream's own TLS settings, gives the whole exchange [`TIMEOUT`] and the body
 //! [`MAX_BYTES`], reads it ([`super::view`]), exports what it says and hands the cache's size to
-//! the capacity model. However the engine misbehaves (silent, slow, garbage, gigabytes) the cost
+//! the capacity model. TGI and llama.cpp state their limits in a JSON document beside the page
+//! (`/info`, `/props`: [`super::stated`]), read in the same exchange. However the engine misbehaves (silent, slow, garbage, gigabytes) the cost
 //! is one bounded request per interval, and no request through the proxy waits for it.
 //!
 //! A read that fails keeps the last good figures for [`STALE_AFTER`] intervals (a restart or a
@@ -23,7 +24,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::observed::{Observed, ScrapeResult};
-use super::view::{self, EngineView};
+use super::stated;
+use super::view::{self, Dialect, EngineView};
 use crate::capacity::memory::Stated;
 use crate::capacity::Capacity;
 use crate::ratelog::{RateLimited, LOG_PERIOD};
@@ -83,36 +85,79 @@ impl Reader {
         }
     }
 
-    /// One read of the page.
+    /// One GET of `url`, its body cut at [`MAX_BYTES`]; no time limit of its own.
+    async fn fetch(&self, url: Uri, accept: &'static str) -> Result<Bytes, ScrapeResult> {
+        let req = Request::get(url)
+            .header(ACCEPT, accept)
+            .body(Empty::<Bytes>::new())
+            .map_err(|_| ScrapeResult::ConnectError)?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|_| ScrapeResult::ConnectError)?;
+        if resp.status() != StatusCode::OK {
+            return Err(ScrapeResult::HttpError);
+        }
+        Limited::new(resp.into_body(), MAX_BYTES)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    ScrapeResult::TooLarge
+                } else {
+                    ScrapeResult::ConnectError
+                }
+            })
+    }
+
+    /// `path` at the page's origin: where TGI and llama.cpp state their limits.
+    fn beside(&self, path: &str) -> Option<Uri> {
+        let mut parts = self.url.clone().into_parts();
+        parts.path_and_query = Some(path.parse().ok()?);
+        Uri::from_parts(parts).ok()
+    }
+
+    /// Reads the engine's limits from the document its dialect keeps them in, into `view`. A
+    /// document that cannot be read leaves `view` as the page left it: its queue is still news.
+    async fn read_stated(&self, dialect: Dialect, view: &mut EngineView) {
+        let Some(url) = dialect.stated_path().and_then(|p| self.beside(p)) else {
+            return;
+        };
+        if let Ok(doc) = self.fetch(url, "application/json").await {
+            match dialect {
+                Dialect::Tgi => stated::tgi_info(&doc, view),
+                Dialect::LlamaCpp => stated::llamacpp_props(&doc, view),
+                Dialect::Vllm | Dialect::Sglang => {}
+            }
+        }
+    }
+
+    /// One read of the page, and of the document beside it where the dialect has one.
     pub async fn read_once(&self) -> Result<EngineView, ScrapeResult> {
         let exchange = async {
-            let req = Request::get(self.url.clone())
-                .header(ACCEPT, "text/plain")
-                .body(Empty::<Bytes>::new())
-                .map_err(|_| ScrapeResult::ConnectError)?;
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|_| ScrapeResult::ConnectError)?;
-            if resp.status() != StatusCode::OK {
-                return Err(ScrapeResult::HttpError);
-            }
-            let body = Limited::new(resp.into_body(), MAX_BYTES)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        ScrapeResult::TooLarge
+            match self.fetch(self.url.clone(), "text/plain").await {
+                Ok(body) => {
+                    let text = String::from_utf8_lossy(&body);
+                    let (dialect, mut view) = view::read(&crate::exposition::Scrape::parse(&text))
+                        .ok_or(ScrapeResult::UnknownDialect)?;
+                    self.read_stated(dialect, &mut view).await;
+                    Ok(view.with_reserved_usage())
+                }
+                // llama.cpp serves `/metrics` only with `--metrics`, but always `/props`: with
+                // `auto`, its slots are still worth knowing.
+                Err(ScrapeResult::HttpError) if self.auto => {
+                    let mut view = EngineView::default();
+                    self.read_stated(Dialect::LlamaCpp, &mut view).await;
+                    if view.max_num_seqs.is_some() {
+                        Ok(view)
                     } else {
-                        ScrapeResult::ConnectError
+                        Err(ScrapeResult::HttpError)
                     }
-                })?
-                .to_bytes();
-            let text = String::from_utf8_lossy(&body);
-            view::read(&crate::exposition::Scrape::parse(&text))
-                .map(|(_, v)| v)
-                .ok_or(ScrapeResult::UnknownDialect)
+                }
+                Err(e) => Err(e),
+            }
         };
         tokio::time::timeout(TIMEOUT, exchange)
             .await
@@ -130,7 +175,7 @@ impl Reader {
                     self.capacity.set_engine_memory(Stated {
                         kv_cache_tokens: view.kv_cache_tokens,
                         block_size: view.block_size,
-                        max_num_seqs: None,
+                        max_num_seqs: view.max_num_seqs,
                     });
                     last_ok = Some(Instant::now());
                     self.interval

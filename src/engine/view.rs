@@ -9,6 +9,13 @@
 //!   their mean weighted by size.
 //! - **SGLang** (`sglang:` names): `sglang:max_total_num_tokens` (its token pool: a block of one
 //!   token), `sglang:token_usage`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`.
+//! - **TGI** (`tgi_` names): `tgi_queue_size` waiting, `tgi_batch_current_size` running. Its
+//!   cache's size is on `/info`, not here ([`super::stated`]); with it, the usage is
+//!   `tgi_batch_current_max_tokens` (the tokens its running batch has reserved) over
+//!   `max_batch_total_tokens`.
+//! - **llama.cpp** (`llamacpp:` names, with `--metrics`): `llamacpp:requests_processing`
+//!   running, `llamacpp:requests_deferred` waiting, `llamacpp:kv_cache_usage_ratio` where the
+//!   build still has it. Its slots and their context are on `/props` ([`super::stated`]).
 //!
 //! Anything else is not a dialect known here; a page with neither's names says nothing. A
 //! series with a value that is not finite is left out, as if absent.
@@ -20,6 +27,8 @@ use crate::exposition::Scrape;
 pub enum Dialect {
     Vllm,
     Sglang,
+    Tgi,
+    LlamaCpp,
 }
 
 impl Dialect {
@@ -27,6 +36,18 @@ impl Dialect {
         match self {
             Dialect::Vllm => "vllm",
             Dialect::Sglang => "sglang",
+            Dialect::Tgi => "tgi",
+            Dialect::LlamaCpp => "llamacpp",
+        }
+    }
+
+    /// The path, at the page's origin, of the document where this dialect states its limits
+    /// ([`super::stated`]); `None` where the page itself states them.
+    pub fn stated_path(self) -> Option<&'static str> {
+        match self {
+            Dialect::Vllm | Dialect::Sglang => None,
+            Dialect::Tgi => Some("/info"),
+            Dialect::LlamaCpp => Some("/props"),
         }
     }
 }
@@ -42,6 +63,10 @@ pub struct EngineView {
     pub requests_waiting: Option<f64>,
     /// The engine's own counter of preemptions since it started.
     pub preemptions_total: Option<f64>,
+    /// The most requests it decodes at once, where it states that (TGI, llama.cpp).
+    pub max_num_seqs: Option<u32>,
+    /// TGI: the tokens its running batch has reserved, made a usage once `/info` is read.
+    pub reserved_tokens: Option<f64>,
 }
 
 /// Reads `scrape` in the first dialect whose names it has; `None` when it has neither's.
@@ -51,6 +76,10 @@ pub fn read(scrape: &Scrape) -> Option<(Dialect, EngineView)> {
         Some((Dialect::Vllm, vllm(scrape)))
     } else if has("sglang:") {
         Some((Dialect::Sglang, sglang(scrape)))
+    } else if has("tgi_") {
+        Some((Dialect::Tgi, tgi(scrape)))
+    } else if has("llamacpp:") {
+        Some((Dialect::LlamaCpp, llamacpp(scrape)))
     } else {
         None
     }
@@ -120,6 +149,7 @@ fn vllm(scrape: &Scrape) -> EngineView {
             scrape,
             &["vllm:num_preemptions_total", "vllm:num_preemptions"],
         ),
+        ..EngineView::default()
     }
 }
 
@@ -138,7 +168,37 @@ fn sglang(scrape: &Scrape) -> EngineView {
             .then(|| (usage.iter().sum::<f64>() / usage.len() as f64).clamp(0.0, 1.0)),
         requests_running: sum(scrape, &["sglang:num_running_reqs"]),
         requests_waiting: sum(scrape, &["sglang:num_queue_reqs"]),
-        preemptions_total: None,
+        ..EngineView::default()
+    }
+}
+
+fn tgi(scrape: &Scrape) -> EngineView {
+    EngineView {
+        requests_running: sum(scrape, &["tgi_batch_current_size"]),
+        requests_waiting: sum(scrape, &["tgi_queue_size"]),
+        reserved_tokens: sum(scrape, &["tgi_batch_current_max_tokens"]),
+        ..EngineView::default()
+    }
+}
+
+fn llamacpp(scrape: &Scrape) -> EngineView {
+    EngineView {
+        kv_usage: sum(scrape, &["llamacpp:kv_cache_usage_ratio"]).map(|u| u.clamp(0.0, 1.0)),
+        requests_running: sum(scrape, &["llamacpp:requests_processing"]),
+        requests_waiting: sum(scrape, &["llamacpp:requests_deferred"]),
+        ..EngineView::default()
+    }
+}
+
+impl EngineView {
+    /// The usage TGI's page implies once its cache's size is known: reserved over total.
+    pub fn with_reserved_usage(mut self) -> Self {
+        if self.kv_usage.is_none() {
+            if let (Some(r), Some(t)) = (self.reserved_tokens, self.kv_cache_tokens) {
+                self.kv_usage = Some((r / t as f64).clamp(0.0, 1.0));
+            }
+        }
+        self
     }
 }
 
@@ -219,6 +279,33 @@ sglang:num_queue_reqs{model_name="qwen"} 3.0
     }
 
     #[test]
+    fn tgi_and_llamacpp_state_their_queues_here_and_their_memory_elsewhere() {
+        // TGI's page: a running batch of 3 with 6,000 tokens reserved, 2 queued.
+        let text = "tgi_batch_current_size 3\ntgi_queue_size 2\ntgi_batch_current_max_tokens 6000\ntgi_request_count 40\n";
+        let (d, v) = read(&Scrape::parse(text)).expect("tgi");
+        assert_eq!((d, d.stated_path()), (Dialect::Tgi, Some("/info")));
+        assert_eq!(
+            (v.requests_running, v.requests_waiting, v.kv_cache_tokens),
+            (Some(3.0), Some(2.0), None)
+        );
+        // No usage without the cache's size; with /info's 24,000 tokens, a quarter.
+        assert_eq!(v.with_reserved_usage().kv_usage, None);
+        let sized = EngineView {
+            kv_cache_tokens: Some(24_000),
+            ..v
+        };
+        assert_eq!(sized.with_reserved_usage().kv_usage, Some(0.25));
+        // llama.cpp's page (`--metrics`), with the usage older builds still state.
+        let text = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 1\nllamacpp:kv_cache_usage_ratio 0.5\nllamacpp:prompt_tokens_total 900\n";
+        let (d, v) = read(&Scrape::parse(text)).expect("llama.cpp");
+        assert_eq!((d, d.stated_path()), (Dialect::LlamaCpp, Some("/props")));
+        assert_eq!(
+            (v.requests_running, v.requests_waiting, v.kv_usage),
+            (Some(2.0), Some(1.0), Some(0.5))
+        );
+    }
+
+    #[test]
     fn garbage_and_other_dialects_say_nothing() {
         assert_eq!(read(&Scrape::parse("")), None);
         assert_eq!(
@@ -227,7 +314,7 @@ sglang:num_queue_reqs{model_name="qwen"} 3.0
         );
         assert_eq!(
             read(&Scrape::parse(
-                "tgi_queue_size 3\nprocess_cpu_seconds_total 1\n"
+                "ollama_queue_size 3\nprocess_cpu_seconds_total 1\n"
             )),
             None
         );

@@ -243,3 +243,94 @@ async fn an_engine_that_answers_fifty_megabytes_is_read_no_further_than_the_limi
         peak >> 20
     );
 }
+
+/// An engine that states its limits in a JSON document beside its page: the capacity model and
+/// the engine gauges take them from there. `page` is its `/metrics` (`None`: it answers 501, as
+/// llama.cpp does without `--metrics`), `doc` the document at `path`.
+async fn stated_beside(
+    page: Option<&'static str>,
+    path: &'static str,
+    doc: &'static str,
+) -> String {
+    let up = upstream::spawn(move |r| match (r.path.as_str(), page) {
+        ("/metrics", Some(page)) => Reply::json(200, page),
+        ("/metrics", None) => Reply::json(501, r#"{"error":"metrics not enabled"}"#),
+        (p, _) if p == path => Reply::json(200, doc),
+        _ => Reply::json(404, "{}"),
+    })
+    .await;
+    let proxy = spawn_proxy(
+        &up.url(),
+        &[
+            "--engine-metrics",
+            "auto",
+            "--engine-metrics-interval",
+            "200ms",
+        ],
+    )
+    .await;
+    let start = Instant::now();
+    loop {
+        proxy.capacity.refresh(Instant::now());
+        let page = proxy.scrape().await;
+        if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
+            let memory = proxy.capacity.memory();
+            return format!(
+                "{page}\n# memory {:?} {} {:?}",
+                memory.kv_cache_tokens, memory.block_size, memory.max_num_seqs
+            );
+        }
+        assert!(start.elapsed() < DEADLINE, "no cache size:\n{page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_states_its_cache_on_info() {
+    let page = stated_beside(
+        Some("tgi_batch_current_size 3\ntgi_queue_size 2\ntgi_batch_current_max_tokens 12996\n"),
+        "/info",
+        r#"{"model_id":"m","max_concurrent_requests":128,"max_batch_total_tokens":51984,"max_batch_size":24,"block_size":16,"version":"3.0.1"}"#,
+    )
+    .await;
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        51984.0
+    );
+    assert_eq!(
+        metric("tokenmeter_engine_requests_running").value(&page),
+        3.0
+    );
+    assert_eq!(
+        metric("tokenmeter_engine_requests_waiting").value(&page),
+        2.0
+    );
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_usage_ratio").value(&page),
+        0.25
+    );
+    assert!(
+        page.ends_with("# memory Some(51984) 16 Some(24)"),
+        "{}",
+        page.lines().last().unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_without_metrics_states_its_slots_on_props() {
+    let page = stated_beside(
+        None,
+        "/props",
+        r#"{"default_generation_settings":{"id":0,"n_ctx":2048,"params":{}},"total_slots":4,"build_info":"b5000"}"#,
+    )
+    .await;
+    assert_eq!(
+        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        8192.0
+    );
+    assert!(
+        page.ends_with("# memory Some(8192) 1 Some(4)"),
+        "{}",
+        page.lines().last().unwrap_or_default()
+    );
+}
