@@ -20,6 +20,10 @@ use crate::metrics::{Buckets, Compat, MetricsConfig};
 use crate::otlp::TracingConfig;
 use crate::protocol::Api;
 use crate::proxy::{self, Target};
+use crate::server::settings::{
+    self as server, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_METRICS_MAX_CONNECTIONS,
+};
 use crate::slo::{self, Classes, SloError};
 use crate::tenant::{self, TenantConfig, TenantError};
 use crate::tls::client::UpstreamTls;
@@ -29,25 +33,6 @@ use crate::units::parse_duration;
 /// `--max-in-flight`'s default: 8,192 open streams at about 26 KiB each (the measured memory
 /// of an open stream, docs/bench.md) are 208 MiB, under half of a 512 MiB sidecar limit.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
-
-/// `--max-connections`' default: 16,384 connections, each counted as if it carried a stream
-/// (an idle keep-alive connection costs less), are 416 MiB; with the idle process (about
-/// 10 MiB) that leaves some 86 MiB of a 512 MiB limit for request bodies being read.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
-
-/// `--listen-backlog`'s default: connections the kernel completes and queues before the
-/// accept loop takes them. tokio binds with 128 (the standard library's number), which a burst
-/// overflows: 1,000 streams opened at once by 256 clients overflowed it about 100 times, and
-/// each of those clients waited for its 1 s SYN retry. 4,096 is Linux's `somaxconn` since 5.4:
-/// every client of a gateway reconnecting after a deploy fits, and a queued connection costs
-/// the kernel a socket, not the proxy a task.
-pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
-
-/// `--metrics-max-connections`' default. Prometheus, a second scraper, the kubelet's probes
-/// and a few people on the page use a handful; 256 leaves room for a crowd of dashboards and
-/// bounds what the listener's connections can cost in all to a few MiB (an idle hyper
-/// connection is a task and an 8 KiB read buffer).
-pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 256;
 
 /// `--ui-sample-period`'s default.
 pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
@@ -402,34 +387,22 @@ pub struct ProxyArgs {
 pub struct Config {
     /// The request path's settings: the upstream and each layer's limits.
     pub proxy: proxy::Settings,
-    pub listen: SocketAddr,
-    pub metrics_listen: SocketAddr,
+    /// Both listeners and how their connections are held.
+    pub server: server::Settings,
     /// The metrics' settings; they hold the GPU count, its source and `--gpu-hour-cost`,
     /// which the capacity model reads from here ([`Config::capacity`]).
     pub metrics: MetricsConfig,
     /// `--capacity-window`: the live capacity model's own setting (the rest of its settings
     /// are the SLO classes and the fleet, held once elsewhere in this struct).
     pub capacity_window: Duration,
-    pub drain_timeout: Duration,
     pub max_line_bytes: usize,
-    pub header_read_timeout: Duration,
     /// `--max-in-flight`: at least 1.
     pub max_in_flight: usize,
-    /// `--max-connections`: at least 1.
-    pub max_connections: usize,
-    /// `--listen-backlog`, both listeners': at least 1.
-    pub listen_backlog: u32,
-    /// `--metrics-max-connections`: at least 1.
-    pub metrics_max_connections: usize,
     /// `--api`: `None` detects the format per response.
     pub api: Option<Api>,
     // --- TLS ---
     /// How an https upstream is trusted, and the client certificate.
     pub upstream_tls: UpstreamTls,
-    /// `--tls-cert/--tls-key`: TLS on the proxy listener.
-    pub tls: Option<KeyPair>,
-    /// `--metrics-tls-cert/--metrics-tls-key`: TLS on the metrics listener.
-    pub metrics_tls: Option<KeyPair>,
     /// What `--gpus` looked at to find the count, for the log (the count itself and its
     /// source are in [`MetricsConfig`]).
     pub gpu_notes: Vec<Note>,
@@ -636,25 +609,17 @@ fn nonzero(d: Duration) -> Option<Duration> {
 impl Config {
     /// What the flags give when only `--upstream` is set (and `--gpus auto` finds nothing):
     /// every subsystem's defaults. Tests and the demo build their configuration from it,
-    /// `Config { listen, ..Config::for_upstream(target) }`, instead of parsing made-up flags.
+    /// `Config { server, ..Config::for_upstream(target) }`, instead of parsing made-up flags.
     pub fn for_upstream(upstream: Target) -> Self {
         Config {
             proxy: proxy::Settings::new(upstream),
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            server: server::Settings::default(),
             metrics: MetricsConfig::default(),
             capacity_window: capacity::DEFAULT_WINDOW,
-            drain_timeout: Duration::from_secs(30),
             max_line_bytes: 1 << 20,
-            header_read_timeout: Duration::from_secs(30),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            listen_backlog: DEFAULT_LISTEN_BACKLOG,
-            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
             api: None,
             upstream_tls: UpstreamTls::default(),
-            tls: None,
-            metrics_tls: None,
             gpu_notes: Vec::new(),
             slo: Arc::new(Classes::default()),
             ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
@@ -791,8 +756,17 @@ impl ProxyArgs {
                 pool_idle_timeout: self.pool_idle_timeout,
                 connect_timeout: nonzero(self.connect_timeout),
             },
-            listen: parse_addr("listen", &self.listeners.listen)?,
-            metrics_listen: parse_addr("metrics-listen", &self.listeners.metrics_listen)?,
+            server: server::Settings {
+                listen: parse_addr("listen", &self.listeners.listen)?,
+                metrics_listen: parse_addr("metrics-listen", &self.listeners.metrics_listen)?,
+                listen_backlog: self.listen_backlog,
+                drain_timeout: self.drain_timeout,
+                header_read_timeout: self.header_read_timeout,
+                max_connections: self.max_connections,
+                metrics_max_connections: self.metrics_max_connections,
+                tls,
+                metrics_tls,
+            },
             capacity_window: self.capacity_window,
             metrics: MetricsConfig {
                 buckets,
@@ -808,18 +782,11 @@ impl ProxyArgs {
                     .collect(),
                 tenant: tenants.is_some(),
             },
-            drain_timeout: self.drain_timeout,
             max_line_bytes: self.max_line_bytes,
-            header_read_timeout: self.header_read_timeout,
             max_in_flight: self.max_in_flight,
-            max_connections: self.max_connections,
-            listen_backlog: self.listen_backlog,
-            metrics_max_connections: self.metrics_max_connections,
             // clap admits only `auto` and the known names.
             api: Api::from_name(&self.api),
             upstream_tls,
-            tls,
-            metrics_tls,
             gpu_notes: gpus.notes,
             slo: Arc::new(slo),
             ui: (!self.page.no_ui).then_some(self.ui_sample_period),
@@ -1120,7 +1087,11 @@ mod tests {
         let up = ["--upstream", "http://u:1"];
         let c = args(&up).validate().expect("valid");
         assert_eq!(
-            (c.max_in_flight, c.max_connections, c.proxy.retry_after),
+            (
+                c.max_in_flight,
+                c.server.max_connections,
+                c.proxy.retry_after
+            ),
             (DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_CONNECTIONS, 1)
         );
         let set = [
@@ -1133,7 +1104,11 @@ mod tests {
         ];
         let c = args(&[&up[..], &set].concat()).validate().expect("valid");
         assert_eq!(
-            (c.max_in_flight, c.max_connections, c.proxy.retry_after),
+            (
+                c.max_in_flight,
+                c.server.max_connections,
+                c.proxy.retry_after
+            ),
             (10, 20, 5)
         );
         for flag in ["max-in-flight", "max-connections", "retry-after"] {
@@ -1224,13 +1199,13 @@ mod tests {
         let https = ["--upstream", "https://u:1"];
         let c = args(&https).validate().expect("valid");
         assert_eq!(c.proxy.connect_timeout, Some(Duration::from_secs(5)));
-        assert_eq!((c.tls, c.metrics_tls), (None, None));
+        assert_eq!((c.server.tls, c.server.metrics_tls), (None, None));
         assert_eq!(c.upstream_tls, UpstreamTls::default());
         let c = args(&[&https[..], &["--connect-timeout", "0"]].concat()).validate();
         assert_eq!(c.expect("valid").proxy.connect_timeout, None);
         let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
         let c = args(&[&https[..], &both].concat()).validate();
-        let tls = c.expect("valid").tls.expect("tls");
+        let tls = c.expect("valid").server.tls.expect("tls");
         assert_eq!(
             (tls.cert_flag, tls.key.to_str()),
             ("tls-cert", Some("k.pem"))

@@ -3,6 +3,9 @@
 //! This file is the table of contents, grouped by what each part is for. `ARCHITECTURE.md` has
 //! the map of who may import whom; `tests/layering.rs` holds the code to it.
 //!
+//! **Where it starts**: [`app`], the composition root, builds every part below from its
+//! settings in one place and hands them to the [`server`].
+//!
 //! **The request path**, in the order a request meets it:
 //!
 //! - [`server`]: binds the proxy and metrics listeners, accepts connections (up to
@@ -50,6 +53,9 @@
 //!
 //! **Beside the product**, [`tools`]: the simulator, the load generator, the demo, the capacity
 //! command and what they read `/metrics` back with. They use the product; it never uses them.
+
+// Where it starts.
+pub mod app;
 
 // The request path.
 pub mod drain;

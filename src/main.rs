@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokenmeter::config::ProxyArgs;
-use tokenmeter::server::Server;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc, with its background thread returning unused pages to the system: after a burst
@@ -145,8 +144,8 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let server = match Server::bind(&cfg).await {
-            Ok(s) => s,
+        let server = match tokenmeter::app::build(&cfg).await {
+            Ok(app) => app.server,
             Err(e) => {
                 eprintln!("tokenmeter: error: {e}");
                 return if e.is_usage() {

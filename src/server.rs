@@ -1,10 +1,12 @@
-//! Listeners, connections and the drain.
+//! Listeners, connections and the drain: the server accepts, serves and drains what the
+//! composition root ([`crate::app`]) built, and knows nothing of how it was built.
 //!
 //! [`Server::bind`] binds both listeners (so a test can bind port 0 and read the real ports);
 //! [`Server::serve`] accepts connections until the shutdown future completes, then drains:
 //! `/readyz` turns 503 at once, open connections finish their current response (keep-alive is
 //! switched off), new connections are still served (without keep-alive) while the drain lasts,
-//! and after `--drain-timeout` whatever is left is cut and `serve` returns.
+//! and after `--drain-timeout` whatever is left is cut, the background tasks are aborted and
+//! `serve` returns.
 //!
 //! With `--tls-cert` (`--metrics-tls-cert`) a listener completes a TLS handshake first; the
 //! handshake, the first bytes that tell the HTTP version and the first request head share one
@@ -32,184 +34,87 @@ use tower::util::Oneshot;
 use tower::ServiceExt;
 
 use crate::admin::{self, Readiness};
-use crate::capacity::Capacity;
-use crate::config::Config;
-use crate::context::Identify;
 use crate::drain::{Connections, Drain, Held};
-use crate::engine;
-use crate::meter::Recorder;
 use crate::metrics::Metrics;
-use crate::otlp::Exporter;
-use crate::overload::Limiter;
-use crate::proxy::{self, Proxy, ProxyBody};
+use crate::proxy::{Proxy, ProxyBody};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
-use crate::record::Sink;
-use crate::replicas;
-use crate::reqlog::{self, RequestLog};
-use crate::tenant::Tenants;
 use crate::tls::listener::{ServerTls, Stream};
-use crate::tls::TlsError;
 use crate::ui::Ui;
 
 mod admin_cap;
 mod head;
 pub mod http2;
 pub mod listen;
+pub mod settings;
 mod version;
 use admin_cap::{AdminCap, Admitted};
 use head::HeadTimer;
+pub use settings::Settings;
 use version::Version;
 
-/// Why the server could not start.
+/// Why a listener could not be bound.
 #[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error("cannot listen on {addr} ({flag}): {source}")]
-    Bind {
-        flag: &'static str,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("invalid metric configuration: {0}")]
-    Metrics(#[from] prometheus::Error),
-    #[error("{0}")]
-    Tls(#[from] TlsError),
-    #[error("--request-log {path}: cannot open it: {source}")]
-    RequestLog {
-        path: String,
-        source: std::io::Error,
-    },
+#[error("cannot listen on {addr} ({flag}): {source}")]
+pub struct BindError {
+    flag: &'static str,
+    addr: SocketAddr,
+    source: std::io::Error,
 }
 
-impl ServerError {
-    /// A configuration the user must fix (exit 64), not a failure of the machine.
-    pub fn is_usage(&self) -> bool {
-        matches!(self, ServerError::Tls(_) | ServerError::RequestLog { .. })
-    }
+/// A task that lives as long as the server: started when it serves, aborted once it has
+/// drained (the page's sampler, the engine's reader, the replica count's watch).
+pub type Background = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What the server serves, built by the composition root ([`crate::app`]).
+pub struct Parts {
+    /// The request path, whole.
+    pub proxy: Proxy,
+    /// TLS on each listener, its files read.
+    pub tls: Option<ServerTls>,
+    pub metrics_tls: Option<ServerTls>,
+    pub metrics: Arc<Metrics>,
+    /// `/readyz`, which also turns 503 when the drain starts.
+    pub ready: Arc<Readiness>,
+    /// The proxy listener's open connections, counted against `--max-connections` (shared
+    /// with `/readyz`, which reports their crowding).
+    pub conns: Arc<Connections>,
+    /// The page on the metrics listener; `None` with `--no-ui`.
+    pub ui: Option<Arc<Ui>>,
+    pub background: Vec<Background>,
 }
 
 /// A proxy with its listeners bound, ready to serve.
 pub struct Server {
     proxy_listener: TcpListener,
     admin_listener: TcpListener,
-    proxy: Proxy,
-    tls: Option<ServerTls>,
-    metrics_tls: Option<ServerTls>,
-    metrics: Arc<Metrics>,
-    /// The live capacity model: the meter feeds it, the metrics export it.
-    capacity: Arc<Capacity>,
-    ready: Arc<Readiness>,
-    /// The page on the metrics listener; `None` with `--no-ui`.
-    ui: Option<Arc<Ui>>,
+    parts: Parts,
     drain_timeout: Duration,
     header_read_timeout: Duration,
     /// `--max-connections`.
     max_connections: usize,
-    /// The proxy listener's open connections, counted against `--max-connections` (shared
-    /// with `/readyz`, which reports their crowding).
-    conns: Arc<Connections>,
     /// `--metrics-max-connections`.
     metrics_max_connections: usize,
-    /// With `--replicas auto`: the upstream's host and port, whose addresses are counted.
-    replicas_host: Option<(String, u16)>,
-    /// The engine's metrics reader, unless `--engine-metrics off`.
-    engine: Option<engine::reader::Reader>,
 }
 
-/// The sinks of finished records, in the order they are called.
-type Sinks = Vec<Arc<dyn Sink>>;
-
-/// What takes each finished request besides the metrics (the request log, the spans), and the reader of
-/// request heads they need; none of it exists, and no request pays for it, when it is off.
-fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), ServerError> {
-    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-    if let Some(path) = &cfg.request_log {
-        let log = RequestLog::open(&reqlog::Target::of(path), metrics.request_log_dropped()?)
-            .map_err(|source| ServerError::RequestLog {
-                path: path.display().to_string(),
-                source,
-            })?;
-        sinks.push(Arc::new(log));
-    }
-    let sampler = match &cfg.tracing {
-        Some(t) => {
-            sinks.push(Arc::new(Exporter::start(t, metrics.trace_spans_dropped()?)));
-            Some(t.sampler)
-        }
-        None => None,
-    };
-    let identify = (!sinks.is_empty()).then(|| Identify::new(sampler));
-    Ok((identify, sinks))
-}
-
-fn bind(flag: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpListener, ServerError> {
-    listen::bind(addr, backlog).map_err(|source| ServerError::Bind { flag, addr, source })
+fn bind(flag: &'static str, addr: SocketAddr, backlog: u32) -> Result<TcpListener, BindError> {
+    listen::bind(addr, backlog).map_err(|source| BindError { flag, addr, source })
 }
 
 impl Server {
-    /// Reads the TLS files, builds the metrics and binds both listeners.
-    pub async fn bind(cfg: &Config) -> Result<Self, ServerError> {
-        // Files first: a missing certificate is reported before a port is taken.
-        let tls = cfg.tls.clone().map(ServerTls::load).transpose()?;
-        let metrics_tls = cfg.metrics_tls.clone().map(ServerTls::load).transpose()?;
-        let client_tls = cfg.upstream_tls.load(cfg.proxy.upstream.is_https())?;
-        let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-        let capacity = Arc::new(Capacity::new(cfg.capacity(), Instant::now()));
-        metrics.export_capacity(Arc::clone(&capacity))?;
-        let (identify, sinks) = sinks(cfg, &metrics)?;
-        let recorder = Arc::new(
-            Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
-                .with_capacity(Arc::clone(&capacity))
-                .with_api(cfg.api)
-                .with_classes(Arc::clone(&cfg.slo))
-                .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
-                .with_sinks(identify, sinks),
-        );
-        let engine = match cfg.engine_metrics.url(&cfg.proxy.upstream.origin) {
-            Some(url) => Some(engine::reader::Reader::new(
-                url,
-                cfg.engine_metrics == engine::Setting::Auto,
-                &client_tls,
-                {
-                    let observed = Arc::new(engine::observed::Observed::default());
-                    metrics.export_engine_view(Arc::clone(&observed))?;
-                    observed
-                },
-                Arc::clone(&capacity),
-                cfg.engine_metrics_interval,
-            )),
-            None => None,
-        };
-        let limiter = Arc::new(Limiter::new(cfg.max_in_flight));
-        let conns = Arc::new(Connections::with_cap(cfg.max_connections));
-        metrics.set_limits(
-            cfg.max_in_flight,
-            cfg.max_connections,
-            cfg.metrics_max_connections,
-        );
+    /// Binds both listeners of `settings` to serve `parts`.
+    pub fn bind(settings: &Settings, parts: Parts) -> Result<Self, BindError> {
         Ok(Server {
-            proxy_listener: bind("--listen", cfg.listen, cfg.listen_backlog)?,
-            admin_listener: bind("--metrics-listen", cfg.metrics_listen, cfg.listen_backlog)?,
-            proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
-            tls,
-            metrics_tls,
-            ui: cfg.ui.map(|period| {
-                Arc::new(Ui::new(
-                    Arc::clone(&metrics),
-                    period,
-                    cfg.metrics.rate_window,
-                ))
-            }),
-            metrics,
-            capacity,
-            ready: Arc::new(Readiness::with_limiter(limiter).with_connections(Arc::clone(&conns))),
-            drain_timeout: cfg.drain_timeout,
-            header_read_timeout: cfg.header_read_timeout,
-            max_connections: cfg.max_connections,
-            conns,
-            metrics_max_connections: cfg.metrics_max_connections,
-            replicas_host: (cfg.replicas == replicas::Setting::Auto)
-                .then(|| cfg.proxy.upstream.host_and_port()),
-            engine,
+            proxy_listener: bind("--listen", settings.listen, settings.listen_backlog)?,
+            admin_listener: bind(
+                "--metrics-listen",
+                settings.metrics_listen,
+                settings.listen_backlog,
+            )?,
+            parts,
+            drain_timeout: settings.drain_timeout,
+            header_read_timeout: settings.header_read_timeout,
+            max_connections: settings.max_connections,
+            metrics_max_connections: settings.metrics_max_connections,
         })
     }
 
@@ -227,47 +132,26 @@ impl Server {
             .unwrap_or(([0, 0, 0, 0], 0).into())
     }
 
-    /// The metrics this server records into.
-    pub fn metrics(&self) -> Arc<Metrics> {
-        Arc::clone(&self.metrics)
-    }
-
-    /// The live capacity model this server's meter feeds.
-    pub fn capacity(&self) -> Arc<Capacity> {
-        Arc::clone(&self.capacity)
-    }
-
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let watchers: Vec<_> = [("proxy", &self.tls), ("metrics", &self.metrics_tls)]
+        let parts = self.parts;
+        let watchers: Vec<_> = [("proxy", &parts.tls), ("metrics", &parts.metrics_tls)]
             .into_iter()
             .filter_map(|(name, t)| t.as_ref().map(|t| t.cert.watch(name)))
             .collect();
-        let sampler = self.ui.as_ref().map(Ui::spawn_sampler);
-        // Off the request path: one bounded read of the engine's page at a time.
-        let engine = self.engine.map(|reader| tokio::spawn(reader.run()));
-        let replicas = self.replicas_host.map(|(host, port)| {
-            let capacity = Arc::clone(&self.capacity);
-            tokio::spawn(replicas::watch(
-                Arc::new(replicas::System),
-                host,
-                port,
-                replicas::REFRESH,
-                move |n| capacity.set_replicas(n),
-            ))
-        });
+        let background: Vec<_> = parts.background.into_iter().map(tokio::spawn).collect();
         let admin = tokio::spawn(serve_admin(
             self.admin_listener,
             Arc::new(Admin {
-                metrics: Arc::clone(&self.metrics),
-                ready: Arc::clone(&self.ready),
-                ui: self.ui.clone(),
-                tls: self.metrics_tls,
+                metrics: Arc::clone(&parts.metrics),
+                ready: Arc::clone(&parts.ready),
+                ui: parts.ui.clone(),
+                tls: parts.metrics_tls,
                 header_read_timeout: self.header_read_timeout,
             }),
             AdminCap::new(self.metrics_max_connections),
         ));
-        let conns = self.conns;
+        let conns = parts.conns;
         let (drain_tx, drain_rx) = watch::channel(false);
         let (cut_tx, cut_rx) = watch::channel(false);
         // A task of its own, on the runtime's workers: polled from here, it ran on the thread
@@ -278,17 +162,17 @@ impl Server {
         let mut accept = Aborting(tokio::spawn(accept_loop(
             self.proxy_listener,
             Serving {
-                proxy: self.proxy,
-                tls: self.tls,
+                proxy: parts.proxy,
+                tls: parts.tls,
                 drain: drain_rx,
                 lent: Drain::new(Arc::clone(&conns), cut_rx),
                 header_read_timeout: self.header_read_timeout,
-                metrics: Arc::clone(&self.metrics),
+                metrics: Arc::clone(&parts.metrics),
             },
             Arc::clone(&conns),
             Limits {
                 max_connections: self.max_connections,
-                metrics: Arc::clone(&self.metrics),
+                metrics: Arc::clone(&parts.metrics),
                 refusing: RateLimited::new(LOG_PERIOD),
             },
         )));
@@ -298,7 +182,7 @@ impl Server {
             _ = shutdown => true,
         };
         tracing::info!(open_connections = conns.open(), "draining");
-        self.ready.start_draining();
+        parts.ready.start_draining();
         let _ = drain_tx.send(true);
         let drained = async {
             if !accepting {
@@ -322,14 +206,8 @@ impl Server {
         let _ = cut_tx.send(true);
         drop(accept);
         admin.abort();
-        if let Some(sampler) = sampler {
-            sampler.abort();
-        }
-        if let Some(replicas) = replicas {
-            replicas.abort();
-        }
-        if let Some(engine) = engine {
-            engine.abort();
+        for task in background {
+            task.abort();
         }
         for w in watchers {
             w.abort();

@@ -20,8 +20,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokenmeter::app;
 use tokenmeter::config::{parse_upstream, Config};
-use tokenmeter::server::Server;
+use tokenmeter::server::Settings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokenmeter::capacity::{Capacity, CapacityConfig};
@@ -148,13 +149,11 @@ where
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(upstream(listener));
         let url = format!("http://{addr}");
-        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
         let cfg = Config {
-            listen: loopback,
-            metrics_listen: loopback,
+            server: Settings::loopback(),
             ..Config::for_upstream(parse_upstream(&url).expect("upstream"))
         };
-        let server = Server::bind(&cfg).await.expect("bind the proxy");
+        let server = app::build(&cfg).await.expect("bind the proxy").server;
         let proxy = server.proxy_addr();
         tokio::spawn(server.serve(std::future::pending()));
         (addr, proxy)

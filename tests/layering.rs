@@ -85,26 +85,34 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("ui", &["metrics", "quantile", "record"]),
     ("admin", &["drain", "metrics", "overload", "ui"]),
+    // Where a connection is accepted, served and drained: knows the stack it serves, not how
+    // it was built.
+    (
+        "server",
+        &["admin", "drain", "metrics", "proxy", "ratelog", "tls", "ui"],
+    ),
     // Settings: flags and variables mapped onto each subsystem's types.
     (
         "config",
         &[
             "capacity", "context", "engine", "gpus", "host", "metrics", "otlp", "protocol",
-            "proxy", "replicas", "slo", "tenant", "tls", "units",
+            "proxy", "replicas", "server", "slo", "tenant", "tls", "units",
         ],
     ),
+    // The composition root: builds every part from the settings and hands them to the server.
     (
-        "server",
+        "app",
         &[
             "admin", "capacity", "config", "context", "drain", "engine", "meter", "metrics",
-            "overload", "proxy", "otlp", "ratelog", "record", "replicas", "reqlog", "tenant",
-            "tls", "ui",
+            "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server", "tenant", "tls",
+            "ui",
         ],
     ),
     // Beside the product: the tools may use any of it; nothing above names them.
     (
         "tools",
         &[
+            "app",
             "capacity",
             "config",
             "exposition",
@@ -113,7 +121,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "quantile",
             "read",
             "record",
-            "server",
             "signal",
             "units",
         ],

@@ -5,7 +5,7 @@
 //! deploy and reconnect storm: 1,000 streams opened at once by 256 clients overflowed 128
 //! about 100 times per 1,000, and each overflowed client waited for the kernel's 1 s SYN retry.
 //! The listeners here are bound with `--listen-backlog` (default 4,096,
-//! [`crate::config::DEFAULT_LISTEN_BACKLOG`] says why); the kernel caps it at `net.core.somaxconn` without saying so, so [`bind`] reads that cap and
+//! [`super::settings::DEFAULT_LISTEN_BACKLOG`] says why); the kernel caps it at `net.core.somaxconn` without saying so, so [`bind`] reads that cap and
 //! logs once when it is lower than what was asked.
 
 use std::net::SocketAddr;
@@ -48,8 +48,8 @@ pub fn effective(asked: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::settings::DEFAULT_LISTEN_BACKLOG as DEFAULT_BACKLOG;
     use super::*;
-    use crate::config::DEFAULT_LISTEN_BACKLOG as DEFAULT_BACKLOG;
 
     /// The backlog the kernel holds for a listening port, as `ss` reads it (inet_diag's
     /// `Send-Q` of a listening socket is its maximum backlog).

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser};
 use tokio::sync::oneshot;
 
+use crate::app::{self, App, StartError};
 use crate::capacity::Report;
 use crate::config::{ConfigError, ListenArgs, PageArgs, ProxyArgs};
 use crate::metrics::{names, Metrics};
 use crate::record::Outcome;
-use crate::server::{Server, ServerError};
 use crate::tools::bench::client::{Client, Sample};
 use crate::tools::bench::load::{Driver, Ramp, RampCounts};
 use crate::tools::bench::prompt::{Endpoint, RequestBuilder};
@@ -107,7 +107,7 @@ pub enum DemoError {
     #[error("simulator: {0}")]
     Sim(#[from] SimError),
     #[error(transparent)]
-    Server(#[from] ServerError),
+    Server(#[from] StartError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
 }
@@ -309,10 +309,12 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     let sim = Sim::bind(&sim_cfg).await?;
     let sim_addr = sim.local_addr();
     let cfg = proxy_args(args, sim_addr)?.validate()?;
-    let server = Server::bind(&cfg).await?;
+    let App {
+        server,
+        metrics,
+        capacity,
+    } = app::build(&cfg).await?;
     let (proxy_addr, metrics_addr) = (server.proxy_addr(), server.metrics_addr());
-    let metrics = server.metrics();
-    let capacity = server.capacity();
 
     let (sim_stop, sim_stopped) = oneshot::channel::<()>();
     let sim_task = tokio::spawn(sim.serve(async {

@@ -103,11 +103,12 @@ impl Ui {
         PageSummary::compute(&r, &self.history(), Instant::now(), unix_ms())
     }
 
-    /// Starts the sampler: a reading now and then every period, until the `Ui` is dropped.
-    pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// The sampler, to run as a task: a reading now and then every period, until the `Ui` is
+    /// dropped.
+    pub fn sampler(self: &Arc<Self>) -> impl std::future::Future<Output = ()> + Send + 'static {
         let ui: Weak<Ui> = Arc::downgrade(self);
         let period = self.history().period();
-        tokio::spawn(async move {
+        async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -115,7 +116,7 @@ impl Ui {
                 let Some(ui) = ui.upgrade() else { return };
                 ui.sample();
             }
-        })
+        }
     }
 
     /// Answers `path` when it is one of the page's; `None` for any other path.

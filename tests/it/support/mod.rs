@@ -18,10 +18,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+use tokenmeter::app::{self, App};
 use tokenmeter::capacity::Capacity;
 use tokenmeter::config::{parse_upstream, Config, ProxyArgs};
 use tokenmeter::metrics::Metrics;
-use tokenmeter::server::Server;
+use tokenmeter::server::Settings;
 use tokenmeter::tools::sim::{Sim, SimConfig};
 use tokio::sync::oneshot;
 
@@ -89,10 +90,8 @@ impl Proxy {
 /// Every default, in front of `upstream`, listening on loopback ports the system picks, but
 /// not reading the upstream's `/metrics` (see [`ENGINE_METRICS_OFF`]).
 pub fn config(upstream: &str) -> Config {
-    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
     Config {
-        listen: loopback,
-        metrics_listen: loopback,
+        server: Settings::loopback(),
         engine_metrics: tokenmeter::engine::Setting::Off,
         ..Config::for_upstream(parse_upstream(upstream).expect("an upstream URL"))
     }
@@ -131,14 +130,13 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
 
 /// Starts a proxy with `cfg`, built directly (`Config { .., ..config(upstream) }`).
 pub async fn spawn(cfg: Config) -> Proxy {
-    let server = Server::bind(&cfg).await.expect("bind");
+    let App {
+        server,
+        metrics,
+        capacity,
+    } = app::build(&cfg).await.expect("bind");
     let (tx, rx) = oneshot::channel();
-    let (addr, metrics_addr, metrics, capacity) = (
-        server.proxy_addr(),
-        server.metrics_addr(),
-        server.metrics(),
-        server.capacity(),
-    );
+    let (addr, metrics_addr) = (server.proxy_addr(), server.metrics_addr());
     let task = tokio::spawn(server.serve(async {
         let _ = rx.await;
     }));
