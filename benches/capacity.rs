@@ -112,14 +112,14 @@ fn bench(c: &mut Criterion) {
     c.bench_function("capacity finished (per request)", |bench| {
         bench.iter(|| {
             i = i.wrapping_add(1);
-            cap.finished(black_box(request(i)))
+            cap.join_mix(black_box(request(i)))
         })
     });
 
     // The same refit with a full mix of 1,024 varied requests: the prefill fit and the replays
     // (the TTFT curve, the class's concurrency and rate limits).
     for i in 0..1024 {
-        full.finished(request(i));
+        full.join_mix(request(i));
     }
     c.bench_function(
         "capacity refit with the first-token end (1,024 requests)",
@@ -153,7 +153,7 @@ fn bench(c: &mut Criterion) {
         }
     }
     for i in 0..1024 {
-        memory.finished(request(i));
+        memory.join_mix(request(i));
     }
     c.bench_function(
         "capacity refit with memory (KV cache binds, 1,024 requests)",

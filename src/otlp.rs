@@ -71,7 +71,7 @@ impl Exporter {
 }
 
 impl Sink for Exporter {
-    fn finished(&self, f: &Finished) {
+    fn finished(&self, f: &Finished, _at: Instant) {
         let Some(span) = span(f) else { return };
         if self.tx.try_send(span).is_err() {
             self.dropped.inc();

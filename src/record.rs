@@ -6,7 +6,7 @@
 //! cache and parse-error tallies, and the concurrency band it ran at ([`concurrency_band`]).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::context::Ident;
 use crate::protocol::operation::Route;
@@ -135,11 +135,12 @@ pub struct Finished {
     pub gpu_seconds: Option<crate::cost::GpuSeconds>,
 }
 
-/// What else takes each [`Finished`] record, after the metrics: the request log, the span
-/// exporter. Called once per request, on the thread that finished it: an implementation only
-/// queues (bounded) and returns.
+/// What takes each [`Finished`] record: the metrics, the capacity model, the request log, the
+/// span exporter, in that order (the meter's one loop, [`crate::meter::Recorder`]). Called once
+/// per request, at `at` (when it ended), on the thread that finished it: an implementation
+/// records, or queues (bounded), and returns.
 pub trait Sink: Send + Sync {
-    fn finished(&self, f: &Finished);
+    fn finished(&self, f: &Finished, at: Instant);
 }
 
 /// A request's SLO class and the judge's result, for `tokenmeter_slo_requests_total` and goodput.

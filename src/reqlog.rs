@@ -113,7 +113,7 @@ impl RequestLog {
 }
 
 impl Sink for RequestLog {
-    fn finished(&self, f: &Finished) {
+    fn finished(&self, f: &Finished, _at: Instant) {
         let line = line(f, SystemTime::now());
         match self.tx.try_send(line) {
             Ok(()) => {}

@@ -49,12 +49,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("gpus", &["host"]),
     // The class table reads `--slo-file` through `host`.
     ("slo", &["host", "units"]),
-    // The capacity model takes each class's targets from the SLO class table.
     // Who pays for the GPU: the books and the prices, knowing nothing of the request path.
     ("cost", &[]),
-    ("capacity", &["cost", "slo"]),
     // What one finished request was: written by the meter, read by every sink.
     ("record", &["context", "cost", "protocol", "slo"]),
+    // The capacity model takes each class's targets from the SLO class table, and is one of the
+    // record's sinks: a finished request joins its mix.
+    ("capacity", &["cost", "protocol", "record", "slo"]),
     // The engine's own view: read over the upstream's TLS settings, parsed with `exposition`,
     // its cache size handed to the capacity model.
     ("engine", &["capacity", "exposition", "ratelog", "tls"]),

@@ -105,5 +105,5 @@ fuzz_target!(|data: &[u8]| {
         let gauge = format!("{}{{phase=\"{}\"}}", names::REQUESTS_IN_FLIGHT, phase.as_str());
         assert_eq!(exposition.sum_of(&gauge), 0.0, "{phase:?} gauge leaked");
     }
-    assert_eq!(recorder.concurrency.current(), 0, "concurrency leaked");
+    assert_eq!(recorder.concurrency().current(), 0, "concurrency leaked");
 });

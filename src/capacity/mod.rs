@@ -44,6 +44,7 @@ pub mod bins;
 pub mod busy;
 pub mod check;
 pub mod fit;
+pub mod intake;
 pub mod limits;
 pub mod memory;
 pub mod plan;
@@ -218,7 +219,8 @@ impl Capacity {
     }
 
     /// A request finished: its lengths and first-token wait join the mix. One short lock.
-    pub fn finished(&self, r: Request) {
+    /// The meter reaches it as a [`crate::record::Sink`] ([`intake`]).
+    pub fn join_mix(&self, r: Request) {
         self.workload.push(r);
     }
 

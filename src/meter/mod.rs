@@ -1,9 +1,9 @@
 //! Per-request timing: the state machine that turns what a response's body says into one
 //! [`Finished`] record.
 //!
-//! A [`Meter`] is created when a request is sent upstream ([`Recorder::start_at`]), is told about
-//! the response ([`Meter::on_response`]), sees every body frame as it passes ([`Meter::on_data`])
-//! and ends once, when [`Meter::finish`] consumes it: the tap calls it at the end of the stream,
+//! A [`Meter`] is created when a request's head arrives ([`Recorder::receive`]), is sent with
+//! what its body said ([`Meter::send`]), is told about the response ([`Meter::on_response`]),
+//! sees every body frame as it passes ([`Meter::on_data`]) and ends once, when [`Meter::finish`] consumes it: the tap calls it at the end of the stream,
 //! on an error, on the idle timeout, or when the client went away. A request is recorded there
 //! and only there, so it is counted once and the in-flight gauges can never leak. Decoding is the
 //! [`Reader`]'s: the meter hands it bytes and times the token-bearing events it returns.
@@ -20,13 +20,12 @@
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
 pub mod concurrency;
-mod workload;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
-use crate::capacity::{Capacity, StreamGaps};
+use crate::capacity::{intake, Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
 use crate::cost::{Facts, GpuSeconds, Ledger};
 use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
@@ -43,25 +42,26 @@ use crate::tenant::Tenants;
 
 /// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
 pub struct Recorder {
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// The live capacity model the meter feeds (the server's); `None`: nothing is modelled.
-    pub capacity: Option<Arc<Capacity>>,
-    pub concurrency: Arc<Concurrency>,
+    capacity: Option<Arc<Capacity>>,
+    concurrency: Arc<Concurrency>,
     /// The GPUs' time, charged to each request as it ends (`crate::cost`).
-    pub ledger: Arc<Ledger>,
+    ledger: Arc<Ledger>,
     /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
-    pub max_line: usize,
+    max_line: usize,
     /// `--api`: the wire format every response is read as (`None`: detected per response).
-    pub api: Option<Api>,
+    api: Option<Api>,
     /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
-    pub classes: Arc<Classes>,
+    classes: Arc<Classes>,
     /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
-    pub tenants: Option<Arc<Tenants>>,
+    tenants: Option<Arc<Tenants>>,
     /// Reads each request's [`Ident`] off its head; `None` when nothing takes it (no request
     /// log, no span export): then no request pays for it.
-    pub identify: Option<Identify>,
-    /// What takes each finished record after the metrics (the request log, the spans).
-    pub sinks: Vec<Arc<dyn Sink>>,
+    identify: Option<Identify>,
+    /// What takes each finished record, in order: the metrics, the capacity model, the request
+    /// log, the spans. The meter's work ends in one loop over them.
+    sinks: Vec<Arc<dyn Sink>>,
 }
 
 impl Recorder {
@@ -73,6 +73,7 @@ impl Recorder {
             Arc::clone(&ledger),
             Box::new(move || tracker.snapshot(std::time::Instant::now()).clock()),
         );
+        let sinks: Vec<Arc<dyn Sink>> = vec![Arc::clone(&metrics) as Arc<dyn Sink>];
         Recorder {
             metrics,
             capacity: None,
@@ -83,21 +84,34 @@ impl Recorder {
             classes: Arc::new(Classes::default()),
             tenants: None,
             identify: None,
-            sinks: Vec::new(),
+            sinks,
         }
     }
 
-    /// Hands every finished record to `sinks` too, with the heads read by `identify`.
+    /// Hands every finished record to `sinks` too, after the metrics and the capacity model,
+    /// with the heads read by `identify`.
     pub fn with_sinks(mut self, identify: Option<Identify>, sinks: Vec<Arc<dyn Sink>>) -> Self {
         self.identify = identify;
-        self.sinks = sinks;
+        self.sinks.extend(sinks);
         self
     }
 
-    /// Feeds `capacity` as tokens pass and requests end.
+    /// Feeds `capacity` as tokens pass and requests end (it takes each finished record right
+    /// after the metrics).
     pub fn with_capacity(mut self, capacity: Arc<Capacity>) -> Self {
+        self.sinks.insert(1, Arc::clone(&capacity) as Arc<dyn Sink>);
         self.capacity = Some(capacity);
         self
+    }
+
+    /// The concurrency tracker: requests in flight and their integral over time.
+    pub fn concurrency(&self) -> &Concurrency {
+        &self.concurrency
+    }
+
+    /// The metrics every meter records into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Labels requests by tenant (`--tenant-header`, `--tenant-from-key`).
@@ -141,11 +155,13 @@ impl Recorder {
 
     /// A request that arrived just now is being sent upstream (for tests and benches: the
     /// proxy receives a request first, [`Recorder::receive`], and sends it when it is read).
+    #[cfg(any(test, feature = "testing"))]
     pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
         self.start_at(request, Instant::now())
     }
 
-    /// A request that arrived at `arrived` is being sent upstream now.
+    /// A request that arrived at `arrived` is being sent upstream now (for tests and benches).
+    #[cfg(any(test, feature = "testing"))]
     pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
         Meter {
             stage: Some(Stage::Sent(self.sent(request, arrived))),
@@ -350,8 +366,9 @@ impl Meter {
         self.request().is_some_and(|r| r.usage_injected)
     }
 
-    /// The measurement, sending a request that was not sent yet as one of unknown content.
-    fn state(&mut self) -> Option<&mut State> {
+    /// The measurement of the request as sent: one only received is sent now, as a request of
+    /// unknown content (the proxy answered it itself, or it ended before its body was read).
+    fn sending(&mut self) -> Option<&mut State> {
         if let Some(Stage::Received(mut h)) =
             self.stage.take_if(|s| matches!(s, Stage::Received(_)))
         {
@@ -366,7 +383,7 @@ impl Meter {
 
     /// The response head arrived: choose how to read the body.
     pub fn on_response(&mut self, status: u16, path: &str, content_type: &str, encoded: bool) {
-        let Some(s) = self.state() else { return };
+        let Some(s) = self.sending() else { return };
         s.clock.status = status;
         if encoded {
             // A compressed body cannot be read without decompressing it; we forward it untouched.
@@ -380,7 +397,7 @@ impl Meter {
     /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
     /// for a request that is not judged.
     pub fn set_slo(&mut self, choice: Option<Choice>) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.slo = choice;
         }
     }
@@ -389,7 +406,7 @@ impl Meter {
     /// GenAI operation and the wire format, known before any response (so a request that fails
     /// before its response head still has them).
     pub fn set_route(&mut self, path: &str) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.route = route(path);
         }
     }
@@ -397,21 +414,21 @@ impl Meter {
     /// The request's `tenant` label value (bounded: [`Tenants::resolve`]); set before the first
     /// token, which resolves the live handles with it.
     pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.tenant = tenant;
         }
     }
 
     /// What the request's head said of it (for the request log and the span).
     pub fn set_ident(&mut self, ident: Option<Arc<Ident>>) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.ident = ident;
         }
     }
 
     /// The proxy answered itself (400, 502, 504): there is no upstream response head.
     pub fn set_status(&mut self, status: u16) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.status = status;
         }
     }
@@ -421,7 +438,7 @@ impl Meter {
     /// count as an hour-long prefill nor weigh on the concurrency of the requests beside it;
     /// [`Meter::finish`] with [`Outcome::Upgraded`] records it when the connection closes.
     pub fn upgraded(&mut self, now: Instant) {
-        if let Some(s) = self.state() {
+        if let Some(s) = self.sending() {
             s.clock.status = 101;
             s.clock.leave(now);
         }
@@ -456,7 +473,7 @@ impl Meter {
     }
 
     fn end(&mut self, outcome: Outcome) {
-        self.state();
+        self.sending();
         if let Some(Stage::Sent(s)) = self.stage.take() {
             s.finish(outcome);
         }
@@ -562,12 +579,8 @@ impl State {
             ..f
         };
         debug_lines(&f, now, wall, s.last_token);
-        m.record(&f);
-        if let (Some(c), Some(r)) = (&s.recorder.capacity, workload::request(&f, now)) {
-            c.finished(r);
-        }
         for sink in &s.recorder.sinks {
-            sink.finished(&f);
+            sink.finished(&f, now);
         }
     }
 }
@@ -758,7 +771,7 @@ impl Clock {
                 .map_or(share, |a| (a.share - start.share).clamp(0.0, share)),
             first_token: self.first_token.is_some(),
             output_tokens: f.output_tokens,
-            uncached_prompt: workload::uncached_prompt(f),
+            uncached_prompt: intake::uncached_prompt(f),
             mean_in_flight: f.mean_in_flight,
         };
         let gpus = rec.ledger.gpus();

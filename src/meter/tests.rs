@@ -22,7 +22,7 @@ fn tokens_ttft_and_itl_follow_the_event_times() {
     let rec = recorder();
     let mut meter = rec.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
-    let t0 = meter.state().expect("unfinished").clock.start;
+    let t0 = meter.sending().expect("unfinished").clock.start;
     // Three events, the middle one split across two frames.
     let (a, b) = CHUNK.split_at(20);
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
@@ -231,7 +231,7 @@ fn ttft_is_observed_once_when_the_prompt_count_arrives() {
     let rec = recorder();
     let mut meter = rec.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
-    let t0 = meter.state().expect("unfinished").clock.start;
+    let t0 = meter.sending().expect("unfinished").clock.start;
     let count = |rec: &Recorder| sample(rec, "tokenmeter_time_to_first_token_seconds_count");
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(100));
     meter.on_data(CHUNK.as_bytes(), t0 + Duration::from_millis(130));

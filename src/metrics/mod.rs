@@ -66,7 +66,7 @@ use crate::cost::Ledger;
 use crate::engine::observed::Observed;
 use crate::gpus;
 use crate::protocol::TokenSource;
-use crate::record::Finished;
+use crate::record::{Finished, Sink};
 
 /// Other naming schemes exported beside `tokenmeter_*` (`--compat`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -672,6 +672,13 @@ impl Metrics {
         // Encoding into a Vec cannot fail for families we built ourselves.
         let _ = TextEncoder::new().encode(&self.gather(), &mut out);
         out
+    }
+}
+
+/// The metrics take each finished record first ([`Metrics::record`]).
+impl Sink for Metrics {
+    fn finished(&self, f: &Finished, _at: Instant) {
+        self.record(f);
     }
 }
 

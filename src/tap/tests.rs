@@ -27,7 +27,7 @@ fn tap(rec: &Arc<Recorder>, body: MockBody, idle: Option<Duration>) -> TapBody<M
 
 /// `tokenmeter_requests_total` by outcome: how many requests were recorded, and how.
 fn outcomes(rec: &Recorder) -> Vec<(String, f64)> {
-    let text = String::from_utf8(rec.metrics.render()).expect("utf8");
+    let text = String::from_utf8(rec.metrics().render()).expect("utf8");
     Scrape::parse(&text)
         .select("tokenmeter_requests_total", &[])
         .map(|s| (s.label("outcome").unwrap_or("").to_owned(), s.value))
@@ -36,7 +36,7 @@ fn outcomes(rec: &Recorder) -> Vec<(String, f64)> {
 
 fn recorded_once(rec: &Recorder, outcome: &str) {
     assert_eq!(outcomes(rec), [(outcome.to_owned(), 1.0)]);
-    assert_eq!(rec.concurrency.current(), 0, "left the gauges");
+    assert_eq!(rec.concurrency().current(), 0, "left the gauges");
 }
 
 /// What one poll of a body gives.
@@ -112,7 +112,7 @@ fn frames_pass_unchanged_and_in_order_through_pending_and_trailers() {
     assert_eq!(body.inner.polls, polls);
     drop(body);
     recorded_once(&rec, "complete");
-    let text = String::from_utf8(rec.metrics.render()).expect("utf8");
+    let text = String::from_utf8(rec.metrics().render()).expect("utf8");
     assert!(
         text.contains("tokenmeter_output_tokens_total{model=\"m\"} 2"),
         "{text}"
@@ -203,7 +203,7 @@ fn a_body_dropped_before_its_end_is_a_client_disconnect_once() {
 fn a_meter_dropped_before_any_tap_is_a_client_disconnect() {
     let rec = recorder();
     let meter = rec.start(RequestInfo::default());
-    assert_eq!(rec.concurrency.current(), 1);
+    assert_eq!(rec.concurrency().current(), 1);
     drop(meter);
     recorded_once(&rec, "client_disconnect");
 }

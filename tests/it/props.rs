@@ -495,7 +495,7 @@ proptest! {
         }
         prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "prefill").value(&s), 0.0);
         prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "decode").value(&s), 0.0);
-        prop_assert_eq!(recorder.concurrency.current(), 0);
+        prop_assert_eq!(recorder.concurrency().current(), 0);
     }
 }
 

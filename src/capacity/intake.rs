@@ -1,6 +1,6 @@
-//! What the capacity model's mix takes from a finished request: its prompt (the whole prompt,
-//! whichever way the format counts the cache), the cached share, the output and the first
-//! token's timings.
+//! What the capacity model takes from a finished request, as one of the record's sinks: its
+//! prompt (the whole prompt, whichever way the format counts the cache), the cached share, the
+//! output and the first token's timings join the mix ([`super::workload`]).
 //!
 //! Only complete requests that said how long their prompt was and produced a first token are
 //! workload: a failed request or one without a prompt count says nothing of what the engine
@@ -8,12 +8,20 @@
 
 use std::time::Instant;
 
-use crate::capacity;
+use super::{Capacity, Request};
 use crate::protocol::Api;
-use crate::record::{Finished, Outcome};
+use crate::record::{Finished, Outcome, Sink};
+
+impl Sink for Capacity {
+    fn finished(&self, f: &Finished, at: Instant) {
+        if let Some(r) = request(f, at) {
+            self.join_mix(r);
+        }
+    }
+}
 
 /// The mix's record of `f`, which ended at `at`; `None` when it is not workload.
-pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
+fn request(f: &Finished, at: Instant) -> Option<Request> {
     let (Outcome::Complete, Some(prompt), Some(ttft)) = (f.outcome, f.input_tokens, f.first_token)
     else {
         return None;
@@ -22,7 +30,7 @@ pub(super) fn request(f: &Finished, at: Instant) -> Option<capacity::Request> {
     let read = f.cached_input.read.unwrap_or(0);
     let prompt = whole_prompt(f, prompt);
     let stated = f.engine.as_ref();
-    Some(capacity::Request {
+    Some(Request {
         at,
         prompt: count(prompt),
         cached: count(read),
@@ -48,7 +56,7 @@ fn whole_prompt(f: &Finished, prompt: u64) -> u64 {
 
 /// The prompt tokens the engine computed for `f`: its whole prompt less what the prefix cache
 /// served; `None` where the response did not say how long its prompt was.
-pub(super) fn uncached_prompt(f: &Finished) -> Option<u64> {
+pub fn uncached_prompt(f: &Finished) -> Option<u64> {
     let prompt = whole_prompt(f, f.input_tokens?);
     Some(prompt.saturating_sub(f.cached_input.read.unwrap_or(0)))
 }
@@ -62,7 +70,7 @@ mod tests {
     use crate::record::tests::finished;
     use crate::record::CachedInput;
 
-    fn lengths(r: Option<capacity::Request>) -> Option<(u32, u32, u32)> {
+    fn lengths(r: Option<Request>) -> Option<(u32, u32, u32)> {
         r.map(|r| (r.prompt, r.cached, r.output))
     }
 
