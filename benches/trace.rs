@@ -18,7 +18,7 @@ use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::otlp::{Exporter, TracingConfig};
 use tokenmeter::protocol::request::RequestInfo;
 use tokenmeter::record::{Outcome, Sink};
-use tokenmeter::reqlog::{RequestLog, Target};
+use tokenmeter::reqlog::{Destination, RequestLog};
 
 /// A short OpenAI stream: a role chunk, 16 content chunks, usage, `[DONE]`.
 fn stream() -> Vec<Vec<u8>> {
@@ -69,7 +69,7 @@ fn bench(c: &mut Criterion) {
         let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
         if log {
             let counter = IntCounter::new("log_dropped", "-").expect("counter");
-            let target = Target::File("/dev/null".into());
+            let target = Destination::File("/dev/null".into());
             sinks.push(Arc::new(RequestLog::open(&target, counter).expect("open")));
         }
         if traced {

@@ -71,11 +71,14 @@ type Sinks = Vec<Arc<dyn Sink>>;
 fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), StartError> {
     let mut sinks: Sinks = Vec::new();
     if let Some(path) = &cfg.request_log {
-        let log = RequestLog::open(&reqlog::Target::of(path), metrics.request_log_dropped()?)
-            .map_err(|source| StartError::RequestLog {
-                path: path.display().to_string(),
-                source,
-            })?;
+        let log = RequestLog::open(
+            &reqlog::Destination::of(path),
+            metrics.request_log_dropped()?,
+        )
+        .map_err(|source| StartError::RequestLog {
+            path: path.display().to_string(),
+            source,
+        })?;
         sinks.push(Arc::new(log));
     }
     let sampler = match &cfg.tracing {

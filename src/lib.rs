@@ -18,7 +18,8 @@
 //!   [`proxy::upstream`] (the pooled client).
 //! - [`inject`]: `--inject-usage`, which asks for usage and removes the extra chunk again.
 //! - [`upgrade`]: a `101 Switching Protocols` joined both ways.
-//! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter.
+//! - [`tap`]: the body wrapper. It yields exactly the upstream's frames and shows each to a meter;
+//!   [`idle`], beneath it, ends a body silent for `--idle-timeout`.
 //! - [`meter`]: per-request timing (TTFT, inter-token latency, decode speed, concurrency band),
 //!   ending in one [`record::Finished`] record.
 //! - [`read`]: the body reader: sans-IO framing (SSE, NDJSON, a JSON document) and the choice of
@@ -59,6 +60,7 @@ pub mod app;
 
 // The request path.
 pub mod drain;
+pub mod idle;
 pub mod inject;
 pub mod meter;
 pub mod overload;

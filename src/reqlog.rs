@@ -73,18 +73,18 @@ pub const KEYS: [&str; 34] = [
 
 /// Where the lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub enum Destination {
     Stdout,
     File(PathBuf),
 }
 
-impl Target {
+impl Destination {
     /// `-` is standard output; anything else a file, appended to.
-    pub fn of(path: &Path) -> Target {
+    pub fn of(path: &Path) -> Destination {
         if path == Path::new("-") {
-            Target::Stdout
+            Destination::Stdout
         } else {
-            Target::File(path.to_path_buf())
+            Destination::File(path.to_path_buf())
         }
     }
 }
@@ -96,12 +96,12 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    /// Opens `target` (a file is created or appended to) and starts the writer thread; fails
+    /// Opens `destination` (a file is created or appended to) and starts the writer thread; fails
     /// only when the file cannot be opened (the caller exits 64, naming the flag).
-    pub fn open(target: &Target, dropped: IntCounter) -> io::Result<RequestLog> {
-        let out: Box<dyn Write + Send> = match target {
-            Target::Stdout => Box::new(io::stdout()),
-            Target::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
+    pub fn open(destination: &Destination, dropped: IntCounter) -> io::Result<RequestLog> {
+        let out: Box<dyn Write + Send> = match destination {
+            Destination::Stdout => Box::new(io::stdout()),
+            Destination::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
         };
         let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
         let counter = dropped.clone();

@@ -8,29 +8,24 @@
 //!
 //! The tap holds the request's [`Meter`] as an `Option` and one function, `end`, takes it and
 //! finishes it, so a request is recorded exactly once by construction. `end` is called from
-//! exactly four places: the end of the stream (the inner body returned `None`, or yielded its
-//! last frame and reports `is_end_stream`, or was empty from the start), an error, the idle
-//! timeout, and `Drop` when the client went away first. After it the tap yields nothing more.
+//! exactly three places: the end of the stream (the inner body returned `None`, or yielded its
+//! last frame and reports `is_end_stream`, or was empty from the start), an error, and `Drop`
+//! when the client went away first. After it the tap yields nothing more. The tap only
+//! observes: the idle timeout is the [`crate::idle`] wrapper's, beneath it, whose error the tap
+//! names `timeout`.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::{pin_project, pinned_drop};
-use tokio::time::Sleep;
-
-use crate::meter::Meter;
-use crate::record::Outcome;
 
 use crate::error::BoxError;
-
-/// No frame came from the upstream for longer than `--idle-timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("upstream sent nothing for {0:?}")]
-pub struct IdleTimeout(pub Duration);
+use crate::idle::IdleTimeout;
+use crate::meter::Meter;
+use crate::record::Outcome;
 
 /// A response body that shows every data frame to a [`Meter`] on its way through.
 #[pin_project(PinnedDrop)]
@@ -39,8 +34,6 @@ pub struct TapBody<B> {
     inner: B,
     /// `None` once the request has ended (and was recorded).
     meter: Option<Meter>,
-    idle_timeout: Option<Duration>,
-    idle: Option<Pin<Box<Sleep>>>,
 }
 
 /// Ends the request, once: later calls find no meter.
@@ -51,19 +44,14 @@ fn end(meter: &mut Option<Meter>, outcome: Outcome) {
 }
 
 impl<B: Body> TapBody<B> {
-    pub fn new(inner: B, meter: Meter, idle_timeout: Option<Duration>) -> Self {
+    pub fn new(inner: B, meter: Meter) -> Self {
         let mut meter = Some(meter);
         // hyper never polls a body it knows is empty (HEAD, 204, Content-Length: 0): that
         // response is complete now, and must not be taken for a client that went away.
         if inner.is_end_stream() {
             end(&mut meter, Outcome::Complete);
         }
-        TapBody {
-            inner,
-            meter,
-            idle_timeout,
-            idle: None,
-        }
+        TapBody { inner, meter }
     }
 }
 
@@ -79,49 +67,39 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
+        let this = self.project();
         let Some(meter) = this.meter.as_mut() else {
             return Poll::Ready(None);
         };
-        match this.inner.as_mut().poll_frame(cx) {
+        let mut inner = this.inner;
+        match inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     meter.on_data(data, Instant::now());
                 }
-                if this.inner.is_end_stream() {
+                if inner.is_end_stream() {
                     // hyper stops polling a body once it says it has ended (a Content-Length
                     // body read in full), so this frame is the end: the response is complete.
                     end(this.meter, Outcome::Complete);
                     return Poll::Ready(Some(Ok(frame)));
                 }
-                if let Some(idle) = this.idle {
-                    if let Some(d) = this.idle_timeout {
-                        idle.as_mut().reset(tokio::time::Instant::now() + *d);
-                    }
-                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
-                end(this.meter, Outcome::UpstreamError);
-                Poll::Ready(Some(Err(e.into())))
+                let e: BoxError = e.into();
+                let outcome = if e.is::<IdleTimeout>() {
+                    Outcome::Timeout
+                } else {
+                    Outcome::UpstreamError
+                };
+                end(this.meter, outcome);
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
                 end(this.meter, Outcome::Complete);
                 Poll::Ready(None)
             }
-            Poll::Pending => {
-                let Some(d) = *this.idle_timeout else {
-                    return Poll::Pending;
-                };
-                let idle = this
-                    .idle
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(d)));
-                if idle.as_mut().poll(cx).is_ready() {
-                    end(this.meter, Outcome::Timeout);
-                    return Poll::Ready(Some(Err(Box::new(IdleTimeout(d)))));
-                }
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
         }
     }
 

@@ -46,6 +46,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("inject", &["protocol", "read"]),
     ("tls", &["error"]),
     ("upgrade", &[]),
+    // The silence limit between body frames: a body wrapper beneath the tap.
+    ("idle", &["error"]),
     ("gpus", &["host"]),
     // The class table reads `--slo-file` through `host`.
     ("slo", &["host", "units"]),
@@ -74,14 +76,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "capacity", "context", "cost", "metrics", "protocol", "read", "record", "slo", "tenant",
         ],
     ),
-    ("tap", &["error", "meter", "record"]),
+    // The tap observes; it names the idle wrapper's error `timeout`.
+    ("tap", &["error", "idle", "meter", "record"]),
     // The layers take their own settings (`proxy::Settings`): nothing of the request path
     // reaches up to `config`.
     (
         "proxy",
         &[
-            "drain", "error", "inject", "meter", "overload", "protocol", "ratelog", "read",
-            "record", "tap", "tls", "upgrade",
+            "drain", "error", "idle", "inject", "meter", "overload", "protocol", "ratelog",
+            "read", "record", "tap", "tls", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile", "record"]),

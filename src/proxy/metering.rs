@@ -35,6 +35,7 @@ use super::upstream::Pending;
 use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
 use crate::drain::Drain;
 use crate::error::BoxError;
+use crate::idle::IdleBody;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
 use crate::read::{content_framing, Framing};
@@ -217,7 +218,7 @@ where
     meter.on_response(parts.status.as_u16(), path, content_type, encoded);
     // The same test of "is this SSE" as the meter's framing (case-insensitive, parameters aside).
     let strip_usage = meter.usage_injected() && content_framing(content_type) == Some(Framing::Sse);
-    let body = TapBody::new(body, meter, idle_timeout);
+    let body = TapBody::new(IdleBody::new(body, idle_timeout), meter);
     if strip_usage {
         // The body loses the usage chunk: its length is no longer the upstream's.
         parts.headers.remove(header::CONTENT_LENGTH);

@@ -1,11 +1,13 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use http_body_util::{BodyExt, Full};
 
 use super::mock::{End, MockBody, Step};
 use super::*;
+use crate::idle::IdleBody;
 use crate::meter::Recorder;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::protocol::request::RequestInfo;
@@ -18,11 +20,12 @@ fn recorder() -> Arc<Recorder> {
     Arc::new(Recorder::new(metrics, 1 << 20))
 }
 
-/// A tap over `body` for an OpenAI-format SSE response.
-fn tap(rec: &Arc<Recorder>, body: MockBody, idle: Option<Duration>) -> TapBody<MockBody> {
+/// A tap over `body` for an OpenAI-format SSE response, with the idle limit beneath it as the
+/// proxy puts it there.
+fn tap(rec: &Arc<Recorder>, body: MockBody, idle: Option<Duration>) -> TapBody<IdleBody<MockBody>> {
     let mut meter = rec.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
-    TapBody::new(body, meter, idle)
+    TapBody::new(IdleBody::new(body, idle), meter)
 }
 
 /// `tokenmeter_requests_total` by outcome: how many requests were recorded, and how.
@@ -107,9 +110,9 @@ fn frames_pass_unchanged_and_in_order_through_pending_and_trailers() {
     assert_eq!(got.last().and_then(|f| f.trailers_ref()), Some(&trailers));
     assert!(body.is_end_stream());
     // Ended: nothing more, and the inner body is not polled again.
-    let polls = body.inner.polls;
+    let polls = body.inner.get_ref().polls;
     assert!(matches!(poll_once(&mut body, &wakes), Poll::Ready(None)));
-    assert_eq!(body.inner.polls, polls);
+    assert_eq!(body.inner.get_ref().polls, polls);
     drop(body);
     recorded_once(&rec, "complete");
     let text = String::from_utf8(rec.metrics().render()).expect("utf8");
@@ -240,7 +243,7 @@ async fn a_body_of_known_length_is_complete_after_its_last_frame() {
     let mut meter = recorder.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "application/json", false);
     let json = r#"{"model":"m","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;
-    let mut body = TapBody::new(Full::new(Bytes::from(json)), meter, None);
+    let mut body = TapBody::new(Full::new(Bytes::from(json)), meter);
 
     let frame = body.frame().await.expect("a frame").expect("no error");
     assert_eq!(frame.into_data().expect("data"), json.as_bytes());

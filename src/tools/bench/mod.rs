@@ -37,7 +37,7 @@ use self::live::Live;
 use self::load::{Driver, LevelRun, Stop};
 use self::progress::Progress;
 use self::prompt::{Endpoint, RequestBuilder};
-use self::proxy_view::{ProxyTotals, ProxyViewError, Scraper};
+use self::proxy_view::{ProxyTotals, ProxyViewError, TotalsScraper};
 use self::report::{LevelReport, Report};
 use crate::units::parse_duration;
 
@@ -362,7 +362,11 @@ pub async fn run(
         output_tokens: cfg.output_tokens,
         seed: cfg.seed,
     });
-    let scraper = cfg.proxy_metrics.as_deref().map(Scraper::new).transpose()?;
+    let scraper = cfg
+        .proxy_metrics
+        .as_deref()
+        .map(TotalsScraper::new)
+        .transpose()?;
     // The proxy's counters as of the last request the bench sent; every stretch of traffic
     // (probe, warmup, level) is settled against it, so none leaks into the next level's figures.
     let mut proxy_last = match &scraper {
@@ -538,7 +542,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// Scrapes until the proxy has counted all `requests` of the level (it records a request when
 /// the stream ends, which can be a moment after the client saw the end), or [`SETTLE`] passes.
 async fn settled_totals(
-    s: &Scraper,
+    s: &TotalsScraper,
     before: &ProxyTotals,
     requests: f64,
 ) -> Result<ProxyTotals, BenchError> {

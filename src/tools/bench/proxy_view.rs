@@ -121,14 +121,16 @@ pub fn bin(samples: &[f64], like: &[(f64, f64)]) -> Vec<(f64, f64)> {
 }
 
 /// Scrapes the proxy's `/metrics` (through [`crate::tools::scrape`]) into [`ProxyTotals`].
-pub struct Scraper(scrape::Scraper);
+pub struct TotalsScraper(scrape::Scraper);
 
-impl Scraper {
-    pub fn new(url: &str) -> Result<Scraper, ProxyViewError> {
-        scrape::Scraper::new(url).map(Scraper).map_err(|e| match e {
-            ScrapeError::BadUrl(u) => ProxyViewError::BadUrl(u),
-            other => ProxyViewError::Fetch(other),
-        })
+impl TotalsScraper {
+    pub fn new(url: &str) -> Result<TotalsScraper, ProxyViewError> {
+        scrape::Scraper::new(url)
+            .map(TotalsScraper)
+            .map_err(|e| match e {
+                ScrapeError::BadUrl(u) => ProxyViewError::BadUrl(u),
+                other => ProxyViewError::Fetch(other),
+            })
     }
 
     pub async fn totals(&self) -> Result<ProxyTotals, ProxyViewError> {
