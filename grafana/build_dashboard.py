@@ -9,7 +9,7 @@ this script writes. Usage:
     python3 grafana/build_dashboard.py          # rewrite the JSON
     python3 grafana/build_dashboard.py --check  # exit 1 if the committed JSON is stale
 
-Standard library only. Metric names come from src/metrics/mod.rs (the contract); the checks verify
+Standard library only. Metric names come from crates/tokenmeter/src/metrics/mod.rs (the contract); the checks verify
 that every name used here exists there.
 """
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tokenmeter::config::ProxyArgs;
+use tokenmeter_flags::ProxyArgs;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc, with its background thread returning unused pages to the system: after a burst
@@ -32,17 +32,17 @@ enum Command {
     /// Run the proxy (the default when no subcommand is given).
     Proxy(ProxyArgs),
     /// Load-test an OpenAI-compatible server: per-request vs aggregate tokens/s by concurrency.
-    Bench(tokenmeter::tools::bench::BenchArgs),
+    Bench(tokenmeter_tools::bench::BenchArgs),
     /// Run a simulated inference server (continuous batching, OpenAI/Anthropic/Ollama/TGI APIs).
-    Sim(tokenmeter::tools::sim::SimArgs),
+    Sim(tokenmeter_tools::sim::SimArgs),
     /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
-    Demo(tokenmeter::tools::demo::DemoArgs),
+    Demo(tokenmeter_tools::demo::DemoArgs),
     /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
     /// curve, and the chart as SVG.
-    Capacity(tokenmeter::tools::capacity_command::CapacityArgs),
+    Capacity(tokenmeter_tools::capacity_command::CapacityArgs),
     /// Read who used the GPUs from a running tokenmeter: GPU time by tenant and model, prefill
     /// and decode, share, per million output tokens, dollars, and idle, over a window.
-    Cost(tokenmeter::tools::cost_command::CostArgs),
+    Cost(tokenmeter_tools::cost_command::CostArgs),
 }
 
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
@@ -103,20 +103,18 @@ fn main() -> ExitCode {
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
-        Some(Command::Bench(args)) => return tokenmeter::tools::bench::main(&args),
+        Some(Command::Bench(args)) => return tokenmeter_tools::bench::main(&args),
         Some(Command::Sim(args)) => {
-            return exit(tokenmeter::tools::sim::run(&args), |e| e.is_usage())
+            return exit(tokenmeter_tools::sim::run(&args), |e| e.is_usage())
         }
         Some(Command::Demo(args)) => {
-            return exit(tokenmeter::tools::demo::run(&args), |e| e.is_usage())
+            return exit(tokenmeter_tools::demo::run(&args), |e| e.is_usage())
         }
         Some(Command::Cost(args)) => {
-            return exit(tokenmeter::tools::cost_command::run(&args), |e| {
-                e.is_usage()
-            })
+            return exit(tokenmeter_tools::cost_command::run(&args), |e| e.is_usage())
         }
         Some(Command::Capacity(args)) => {
-            return exit(tokenmeter::tools::capacity_command::run(&args), |e| {
+            return exit(tokenmeter_tools::capacity_command::run(&args), |e| {
                 e.is_usage()
             })
         }

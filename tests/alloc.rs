@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokenmeter::app;
-use tokenmeter::config::{parse_upstream, Config};
+use tokenmeter::config::Config;
 use tokenmeter::server::Settings;
+use tokenmeter_flags::parse_upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use tokenmeter::capacity::{Capacity, CapacityConfig};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{pieces, Header};
 use libfuzzer_sys::fuzz_target;
 use tokenmeter::capacity::{Capacity, CapacityConfig};
-use tokenmeter::tools::exposition::Scrape;
+use tokenmeter::exposition::Scrape;
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{names, Metrics, MetricsConfig, Phase};
 use tokenmeter::record::{Outcome};

@@ -6,7 +6,7 @@
   (datasource, namespace, pod, model, gpu_hour_price), every panel with a datasource (rows, which
   hold no query, excepted), unique panel ids, every query target with a unique refId, a datasource
   and an expression, panels inside the 24-column grid and not overlapping;
-- every metric name used in a panel, a variable or a rule is one that src/metrics/mod.rs registers
+- every metric name used in a panel, a variable or a rule is one that crates/tokenmeter/src/metrics/mod.rs registers
   (the metric contract), so a renamed metric cannot leave a panel silently empty;
 - grafana/provisioning points at the folder the dashboard is in.
 
@@ -28,12 +28,12 @@ def problem(msg):
 
 
 def contract_metrics():
-    """Metric family names registered in src/metrics/ (mod.rs and the files beside it, such as
+    """Metric family names registered in crates/tokenmeter/src/metrics/ (mod.rs and the files beside it, such as
     capacity.rs), with histogram series suffixes."""
-    src = "\n".join(f.read_text() for f in sorted((REPO / "src" / "metrics").glob("*.rs")))
+    src = "\n".join(f.read_text() for f in sorted((REPO / "crates" / "tokenmeter" / "src" / "metrics").glob("*.rs")))
     names = set(re.findall(r'"(tokenmeter_[a-z0-9_]+)"', src))
     if not names:
-        problem("found no metric names in src/metrics/")
+        problem("found no metric names in crates/tokenmeter/src/metrics/")
     series = set(names)
     for n in names:
         series |= {n + "_bucket", n + "_sum", n + "_count"}
@@ -75,7 +75,7 @@ def check_structure(d, known):
             problem(f"${name} lists values of label {label!r}")
         for n in names_in(sel or ""):
             if n not in known:
-                problem(f"${name} queries {n}, which src/metrics/mod.rs does not register")
+                problem(f"${name} queries {n}, which crates/tokenmeter/src/metrics/mod.rs does not register")
         if v.get("datasource", {}).get("uid") != "${datasource}":
             problem(f"${name} does not use the $datasource variable")
     price = vs.get("gpu_hour_price", {})
@@ -133,7 +133,7 @@ def check_structure(d, known):
             if not used:
                 problem(f"panel {title!r} target {t.get('refId')}: uses no tokenmeter metric")
             for n in used - known:
-                problem(f"panel {title!r} uses {n}, which src/metrics/mod.rs does not register")
+                problem(f"panel {title!r} uses {n}, which crates/tokenmeter/src/metrics/mod.rs does not register")
         if not p.get("description"):
             problem(f"panel {title!r} has no description")
 
@@ -143,7 +143,7 @@ def check_rules(known):
     for n in names_in(text):
         # Recorded series are named level:metric:operation; only raw names must be in the contract.
         if n not in known:
-            problem(f"deploy/prometheus/rules.yml uses {n}, which src/metrics/mod.rs does not register")
+            problem(f"deploy/prometheus/rules.yml uses {n}, which crates/tokenmeter/src/metrics/mod.rs does not register")
 
 
 def check_provisioning():

@@ -9,7 +9,7 @@
   start on an older one);
 - the builder's Rust is at least Cargo.toml's rust-version;
 - .dockerignore (evaluated as Docker does: later patterns win, a pattern matching a directory
-  covers what is under it) lets in Cargo.toml, Cargo.lock and every file under src/, and keeps
+  covers what is under it) lets in Cargo.toml, Cargo.lock and every file under src/ and crates/, and keeps
   out target/ and .git/.
 
 Needs the `dockerfile` package (tests/deploy/run.sh installs it in its virtualenv).
@@ -118,7 +118,10 @@ def main():
         problem("runtime stage is the build image: the image would carry the toolchain")
     if ("bookworm" in build_image) != ("debian12" in run_image or "bookworm" in run_image):
         problem(f"builder {build_image} and runtime {run_image} are not the same Debian release")
-    want = tomllib.loads((REPO / "Cargo.toml").read_text())["package"].get("rust-version", "0")
+    manifest = tomllib.loads((REPO / "Cargo.toml").read_text())
+    want = manifest["package"].get("rust-version", "0")
+    if isinstance(want, dict):  # `rust-version.workspace = true`: the workspace states it
+        want = manifest.get("workspace", {}).get("package", {}).get("rust-version", "0")
     have = re.match(r"rust:(\d+\.\d+)", build_image)
     if not have or tuple(map(int, have.group(1).split("."))) < tuple(map(int, want.split(".")[:2])):
         problem(f"builder {build_image} is older than rust-version {want}")
@@ -139,7 +142,7 @@ def main():
 
     rules = ignore_rules((REPO / ".dockerignore").read_text())
     files = tracked_files()
-    needed = ["Cargo.toml", "Cargo.lock"] + [f for f in files if f.startswith("src/")]
+    needed = ["Cargo.toml", "Cargo.lock"] + [f for f in files if f.startswith(("src/", "crates/"))]
     for f in needed:
         if excluded(f, rules):
             problem(f".dockerignore keeps out {f}, which the build needs")

@@ -350,7 +350,7 @@ def check_wiring(d, docs):
 
 def exported_metrics():
     """The metric family names tokenmeter registers (wherever the metrics module keeps them)."""
-    src = REPO / "src"
+    src = REPO / "crates" / "tokenmeter" / "src"
     files = [src / "metrics.rs", src / "capacity_metrics.rs"] + sorted((src / "metrics").glob("*.rs"))
     names = set()
     for f in files:

@@ -97,7 +97,7 @@ TOTALS_DEADLINE_S = 60
 #   capacity::REFIT_INTERVAL, 5 s, after a scrape), a scrape and remote write, vmalert's
 #   mean, then its prediction over at least two of the mean's samples: some 20 s.
 CAPACITY_DEADLINE_S = 120
-# The capacity model fits a line through at least three concurrencies (src/capacity/fit.rs,
+# The capacity model fits a line through at least three concurrencies (crates/tokenmeter/src/capacity/fit.rs,
 # MIN_POINTS, 20 token samples each). The steady load holds CONCURRENCY streams in lockstep:
 # it gives one, and others only as its streams start and end, by chance. The ramp gives three,
 # each RAMP_LEVEL_S long: at 10-20 ms steps a stream makes 50-100 tokens/s, a level some
@@ -106,7 +106,7 @@ RAMP = "1,2,3"
 RAMP_LEVEL_S = 3
 CAPACITY_RECORDINGS = ["namespace_class:tokenmeter_capacity_utilization:avg",
                        "namespace_class:tokenmeter_capacity_utilization:predict_linear30m"]
-# tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (src/metrics/buckets.rs).
+# tokenmeter_request_tokens_per_second's and TTFT's bucket boundaries (crates/tokenmeter/src/metrics/buckets.rs).
 TPS_BUCKETS = [1, 2, 5, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000, 10000]
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]

@@ -159,7 +159,7 @@ OTEL = {
 }
 
 # --buckets coarse: each histogram family's label sets as above, at its coarse boundaries + 3
-# (Buckets::coarse in src/metrics/buckets.rs).
+# (Buckets::coarse in crates/tokenmeter/src/metrics/buckets.rs).
 COARSE = dict(TOKENMETER, **{
     "tokenmeter_request_tokens_per_second": 13 * 9,
     "tokenmeter_time_to_first_token_seconds": 15,

@@ -667,7 +667,7 @@ def _ms(s):
 
 
 def band_of(mean_in_flight):
-    """tokenmeter's bands (src/metrics/mod.rs, `concurrency_band`): what a mean falls in."""
+    """tokenmeter's bands (crates/tokenmeter/src/metrics/mod.rs, `concurrency_band`): what a mean falls in."""
     for upper, band in ((1.5, "1"), (4.5, "2-4"), (8.5, "5-8"), (16.5, "9-16"), (32.5, "17-32"),
                         (64.5, "33-64"), (128.5, "65-128"), (256.5, "129-256")):
         if mean_in_flight < upper:

@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use tokenmeter::tools::bench::client::{Client, Sample};
-use tokenmeter::tools::bench::load::{Driver, Ramp};
-use tokenmeter::tools::bench::progress::Progress;
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
-use tokenmeter::tools::bench::report::{self, LevelReport, Report};
-use tokenmeter::tools::bench::stats::Percentiles;
-use tokenmeter::tools::bench::{self, BenchArgs, BenchConfig, BenchError};
-use tokenmeter::tools::sim::{Model, Sim, SimConfig};
+use tokenmeter_tools::bench::client::{Client, Sample};
+use tokenmeter_tools::bench::load::{Driver, Ramp};
+use tokenmeter_tools::bench::progress::Progress;
+use tokenmeter_tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter_tools::bench::report::{self, LevelReport, Report};
+use tokenmeter_tools::bench::stats::Percentiles;
+use tokenmeter_tools::bench::{self, BenchArgs, BenchConfig, BenchError};
+use tokenmeter_tools::sim::{Model, Sim, SimConfig};
 
 use crate::support::upstream::{self, Reply, Upstream};
 use crate::support::{self as s};
@@ -250,7 +250,7 @@ async fn a_wrong_model_fails_at_once_with_the_status() {
         Err(BenchError::Probe { source, .. }) => {
             assert_eq!(
                 source,
-                tokenmeter::tools::bench::client::RequestError::Status(404)
+                tokenmeter_tools::bench::client::RequestError::Status(404)
             )
         }
         other => panic!("expected a probe error, got {other:?}"),
@@ -348,7 +348,7 @@ fn synthetic_report(levels: &[usize]) -> Report {
         tokenmeter_version: "test",
         target: "http://127.0.0.1:1 <&>".into(),
         model: "m \"quoted\" & <odd>".into(),
-        endpoint: tokenmeter::tools::bench::prompt::Endpoint::Chat,
+        endpoint: tokenmeter_tools::bench::prompt::Endpoint::Chat,
         prompt_tokens: 128,
         output_tokens: 64,
         stop: "requests".into(),
@@ -437,7 +437,7 @@ fn json_csv_and_charts_are_written_and_parse() {
 #[test]
 fn a_chart_point_is_higher_for_a_higher_value() {
     let report = synthetic_report(&[1, 2, 4]);
-    let svg = tokenmeter::tools::bench::chart::throughput(&report.levels, "t");
+    let svg = tokenmeter_tools::bench::chart::throughput(&report.levels, "t");
     // Aggregate tokens/s doubles at each level: its points climb (smaller y).
     let ys: Vec<f64> = svg
         .lines()
@@ -551,7 +551,7 @@ fn the_xml_checker_rejects_broken_documents() {
 #[test]
 fn the_table_shows_every_level_and_the_proxy_line() {
     let mut report = synthetic_report(&[1, 4]);
-    report.levels[1].proxy = Some(tokenmeter::tools::bench::proxy_view::ProxyLevel {
+    report.levels[1].proxy = Some(tokenmeter_tools::bench::proxy_view::ProxyLevel {
         requests: 101,
         output_tokens: 6400,
         ttft_mean: Some(0.081),
@@ -966,8 +966,8 @@ fn serial_driver(url: &str) -> Driver {
 /// server never queues: none of its requests comes near that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_latency_counts_the_backlog_a_closed_loop_hides() {
-    use tokenmeter::tools::bench::arrivals::Arrivals;
-    use tokenmeter::tools::bench::load::Stop;
+    use tokenmeter_tools::bench::arrivals::Arrivals;
+    use tokenmeter_tools::bench::load::Stop;
     let _turn = s::serial().await;
     let service = Duration::from_millis(50);
     let url = spawn_serial_upstream(service).await;

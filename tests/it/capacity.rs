@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::exposition::Scrape;
-use tokenmeter::tools::sim::{Model, Sim, SimConfig, Stall};
+use tokenmeter_tools::exposition::Scrape;
+use tokenmeter_tools::sim::{Model, Sim, SimConfig, Stall};
 
 use crate::support::levels;
 use crate::support::{serial, spawn_proxy};

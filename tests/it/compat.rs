@@ -182,7 +182,7 @@ const OTEL_LABELS: [&str; 4] = [
 /// The label names (sorted, without `le` and `otel_scope_*`) of every `_bucket` series of a
 /// family, deduplicated.
 fn label_names(scrape: &str, family: &str) -> Vec<Vec<String>> {
-    let parsed = tokenmeter::tools::exposition::Scrape::parse(scrape);
+    let parsed = tokenmeter_tools::exposition::Scrape::parse(scrape);
     let mut sets: Vec<Vec<String>> = parsed
         .samples()
         .iter()
@@ -328,13 +328,13 @@ async fn otel_error_type_names_a_failed_request_by_its_outcome() {
 #[tokio::test]
 async fn otel_token_usage_through_the_simulator_is_exact_per_operation() {
     let _turn = crate::support::serial().await;
-    let sim = start_sim(tokenmeter::tools::sim::SimConfig {
-        model: tokenmeter::tools::sim::Model {
+    let sim = start_sim(tokenmeter_tools::sim::SimConfig {
+        model: tokenmeter_tools::sim::Model {
             step_base: MS,
             step_per_seq: Duration::ZERO,
-            ..tokenmeter::tools::sim::SimConfig::default().model
+            ..tokenmeter_tools::sim::SimConfig::default().model
         },
-        ..tokenmeter::tools::sim::SimConfig::default()
+        ..tokenmeter_tools::sim::SimConfig::default()
     })
     .await;
     let proxy = spawn_proxy(&format!("http://{sim}"), &["--compat", "vllm,otel"]).await;

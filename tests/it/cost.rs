@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
-use tokenmeter::tools::exposition::Scrape;
-use tokenmeter::tools::sim::{Model, SimConfig};
+use tokenmeter_tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter_tools::exposition::Scrape;
+use tokenmeter_tools::sim::{Model, SimConfig};
 
 use crate::support::levels;
 use crate::support::metrics::metric;

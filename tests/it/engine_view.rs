@@ -13,8 +13,8 @@ use crate::support::metrics::metric;
 use crate::support::process::Binary;
 use crate::support::upstream::{self, Reply, Step};
 use crate::support::{client, spawn_proxy, start_sim};
-use tokenmeter::tools::sim::kv::KvConfig;
-use tokenmeter::tools::sim::SimConfig;
+use tokenmeter_tools::sim::kv::KvConfig;
+use tokenmeter_tools::sim::SimConfig;
 
 /// The longest a condition may take to come true: reads every 200 ms, so a few hundred ms here;
 /// a busy 2-core machine may be slower by far, and only a failure waits this long.

@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::bench::live::Live;
-use tokenmeter::tools::bench::load::{Driver, Stop};
-use tokenmeter::tools::exposition::Scrape;
-use tokenmeter::tools::sim::{Model, Sim, SimConfig};
+use tokenmeter_tools::bench::live::Live;
+use tokenmeter_tools::bench::load::{Driver, Stop};
+use tokenmeter_tools::exposition::Scrape;
+use tokenmeter_tools::sim::{Model, Sim, SimConfig};
 
 use crate::support::levels::{self, Measured};
 use crate::support::{serial, spawn_proxy, Proxy};

@@ -18,9 +18,9 @@
 
 use std::time::Duration;
 
-use tokenmeter::tools::exposition::Scrape;
-use tokenmeter::tools::sim::kv::KvConfig;
-use tokenmeter::tools::sim::{Model, Sim, SimConfig};
+use tokenmeter_tools::exposition::Scrape;
+use tokenmeter_tools::sim::kv::KvConfig;
+use tokenmeter_tools::sim::{Model, Sim, SimConfig};
 
 use crate::support::levels::{self, Measured};
 use crate::support::{serial, spawn_proxy};

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter::tools::sim::{Dialect, Model, PrefixCache, SimConfig};
+use tokenmeter_tools::sim::{Dialect, Model, PrefixCache, SimConfig};
 
 use crate::support::metrics::metric;
 use crate::support::{client, client::Seen, corpus, start_sim};
@@ -528,7 +528,7 @@ async fn sim_sends_the_chat_role_chunk_with_the_first_token() {
 async fn sim_with_a_small_kv_cache_preempts_and_recomputes_without_repeating_a_token() {
     async fn run(kv_tokens: u32) -> (Value, String) {
         let cfg = SimConfig {
-            kv: Some(tokenmeter::tools::sim::kv::KvConfig {
+            kv: Some(tokenmeter_tools::sim::kv::KvConfig {
                 tokens: kv_tokens,
                 block_size: 16,
             }),

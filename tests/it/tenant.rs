@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use tokenmeter::tools::exposition::Scrape;
+use tokenmeter_tools::exposition::Scrape;
 
 use crate::cli::{sigterm, start_binary};
 use crate::support::client;

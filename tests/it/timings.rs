@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokenmeter::protocol::timings::{EngineTimings, TimingSource};
 use tokenmeter::read::Reader;
-use tokenmeter::tools::sim::{Model, SimConfig};
+use tokenmeter_tools::sim::{Model, SimConfig};
 
 use crate::support::corpus::{self, Entry};
 use crate::support::metrics::metric;

@@ -32,7 +32,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ASSETS = os.path.join(ROOT, "src", "ui", "assets")
+ASSETS = os.path.join(ROOT, "crates", "tokenmeter", "src", "ui", "assets")
 
 # The page refreshes every REFRESH_S (ui.js REFRESH_MS); its figures may be this old, plus the
 # time one fetch and one render take on a loaded 2-core machine.

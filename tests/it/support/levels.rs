@@ -6,10 +6,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokenmeter::tools::bench::client::Client;
-use tokenmeter::tools::bench::live::Live;
-use tokenmeter::tools::bench::load::{Driver, Stop};
-use tokenmeter::tools::bench::prompt::{Endpoint, RequestBuilder};
+use tokenmeter_tools::bench::client::Client;
+use tokenmeter_tools::bench::live::Live;
+use tokenmeter_tools::bench::load::{Driver, Stop};
+use tokenmeter_tools::bench::prompt::{Endpoint, RequestBuilder};
 
 /// The bench's driver for chat requests of `prompt` words and `output` tokens through `proxy`
 /// (`http://HOST:PORT`).

@@ -1,9 +1,9 @@
 //! Assertions on a live proxy's `/metrics`, with failures that print the scrape. The text is
-//! read by the library's own exposition reader ([`tokenmeter::tools::exposition`]), the one the bench
+//! read by the library's own exposition reader ([`tokenmeter_tools::exposition`]), the one the bench
 //! uses, so the tests and the tools agree on what a scrape says.
 
 use tokenmeter::quantile::histogram_quantile;
-use tokenmeter::tools::exposition::Scrape;
+use tokenmeter_tools::exposition::Scrape;
 
 /// Selects samples by name and labels: `metric("name").label("k", "v").value(&scrape)`.
 pub struct MetricMatch {

@@ -20,10 +20,11 @@ use std::sync::Arc;
 use clap::Parser;
 use tokenmeter::app::{self, App};
 use tokenmeter::capacity::Capacity;
-use tokenmeter::config::{parse_upstream, Config, ProxyArgs};
+use tokenmeter::config::Config;
 use tokenmeter::metrics::Metrics;
 use tokenmeter::server::Settings;
-use tokenmeter::tools::sim::{Sim, SimConfig};
+use tokenmeter_flags::{parse_upstream, ProxyArgs};
+use tokenmeter_tools::sim::{Sim, SimConfig};
 use tokio::sync::oneshot;
 
 use self::client::Seen;

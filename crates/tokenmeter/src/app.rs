@@ -1,0 +1,194 @@
+//! The composition root: builds every part of the process from its settings, in one place, and
+//! hands them to the server, which only accepts, serves and drains ([`crate::server`]).
+//!
+//! The order is the order of dependence: the TLS files first (a missing certificate is
+//! reported before a port is taken), then the metrics, the capacity model they export, the
+//! sinks of finished requests, the meter that feeds all three, the engine's reader, the
+//! admission limiter, the stack of layers ([`crate::proxy::stack`]), the page, and the tasks
+//! that live beside the listeners. Nothing here runs per request.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::admin::Readiness;
+use crate::capacity::Capacity;
+use crate::config::Config;
+use crate::context::Identify;
+use crate::drain::Connections;
+use crate::engine;
+use crate::meter::Recorder;
+use crate::metrics::Metrics;
+use crate::otlp::Exporter;
+use crate::overload::Limiter;
+use crate::proxy;
+use crate::record::Sink;
+use crate::replicas;
+use crate::reqlog::{self, RequestLog};
+use crate::server::{Background, BindError, Parts, Server};
+use crate::tenant::Tenants;
+use crate::tls::listener::ServerTls;
+use crate::tls::TlsError;
+use crate::ui::Ui;
+
+/// Why the process could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Bind(#[from] BindError),
+    #[error("invalid metric configuration: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+    #[error("--request-log {path}: cannot open it: {source}")]
+    RequestLog {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl StartError {
+    /// A configuration the user must fix (exit 64), not a failure of the machine.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, StartError::Tls(_) | StartError::RequestLog { .. })
+    }
+}
+
+/// The process, built and bound: the server, and handles on what its callers read.
+pub struct App {
+    pub server: Server,
+    /// The metrics every part records into.
+    pub metrics: Arc<Metrics>,
+    /// The live capacity model the meter feeds.
+    pub capacity: Arc<Capacity>,
+}
+
+/// The sinks of finished records, in the order they are called.
+type Sinks = Vec<Arc<dyn Sink>>;
+
+/// What takes each finished request besides the metrics (the request log, the spans), and the
+/// reader of request heads they need; none of it exists, and no request pays for it, when it is
+/// off.
+fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), StartError> {
+    let mut sinks: Sinks = Vec::new();
+    if let Some(path) = &cfg.request_log {
+        let log = RequestLog::open(
+            &reqlog::Destination::of(path),
+            metrics.request_log_dropped()?,
+        )
+        .map_err(|source| StartError::RequestLog {
+            path: path.display().to_string(),
+            source,
+        })?;
+        sinks.push(Arc::new(log));
+    }
+    let sampler = match &cfg.tracing {
+        Some(t) => {
+            sinks.push(Arc::new(Exporter::start(t, metrics.trace_spans_dropped()?)));
+            Some(t.sampler)
+        }
+        None => None,
+    };
+    let identify = (!sinks.is_empty()).then(|| Identify::new(sampler));
+    Ok((identify, sinks))
+}
+
+/// The engine's reader, unless `--engine-metrics off`: off the request path, one bounded read
+/// of the engine's page at a time.
+fn engine_reader(
+    cfg: &Config,
+    client_tls: &crate::tls::client::ClientTls,
+    metrics: &Metrics,
+    capacity: &Arc<Capacity>,
+) -> Result<Option<Background>, StartError> {
+    let Some(url) = cfg.engine_metrics.url(&cfg.proxy.upstream.origin) else {
+        return Ok(None);
+    };
+    let observed = Arc::new(engine::observed::Observed::default());
+    metrics.export_engine_view(Arc::clone(&observed))?;
+    let reader = engine::reader::Reader::new(
+        url,
+        cfg.engine_metrics == engine::Setting::Auto,
+        client_tls,
+        observed,
+        Arc::clone(capacity),
+        cfg.engine_metrics_interval,
+    );
+    Ok(Some(Box::pin(reader.run())))
+}
+
+/// With `--replicas auto`: the upstream's addresses, counted for the capacity model.
+fn replica_watch(cfg: &Config, capacity: &Arc<Capacity>) -> Option<Background> {
+    if cfg.replicas != replicas::Setting::Auto {
+        return None;
+    }
+    let (host, port) = cfg.proxy.upstream.host_and_port();
+    let capacity = Arc::clone(capacity);
+    Some(Box::pin(replicas::watch(
+        Arc::new(replicas::System),
+        host,
+        port,
+        replicas::REFRESH,
+        move |n| capacity.set_replicas(n),
+    )))
+}
+
+/// Builds the process from `cfg` and binds its listeners.
+pub async fn build(cfg: &Config) -> Result<App, StartError> {
+    let tls = cfg.server.tls.clone().map(ServerTls::load).transpose()?;
+    let metrics_tls = cfg
+        .server
+        .metrics_tls
+        .clone()
+        .map(ServerTls::load)
+        .transpose()?;
+    let client_tls = cfg.upstream_tls.load(cfg.proxy.upstream.is_https())?;
+    let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
+    let capacity = Arc::new(Capacity::new(cfg.capacity(), Instant::now()));
+    metrics.export_capacity(Arc::clone(&capacity))?;
+    let (identify, sinks) = sinks(cfg, &metrics)?;
+    let recorder = Arc::new(
+        Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+            .with_capacity(Arc::clone(&capacity))
+            .with_api(cfg.api)
+            .with_classes(Arc::clone(&cfg.slo))
+            .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
+            .with_sinks(identify, sinks),
+    );
+    let limiter = Arc::new(Limiter::new(cfg.proxy.admission.max_in_flight));
+    let conns = Arc::new(Connections::with_cap(cfg.server.max_connections));
+    metrics.set_limits(
+        cfg.proxy.admission.max_in_flight,
+        cfg.server.max_connections,
+        cfg.server.metrics_max_connections,
+    );
+    let ui = cfg.ui.map(|period| {
+        Arc::new(Ui::new(
+            Arc::clone(&metrics),
+            period,
+            cfg.metrics.rate_window,
+        ))
+    });
+    let background: Vec<Background> = [
+        ui.as_ref().map(|ui| Box::pin(ui.sampler()) as Background),
+        engine_reader(cfg, &client_tls, &metrics, &capacity)?,
+        replica_watch(cfg, &capacity),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let parts = Parts {
+        proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
+        tls,
+        metrics_tls,
+        metrics: Arc::clone(&metrics),
+        ready: Arc::new(Readiness::with_limiter(limiter).with_connections(Arc::clone(&conns))),
+        conns,
+        ui,
+        background,
+    };
+    Ok(App {
+        server: Server::bind(&cfg.server, parts)?,
+        metrics,
+        capacity,
+    })
+}

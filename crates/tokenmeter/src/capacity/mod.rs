@@ -1,0 +1,441 @@
+//! The live capacity model: how many streams an engine can carry at each SLO class's speed
+//! floor, fitted from production traffic.
+//!
+//! Decode is memory-bandwidth-bound: a step costs a fixed part (reading the weights) plus a
+//! part per running sequence (reading its KV cache), `t(b) = base + per_seq * b`. Every gap
+//! between two token-bearing events of a stream is one observation of `t` at the number of
+//! streams decoding as it ends (docs/capacity.md says why not a mean over the gap). The pieces:
+//!
+//! - [`summary`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
+//! - [`bins`]: its time-per-token axis and the per-concurrency median.
+//! - [`busy`]: the time-weighted mean of a count over the last minute, for utilization.
+//! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
+//! - [`plan`]: the answers per class, the curve, and the cost.
+//! - [`stream`]: one stream's observations, the events of one network read grouped.
+//!
+//! Prefill, the compute-bound half, is the first token's end of the answer:
+//!
+//! - [`workload`]: the live mix of prompt, cached and output lengths, bounded.
+//! - [`prefill`]: the cost per uncached prompt token, from the engine's stated prefill times
+//!   or the proxy's TTFTs.
+//! - [`replay`]: the engine replayed over the mix with both costs, closed loop or open.
+//! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
+//!   and the predicted TTFT curve.
+//!
+//! [`check`] holds the model to the truth where it can be: at the concurrency seen over the
+//! last minute, its predicted TTFT and tokens/s beside the measured ones.
+//!
+//! Memory, the third end: [`memory`] holds the KV cache's size (the flags over what the engine
+//! states, [`Capacity::set_engine_memory`]) and the mix's footprint in it; the replay admits by
+//! blocks and preempts, and the plan bounds each class by the cache and by the engine's cap on
+//! sequences.
+//!
+//! `tokenmeter capacity`, which reads the answers back from `/metrics`, is a tool
+//! (`tokenmeter-tools`' `capacity_command`).
+//!
+//! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
+//! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
+//! several replicas (`--replicas N`, or `auto`: [`crate::replicas`]) the decoding concurrency
+//! tokenmeter sees is spread over them, so it is divided by N before it is recorded: the model
+//! is per engine. The count can change while the proxy runs ([`Capacity::set_replicas`]); a
+//! sample keeps the per-engine concurrency it was recorded at.
+
+pub mod bins;
+pub mod busy;
+pub mod check;
+pub mod fit;
+pub mod intake;
+pub mod limits;
+pub mod memory;
+pub mod plan;
+pub mod prefill;
+pub mod replay;
+pub mod stream;
+pub mod summary;
+pub mod workload;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::cost::Prices;
+pub use fit::Fit;
+pub use limits::TtftPoint;
+pub use memory::Memory;
+pub use plan::{Answer, Bound, ClassTargets, Fleet, TradeoffPoint};
+pub use prefill::PrefillFit;
+pub use stream::StreamGaps;
+pub use workload::{Mix, Request};
+
+/// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
+/// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
+/// and the answers move as fast as a 15-minute window can.
+pub const REFIT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `--capacity-window`'s default: long enough to see many concurrencies, short enough to follow
+/// a change of model or traffic within the hour.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// What the capacity model needs to know.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityConfig {
+    /// `--capacity-window`.
+    pub window: Duration,
+    /// The classes and their floors (from the SLO classes).
+    pub classes: Vec<ClassTargets>,
+    pub fleet: Fleet,
+    /// What the flags say of the engine's memory (`--kv-cache-tokens`, `--block-size`,
+    /// `--max-num-seqs`); they win over what the engine states.
+    pub memory: memory::Stated,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            window: DEFAULT_WINDOW,
+            classes: Vec::new(),
+            fleet: Fleet {
+                replicas: 1,
+                gpus: 1.0,
+                gpu_hour_cost: None,
+            },
+            memory: memory::Stated::default(),
+        }
+    }
+}
+
+/// The model's state at one refit: what the metrics show.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// `None` until the window has [`fit::MIN_POINTS`] concurrencies with enough samples.
+    pub fit: Option<Fit>,
+    /// Token samples at the concurrencies with enough of them ([`fit::MIN_SAMPLES`]); the
+    /// fit's own count once there is a fit.
+    pub samples: u64,
+    /// The lowest and highest of those concurrencies.
+    pub observed: Option<(u32, u32)>,
+    /// One per class with a floor, once there is a fit.
+    pub answers: Vec<Answer>,
+    pub curve: Vec<TradeoffPoint>,
+    /// The predicted TTFT at the curve's concurrencies, once the prefill cost is known.
+    pub ttft_curve: Vec<TtftPoint>,
+    /// The prefill cost, once the window has enough long prompts (or only short ones).
+    pub prefill: Option<PrefillFit>,
+    /// The workload the predictions assume: the window's mix.
+    pub mix: Option<Mix>,
+    /// Mean decoding concurrency per engine over the last minute.
+    pub decoding: f64,
+    /// Mean requests in flight per engine over the last minute (decoding, or waiting for
+    /// their first token): what utilization divides.
+    pub in_flight: f64,
+    /// The replicas the concurrency was divided by at this refit.
+    pub replicas: u32,
+    /// The engine's memory as the model took it at this refit.
+    pub memory: Memory,
+    /// The KV blocks one closed-loop client of the mix holds on average
+    /// ([`Memory::mean_blocks`]); `None` without a mix.
+    pub kv_blocks_per_request: Option<f64>,
+    /// The model against the last minute, once there is a replay and enough requests.
+    pub check: Option<check::Check>,
+}
+
+/// The live model: pushed into per event, read per scrape.
+pub struct Capacity {
+    summary: summary::SlidingSummary,
+    busy: busy::Busy,
+    /// Time requests spent waiting for their first token, per second: with `busy`, the
+    /// time-weighted count of requests in flight.
+    waiting: busy::Busy,
+    workload: workload::Workload,
+    config: CapacityConfig,
+    /// The replicas now (`--replicas`, or what `auto` last found), at least 1.
+    replicas: AtomicU32,
+    /// What the engine last stated of its memory (`--engine-metrics`).
+    engine_memory: Mutex<memory::Stated>,
+    last: Mutex<Option<(Instant, Report)>>,
+    /// The last refit's step and prefill costs, for the GPU-time ledger (`crate::cost`): read
+    /// as each request ends, so apart from `last`, which a refit holds while it runs.
+    prices: Mutex<Option<Prices>>,
+}
+
+impl Capacity {
+    pub fn new(config: CapacityConfig, origin: Instant) -> Self {
+        Capacity {
+            summary: summary::SlidingSummary::new(config.window, origin),
+            busy: busy::Busy::new(origin),
+            waiting: busy::Busy::new(origin),
+            workload: workload::Workload::new(config.window),
+            replicas: AtomicU32::new(config.fleet.replicas.max(1)),
+            engine_memory: Mutex::new(memory::Stated::default()),
+            config,
+            last: Mutex::new(None),
+            prices: Mutex::new(None),
+        }
+    }
+
+    pub fn config(&self) -> &CapacityConfig {
+        &self.config
+    }
+
+    /// The replicas the traffic is spread over now.
+    pub fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed)
+    }
+
+    /// Sets the replicas (`--replicas auto` after each lookup); 0 is taken as 1.
+    pub fn set_replicas(&self, n: u32) {
+        self.replicas.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Sets what the engine states of its memory (its cache size, block size and sequence
+    /// cap, read from its metrics); the flags still win where they are given. Taken at the
+    /// next refit.
+    pub fn set_engine_memory(&self, stated: memory::Stated) {
+        *self.engine_memory.lock().unwrap_or_else(|e| e.into_inner()) = stated;
+    }
+
+    /// The engine's memory as the model takes it now: the flags over the engine's word.
+    pub fn memory(&self) -> Memory {
+        let engine = *self.engine_memory.lock().unwrap_or_else(|e| e.into_inner());
+        self.config.memory.over(engine)
+    }
+
+    /// `tokens` tokens arrived at `at`, `gap` after the stream's previous ones, while
+    /// `decoding` requests (all replicas together) were decoding. Lock-free.
+    pub fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant) {
+        if tokens == 0 {
+            return;
+        }
+        let per_engine = decoding / f64::from(self.replicas());
+        let per_token = gap.as_secs_f64() / f64::from(tokens);
+        self.summary.push(per_engine, per_token, tokens, at);
+        self.busy.add(gap, at);
+    }
+
+    /// A request waited `wait` for its first token, which came at `at` (or it ended at `at`
+    /// without one): load the engine held before it decoded. Lock-free.
+    pub fn waited(&self, wait: Duration, at: Instant) {
+        self.waiting.add(wait, at);
+    }
+
+    /// A request finished: its lengths and first-token wait join the mix. One short lock.
+    /// The meter reaches it as a [`crate::record::Sink`] ([`intake`]).
+    pub fn join_mix(&self, r: Request) {
+        self.workload.push(r);
+    }
+
+    /// The step and prefill costs of the last refit that had both (`None` before one).
+    pub fn prices(&self) -> Option<Prices> {
+        *self.prices.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
+    pub fn report(&self, now: Instant) -> Report {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((at, r)) if now.saturating_duration_since(*at) < REFIT_INTERVAL => r.clone(),
+            _ => {
+                let r = self.refit(now);
+                *last = Some((now, r.clone()));
+                r
+            }
+        }
+    }
+
+    /// Refits now and keeps the result as the report the next [`REFIT_INTERVAL`] reads: what
+    /// a caller that has just finished a load does, instead of waiting out the interval for
+    /// the exported answer to include it.
+    pub fn refresh(&self, now: Instant) -> Report {
+        let r = self.refit(now);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, r.clone()));
+        r
+    }
+
+    /// Fits the window that ends at `now`, whatever the last refit's age.
+    pub fn refit(&self, now: Instant) -> Report {
+        let columns = self.summary.columns(now);
+        let usable = || columns.iter().filter(|c| c.samples >= fit::MIN_SAMPLES);
+        let observed = usable()
+            .map(|c| c.concurrency)
+            .min()
+            .zip(usable().map(|c| c.concurrency).max());
+        let samples = usable().map(|c| c.samples).sum();
+        let replicas = self.replicas();
+        let decoding = self.busy.mean(now) / f64::from(replicas);
+        let fleet = Fleet {
+            replicas,
+            ..self.config.fleet
+        };
+        let in_flight = (self.busy.mean(now) + self.waiting.mean(now)) / f64::from(replicas);
+        let fit = fit::fit(&columns);
+        let recent = self.workload.recent(now);
+        let mix = workload::mix(&recent);
+        let prefill = fit
+            .as_ref()
+            .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
+            .and_then(|f| prefill::fit(&recent, f.step(1.0)));
+        let jobs = workload::jobs(&recent);
+        if let (Some(f), Some(p)) = (&fit, &prefill) {
+            *self.prices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Prices {
+                base: f.base,
+                per_seq: f.per_seq,
+                prefill_per_token: p.per_token,
+            });
+        }
+        let memory = self.memory();
+        let mut replays = match (&fit, &prefill) {
+            (Some(f), Some(p)) => Some(limits::Replays::new(
+                replay::Engine {
+                    base: f.base,
+                    per_seq: f.per_seq,
+                    prefill_per_token: p.per_token,
+                    memory,
+                },
+                &jobs,
+            )),
+            _ => None,
+        };
+        let held = plan::Held {
+            kv_cache: memory.kv_limit(workload::lengths(&jobs)),
+            max_num_seqs: memory.max_num_seqs,
+        };
+        let (answers, curve) = match &fit {
+            Some(f) => (
+                plan::answers(
+                    f,
+                    &self.config.classes,
+                    &fleet,
+                    in_flight,
+                    held,
+                    replays.as_mut(),
+                ),
+                plan::curve(f),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        let ttft_curve = replays
+            .as_mut()
+            .map(|r| r.curve(&plan::CURVE))
+            .unwrap_or_default();
+        let check = replays
+            .as_mut()
+            .and_then(|r| check::check(&recent, now, in_flight, r));
+        Report {
+            fit,
+            samples,
+            observed,
+            answers,
+            curve,
+            ttft_curve,
+            prefill,
+            mix,
+            decoding,
+            in_flight,
+            replicas,
+            kv_blocks_per_request: memory.mean_blocks(workload::lengths(&jobs)),
+            check,
+            memory,
+        }
+    }
+
+    /// The window's samples per concurrency (its medians), for a reader that wants to see what
+    /// the fit was drawn through.
+    pub fn columns(&self, now: Instant) -> Vec<summary::Column> {
+        self.summary.columns(now)
+    }
+
+    /// Samples dropped for a concurrency above [`summary::MAX_CONCURRENCY`].
+    pub fn dropped(&self) -> u64 {
+        self.summary.dropped()
+    }
+}
+
+impl stream::Gaps for Capacity {
+    fn push(&self, decoding: f64, gap: Duration, tokens: u32, at: Instant) {
+        Capacity::push(self, decoding, gap, tokens, at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replicas_divide_the_concurrency_and_the_report_waits_for_a_refit() {
+        let t0 = Instant::now();
+        let cap = Capacity::new(
+            CapacityConfig {
+                classes: vec![ClassTargets::floor("interactive", 40.0)],
+                fleet: Fleet {
+                    replicas: 2,
+                    gpus: 2.0,
+                    gpu_hour_cost: None,
+                },
+                ..CapacityConfig::default()
+            },
+            t0,
+        );
+        assert_eq!(cap.report(t0).fit, None);
+        // Seen through a gateway: 2b streams decoding over two engines, each at t(b).
+        for b in 1..=40u32 {
+            let step = Duration::from_micros(10_000 + 500 * u64::from(b));
+            for _ in 0..50 {
+                cap.push(f64::from(2 * b), step, 1, t0 + Duration::from_secs(1));
+            }
+        }
+        // Within the refit interval the old (empty) report is kept.
+        assert_eq!(cap.report(t0 + Duration::from_secs(1)).fit, None);
+        let r = cap.report(t0 + REFIT_INTERVAL + Duration::from_secs(1));
+        let f = r.fit.expect("a fit");
+        assert!((f.base / 0.010 - 1.0).abs() < 0.03, "{f:?}");
+        assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.03, "{f:?}");
+        assert_eq!(r.observed, Some((1, 40)));
+        assert_eq!(r.samples, 2000);
+        let a = &r.answers[0];
+        assert!((29..=31).contains(&a.max_concurrency), "{a:?}");
+        assert_eq!(r.curve.len(), plan::CURVE.len());
+        assert_eq!(r.replicas, 2);
+    }
+
+    #[test]
+    fn a_new_replica_count_divides_what_comes_after_it_and_multiplies_the_fleet() {
+        let t0 = Instant::now();
+        let cap = Capacity::new(
+            CapacityConfig {
+                classes: vec![ClassTargets::floor("interactive", 40.0)],
+                ..CapacityConfig::default()
+            },
+            t0,
+        );
+        let at = t0 + Duration::from_secs(1);
+        let step = |b: u32| Duration::from_micros(10_000 + 500 * u64::from(b));
+        // One engine for concurrencies 1..=20, then four (as `--replicas auto` found them) for
+        // 21..=40: the gateway sees four times as many streams for the same per-engine batch.
+        for b in 1..=20u32 {
+            for _ in 0..30 {
+                cap.push(f64::from(b), step(b), 1, at);
+            }
+        }
+        cap.set_replicas(4);
+        for b in 21..=40u32 {
+            for _ in 0..30 {
+                cap.push(f64::from(4 * b), step(b), 1, at);
+            }
+        }
+        let r = cap.refit(t0 + Duration::from_secs(2));
+        let f = r.fit.expect("a fit");
+        assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.03, "{f:?}");
+        assert_eq!((r.observed, r.replicas), (Some((1, 40)), 4));
+        let one = plan::answers(
+            &f,
+            &cap.config().classes,
+            &cap.config().fleet,
+            r.in_flight * 4.0,
+            plan::Held::default(),
+            None,
+        );
+        assert!((r.answers[0].output_tps / one[0].output_tps - 4.0).abs() < 1e-9);
+        cap.set_replicas(0);
+        assert_eq!(cap.replicas(), 1);
+    }
+}

@@ -1,0 +1,816 @@
+//! `tokenmeter capacity --metrics URL`: the capacity model for a planner without Grafana.
+//!
+//! It scrapes a running tokenmeter's `/metrics`, reads the capacity families back
+//! ([`CapacityReading::from_samples`]), prints the fitted model, a table per class and the curve, and
+//! writes the trade-off chart as SVG with the bench's chart code. Everything it prints is
+//! tokenmeter's own figures; the curve in the chart is drawn from the fitted coefficients, so it
+//! is exact at every concurrency, not only at the nine the metrics carry.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::bench::chart::{self, Axis, Chart, Series};
+use crate::scrape::{scrape, ScrapeError};
+use tokenmeter::capacity::plan::CURVE;
+use tokenmeter::capacity::summary::MAX_CONCURRENCY;
+use tokenmeter::capacity::Bound;
+use tokenmeter::exposition::Sample;
+use tokenmeter::metrics::capacity::{
+    names, BOUNDS, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
+};
+
+/// The command's flags.
+#[derive(Debug, Clone, Args)]
+pub struct CapacityArgs {
+    /// A tokenmeter's /metrics URL, e.g. http://127.0.0.1:9090/metrics.
+    #[arg(long, env = "TOKENMETER_CAPACITY_METRICS", value_name = "URL")]
+    pub metrics: String,
+
+    /// Where the trade-off chart is written.
+    #[arg(
+        long,
+        env = "TOKENMETER_CAPACITY_SVG",
+        value_name = "FILE",
+        default_value = "capacity.svg"
+    )]
+    pub svg: PathBuf,
+}
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("--metrics {0:?} is not an http:// URL")]
+    BadUrl(String),
+    #[error(transparent)]
+    Fetch(ScrapeError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("{0} has no tokenmeter capacity metrics (is it tokenmeter's /metrics, version with the capacity model?)")]
+    NotCapacity(String),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl CommandError {
+    /// True for errors the user fixes by changing the flags.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CommandError::BadUrl(_))
+    }
+}
+
+/// One class's row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassRow {
+    pub name: String,
+    pub floor: Option<f64>,
+    pub max_concurrency: Option<f64>,
+    pub output_tps: Option<f64>,
+    pub output_tps_per_gpu: Option<f64>,
+    pub cost_per_million: Option<f64>,
+    pub utilization: Option<f64>,
+    /// The limits: the TTFT end's, the decode end's, and memory's (the KV cache's and the
+    /// engine's cap on sequences).
+    pub limit_ttft: Option<f64>,
+    pub limit_tps: Option<f64>,
+    pub limit_kv: Option<f64>,
+    pub limit_seqs: Option<f64>,
+    pub max_request_rate: Option<f64>,
+}
+
+impl ClassRow {
+    /// The bound that binds: the smallest limit, on a tie the first of [`Bound::ALL`], as the
+    /// model chose it.
+    pub fn binds(&self) -> Option<Bound> {
+        Bound::ALL
+            .iter()
+            .filter_map(|&b| {
+                let v = match b {
+                    Bound::Ttft => self.limit_ttft,
+                    Bound::TokensPerSecond => self.limit_tps,
+                    Bound::KvCache => self.limit_kv,
+                    Bound::MaxNumSeqs => self.limit_seqs,
+                }?;
+                Some((v, b))
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, b)| b)
+    }
+}
+
+/// The self-check's families.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckReading {
+    pub concurrency: Option<f64>,
+    pub ttft: [Option<f64>; 2],
+    pub tps: [Option<f64>; 2],
+    pub trusted: Option<f64>,
+}
+
+/// The mix the first-token predictions assume.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Workload {
+    pub requests: Option<f64>,
+    pub prompt: Option<f64>,
+    pub cached: Option<f64>,
+    pub output: Option<f64>,
+    /// The prefill cost per uncached token and where it was read from.
+    pub prefill: Option<(f64, String)>,
+}
+
+/// The capacity families of one scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CapacityReading {
+    pub base: Option<f64>,
+    pub per_seq: Option<f64>,
+    pub r2: Option<f64>,
+    pub samples: f64,
+    pub observed: (Option<f64>, Option<f64>),
+    /// The model's self-check: the concurrency, TTFT p90 and median tokens/s (predicted,
+    /// observed), and whether it is trusted.
+    pub check: CheckReading,
+    /// The KV cache the model takes, and a client's mean footprint in it, where known.
+    pub kv_cache_tokens: Option<f64>,
+    pub kv_tokens_per_request: Option<f64>,
+    /// Sorted by name.
+    pub classes: Vec<ClassRow>,
+    /// (concurrency, per-request, aggregate) as exported.
+    pub curve: Vec<(u32, Option<f64>, Option<f64>)>,
+    /// (concurrency, TTFT at 0.5, 0.9, 0.99) as exported.
+    pub ttft: Vec<(u32, [Option<f64>; 3])>,
+    pub workload: Workload,
+    /// Mean requests in flight per engine over the last minute.
+    pub in_flight: Option<f64>,
+}
+
+impl CapacityReading {
+    /// Reads the capacity families; `None` when the scrape has none (not tokenmeter, or an older
+    /// one).
+    pub fn from_samples(samples: &[Sample]) -> Option<CapacityReading> {
+        let mut r = CapacityReading::default();
+        let mut seen = false;
+        let mut curve: Vec<(u32, Option<f64>, Option<f64>)> =
+            CURVE.iter().map(|&b| (b, None, None)).collect();
+        let mut ttft: Vec<(u32, [Option<f64>; 3])> =
+            CURVE.iter().map(|&b| (b, [None; 3])).collect();
+        for s in samples {
+            let v = Some(s.value);
+            let class = |r: &mut CapacityReading| -> Option<usize> {
+                let name = s.label("class")?;
+                Some(match r.classes.iter().position(|c| c.name == name) {
+                    Some(i) => i,
+                    None => {
+                        r.classes.push(ClassRow {
+                            name: name.to_string(),
+                            ..ClassRow::default()
+                        });
+                        r.classes.len() - 1
+                    }
+                })
+            };
+            match s.name.as_str() {
+                names::FIT_SAMPLES => {
+                    seen = true;
+                    r.samples = s.value;
+                }
+                names::STEP_SECONDS if s.label("term") == Some(TERMS[0]) => r.base = v,
+                names::STEP_SECONDS if s.label("term") == Some(TERMS[1]) => r.per_seq = v,
+                names::FIT_R2 => r.r2 = v,
+                names::OBSERVED_CONCURRENCY if s.label("bound") == Some(BOUNDS[0]) => {
+                    r.observed.0 = v
+                }
+                names::OBSERVED_CONCURRENCY if s.label("bound") == Some(BOUNDS[1]) => {
+                    r.observed.1 = v
+                }
+                names::CURVE_TPS => {
+                    let b = s.label("concurrency").and_then(|c| c.parse::<u32>().ok());
+                    if let Some(p) = curve.iter_mut().find(|p| Some(p.0) == b) {
+                        match s.label("kind") {
+                            Some(k) if k == KINDS[0] => p.1 = v,
+                            Some(k) if k == KINDS[1] => p.2 = v,
+                            _ => {}
+                        }
+                    }
+                }
+                names::TTFT_SECONDS => {
+                    let b = s.label("concurrency").and_then(|c| c.parse::<u32>().ok());
+                    let q = s
+                        .label("percentile")
+                        .and_then(|q| PERCENTILE_LABELS.iter().position(|l| *l == q));
+                    if let (Some(p), Some(q)) = (ttft.iter_mut().find(|p| Some(p.0) == b), q) {
+                        p.1[q] = v;
+                    }
+                }
+                names::WORKLOAD_REQUESTS => r.workload.requests = v,
+                names::WORKLOAD_TOKENS => match s.label("kind") {
+                    Some(k) if k == WORKLOAD_KINDS[0] => r.workload.prompt = v,
+                    Some(k) if k == WORKLOAD_KINDS[1] => r.workload.cached = v,
+                    Some(k) if k == WORKLOAD_KINDS[2] => r.workload.output = v,
+                    _ => {}
+                },
+                names::PREFILL_PER_TOKEN => {
+                    let source = s.label("source").unwrap_or("-").to_string();
+                    r.workload.prefill = Some((s.value, source));
+                }
+                names::IN_FLIGHT => r.in_flight = v,
+                names::KV_CACHE_TOKENS => r.kv_cache_tokens = v,
+                names::CHECK_CONCURRENCY => r.check.concurrency = v,
+                names::CHECK_TRUSTED => r.check.trusted = v,
+                names::CHECK_TTFT | names::CHECK_TPS => {
+                    let i = s
+                        .label("source")
+                        .and_then(|l| CHECK_SOURCES.iter().position(|c| *c == l));
+                    if let Some(i) = i {
+                        let pair = if s.name == names::CHECK_TTFT {
+                            &mut r.check.ttft
+                        } else {
+                            &mut r.check.tps
+                        };
+                        pair[i] = v;
+                    }
+                }
+                names::KV_TOKENS_PER_REQUEST => r.kv_tokens_per_request = v,
+                names::LIMIT_CONCURRENCY => {
+                    let bound = s.label("bound");
+                    if let Some(i) = class(&mut r) {
+                        let c = &mut r.classes[i];
+                        match bound {
+                            Some(b) if b == Bound::Ttft.as_str() => c.limit_ttft = v,
+                            Some(b) if b == Bound::TokensPerSecond.as_str() => c.limit_tps = v,
+                            Some(b) if b == Bound::KvCache.as_str() => c.limit_kv = v,
+                            Some(b) if b == Bound::MaxNumSeqs.as_str() => c.limit_seqs = v,
+                            _ => {}
+                        }
+                    }
+                }
+                name => {
+                    let field: fn(&mut ClassRow) -> &mut Option<f64> = match name {
+                        names::MAX_REQUEST_RATE => |c| &mut c.max_request_rate,
+                        names::TPS_FLOOR => |c| &mut c.floor,
+                        names::MAX_CONCURRENCY => |c| &mut c.max_concurrency,
+                        names::OUTPUT_TPS => |c| &mut c.output_tps,
+                        names::OUTPUT_TPS_PER_GPU => |c| &mut c.output_tps_per_gpu,
+                        names::COST_PER_MILLION => |c| &mut c.cost_per_million,
+                        names::UTILIZATION => |c| &mut c.utilization,
+                        _ => continue,
+                    };
+                    if let Some(i) = class(&mut r) {
+                        *field(&mut r.classes[i]) = v;
+                    }
+                }
+            }
+        }
+        r.classes.sort_by(|a, b| a.name.cmp(&b.name));
+        r.curve = curve;
+        r.ttft = ttft;
+        seen.then_some(r)
+    }
+
+    /// The fitted step in seconds at concurrency `b`.
+    fn step(&self, b: f64) -> Option<f64> {
+        let t = self.base? + self.per_seq? * b;
+        (t > 0.0).then_some(t)
+    }
+
+    /// The mean requests in flight per engine now: exported, or from any class's utilization.
+    pub fn operating_point(&self) -> Option<f64> {
+        self.in_flight.or_else(|| {
+            self.classes
+                .iter()
+                .find_map(|c| Some(c.utilization? * c.max_concurrency?))
+        })
+    }
+
+    /// True when concurrency `b` is outside the observed range (an extrapolation).
+    fn extrapolated(&self, b: f64) -> bool {
+        match self.observed {
+            (Some(lo), Some(hi)) => b < lo || b > hi,
+            _ => true,
+        }
+    }
+
+    /// The printed report: the model, the classes, the curve.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let opt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+        };
+        match (self.base, self.per_seq) {
+            (Some(base), Some(per_seq)) => {
+                let _ = writeln!(
+                    s,
+                    "step cost: t(b) = {:.3} ms + {:.4} ms x b   (r² {}, {} token samples, concurrency {}-{} observed)",
+                    base * 1e3,
+                    per_seq * 1e3,
+                    opt(self.r2, 3),
+                    self.samples as u64,
+                    opt(self.observed.0, 0),
+                    opt(self.observed.1, 0),
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    s,
+                    "no fit yet: {} token samples at usable concurrencies (a fit needs 3 concurrencies with 20 samples each)",
+                    self.samples as u64
+                );
+            }
+        }
+        if let Some(now) = self.operating_point() {
+            let _ = writeln!(
+                s,
+                "in flight now: {now:.1} requests per engine (mean of the last minute)"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<16} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12}",
+            "class",
+            "floor tok/s",
+            "max streams",
+            "fleet tok/s",
+            "tok/s/GPU",
+            "cost/M tok",
+            "utilization"
+        );
+        for c in &self.classes {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12}",
+                c.name,
+                opt(c.floor, 1),
+                opt(c.max_concurrency, 0),
+                opt(c.output_tps, 1),
+                opt(c.output_tps_per_gpu, 1),
+                opt(c.cost_per_million, 4),
+                opt(c.utilization, 2),
+            );
+            if c.max_concurrency
+                .is_some_and(|b| b >= 1.0 && self.extrapolated(b))
+            {
+                let _ = writeln!(
+                    s,
+                    "{:<16} (max streams outside the observed concurrency: an extrapolation)",
+                    ""
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n{:>11} {:>18} {:>16}",
+            "concurrency", "per-request tok/s", "aggregate tok/s"
+        );
+        for &(b, exported_per_request, exported_aggregate) in &self.curve {
+            // The fitted line gives the curve exactly; the exported points are the fallback.
+            let x = f64::from(b);
+            let per_request = self.step(x).map(|t| 1.0 / t).or(exported_per_request);
+            let aggregate = self.step(x).map(|t| x / t).or(exported_aggregate);
+            let mark = if per_request.is_some() && self.extrapolated(x) {
+                "  (extrapolated)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                s,
+                "{b:>11} {:>18} {:>16}{mark}",
+                opt(per_request, 1),
+                opt(aggregate, 1)
+            );
+        }
+        self.first_token_text(&mut s);
+        self.check_text(&mut s);
+        s
+    }
+
+    /// The self-check: the model against the last minute, and whether to trust the answer.
+    fn check_text(&self, s: &mut String) {
+        let c = &self.check;
+        let Some(n) = c.concurrency else { return };
+        let pair = |p: [Option<f64>; 2], digits: usize| match p {
+            [Some(a), Some(b)] if b > 0.0 => {
+                format!(
+                    "predicted {a:.digits$}, observed {b:.digits$} ({:+.0}%)",
+                    (a / b - 1.0) * 100.0
+                )
+            }
+            _ => "-".to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "\nself-check at {n:.0} in flight: TTFT p90 s {}; tok/s per request {}",
+            pair(c.ttft, 3),
+            pair(c.tps, 1),
+        );
+        if c.trusted == Some(0.0) {
+            let _ = writeln!(
+                s,
+                "NOT TO BE TRUSTED: the model is more than 50% off what the engine does now (docs/capacity.md, \"When the model is off\")"
+            );
+        }
+    }
+
+    /// The first token's and memory's ends: every limit per class and which binds, the arrival
+    /// rate, the mix the predictions assume, the KV cache, and the predicted TTFT curve.
+    /// Nothing when the scrape has none of it.
+    fn first_token_text(&self, s: &mut String) {
+        let opt = |v: Option<f64>, digits: usize| {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+        };
+        let w = &self.workload;
+        let memory = self.kv_cache_tokens.is_some()
+            || self
+                .classes
+                .iter()
+                .any(|c| c.limit_kv.is_some() || c.limit_seqs.is_some());
+        if !memory && w.requests.is_none() && self.ttft.iter().all(|p| p.1[1].is_none()) {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\nthe first token: {} requests in the mix, mean prompt {} tokens ({} cached), output {}; prefill {}",
+            opt(w.requests, 0),
+            opt(w.prompt, 0),
+            opt(w.cached, 0),
+            opt(w.output, 0),
+            w.prefill.as_ref().map_or_else(
+                || "not known yet".to_string(),
+                |(v, source)| format!("{:.4} ms per uncached token ({source})", v * 1e3)
+            ),
+        );
+        if let Some(kv) = self.kv_cache_tokens {
+            let _ = writeln!(
+                s,
+                "memory: KV cache {kv:.0} tokens; a client of this mix holds {} tokens on average",
+                opt(self.kv_tokens_per_request, 0),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:<16} {:>12} {:>13} {:>10} {:>10} {:>18} {:>10}",
+            "class", "ttft limit", "tok/s limit", "kv limit", "seqs limit", "binds", "max req/s"
+        );
+        for c in &self.classes {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>13} {:>10} {:>10} {:>18} {:>10}",
+                c.name,
+                opt(c.limit_ttft, 0),
+                opt(c.limit_tps, 0),
+                opt(c.limit_kv, 0),
+                opt(c.limit_seqs, 0),
+                c.binds().map_or("-", Bound::as_str),
+                opt(c.max_request_rate, 2),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n{:>11} {:>14} {:>14} {:>14}",
+            "concurrency", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s"
+        );
+        for (b, q) in &self.ttft {
+            let _ = writeln!(
+                s,
+                "{b:>11} {:>14} {:>14} {:>14}",
+                opt(q[0], 3),
+                opt(q[1], 3),
+                opt(q[2], 3)
+            );
+        }
+    }
+
+    /// The trade-off chart: per-request tokens/s (left) and aggregate (right) against
+    /// concurrency, each class's floor, and the operating point.
+    pub fn chart(&self) -> Chart {
+        let mut xs: Vec<f64> = CURVE.iter().map(|&b| f64::from(b)).collect();
+        let limits: Vec<f64> = self
+            .classes
+            .iter()
+            .filter_map(|c| c.max_concurrency)
+            .filter(|b| *b >= 1.0)
+            .collect();
+        let now = self
+            .operating_point()
+            .map(|n| n.round().clamp(1.0, MAX_CONCURRENCY as f64));
+        xs.extend(limits.iter().copied());
+        xs.extend(now);
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        let per_request = |b: f64| self.step(b).map(|t| 1.0 / t);
+        let mut series = vec![
+            Series {
+                name: "per-request tokens/s".into(),
+                class: "request-tps",
+                color: "#1f77b4",
+                axis: Axis::Left,
+                values: xs.iter().map(|&b| per_request(b)).collect(),
+            },
+            Series {
+                name: "aggregate tokens/s".into(),
+                class: "aggregate-tps",
+                color: "#d62728",
+                axis: Axis::Right,
+                values: xs.iter().map(|&b| self.step(b).map(|t| b / t)).collect(),
+            },
+        ];
+        for c in self.classes.iter().filter(|c| c.floor.is_some()) {
+            series.push(Series {
+                name: format!("{} floor", c.name),
+                class: "floor",
+                color: "#7f7f7f",
+                axis: Axis::Left,
+                values: xs.iter().map(|_| c.floor).collect(),
+            });
+        }
+        if let Some(now) = now {
+            series.push(Series {
+                name: "now".into(),
+                class: "operating-point",
+                color: "#2ca02c",
+                axis: Axis::Left,
+                values: xs
+                    .iter()
+                    .map(|&b| if b == now { per_request(b) } else { None })
+                    .collect(),
+            });
+        }
+        Chart {
+            title: "Capacity: tokens/s against concurrency per engine (fitted)".into(),
+            x_label: "decoding streams per engine".into(),
+            y_left: "per-request tokens/s".into(),
+            y_right: Some("aggregate tokens/s per engine".into()),
+            xs,
+            series,
+        }
+    }
+}
+
+/// Reads the capacity families from a scrape's samples, writes the chart to `svg` and returns
+/// the text to print.
+pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, CommandError> {
+    let reading = CapacityReading::from_samples(samples)
+        .ok_or_else(|| CommandError::NotCapacity(source.into()))?;
+    std::fs::write(svg, chart::render(&reading.chart())).map_err(|source| CommandError::Write {
+        path: svg.to_path_buf(),
+        source,
+    })?;
+    Ok(reading.text())
+}
+
+/// `tokenmeter capacity`: scrape, print, write the chart.
+pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CommandError::Runtime)?;
+    let scrape = runtime
+        .block_on(scrape(&args.metrics))
+        .map_err(|e| match e {
+            ScrapeError::BadUrl(u) => CommandError::BadUrl(u),
+            other => CommandError::Fetch(other),
+        })?;
+    let text = report(scrape.samples(), &args.metrics, &args.svg)?;
+    print!("{text}");
+    println!("\nchart written to {}", args.svg.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokenmeter::exposition::Scrape;
+
+    fn sample(name: &str, labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        }
+    }
+
+    fn scrape() -> Vec<Sample> {
+        let mut v = vec![
+            sample(names::FIT_SAMPLES, &[], 12345.0),
+            sample(names::STEP_SECONDS, &[("term", "base")], 0.010),
+            sample(names::STEP_SECONDS, &[("term", "per_sequence")], 0.0005),
+            sample(names::FIT_R2, &[], 0.998),
+            sample(names::OBSERVED_CONCURRENCY, &[("bound", "min")], 1.0),
+            sample(names::OBSERVED_CONCURRENCY, &[("bound", "max")], 64.0),
+            sample(names::TPS_FLOOR, &[("class", "interactive")], 40.0),
+            sample(names::MAX_CONCURRENCY, &[("class", "interactive")], 30.0),
+            sample(names::OUTPUT_TPS, &[("class", "interactive")], 1200.0),
+            sample(
+                names::OUTPUT_TPS_PER_GPU,
+                &[("class", "interactive")],
+                1200.0,
+            ),
+            sample(names::COST_PER_MILLION, &[("class", "interactive")], 0.4630),
+            sample(names::UTILIZATION, &[("class", "interactive")], 0.5),
+            sample("tokenmeter_build_info", &[("version", "0.1.0")], 1.0),
+        ];
+        for b in CURVE {
+            let t = 0.010 + 0.0005 * f64::from(b);
+            let c = b.to_string();
+            v.push(sample(
+                names::CURVE_TPS,
+                &[("concurrency", &c), ("kind", "per_request")],
+                1.0 / t,
+            ));
+            v.push(sample(
+                names::CURVE_TPS,
+                &[("concurrency", &c), ("kind", "aggregate")],
+                f64::from(b) / t,
+            ));
+        }
+        v
+    }
+
+    #[test]
+    fn the_first_tokens_end_is_read_back_and_printed() {
+        let mut v = scrape();
+        let chat = ("class", "chat");
+        v.extend([
+            sample(names::LIMIT_CONCURRENCY, &[chat, ("bound", "ttft")], 4.0),
+            sample(
+                names::LIMIT_CONCURRENCY,
+                &[chat, ("bound", "tokens_per_second")],
+                256.0,
+            ),
+            sample(names::MAX_CONCURRENCY, &[chat], 4.0),
+            sample(names::MAX_REQUEST_RATE, &[chat], 1.25),
+            sample(names::WORKLOAD_REQUESTS, &[], 300.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "prompt")], 2225.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "cached")], 0.0),
+            sample(names::WORKLOAD_TOKENS, &[("kind", "output")], 100.0),
+            sample(names::PREFILL_PER_TOKEN, &[("source", "wire")], 0.0002),
+            sample(names::IN_FLIGHT, &[], 6.5),
+        ]);
+        for (q, t) in [("50", 0.41), ("90", 0.42), ("99", 0.43)] {
+            v.push(sample(
+                names::TTFT_SECONDS,
+                &[("concurrency", "1"), ("percentile", q)],
+                t,
+            ));
+        }
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
+        let c = r.classes.iter().find(|c| c.name == "chat").expect("chat");
+        assert_eq!(
+            (c.limit_ttft, c.limit_tps, c.max_request_rate),
+            (Some(4.0), Some(256.0), Some(1.25))
+        );
+        assert_eq!(r.ttft[0], (1, [Some(0.41), Some(0.42), Some(0.43)]));
+        assert_eq!(r.operating_point(), Some(6.5));
+        let text = r.text();
+        assert!(
+            text.contains("300 requests in the mix, mean prompt 2225 tokens (0 cached), output 100; prefill 0.2000 ms per uncached token (wire)"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("chat "))
+            .expect("chat's limits row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["chat", "4", "256", "-", "-", "ttft", "1.25"]
+        );
+        assert!(
+            text.contains("          1          0.410          0.420          0.430"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_self_check_is_printed_and_says_when_not_to_trust_the_answer() {
+        let mut v = scrape();
+        v.extend([
+            sample(names::CHECK_CONCURRENCY, &[], 6.0),
+            sample(names::CHECK_TTFT, &[("source", "predicted")], 0.9),
+            sample(names::CHECK_TTFT, &[("source", "observed")], 2.0),
+            sample(names::CHECK_TPS, &[("source", "predicted")], 40.0),
+            sample(names::CHECK_TPS, &[("source", "observed")], 50.0),
+            sample(names::CHECK_TRUSTED, &[], 0.0),
+        ]);
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
+        let text = r.text();
+        assert!(
+            text.contains("self-check at 6 in flight: TTFT p90 s predicted 0.900, observed 2.000 (-55%); tok/s per request predicted 40.0, observed 50.0 (-20%)"),
+            "{text}"
+        );
+        assert!(text.contains("NOT TO BE TRUSTED"), "{text}");
+        v.push(sample(names::CHECK_TRUSTED, &[], 1.0));
+        let text = CapacityReading::from_samples(&v).expect("families").text();
+        assert!(!text.contains("NOT TO BE TRUSTED"), "{text}");
+        // No check exported: no line.
+        let text = CapacityReading::from_samples(&scrape())
+            .expect("families")
+            .text();
+        assert!(!text.contains("self-check"), "{text}");
+    }
+
+    #[test]
+    fn the_memory_end_is_read_back_and_named_when_it_binds() {
+        let mut v = scrape();
+        let chat = ("class", "chat");
+        for (bound, limit) in [
+            ("ttft", 7.0),
+            ("tokens_per_second", 256.0),
+            ("kv_cache", 3.0),
+            ("max_num_seqs", 8.0),
+        ] {
+            v.push(sample(
+                names::LIMIT_CONCURRENCY,
+                &[chat, ("bound", bound)],
+                limit,
+            ));
+        }
+        v.push(sample(names::KV_CACHE_TOKENS, &[], 2048.0));
+        v.push(sample(names::KV_TOKENS_PER_REQUEST, &[], 563.2));
+        let r = CapacityReading::from_samples(&v).expect("capacity families");
+        let c = r.classes.iter().find(|c| c.name == "chat").expect("chat");
+        assert_eq!((c.limit_kv, c.limit_seqs), (Some(3.0), Some(8.0)));
+        assert_eq!(c.binds(), Some(Bound::KvCache));
+        let text = r.text();
+        assert!(
+            text.contains(
+                "memory: KV cache 2048 tokens; a client of this mix holds 563 tokens on average"
+            ),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("chat "))
+            .expect("chat's limits row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["chat", "7", "256", "3", "8", "kv_cache", "-"]
+        );
+    }
+
+    #[test]
+    fn a_scrape_is_read_back_into_the_model_and_printed() {
+        let r = CapacityReading::from_samples(&scrape()).expect("capacity families");
+        assert_eq!((r.base, r.per_seq), (Some(0.010), Some(0.0005)));
+        assert_eq!(r.classes.len(), 1);
+        assert_eq!(r.classes[0].max_concurrency, Some(30.0));
+        assert_eq!(r.operating_point(), Some(15.0));
+        let text = r.text();
+        assert!(text.contains("t(b) = 10.000 ms + 0.5000 ms x b"), "{text}");
+        assert!(text.contains("interactive"), "{text}");
+        assert!(text.contains("in flight now: 15.0 requests"), "{text}");
+        // No first-token families in this scrape: no such section.
+        assert!(!text.contains("the first token"), "{text}");
+        // 128 and 256 lie beyond the observed 64.
+        assert_eq!(text.matches("(extrapolated)").count(), 2, "{text}");
+        let svg = chart::render(&r.chart());
+        // The curve at the nine edges plus the class's limit (30) and the operating point (15).
+        assert_eq!(
+            svg.matches("class=\"point request-tps\"").count(),
+            11,
+            "{svg}"
+        );
+        assert_eq!(svg.matches("class=\"point operating-point\"").count(), 1);
+        assert_eq!(svg.matches("class=\"point floor\"").count(), 11);
+    }
+
+    #[test]
+    fn an_exposition_of_the_families_reads_back() {
+        let text =
+            "# TYPE tokenmeter_capacity_fit_samples gauge\ntokenmeter_capacity_fit_samples 99\n\
+                    tokenmeter_capacity_step_seconds{term=\"base\"} 0.02\n\
+                    tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.00025\n\
+                    tokenmeter_capacity_max_concurrency{class=\"agent\"} 20\n";
+        let r = CapacityReading::from_samples(Scrape::parse(text).samples()).expect("present");
+        assert_eq!(
+            (r.base, r.per_seq, r.samples),
+            (Some(0.02), Some(0.00025), 99.0)
+        );
+        assert_eq!(r.classes[0].max_concurrency, Some(20.0));
+    }
+
+    #[test]
+    fn before_the_fit_it_says_so_and_without_the_families_it_refuses() {
+        let r = CapacityReading::from_samples(&[sample(names::FIT_SAMPLES, &[], 7.0)])
+            .expect("present");
+        assert!(
+            r.text().starts_with("no fit yet: 7 token samples"),
+            "{}",
+            r.text()
+        );
+        assert!(r.chart().series[0].values.iter().all(Option::is_none));
+        let other = [sample("tokenmeter_build_info", &[], 1.0)];
+        assert_eq!(CapacityReading::from_samples(&other), None);
+        let dir = std::env::temp_dir().join("tokenmeter-capacity-test.svg");
+        assert!(matches!(
+            report(&other, "x", &dir),
+            Err(CommandError::NotCapacity(_))
+        ));
+    }
+}

@@ -1,0 +1,195 @@
+//! One GET of a `/metrics` page, parsed: what the tools beside the proxy (`tokenmeter bench
+//! --proxy-metrics`, `tokenmeter capacity --metrics`) read tokenmeter's figures back with.
+//!
+//! [`tokenmeter::exposition`] parses text and does no I/O; this is the I/O around it: a plain
+//! `http://` URL, a timeout over the whole exchange, a success status, and a bounded body (a
+//! wrong URL that streams forever must not fill the memory). The request path never uses it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use tokenmeter::exposition::Scrape;
+
+/// How long one scrape may take, answer and body together: tokenmeter renders its exposition
+/// in milliseconds, so this only ends a wait for something that is not a tokenmeter.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest exposition read: tokenmeter's is tens of KiB (a few hundred KiB with many models and
+/// classes), so this only stops a wrong URL that streams forever.
+pub const MAX_SCRAPE: usize = 16 << 20;
+
+/// Why a scrape failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    /// Not an `http://` URL with a host (the caller names its flag).
+    #[error("{0:?} is not an http:// URL")]
+    BadUrl(String),
+    #[error("cannot scrape {url}: {reason}")]
+    Fetch { url: String, reason: String },
+}
+
+/// Scrapes one URL, again and again over one pooled client.
+pub struct Scraper {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    url: String,
+    uri: Uri,
+}
+
+impl Scraper {
+    /// Checks the URL; nothing is sent yet.
+    pub fn new(url: &str) -> Result<Scraper, ScrapeError> {
+        let uri: Uri = url
+            .parse()
+            .ok()
+            .filter(|u: &Uri| u.scheme_str() == Some("http") && u.authority().is_some())
+            .ok_or_else(|| ScrapeError::BadUrl(url.to_string()))?;
+        Ok(Scraper {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            url: url.to_string(),
+            uri,
+        })
+    }
+
+    /// The URL as given.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// GETs the page and parses it.
+    pub async fn get(&self) -> Result<Scrape, ScrapeError> {
+        tokio::time::timeout(SCRAPE_TIMEOUT, self.fetch())
+            .await
+            .map_err(|_| self.fail(format!("no answer within {SCRAPE_TIMEOUT:?}")))?
+    }
+
+    async fn fetch(&self) -> Result<Scrape, ScrapeError> {
+        let resp = self
+            .client
+            .get(self.uri.clone())
+            .await
+            .map_err(|e| self.fail(e.to_string()))?;
+        if !resp.status().is_success() {
+            return Err(self.fail(format!("HTTP status {}", resp.status())));
+        }
+        let body = Limited::new(resp.into_body(), MAX_SCRAPE)
+            .collect()
+            .await
+            .map_err(|e| self.fail(e.to_string()))?
+            .to_bytes();
+        Ok(Scrape::parse(&String::from_utf8_lossy(&body)))
+    }
+
+    fn fail(&self, reason: String) -> ScrapeError {
+        ScrapeError::Fetch {
+            url: self.url.clone(),
+            reason,
+        }
+    }
+}
+
+/// One scrape of `url`.
+pub async fn scrape(url: &str) -> Result<Scrape, ScrapeError> {
+    Scraper::new(url)?.get().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Serves `answers` in turn, one connection each, then stops.
+    async fn serve(answers: Vec<Vec<u8>>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move {
+            for answer in answers {
+                let Ok((mut s, _)) = l.accept().await else {
+                    return;
+                };
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(&answer).await;
+                let _ = s.shutdown().await;
+            }
+        });
+        format!("http://{addr}/metrics")
+    }
+
+    fn http(status: &str, body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn only_a_plain_http_url_with_a_host_is_taken() {
+        for bad in [
+            "https://h/metrics",
+            "h:9090/metrics",
+            "/metrics",
+            "not a url",
+            "",
+        ] {
+            assert!(
+                matches!(Scraper::new(bad), Err(ScrapeError::BadUrl(ref u)) if u == bad),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            Scraper::new("http://h:9090/metrics").expect("ok").url(),
+            "http://h:9090/metrics"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_page_is_parsed_and_a_bad_status_is_an_error_naming_the_url() {
+        let url = serve(vec![
+            http("200 OK", "# TYPE up gauge\nup 1\nx{a=\"b\"} 2.5\n"),
+            http("503 Service Unavailable", "draining"),
+        ])
+        .await;
+        let s = scrape(&url).await.expect("scraped");
+        assert_eq!(s.sum("x", &[("a", "b")]), 2.5);
+        assert!(s.contains("up"));
+        let Err(e) = scrape(&url).await else {
+            panic!("a 503 is an error")
+        };
+        let line = e.to_string();
+        assert!(
+            line.starts_with(&format!("cannot scrape {url}: HTTP status 503")),
+            "{line}"
+        );
+    }
+
+    #[tokio::test]
+    async fn nobody_listening_is_an_error_not_a_wait() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/metrics", l.local_addr().expect("addr"));
+        drop(l);
+        assert!(matches!(scrape(&url).await, Err(ScrapeError::Fetch { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_never_answers_times_out() {
+        // Accepts and reads, never answers.
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/metrics", l.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let (_s, _) = l.accept().await.expect("accept");
+            std::future::pending::<()>().await;
+        });
+        let Err(e) = scrape(&url).await else {
+            panic!("a silent server is an error")
+        };
+        assert!(e.to_string().contains("no answer within"), "{e}");
+    }
+}

@@ -1,0 +1,312 @@
+//! The wire formats' unit tests: every event parses as JSON, each stream has the shape the
+//! real server sends, requests are read per dialect.
+
+use super::ollama::rfc3339;
+use super::*;
+use crate::sim::text::{Rng, Words};
+use serde_json::Value;
+use std::time::Duration;
+
+fn response(route: Handler, stream: bool, n: u32) -> Reply {
+    Reply {
+        route,
+        stream,
+        include_usage: true,
+        model: json_string("m"),
+        id: 7,
+        created: 1_700_000_000,
+        prompt_tokens: 5,
+        cached_tokens: None,
+        output_tokens: n,
+        limited: true,
+        details: true,
+        per_request_metrics: false,
+    }
+}
+
+/// Renders a whole stream of `n` tokens.
+fn stream(route: Handler, n: u32) -> String {
+    let r = response(route, true, n);
+    let mut out = String::new();
+    let mut text = String::new();
+    let mut w = Words::new(Rng::new(1));
+    r.head(&mut out);
+    for i in 0..n {
+        let t = w.next_token();
+        text.push_str(t.text);
+        r.token(i, t, &text, &mut out);
+    }
+    r.tail(&Timings::default(), &mut out);
+    out
+}
+
+#[test]
+fn every_event_is_valid_json() {
+    for ep in [
+        Handler::Chat,
+        Handler::Completions,
+        Handler::Messages,
+        Handler::TgiGenerateStream,
+    ] {
+        let body = stream(ep, 3);
+        for line in body.lines().filter_map(|l| l.strip_prefix("data:")) {
+            let l = line.trim_start();
+            if l != "[DONE]" {
+                serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{ep:?}: {e}: {l}"));
+            }
+        }
+    }
+    for ep in [Handler::OllamaChat, Handler::OllamaGenerate] {
+        let body = stream(ep, 3);
+        assert_eq!(body.lines().count(), 4);
+        for l in body.lines() {
+            serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{ep:?}: {e}: {l}"));
+        }
+    }
+    for ep in [
+        Handler::Chat,
+        Handler::Completions,
+        Handler::Messages,
+        Handler::OllamaChat,
+        Handler::OllamaGenerate,
+        Handler::TgiGenerate,
+    ] {
+        let r = response(ep, false, 2);
+        let body = r.whole(" a \"quoted\"\n text", &Timings::default());
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{ep:?}: {e}"));
+        assert!(v.is_object());
+    }
+}
+
+#[test]
+fn openai_chat_stream_shape() {
+    let body = stream(Handler::Chat, 2);
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 5, "{body}");
+    assert!(events[0].contains("\"role\":\"assistant\",\"content\":\"\""));
+    assert!(events[1].contains("\"finish_reason\":null"));
+    assert!(events[2].contains("\"finish_reason\":\"length\""));
+    assert!(events[3].contains(
+        "\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}"
+    ));
+    assert_eq!(events[4], "data: [DONE]");
+}
+
+#[test]
+fn anthropic_stream_shape() {
+    let body = stream(Handler::Messages, 2);
+    let names: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    assert!(body.contains("\"usage\":{\"input_tokens\":5,\"output_tokens\":1}"));
+    assert!(body.contains(
+        "\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}"
+    ));
+}
+
+#[test]
+fn tgi_last_token_carries_details() {
+    let body = stream(Handler::TgiGenerateStream, 3);
+    let events: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0]["index"], 1);
+    assert!(events[1]["details"].is_null());
+    assert_eq!(events[2]["details"]["generated_tokens"], 3);
+    let text: String = events
+        .iter()
+        .map(|e| e["token"]["text"].as_str().expect("text"))
+        .collect();
+    assert_eq!(events[2]["generated_text"], text.as_str());
+}
+
+#[test]
+fn ollama_final_line_counts() {
+    let body = stream(Handler::OllamaChat, 4);
+    let last: Value = serde_json::from_str(body.lines().last().expect("line")).expect("json");
+    assert_eq!(last["done"], true);
+    assert_eq!(last["eval_count"], 4);
+    assert_eq!(last["prompt_eval_count"], 5);
+    assert_eq!(last["done_reason"], "length");
+}
+
+#[test]
+fn requests_are_read_per_api() {
+    let p = parse(
+        Handler::Chat,
+        br#"{"model":"x","messages":[{"role":"user","content":"abcdefgh"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":9,"max_completion_tokens":12}"#,
+    )
+    .expect("valid");
+    assert_eq!(
+        (p.stream, p.include_usage, p.max_tokens, p.model.as_deref()),
+        (true, true, Some(12), Some("x"))
+    );
+    assert_eq!(p.prompt_chars, "user".len() + "abcdefgh".len());
+    let p = parse(
+        Handler::OllamaChat,
+        br#"{"messages":[],"options":{"num_predict":5}}"#,
+    )
+    .expect("valid");
+    assert_eq!((p.stream, p.max_tokens), (true, Some(5)));
+    let p = parse(
+        Handler::OllamaGenerate,
+        br#"{"prompt":"hi","stream":false,"options":{"num_predict":-1}}"#,
+    )
+    .expect("valid");
+    assert_eq!((p.stream, p.max_tokens), (false, None));
+    let p = parse(
+        Handler::TgiGenerateStream,
+        br#"{"inputs":"hi","parameters":{"max_new_tokens":20}}"#,
+    )
+    .expect("valid");
+    assert_eq!((p.stream, p.max_tokens), (true, Some(20)));
+    assert_eq!(parse(Handler::Chat, b"[1]"), Err(BodyError::NotJson));
+    assert_eq!(
+        parse(Handler::Messages, br#"{"max_tokens":0}"#),
+        Err(BodyError::BadLimit("max_tokens"))
+    );
+    assert_eq!(
+        parse(Handler::Completions, br#"{"max_tokens":"9"}"#),
+        Err(BodyError::BadLimit("max_tokens"))
+    );
+}
+
+#[test]
+fn the_seed_field_changes_the_hash_and_the_rest_does_not() {
+    let h = |b: &[u8]| parse(Handler::Chat, b).expect("valid").prompt_hash;
+    let base = h(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
+    assert_eq!(
+        base,
+        h(br#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#)
+    );
+    assert_ne!(
+        base,
+        h(br#"{"messages":[{"role":"user","content":"hi"}],"seed":1}"#)
+    );
+    assert_ne!(base, h(br#"{"messages":[{"role":"user","content":"ho"}]}"#));
+}
+
+#[test]
+fn routes_depend_on_the_dialect() {
+    assert_eq!(Handler::find(Dialect::Openai, "/v1/messages"), None);
+    assert_eq!(
+        Handler::find(Dialect::Anthropic, "/v1/messages"),
+        Some(Handler::Messages)
+    );
+    assert_eq!(
+        Handler::find(Dialect::Tgi, "/v1/chat/completions"),
+        Some(Handler::Chat)
+    );
+    assert_eq!(Handler::find(Dialect::Openai, "/generate"), None);
+}
+
+#[test]
+fn rfc3339_dates() {
+    assert_eq!(rfc3339(Duration::ZERO), "1970-01-01T00:00:00.000000Z");
+    assert_eq!(
+        rfc3339(Duration::new(1_755_697_704, 316_155_000)),
+        "2025-08-20T13:48:24.316155Z"
+    );
+    assert_eq!(
+        rfc3339(Duration::from_secs(951_782_400)),
+        "2000-02-29T00:00:00.000000Z"
+    );
+}
+
+/// With `--enable-per-request-metrics` the usage chunk states the engine's queue, prefill and
+/// generation as vLLM does, and tokenmeter's own reader gets the very values back.
+#[test]
+fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
+    use tokenmeter::protocol::{extractor, Api, Message};
+    let mut r = response(Handler::Chat, true, 3);
+    r.per_request_metrics = true;
+    let t = Timings {
+        prefill: Duration::from_millis(30),
+        decode: Duration::from_millis(40),
+        engine_queue: Some(Duration::from_millis(12)),
+        engine_prefill: Some(Duration::from_millis(18)),
+    };
+    let mut out = String::new();
+    r.tail(&t, &mut out);
+    let mut x = extractor(Api::OpenAi);
+    for line in out.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        x.on_message(&Message {
+            event: "",
+            data: line.as_bytes(),
+        });
+    }
+    let stated = x.summary().engine.expect("metrics stated");
+    let ms = |d: Option<Duration>| d.map(|d| (d.as_secs_f64() * 1e3 * 1e6).round() / 1e6);
+    assert_eq!(ms(stated.queue), Some(12.0));
+    assert_eq!(ms(stated.prefill), Some(18.0));
+    assert_eq!(ms(stated.generation), Some(40.0));
+    // Without the flag there is no `metrics` object.
+    r.per_request_metrics = false;
+    let mut plain = String::new();
+    r.tail(&t, &mut plain);
+    assert!(!plain.contains("metrics"), "{plain}");
+}
+
+/// With the prefix cache on, OpenAI states the cached share in `prompt_tokens_details` (the
+/// prompt count unchanged), and Anthropic splits the prompt into uncached and cache-read tokens.
+#[test]
+fn the_cached_share_is_stated_in_each_formats_usage() {
+    let cached = |route: Handler, stream: bool| Reply {
+        prompt_tokens: 2000,
+        cached_tokens: Some(1800),
+        ..response(route, stream, 2)
+    };
+    for route in [Handler::Chat, Handler::Completions] {
+        let mut tail = String::new();
+        cached(route, true).tail(&Timings::default(), &mut tail);
+        let usage = "\"usage\":{\"prompt_tokens\":2000,\"completion_tokens\":2,\"total_tokens\":2002,\"prompt_tokens_details\":{\"cached_tokens\":1800}}";
+        assert!(tail.contains(usage), "{tail}");
+        let whole: Value =
+            serde_json::from_str(&cached(route, false).whole("x", &Timings::default()))
+                .expect("json");
+        assert_eq!(
+            whole["usage"]["prompt_tokens_details"]["cached_tokens"],
+            1800
+        );
+        assert_eq!(whole["usage"]["prompt_tokens"], 2000);
+    }
+    let mut head = String::new();
+    cached(Handler::Messages, true).head(&mut head);
+    assert!(
+        head.contains(
+            "\"usage\":{\"input_tokens\":200,\"cache_read_input_tokens\":1800,\"output_tokens\":1}"
+        ),
+        "{head}"
+    );
+    let whole: Value =
+        serde_json::from_str(&cached(Handler::Messages, false).whole("x", &Timings::default()))
+            .expect("json");
+    assert_eq!(
+        (
+            &whole["usage"]["input_tokens"],
+            &whole["usage"]["cache_read_input_tokens"]
+        ),
+        (&Value::from(200), &Value::from(1800))
+    );
+    // Off: nothing stated, the bytes as before.
+    let mut tail = String::new();
+    response(Handler::Chat, true, 2).tail(&Timings::default(), &mut tail);
+    assert!(!tail.contains("prompt_tokens_details"));
+}
