@@ -656,6 +656,7 @@ fn sim_model() -> Model {
         step_base: Duration::from_millis(10),
         step_per_seq: Duration::from_millis(2),
         prefill_per_token: Duration::from_micros(10),
+        step_per_1k_kv_tokens: Duration::ZERO,
         max_batch: 8,
     }
 }

@@ -52,6 +52,7 @@ async fn rig(extra: &[&str]) -> Rig {
             step_base: Duration::from_millis(16),
             step_per_seq: Duration::from_micros(200),
             prefill_per_token: Duration::from_micros(50),
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 256,
         },
         // The engine states each request's queue and prefill time, as vLLM does with

@@ -160,6 +160,7 @@ async fn long_prompts_hold_the_limit_where_the_first_token_misses() {
             step_base: Duration::from_millis(10),
             step_per_seq: Duration::from_micros(200),
             prefill_per_token: Duration::from_micros(200),
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 256,
         },
         prompt_tokens: 2000,
@@ -184,6 +185,7 @@ async fn a_second_prefill_cost_prompt_and_target() {
             step_base: Duration::from_millis(20),
             step_per_seq: Duration::from_micros(250),
             prefill_per_token: Duration::from_micros(500),
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 256,
         },
         prompt_tokens: 1000,
@@ -213,6 +215,7 @@ async fn the_max_request_rate_is_the_highest_rate_that_holds() {
         step_base: Duration::from_millis(10),
         step_per_seq: Duration::from_micros(200),
         prefill_per_token: Duration::from_micros(400),
+        step_per_1k_kv_tokens: Duration::ZERO,
         max_batch: 256,
     };
     let slo = "chat:ttft=1s,tps=10,objective=0.9";

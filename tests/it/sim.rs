@@ -255,6 +255,7 @@ async fn sim_queue_beyond_max_batch_shows_in_ttft() {
             step_base: Duration::from_millis(5),
             step_per_seq: Duration::ZERO,
             prefill_per_token: Duration::ZERO,
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 2,
         },
         ..SimConfig::default()

@@ -379,6 +379,7 @@ async fn the_simulators_stated_queue_is_the_wait_it_imposed() {
             step_base: Duration::from_millis(5),
             step_per_seq: Duration::ZERO,
             prefill_per_token: Duration::ZERO,
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 1,
         },
         per_request_metrics: true,

@@ -6,7 +6,8 @@
 //! - a step's fixed part (`--step-base`) is shared equally by the sequences in its batch, and
 //!   its per-sequence part (`--step-per-seq`) goes to each;
 //! - its prefill part (`--prefill-per-token` x the uncached prompt tokens it admits) goes to
-//!   the request whose prompt it is;
+//!   the request whose prompt it is, and its context part (`--step-per-1k-kv-tokens`) to each
+//!   sequence by the context it holds;
 //! - a request's share of the step that makes its first token is `prefill`, of every later
 //!   step `decode`;
 //! - time with no step running is idle.
@@ -16,7 +17,8 @@
 //! later ones count as `other`, and a request without the header as `none`.
 
 use std::sync::Mutex;
-use std::time::Duration;
+
+use super::engine::Model;
 
 /// Distinct tenants kept apart: enough for any test, and a bound on the sim's own series.
 pub const MAX_TENANTS: usize = 16;
@@ -40,6 +42,8 @@ pub struct Part {
     pub tenant: TenantId,
     pub phase: Phase,
     pub prefill_tokens: u64,
+    /// The context it holds: its share of the step's per-KV-token cost.
+    pub kv_tokens: u64,
 }
 
 /// The engine's seconds by tenant and phase, and its busy time.
@@ -97,14 +101,19 @@ impl Accounts {
     }
 
     /// Splits one step among its sequences by the stated rule.
-    pub fn step(&self, base: Duration, per_seq: Duration, per_token: Duration, parts: &[Part]) {
+    pub fn step(&self, model: &Model, parts: &[Part]) {
         if parts.is_empty() {
             return;
         }
-        let shared = base.as_secs_f64() / parts.len() as f64 + per_seq.as_secs_f64();
+        let shared =
+            model.step_base.as_secs_f64() / parts.len() as f64 + model.step_per_seq.as_secs_f64();
+        let (per_token, per_kv) = (
+            model.prefill_per_token.as_secs_f64(),
+            model.step_per_1k_kv_tokens.as_secs_f64() / 1000.0,
+        );
         let mut s = self.lock();
         for p in parts {
-            let own = shared + per_token.as_secs_f64() * p.prefill_tokens as f64;
+            let own = shared + per_token * p.prefill_tokens as f64 + per_kv * p.kv_tokens as f64;
             let i = usize::from(p.tenant).min(s.seconds.len() - 1);
             s.seconds[i][p.phase as usize] += own;
             s.busy += own;
@@ -132,10 +141,23 @@ impl Accounts {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    use std::time::Duration;
+
     const MS: Duration = Duration::from_millis(1);
+
+    /// A model with these step costs (and no context cost unless set).
+    pub(crate) fn model(base: Duration, per_seq: Duration, per_token: Duration) -> Model {
+        Model {
+            step_base: base,
+            step_per_seq: per_seq,
+            prefill_per_token: per_token,
+            step_per_1k_kv_tokens: Duration::ZERO,
+            max_batch: 256,
+        }
+    }
 
     #[test]
     fn a_step_is_split_by_the_rule_and_adds_up() {
@@ -143,19 +165,19 @@ mod tests {
         let (x, y) = (a.tenant(Some("x")), a.tenant(Some("y")));
         // base 16 ms over 2, 1 ms each; x prefills 100 tokens at 0.1 ms.
         a.step(
-            16 * MS,
-            MS,
-            MS / 10,
+            &model(16 * MS, MS, MS / 10),
             &[
                 Part {
                     tenant: x,
                     phase: Phase::Prefill,
                     prefill_tokens: 100,
+                    kv_tokens: 100,
                 },
                 Part {
                     tenant: y,
                     phase: Phase::Decode,
                     prefill_tokens: 0,
+                    kv_tokens: 500,
                 },
             ],
         );
@@ -168,6 +190,31 @@ mod tests {
         assert!((y.decode - 0.009).abs() < 1e-12, "{y:?}");
         // The step's model duration: 16 + 2 x 1 + 100 x 0.1 ms.
         assert!((a.busy() - 0.028).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_context_part_goes_to_each_sequence_by_the_context_it_holds() {
+        let a = Accounts::default();
+        let (x, y) = (a.tenant(Some("x")), a.tenant(Some("y")));
+        // 10 ms shared by 2, and 2 ms per 1,000 tokens of context: x holds 500, y 1,500.
+        let m = Model {
+            step_per_1k_kv_tokens: 2 * MS,
+            ..model(10 * MS, Duration::ZERO, Duration::ZERO)
+        };
+        let part = |tenant, kv_tokens| Part {
+            tenant,
+            phase: Phase::Decode,
+            prefill_tokens: 0,
+            kv_tokens,
+        };
+        a.step(&m, &[part(x, 500), part(y, 1500)]);
+        let rows = a.rows();
+        let decode = |t: &str| rows.iter().find(|r| r.tenant == t).map(|r| r.decode);
+        assert!((decode("x").expect("x") - 0.006).abs() < 1e-12);
+        assert!((decode("y").expect("y") - 0.008).abs() < 1e-12);
+        // The step as the engine times it: 10 + 2 x 2 ms.
+        assert_eq!(m.step_with_context(2, 0, 2000), 14 * MS);
+        assert!((a.busy() - 0.014).abs() < 1e-12);
     }
 
     #[test]

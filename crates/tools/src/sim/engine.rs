@@ -3,7 +3,7 @@
 //!
 //! Each step emits one token for every running sequence and takes
 //! `step_base + step_per_seq x batch + prefill_per_token x (uncached prompt tokens admitted this
-//! step)`: the share of a prompt the prefix cache serves ([`PrefixCache`]) costs nothing, as a
+//! step) + step_per_1k_kv_tokens x (context the running sequences hold) / 1000`: the share of a prompt the prefix cache serves ([`PrefixCache`]) costs nothing, as a
 //! cached block's KV is read rather than computed.
 //! New requests wait in a FIFO queue and join at a step boundary while fewer than `max_batch`
 //! sequences run, so a full batch shows up as queueing in TTFT, and a joining prompt's prefill
@@ -41,6 +41,10 @@ pub struct Model {
     pub step_per_seq: Duration,
     /// Prefill cost per prompt token, charged to the step that admits the prompt.
     pub prefill_per_token: Duration,
+    /// Added per 1,000 tokens of context the running sequences hold (prompt and what they
+    /// have made): attention reads each sequence's KV every step, so long contexts make every
+    /// step slower. Zero by default, as the fits assume.
+    pub step_per_1k_kv_tokens: Duration,
     /// Sequences decoded at once; the rest queue.
     pub max_batch: usize,
 }
@@ -48,10 +52,16 @@ pub struct Model {
 impl Model {
     /// The duration of a step with `batch` sequences that admits `prefill_tokens` prompt tokens.
     pub fn step(&self, batch: usize, prefill_tokens: u64) -> Duration {
+        self.step_with_context(batch, prefill_tokens, 0)
+    }
+
+    /// [`Model::step`] when the running sequences hold `kv_tokens` tokens of context.
+    pub fn step_with_context(&self, batch: usize, prefill_tokens: u64, kv_tokens: u64) -> Duration {
         let nanos = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
         let total = nanos(self.step_base)
             .saturating_add(nanos(self.step_per_seq).saturating_mul(batch as u64))
-            .saturating_add(nanos(self.prefill_per_token).saturating_mul(prefill_tokens));
+            .saturating_add(nanos(self.prefill_per_token).saturating_mul(prefill_tokens))
+            .saturating_add(nanos(self.step_per_1k_kv_tokens).saturating_mul(kv_tokens) / 1000);
         Duration::from_nanos(total)
     }
 
@@ -473,7 +483,8 @@ async fn decode_loop(
             }
             continue;
         }
-        let step = model.step(running.len(), prefill);
+        let kv_tokens: u64 = running.iter().map(|s| s.context()).sum();
+        let step = model.step_with_context(running.len(), prefill, kv_tokens);
         parts.clear();
         parts.extend(running.iter_mut().map(|s| account::Part {
             tenant: s.tenant,
@@ -483,13 +494,9 @@ async fn decode_loop(
                 account::Phase::Decode
             },
             prefill_tokens: std::mem::take(&mut s.step_prefill),
+            kv_tokens: s.context(),
         }));
-        stats.accounts.step(
-            model.step_base,
-            model.step_per_seq,
-            model.prefill_per_token,
-            &parts,
-        );
+        stats.accounts.step(&model, &parts);
         let end = start + step;
         tokio::time::sleep_until(end).await;
         clock = Some(end);
@@ -748,6 +755,7 @@ mod tests {
             step_base: Duration::from_millis(16),
             step_per_seq: Duration::from_micros(200),
             prefill_per_token: Duration::from_micros(50),
+            step_per_1k_kv_tokens: Duration::ZERO,
             max_batch: 256,
         }
     }

@@ -193,6 +193,7 @@ struct StatsBody<'a> {
     step_base_s: f64,
     step_per_seq_s: f64,
     prefill_per_token_s: f64,
+    step_per_1k_kv_tokens_s: f64,
     prefix_cache_hit_rate: f64,
     max_batch: usize,
     #[serde(flatten)]
@@ -208,6 +209,7 @@ fn stats(state: &State) -> StatsBody<'_> {
         step_base_s: m.step_base.as_secs_f64(),
         step_per_seq_s: m.step_per_seq.as_secs_f64(),
         prefill_per_token_s: m.prefill_per_token.as_secs_f64(),
+        step_per_1k_kv_tokens_s: m.step_per_1k_kv_tokens.as_secs_f64(),
         prefix_cache_hit_rate: state.prefix_cache.rate(),
         max_batch: m.max_batch,
         report: state.engine.stats().report(),

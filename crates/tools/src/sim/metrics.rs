@@ -129,13 +129,16 @@ mod tests {
         let a = Accounts::default();
         let t = a.tenant(Some("team-a"));
         a.step(
-            Duration::from_millis(10),
-            Duration::ZERO,
-            Duration::ZERO,
+            &crate::sim::account::tests::model(
+                Duration::from_millis(10),
+                Duration::ZERO,
+                Duration::ZERO,
+            ),
             &[Part {
                 tenant: t,
                 phase: Phase::Decode,
                 prefill_tokens: 0,
+                kv_tokens: 0,
             }],
         );
         let text = render_accounts("m", &a, 2.5);

@@ -66,6 +66,12 @@ pub struct SimArgs {
     #[arg(long, env = "TOKENMETER_SIM_PREFILL_PER_TOKEN", default_value = "0.05ms", value_parser = parse_duration)]
     pub prefill_per_token: Duration,
 
+    /// Cost added to a decode step per 1,000 tokens of context the running requests hold
+    /// (prompt and output so far): attention reads every sequence's KV cache each step. 0 (the
+    /// default) leaves the step independent of context.
+    #[arg(long = "step-per-1k-kv-tokens", env = "TOKENMETER_SIM_STEP_PER_1K_KV_TOKENS", default_value = "0ms", value_parser = parse_duration)]
+    pub step_per_1k_kv_tokens: Duration,
+
     /// Share of every prompt's tokens served from the prefix cache, 0 to 1: floor(prompt x R)
     /// tokens are not charged --prefill-per-token, and the usage states them as cached.
     #[arg(long, env = "TOKENMETER_SIM_PREFIX_CACHE_HIT_RATE", default_value = "0", value_parser = parse_hit_rate, value_name = "R")]
@@ -217,6 +223,7 @@ impl Default for SimConfig {
                 step_base: Duration::from_millis(16),
                 step_per_seq: Duration::from_micros(200),
                 prefill_per_token: Duration::from_micros(50),
+                step_per_1k_kv_tokens: Duration::ZERO,
                 max_batch: 256,
             },
             prefix_cache: PrefixCache::OFF,
@@ -271,6 +278,7 @@ impl SimArgs {
                 step_base: self.step_base,
                 step_per_seq: self.step_per_seq,
                 prefill_per_token: self.prefill_per_token,
+                step_per_1k_kv_tokens: self.step_per_1k_kv_tokens,
                 max_batch: self.max_batch,
             },
             prefix_cache: self.prefix_cache_hit_rate,
