@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use prometheus::{Histogram, HistogramOpts};
+use tokenmeter::capacity::fit::Fit;
 use tokenmeter::capacity::memory::Stated;
-use tokenmeter::capacity::{Capacity, CapacityConfig, ClassTargets, Request};
+use tokenmeter::capacity::{context, Capacity, CapacityConfig, ClassTargets, Request};
 use tokenmeter::engine::view;
 use tokenmeter::exposition::Scrape;
 
@@ -103,7 +104,8 @@ fn bench(c: &mut Criterion) {
         ttft: Some(0.05 + 0.0002 * f64::from(200 + 37 * (i % 100))),
         stated_prefill: None,
         stated_queue: None,
-        tps: None,
+        tps: Some(40.0 + f64::from(i % 7)),
+        batch: Some(f64::from(1 + i % 8)),
     };
     let mut i = 0u32;
     c.bench_function("capacity waited (per request)", |bench| {
@@ -158,6 +160,23 @@ fn bench(c: &mut Criterion) {
     c.bench_function(
         "capacity refit with memory (KV cache binds, 1,024 requests)",
         |bench| bench.iter(|| black_box(memory.refit(end))),
+    );
+
+    // The context term alone (`capacity::context`): Theil-Sen over the 256 most recent of the
+    // 1,024 requests, the part of a refit it adds.
+    let recent: Vec<Request> = (0..1024).map(request).collect();
+    let line = Fit {
+        base: 0.01,
+        per_seq: 0.0005,
+        r2: 1.0,
+        samples: 64_000,
+        points: 64,
+        min_concurrency: 1,
+        max_concurrency: 64,
+    };
+    c.bench_function(
+        "capacity context term fit (256 of 1,024 requests)",
+        |bench| bench.iter(|| black_box(context::fit(black_box(&recent), &line))),
     );
 
     // One read of an engine's page: vLLM's families for one model, with its histograms (about

@@ -7,6 +7,7 @@ mod capacity;
 mod cgroup;
 mod cli;
 mod compat;
+mod context_capacity;
 mod corpus;
 mod cost;
 mod crowd;

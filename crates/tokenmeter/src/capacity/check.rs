@@ -4,8 +4,9 @@
 //! Every answer the model gives is a prediction at concurrencies the engine may never have run
 //! at; the one place it can be held to the truth is where the engine runs now. So at each refit
 //! the replay is run at the mean number of requests in flight per engine over the last minute
-//! (rounded to a whole client), and its TTFT p90 and median per-request tokens/s are set
-//! beside the same figures of the requests that finished in that minute. The error of each is
+//! (rounded to a whole client), over that minute's own mix, and its TTFT p90 and median
+//! per-request tokens/s are set beside the same figures of the requests that finished in that
+//! minute. The error of each is
 //! `predicted / observed - 1`.
 //!
 //! Past [`MAX_ERROR`] on either, the answer is not to be trusted: the page and `tokenmeter
@@ -18,7 +19,8 @@
 use std::time::{Duration, Instant};
 
 use super::limits::Replays;
-use super::workload::Request;
+use super::replay::Engine;
+use super::workload::{self, Request};
 
 /// The requests compared: those that finished within the last minute, the same minute the
 /// concurrency is the mean of.
@@ -70,17 +72,14 @@ impl Check {
 }
 
 /// The check at `in_flight` requests per engine, against the requests of `recent` that
-/// finished within [`WINDOW`] of `now`; `None` with fewer than [`MIN_REQUESTS`] of them or no
-/// replay.
-pub fn check(
-    recent: &[Request],
-    now: Instant,
-    in_flight: f64,
-    replays: &mut Replays,
-) -> Option<Check> {
-    let last: Vec<&Request> = recent
+/// finished within [`WINDOW`] of `now`, replayed on `engine` with that minute's own mix (a
+/// window whose mix changed is held to what ran last, not to its average); `None` with fewer
+/// than [`MIN_REQUESTS`] of them or no replay.
+pub fn check(recent: &[Request], now: Instant, in_flight: f64, engine: Engine) -> Option<Check> {
+    let last: Vec<Request> = recent
         .iter()
         .filter(|r| now.saturating_duration_since(r.at) <= WINDOW)
+        .copied()
         .collect();
     let mut ttfts: Vec<f64> = last.iter().filter_map(|r| r.ttft).collect();
     if ttfts.len() < MIN_REQUESTS || !in_flight.is_finite() {
@@ -94,6 +93,8 @@ pub fn check(
     ttfts.sort_by(f64::total_cmp);
     tps.sort_by(f64::total_cmp);
     let concurrency = (in_flight.round() as u32).max(1);
+    let jobs = workload::jobs(&last);
+    let mut replays = Replays::new(engine, &jobs);
     let replayed = replays.at(concurrency)?;
     let predicted_ttft = replayed.ttft_quantile(0.9)?;
     let predicted_tps = nearest_rank(&replayed.tps, 0.5);
@@ -135,6 +136,7 @@ mod tests {
             stated_prefill: None,
             stated_queue: None,
             tps: Some(tps),
+            batch: None,
         }
     }
 
@@ -155,7 +157,7 @@ mod tests {
         let honest: Vec<Request> = (0..30)
             .map(|_| finished(at, truth_ttft, truth_tps))
             .collect();
-        let c = check(&honest, now, 3.7, &mut replays).expect("a check");
+        let c = check(&honest, now, 3.7, LONG).expect("a check");
         assert_eq!(c.concurrency, 4);
         assert!(c.ttft.error().expect("an error").abs() < 1e-9, "{c:?}");
         let tps = c.tps.expect("tokens/s");
@@ -165,20 +167,17 @@ mod tests {
         let slow: Vec<Request> = (0..30)
             .map(|_| finished(at, 3.0 * truth_ttft, truth_tps))
             .collect();
-        let c = check(&slow, now, 4.2, &mut replays).expect("a check");
+        let c = check(&slow, now, 4.2, LONG).expect("a check");
         assert!(
             (c.ttft.error().expect("an error") + 2.0 / 3.0).abs() < 1e-9,
             "{c:?}"
         );
         assert!(!c.trusted());
         // Too few requests in the last minute, or only older ones: no check.
-        assert_eq!(check(&honest[..19], now, 4.0, &mut replays), None);
+        assert_eq!(check(&honest[..19], now, 4.0, LONG), None);
         let old: Vec<Request> = (0..30)
             .map(|_| finished(now - Duration::from_secs(61), truth_ttft, truth_tps))
             .collect();
-        assert_eq!(
-            check(&old, now + Duration::from_secs(0), 4.0, &mut replays),
-            None
-        );
+        assert_eq!(check(&old, now + Duration::from_secs(0), 4.0, LONG), None);
     }
 }

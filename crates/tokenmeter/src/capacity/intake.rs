@@ -14,14 +14,15 @@ use crate::record::{Finished, Outcome, Sink};
 
 impl Sink for Capacity {
     fn finished(&self, f: &Finished, at: Instant) {
-        if let Some(r) = request(f, at) {
+        if let Some(r) = request(f, at, self.replicas()) {
             self.join_mix(r);
         }
     }
 }
 
-/// The mix's record of `f`, which ended at `at`; `None` when it is not workload.
-fn request(f: &Finished, at: Instant) -> Option<Request> {
+/// The mix's record of `f`, which ended at `at` in front of `replicas` engines; `None` when it
+/// is not workload.
+fn request(f: &Finished, at: Instant, replicas: u32) -> Option<Request> {
     let (Outcome::Complete, Some(prompt), Some(ttft)) = (f.outcome, f.input_tokens, f.first_token)
     else {
         return None;
@@ -39,6 +40,7 @@ fn request(f: &Finished, at: Instant) -> Option<Request> {
         stated_prefill: stated.and_then(|e| e.prefill).map(|d| d.as_secs_f64()),
         stated_queue: stated.and_then(|e| e.queue).map(|d| d.as_secs_f64()),
         tps: f.tokens_per_second(),
+        batch: f.mean_in_flight.map(|b| b / f64::from(replicas.max(1))),
     })
 }
 
@@ -86,7 +88,7 @@ mod tests {
             },
             ..finished()
         };
-        assert_eq!(lengths(request(&openai, now)), Some((1000, 600, 5)));
+        assert_eq!(lengths(request(&openai, now, 1)), Some((1000, 600, 5)));
         // Anthropic counts them beside it: 100 new, 600 read, 300 written = 1,000.
         let anthropic = Finished {
             api: Api::Anthropic,
@@ -97,7 +99,7 @@ mod tests {
             },
             ..finished()
         };
-        assert_eq!(lengths(request(&anthropic, now)), Some((1000, 600, 5)));
+        assert_eq!(lengths(request(&anthropic, now, 1)), Some((1000, 600, 5)));
     }
 
     #[test]
@@ -116,7 +118,7 @@ mod tests {
             ..finished()
         };
         for f in [failed, no_prompt, no_token] {
-            assert!(request(&f, now).is_none(), "{:?}", f.outcome);
+            assert!(request(&f, now, 1).is_none(), "{:?}", f.outcome);
         }
     }
 
@@ -133,7 +135,7 @@ mod tests {
             }),
             ..finished()
         };
-        let r = request(&f, Instant::now()).expect("workload");
+        let r = request(&f, Instant::now(), 1).expect("workload");
         assert_eq!(
             (r.ttft, r.stated_queue, r.stated_prefill),
             (Some(0.1), Some(0.1), Some(0.15))

@@ -43,6 +43,7 @@
 pub mod bins;
 pub mod busy;
 pub mod check;
+pub mod context;
 pub mod fit;
 pub mod intake;
 pub mod limits;
@@ -137,6 +138,9 @@ pub struct Report {
     pub kv_blocks_per_request: Option<f64>,
     /// The model against the last minute, once there is a replay and enough requests.
     pub check: Option<check::Check>,
+    /// What a step's context adds to the line, where the window's contexts differ enough to
+    /// say ([`context`]).
+    pub context: Option<context::ContextTerm>,
 }
 
 /// The live model: pushed into per event, read per scrape.
@@ -283,18 +287,18 @@ impl Capacity {
             });
         }
         let memory = self.memory();
-        let mut replays = match (&fit, &prefill) {
-            (Some(f), Some(p)) => Some(limits::Replays::new(
-                replay::Engine {
-                    base: f.base,
-                    per_seq: f.per_seq,
-                    prefill_per_token: p.per_token,
-                    memory,
-                },
-                &jobs,
-            )),
+        let context = fit.as_ref().and_then(|f| context::fit(&recent, f));
+        let engine = match (&fit, &prefill) {
+            (Some(f), Some(p)) => Some(replay::Engine {
+                base: f.base,
+                per_seq: f.per_seq,
+                prefill_per_token: p.per_token,
+                context,
+                memory,
+            }),
             _ => None,
         };
+        let mut replays = engine.map(|e| limits::Replays::new(e, &jobs));
         let held = plan::Held {
             kv_cache: memory.kv_limit(workload::lengths(&jobs)),
             max_num_seqs: memory.max_num_seqs,
@@ -317,9 +321,7 @@ impl Capacity {
             .as_mut()
             .map(|r| r.curve(&plan::CURVE))
             .unwrap_or_default();
-        let check = replays
-            .as_mut()
-            .and_then(|r| check::check(&recent, now, in_flight, r));
+        let check = engine.and_then(|e| check::check(&recent, now, in_flight, e));
         Report {
             fit,
             samples,
@@ -335,6 +337,7 @@ impl Capacity {
             kv_blocks_per_request: memory.mean_blocks(workload::lengths(&jobs)),
             check,
             memory,
+            context,
         }
     }
 

@@ -383,6 +383,7 @@ mod tests {
             base: 0.010,
             per_seq: 0.0002,
             prefill_per_token: 0.000_01,
+            context: None,
             memory,
         };
         let jobs = [Job {

@@ -109,6 +109,7 @@ mod tests {
             stated_prefill: stated,
             stated_queue: None,
             tps: None,
+            batch: None,
         }
     }
 
@@ -119,6 +120,7 @@ mod tests {
             .map(|_| Request {
                 stated_queue: Some(2.0),
                 tps: None,
+                batch: None,
                 ..req(1000, 0, 2.0 + 0.010 + 0.2, None)
             })
             .collect();

@@ -29,6 +29,7 @@
 
 use std::collections::VecDeque;
 
+use super::context::ContextTerm;
 use super::memory::Memory;
 use super::summary::MAX_CONCURRENCY;
 
@@ -46,6 +47,9 @@ pub struct Engine {
     pub base: f64,
     pub per_seq: f64,
     pub prefill_per_token: f64,
+    /// What a step's context adds beyond the line, where the window could say
+    /// ([`super::context`]); each step then costs more or less by the tokens its sequences hold.
+    pub context: Option<ContextTerm>,
     pub memory: Memory,
 }
 
@@ -342,9 +346,18 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             // Everything was preempted back into the queue: the next step takes them again.
             continue;
         }
-        let step = engine.base
-            + engine.per_seq * running.len() as f64
-            + engine.prefill_per_token * prefill as f64;
+        let batch = running.len() as f64;
+        let line = engine.base + engine.per_seq * batch;
+        // The context term moves the decode part by the tokens the batch holds; never below
+        // the weights' read (`base`), whatever a short batch's distance from the mean.
+        let decode = match &engine.context {
+            Some(c) => {
+                let held: u64 = running.iter().map(|s| s.held).sum();
+                (line + c.extra(batch, held as f64)).max(engine.base)
+            }
+            None => line,
+        };
+        let step = decode + engine.prefill_per_token * prefill as f64;
         let end = t + step.max(1e-9);
         work += running.len() as u64;
         let mut i = 0;
@@ -426,6 +439,7 @@ pub(crate) const LONG: Engine = Engine {
     base: 0.010,
     per_seq: 0.0002,
     prefill_per_token: 0.0002,
+    context: None,
     memory: Memory::UNKNOWN,
 };
 
@@ -513,6 +527,7 @@ mod tests {
             base: 0.010,
             per_seq: 0.0002,
             prefill_per_token: 0.000_01,
+            context: None,
             memory: Memory {
                 kv_cache_tokens: Some(blocks * 16),
                 block_size: 16,

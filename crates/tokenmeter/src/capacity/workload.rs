@@ -31,6 +31,9 @@ pub struct Request {
     pub stated_queue: Option<f64>,
     /// Its decode tokens/s, as the proxy saw it (for the model's self-check).
     pub tps: Option<f64>,
+    /// The mean number of requests in flight per engine while it decoded (the context term's
+    /// concurrency, [`super::context`]).
+    pub batch: Option<f64>,
 }
 
 impl Request {
@@ -125,6 +128,7 @@ mod tests {
             stated_prefill: None,
             stated_queue: None,
             tps: None,
+            batch: None,
         }
     }
 
