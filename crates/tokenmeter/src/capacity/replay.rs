@@ -32,6 +32,7 @@ use std::collections::VecDeque;
 use super::context::ContextTerm;
 use super::memory::Memory;
 use super::summary::MAX_CONCURRENCY;
+pub use super::workload::Job;
 
 /// Requests measured per replay, after the warm-up: enough for a stable 0.99 quantile.
 pub const MEASURED: usize = 400;
@@ -51,13 +52,6 @@ pub struct Engine {
     /// ([`super::context`]); each step then costs more or less by the tokens its sequences hold.
     pub context: Option<ContextTerm>,
     pub memory: Memory,
-}
-
-/// One request of the mix: its uncached prompt tokens and its output tokens (at least 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Job {
-    pub uncached: u32,
-    pub output: u32,
 }
 
 /// How requests arrive.

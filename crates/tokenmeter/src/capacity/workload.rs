@@ -10,11 +10,16 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::replay::Job;
-
 /// Requests kept: enough for a 0.9 quantile of the prefill cost and a varied mix (the replay
 /// draws from them), small enough (under 100 bytes each) to be nothing beside the rest of the model.
 pub const KEEP: usize = 1024;
+
+/// One request of the mix as the replay runs it ([`super::replay`]): its uncached prompt tokens and its output tokens (at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Job {
+    pub uncached: u32,
+    pub output: u32,
+}
 
 /// What one finished request says about the engine's first-token work.
 #[derive(Debug, Clone, Copy, PartialEq)]
