@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use tokenmeter_tools::sim::{Model, Sim, SimConfig};
+use tokenmeter_tools::sim::{Model, SimConfig};
 
 use crate::support::levels;
-use crate::support::{serial, spawn_proxy};
+use crate::support::{serial, spawn_proxy, start_sim};
 
 /// The simulator's engine: 10 ms + 0.2 ms per sequence, prefill cheap enough not to crowd the
 /// decode steps, and 2 ms per 1,000 tokens of context (4 sequences of 3,000 tokens add 24 ms).
@@ -40,23 +40,18 @@ fn truth(batch: f64, context: f64) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_shift_to_long_contexts_the_term_predicts_the_long_step() {
     let _turn = serial().await;
-    let sim = Sim::bind(&SimConfig {
+    let sim = start_sim(SimConfig {
         model: MODEL,
         ..SimConfig::default()
     })
-    .await
-    .expect("bind the simulator");
-    let upstream = format!("http://{}", sim.local_addr());
-    let sim_task = tokio::spawn(async move {
-        let _ = sim.serve(std::future::pending()).await;
-    });
+    .await;
+    let upstream = format!("http://{sim}");
     let proxy = spawn_proxy(&upstream, &["--capacity-window", "10m"]).await;
     let short = levels::driver(&proxy.url(), "context-test", 60, OUTPUT, 11);
     let long = levels::driver(&proxy.url(), "context-test", 2400, OUTPUT, 12);
     let short = levels::run(&short, LEVELS, HOLD).await;
     let long = levels::run(&long, LEVELS, HOLD).await;
     let report = proxy.capacity.refresh(Instant::now());
-    sim_task.abort();
     let line = report.fit.expect("a decode fit");
     let term = report
         .context
