@@ -6,8 +6,7 @@
 //! the replay is run at the mean number of requests in flight per engine over the last minute
 //! (rounded to a whole client), over that minute's own mix, and its TTFT p90 and median
 //! per-request tokens/s are set beside the same figures of the requests that finished in that
-//! minute. The error of each is
-//! `predicted / observed - 1`.
+//! minute. The error of each is `predicted / observed - 1`.
 //!
 //! Past [`MAX_ERROR`] on either, the answer is not to be trusted: the page and `tokenmeter
 //! capacity` say so, and `tokenmeter_capacity_check_trusted` is 0, which an autoscaler should
@@ -18,8 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::limits::Replays;
-use super::replay::Engine;
+use super::replay::{self, Engine, Load};
 use super::workload::{self, Request};
 
 /// The requests compared: those that finished within the last minute, the same minute the
@@ -93,9 +91,7 @@ pub fn check(recent: &[Request], now: Instant, in_flight: f64, engine: Engine) -
     ttfts.sort_by(f64::total_cmp);
     tps.sort_by(f64::total_cmp);
     let concurrency = (in_flight.round() as u32).max(1);
-    let jobs = workload::jobs(&last);
-    let mut replays = Replays::new(engine, &jobs);
-    let replayed = replays.at(concurrency)?;
+    let replayed = replay::run(&engine, &workload::jobs(&last), Load::Closed(concurrency))?;
     let predicted_ttft = replayed.ttft_quantile(0.9)?;
     let predicted_tps = nearest_rank(&replayed.tps, 0.5);
     Some(Check {
@@ -147,10 +143,9 @@ mod tests {
             uncached: 2000,
             output: 100,
         }];
-        let mut replays = Replays::new(LONG, &jobs);
         // Four clients in step: the last waits 4 x 400 ms, and each one's decode is stalled by
         // the others' prefills. An engine that behaves so is what the model says.
-        let four = replays.at(4).expect("a replay");
+        let four = replay::run(&LONG, &jobs, Load::Closed(4)).expect("a replay");
         let truth_ttft = four.ttft_quantile(0.9).expect("a p90");
         let truth_tps = four.tps[(four.tps.len() - 1) / 2];
         let at = now - Duration::from_secs(10);

@@ -4,8 +4,9 @@
 //! page with the upstream's own TLS settings, gives the whole exchange [`TIMEOUT`] and the body
 //! [`MAX_BYTES`], reads it ([`super::view`]), exports what it says and hands the cache's size to
 //! the capacity model. TGI and llama.cpp state their limits in a JSON document beside the page
-//! (`/info`, `/props`: [`super::stated`]), read in the same exchange. However the engine misbehaves (silent, slow, garbage, gigabytes) the cost
-//! is one bounded request per interval, and no request through the proxy waits for it.
+//! (`/info`, `/props`: [`super::stated`]), read in the same exchange. However the engine
+//! misbehaves (silent, slow, garbage, gigabytes) the cost is one bounded exchange per interval,
+//! and no request through the proxy waits for it.
 //!
 //! A read that fails keeps the last good figures for [`STALE_AFTER`] intervals (a restart or a
 //! slow scrape is not news), then drops them: the gauges go and the capacity model falls back to

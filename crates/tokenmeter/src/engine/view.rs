@@ -17,7 +17,7 @@
 //!   running, `llamacpp:requests_deferred` waiting, `llamacpp:kv_cache_usage_ratio` where the
 //!   build still has it. Its slots and their context are on `/props` ([`super::stated`]).
 //!
-//! Anything else is not a dialect known here; a page with neither's names says nothing. A
+//! Anything else is not a dialect known here; a page with none of these names says nothing. A
 //! series with a value that is not finite is left out, as if absent.
 
 use crate::exposition::Scrape;
