@@ -145,7 +145,7 @@ fn bench(c: &mut Criterion) {
     let rec = Arc::new(
         Recorder::new(
             Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics")),
-            1 << 20,
+            Default::default(),
         )
         .with_capacity(Arc::new(Capacity::new(
             CapacityConfig::default(),

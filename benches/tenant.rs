@@ -75,10 +75,9 @@ fn bench(c: &mut Criterion) {
         })
         .expect("metrics");
         let recorder = Arc::new(
-            Recorder::new(Arc::new(metrics), 1 << 20).with_capacity(Arc::new(Capacity::new(
-                CapacityConfig::default(),
-                Instant::now(),
-            ))),
+            Recorder::new(Arc::new(metrics), Default::default()).with_capacity(Arc::new(
+                Capacity::new(CapacityConfig::default(), Instant::now()),
+            )),
         );
         let name = if tenant {
             "with_tenant"

@@ -78,7 +78,7 @@ fn bench(c: &mut Criterion) {
         }
         let identify = (log || traced).then(|| Identify::new(traced.then(Sampler::default)));
         let recorder = Arc::new(
-            Recorder::new(metrics, 1 << 20)
+            Recorder::new(metrics, Default::default())
                 .with_capacity(Arc::new(Capacity::new(
                     CapacityConfig::default(),
                     Instant::now(),

@@ -85,7 +85,7 @@ fn metering_a_content_chunk_allocates_nothing() {
 fn allocations_over_chunks(metrics: Arc<Metrics>, tenant: bool) -> u64 {
     // The capacity model as the server wires it: fed on every token-bearing event.
     let capacity = Arc::new(Capacity::new(CapacityConfig::default(), Instant::now()));
-    let recorder = Arc::new(Recorder::new(metrics, 1 << 20).with_capacity(capacity));
+    let recorder = Arc::new(Recorder::new(metrics, Default::default()).with_capacity(capacity));
     let mut meter = recorder.start(RequestInfo::default());
     if tenant {
         meter.set_tenant(Some(Arc::from("team-a")));

@@ -59,18 +59,25 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("record", &["context", "cost", "protocol", "slo"]),
     // The capacity model takes each class's targets from the SLO class table, and is one of the
     // record's sinks: a finished request joins its mix.
-    ("capacity", &["cost", "protocol", "record", "slo"]),
+    ("capacity", &["cost", "protocol", "record", "slo", "units"]),
     // The engine's own view: read over the upstream's TLS settings, parsed with `exposition`,
     // its cache size handed to the capacity model.
-    ("engine", &["capacity", "exposition", "ratelog", "tls"]),
+    (
+        "engine",
+        &["capacity", "exposition", "ratelog", "tls", "units"],
+    ),
     (
         "metrics",
         &[
-            "capacity", "cost", "engine", "gpus", "protocol", "record", "slo",
+            "capacity", "cost", "engine", "gpus", "protocol", "record", "slo", "units",
         ],
     ),
     ("reqlog", &["context", "protocol", "ratelog", "record"]),
-    ("otlp", &["context", "protocol", "ratelog", "record"]),
+    // Span export, with the OTEL_* variables' rules, read through `host`.
+    (
+        "otlp",
+        &["context", "host", "protocol", "ratelog", "record"],
+    ),
     ("tenant", &["host", "metrics"]),
     (
         "meter",
@@ -86,23 +93,25 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "proxy",
         &[
             "drain", "error", "idle", "inject", "meter", "overload", "protocol", "ratelog", "read",
-            "record", "tap", "tls", "upgrade",
+            "record", "tap", "tls", "units", "upgrade",
         ],
     ),
-    ("ui", &["metrics", "quantile", "record"]),
+    ("ui", &["metrics", "quantile", "record", "units"]),
     ("admin", &["drain", "metrics", "overload", "ui"]),
     // Where a connection is accepted, served and drained: knows the stack it serves, not how
     // it was built.
     (
         "server",
-        &["admin", "drain", "metrics", "proxy", "ratelog", "tls", "ui"],
+        &[
+            "admin", "drain", "metrics", "proxy", "ratelog", "tls", "ui", "units",
+        ],
     ),
     // The validated configuration: each subsystem's settings (tokenmeter-flags fills it).
     (
         "config",
         &[
-            "capacity", "engine", "gpus", "metrics", "otlp", "protocol", "proxy", "replicas",
-            "server", "slo", "tenant", "tls",
+            "capacity", "engine", "gpus", "meter", "metrics", "otlp", "proxy", "replicas",
+            "server", "slo", "tenant", "tls", "ui",
         ],
     ),
     // The composition root: builds every part from the settings and hands them to the server.

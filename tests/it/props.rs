@@ -458,7 +458,7 @@ proptest! {
         sizes in sizes(),
     ) {
         let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-        let recorder = Arc::new(Recorder::new(metrics.clone(), 1 << 20));
+        let recorder = Arc::new(Recorder::new(metrics.clone(), Default::default()));
         let mut meter = recorder.start(RequestInfo {
             model: Some("req-model".into()),
             stream: true,

@@ -13,39 +13,35 @@ use std::time::Duration;
 use clap::Args;
 use http::Uri;
 
-use tokenmeter::capacity;
 use tokenmeter::config::Config;
-use tokenmeter::context::{parse_ratio, Sampler};
 use tokenmeter::gpus::GpuError;
 use tokenmeter::host::{Host, System};
 use tokenmeter::metrics::buckets::{Overrides, UnknownPreset};
-use tokenmeter::metrics::{Buckets, Compat, MetricsConfig};
-use tokenmeter::otlp::TracingConfig;
+use tokenmeter::metrics::{self, Buckets, Compat, MetricsConfig};
+use tokenmeter::otlp::{self, TracingConfig};
 use tokenmeter::protocol::Api;
-use tokenmeter::proxy::{self, Target, DEFAULT_MAX_IN_FLIGHT};
-use tokenmeter::server::settings::{
-    self as server, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_METRICS_MAX_CONNECTIONS,
-};
+use tokenmeter::proxy::{self, Target};
+use tokenmeter::server::settings as server;
 use tokenmeter::slo::{self, Classes, SloError};
 use tokenmeter::tenant::{self, TenantError};
 use tokenmeter::tls::client::UpstreamTls;
 use tokenmeter::tls::KeyPair;
 use tokenmeter::units::parse_duration;
+use tokenmeter::{capacity, engine, meter, replicas, ui};
 
 /// Where the proxy and its metrics listen: flags `tokenmeter demo` shares with the proxy (it
 /// changes their defaults and help to loopback addresses, `DemoArgs`).
 #[derive(Debug, Clone, Args)]
 pub struct ListenArgs {
     /// Where clients connect.
-    #[arg(long, env = "TOKENMETER_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "TOKENMETER_LISTEN", default_value = server::DEFAULT_LISTEN.to_string())]
     pub listen: String,
 
     /// Where /metrics, /healthz and /readyz are served (never on the proxy listener).
     #[arg(
         long,
         env = "TOKENMETER_METRICS_LISTEN",
-        default_value = "0.0.0.0:9090"
+        default_value = server::DEFAULT_METRICS_LISTEN.to_string()
     )]
     pub metrics_listen: String,
 }
@@ -115,74 +111,74 @@ pub struct ProxyArgs {
     pub slo_default_class: Option<String>,
 
     /// Distinct model label values kept; further models are counted as "other".
-    #[arg(long, env = "TOKENMETER_MAX_MODELS", default_value_t = 32)]
+    #[arg(long, env = "TOKENMETER_MAX_MODELS", default_value_t = metrics::DEFAULT_MAX_MODELS)]
     pub max_models: usize,
 
     /// Window of the aggregate tokens/s gauges (e.g. 10s, 500ms, 1m).
-    #[arg(long, env = "TOKENMETER_RATE_WINDOW", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_RATE_WINDOW", default_value = metrics::DEFAULT_RATE_WINDOW.to_string(), value_parser = parse_duration)]
     pub rate_window: Duration,
 
     /// On SIGTERM, how long open streams may take to finish before the process exits.
-    #[arg(long, env = "TOKENMETER_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_DRAIN_TIMEOUT", default_value = server::DEFAULT_DRAIN_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
     /// Longest SSE/NDJSON line (or non-streaming JSON body) parsed; longer ones are forwarded
     /// untouched, not parsed, and counted in tokenmeter_parse_errors_total{reason="line_too_long"}.
-    #[arg(long, env = "TOKENMETER_MAX_LINE_BYTES", default_value_t = 1 << 20)]
+    #[arg(long, env = "TOKENMETER_MAX_LINE_BYTES", default_value_t = meter::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
 
     /// Request bodies up to this size are read before forwarding (for the model name); larger
     /// ones are streamed through as they come.
-    #[arg(long, env = "TOKENMETER_MAX_REQUEST_BODY", default_value_t = 8 << 20)]
+    #[arg(long, env = "TOKENMETER_MAX_REQUEST_BODY", default_value_t = proxy::DEFAULT_MAX_REQUEST_BODY)]
     pub max_request_body: usize,
 
     /// Longest wait for the upstream's response headers (0 = no limit); then 504, outcome "timeout".
-    #[arg(long, env = "TOKENMETER_UPSTREAM_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_UPSTREAM_TIMEOUT", default_value = proxy::DEFAULT_UPSTREAM_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub upstream_timeout: Duration,
 
     /// Longest silence between two body frames from the upstream (0 = no limit); then the
     /// stream is ended, outcome "timeout".
-    #[arg(long, env = "TOKENMETER_IDLE_TIMEOUT", default_value = "300s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_IDLE_TIMEOUT", default_value = proxy::DEFAULT_IDLE_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
     /// Requests proxied at once; beyond it a request is answered 503 at once (shed), with
     /// Retry-After, and never sent upstream. The default fits a 512 MiB memory limit (README,
     /// "Overload").
-    #[arg(long, env = "TOKENMETER_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT, value_name = "N")]
+    #[arg(long, env = "TOKENMETER_MAX_IN_FLIGHT", default_value_t = proxy::DEFAULT_MAX_IN_FLIGHT, value_name = "N")]
     pub max_in_flight: usize,
 
     /// Open client connections; beyond it a new connection is closed as soon as it is accepted.
-    #[arg(long, env = "TOKENMETER_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    #[arg(long, env = "TOKENMETER_MAX_CONNECTIONS", default_value_t = server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
 
     /// Connections the kernel completes and queues for each listener before they are accepted
     /// (listen(2)'s backlog; the kernel caps it at net.core.somaxconn). A burst of new
     /// connections past it waits for the client's 1 s SYN retry.
-    #[arg(long, env = "TOKENMETER_LISTEN_BACKLOG", default_value_t = DEFAULT_LISTEN_BACKLOG, value_name = "N")]
+    #[arg(long, env = "TOKENMETER_LISTEN_BACKLOG", default_value_t = server::DEFAULT_LISTEN_BACKLOG, value_name = "N")]
     pub listen_backlog: u32,
 
     /// Open connections on the metrics listener; past it the connection idle longest is closed
     /// to make room for a new one (a crowd of idle clients cannot lock Prometheus out).
-    #[arg(long, env = "TOKENMETER_METRICS_MAX_CONNECTIONS", default_value_t = DEFAULT_METRICS_MAX_CONNECTIONS, value_name = "N")]
+    #[arg(long, env = "TOKENMETER_METRICS_MAX_CONNECTIONS", default_value_t = server::DEFAULT_METRICS_MAX_CONNECTIONS, value_name = "N")]
     pub metrics_max_connections: usize,
 
     /// The Retry-After header of a shed request's 503, in whole seconds.
     #[arg(
         long,
         env = "TOKENMETER_RETRY_AFTER",
-        default_value_t = 1,
+        default_value_t = proxy::DEFAULT_RETRY_AFTER,
         value_name = "SECONDS"
     )]
     pub retry_after: u32,
 
     /// Longest time a client may take to send its request headers.
-    #[arg(long, env = "TOKENMETER_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_HEADER_READ_TIMEOUT", default_value = server::DEFAULT_HEADER_READ_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub header_read_timeout: Duration,
 
     /// Idle pooled upstream connections are closed after this (nginx's upstream keep-alive
     /// default). A server that closes sooner (vLLM: 5 s) costs nothing: a connection it closed
     /// is dropped, and a request its close crossed is sent again on a new one.
-    #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_POOL_IDLE_TIMEOUT", default_value = proxy::DEFAULT_POOL_IDLE_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub pool_idle_timeout: Duration,
 
     /// For streaming OpenAI-compatible requests that did not ask for usage, add
@@ -206,7 +202,7 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "TOKENMETER_BUCKETS",
-        default_value = "default",
+        default_value = metrics::buckets::DEFAULT_PRESET,
         value_name = "default|coarse"
     )]
     pub buckets: String,
@@ -233,7 +229,7 @@ pub struct ProxyArgs {
 
     // --- the live capacity model ---
     /// Sliding window of the live capacity fit (e.g. 15m, 1h; at least 10s).
-    #[arg(long, env = "TOKENMETER_CAPACITY_WINDOW", default_value = "15m", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_CAPACITY_WINDOW", default_value = capacity::DEFAULT_WINDOW.to_string(), value_parser = parse_duration)]
     pub capacity_window: Duration,
 
     /// Inference replicas behind this proxy (a gateway in front of N engines): the decoding
@@ -243,7 +239,7 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "TOKENMETER_REPLICAS",
-        default_value = "1",
+        default_value = replicas::Setting::default().to_string(),
         value_name = "N|auto"
     )]
     pub replicas: String,
@@ -271,18 +267,18 @@ pub struct ProxyArgs {
     #[arg(
         long,
         env = "TOKENMETER_ENGINE_METRICS",
-        default_value = "auto",
+        default_value = engine::Setting::default().to_string(),
         value_name = "URL|auto|off"
     )]
     pub engine_metrics: String,
 
     /// How often the engine's metrics are read (`--engine-metrics`).
-    #[arg(long, env = "TOKENMETER_ENGINE_METRICS_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_ENGINE_METRICS_INTERVAL", default_value = engine::DEFAULT_INTERVAL.to_string(), value_parser = parse_duration)]
     pub engine_metrics_interval: Duration,
     // --- TLS ---
     /// Longest wait for a connection to the upstream, TCP and TLS handshake included (0 = no
     /// limit); then 502, outcome "upstream_error".
-    #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_CONNECT_TIMEOUT", default_value = proxy::DEFAULT_CONNECT_TIMEOUT.to_string(), value_parser = parse_duration)]
     pub connect_timeout: Duration,
 
     /// PEM file of the CAs that sign an https upstream's certificate, instead of the system's
@@ -320,7 +316,7 @@ pub struct ProxyArgs {
     pub page: PageArgs,
 
     /// How often the page's sampler reads the registry for its time series (1s to 60s).
-    #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "TOKENMETER_UI_SAMPLE_PERIOD", default_value = ui::DEFAULT_SAMPLE_PERIOD.to_string(), value_parser = parse_duration)]
     pub ui_sample_period: Duration,
 
     // --- other naming schemes ---
@@ -408,53 +404,13 @@ pub enum ConfigError {
     #[error("--compat {0:?} is not a naming scheme (expected vllm or otel)")]
     BadCompat(String),
     #[error(transparent)]
-    Replicas(#[from] tokenmeter::replicas::BadReplicas),
+    Replicas(#[from] replicas::BadReplicas),
     #[error(transparent)]
     EngineMetrics(#[from] tokenmeter::engine::BadSetting),
     #[error(transparent)]
     Tenant(#[from] TenantError),
-    #[error("--trace-sample {0:?} is not a ratio from 0 to 1")]
-    BadTraceSample(String),
-    #[error("{0}")]
-    BadSampler(String),
-    #[error("{0} {1:?} is not an http:// URL")]
-    BadOtlpEndpoint(&'static str, String),
-}
-
-/// An OTLP base URL with the traces path, as the exporters add it: `URL/v1/traces`.
-fn traces_url(base: &str) -> String {
-    format!("{}/v1/traces", base.trim().trim_end_matches('/'))
-}
-
-/// `OTEL_RESOURCE_ATTRIBUTES`: `key=value` pairs, comma-separated, percent-decoded; a pair
-/// without `=` or with an empty key is skipped, as the SDKs skip it.
-fn resource_attributes(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=')?;
-            let k = percent_decode(k.trim());
-            (!k.is_empty()).then(|| (k, percent_decode(v.trim())))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    #[error(transparent)]
+    Tracing(#[from] otlp::settings::BadSetting),
 }
 
 /// `--compat`'s values into the set of schemes.
@@ -608,7 +564,7 @@ impl ProxyArgs {
         if self.capacity_window < capacity::summary::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
-        let replicas = tokenmeter::replicas::parse(&self.replicas)?;
+        let replicas = replicas::parse(&self.replicas)?;
         let upstream_tls = UpstreamTls {
             ca: self.upstream_ca.clone(),
             client: pair(
@@ -678,7 +634,14 @@ impl ProxyArgs {
                 tls,
                 metrics_tls,
             },
-            capacity_window: self.capacity_window,
+            capacity: capacity::Settings {
+                window: self.capacity_window,
+                memory: capacity::memory::Stated {
+                    kv_cache_tokens: self.kv_cache_tokens,
+                    block_size: self.block_size,
+                    max_num_seqs: self.max_num_seqs,
+                },
+            },
             metrics: MetricsConfig {
                 buckets,
                 max_models: self.max_models,
@@ -693,69 +656,28 @@ impl ProxyArgs {
                     .collect(),
                 tenant: tenants.is_some(),
             },
-            max_line_bytes: self.max_line_bytes,
-            // clap admits only `auto` and the known names.
-            api: Api::from_name(&self.api),
+            meter: meter::Settings {
+                max_line_bytes: self.max_line_bytes,
+                // clap admits only `auto` and the known names.
+                api: Api::from_name(&self.api),
+            },
             upstream_tls,
             gpu_notes: gpus.notes,
             slo: Arc::new(slo),
             ui: (!self.page.no_ui).then_some(self.ui_sample_period),
             replicas,
-            memory: capacity::memory::Stated {
-                kv_cache_tokens: self.kv_cache_tokens,
-                block_size: self.block_size,
-                max_num_seqs: self.max_num_seqs,
-            },
-            engine_metrics: tokenmeter::engine::parse(&self.engine_metrics)?,
+            engine_metrics: engine::parse(&self.engine_metrics)?,
             engine_metrics_interval: self.engine_metrics_interval,
             tenants,
             request_log: self.request_log.clone(),
-            tracing: self.tracing(host)?,
+            tracing: TracingConfig::from_flags(
+                otlp::settings::Flags {
+                    endpoint: self.otlp_endpoint.as_deref(),
+                    sample: self.trace_sample.as_deref(),
+                },
+                host,
+            )?,
         })
-    }
-
-    /// Span export: the endpoint (the flag, else the standard variables), the service and
-    /// resource, and the sampler (the flag, else `OTEL_TRACES_SAMPLER`, else parent-based with
-    /// no new traces).
-    fn tracing(&self, host: &dyn Host) -> Result<Option<TracingConfig>, ConfigError> {
-        let var = |k: &str| host.var(k).filter(|v| !v.trim().is_empty());
-        let endpoint = match (
-            &self.otlp_endpoint,
-            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-        ) {
-            (Some(url), _) => Some(("--otlp-endpoint", traces_url(url))),
-            (None, Some(url)) => Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)),
-            (None, None) => var("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .map(|u| ("OTEL_EXPORTER_OTLP_ENDPOINT", traces_url(&u))),
-        };
-        let Some((source, url)) = endpoint else {
-            return Ok(None);
-        };
-        let endpoint = url
-            .trim()
-            .parse::<Uri>()
-            .ok()
-            .filter(|u| u.scheme_str() == Some("http") && u.authority().is_some())
-            .ok_or_else(|| ConfigError::BadOtlpEndpoint(source, url.clone()))?;
-        let sampler = match (&self.trace_sample, var("OTEL_TRACES_SAMPLER")) {
-            (Some(r), _) => Sampler {
-                parent_based: true,
-                root: parse_ratio(r).ok_or_else(|| ConfigError::BadTraceSample(r.clone()))?,
-            },
-            (None, Some(name)) => {
-                let arg = var("OTEL_TRACES_SAMPLER_ARG");
-                Sampler::from_otel(&name, arg.as_deref()).map_err(ConfigError::BadSampler)?
-            }
-            (None, None) => Sampler::default(),
-        };
-        Ok(Some(TracingConfig {
-            endpoint,
-            service_name: var("OTEL_SERVICE_NAME").unwrap_or_else(|| "tokenmeter".to_string()),
-            resource: var("OTEL_RESOURCE_ATTRIBUTES")
-                .map(|s| resource_attributes(&s))
-                .unwrap_or_default(),
-            sampler,
-        }))
     }
 
     /// The SLO class table from `--slo`, `--slo-file` and the class flags.
@@ -877,7 +799,7 @@ mod tests {
             (c.metrics.gpus, c.metrics.gpu_source),
             (2.0, Source::NvidiaVisibleDevices)
         );
-        assert_eq!(c.capacity().fleet.gpus, 2.0);
+        assert_eq!(c.capacity_model().fleet.gpus, 2.0);
         let c = args(&[&up[..], &["--gpus", "8"]].concat())
             .validate_on(&host)
             .expect("valid");
@@ -900,7 +822,7 @@ mod tests {
         let c = args(&[&up[..], &["--gpu-hour-cost", "2.49"]].concat()).validate();
         let c = c.expect("valid");
         assert_eq!(c.metrics.gpu_hour_cost, Some(2.49));
-        assert_eq!(c.capacity().fleet.gpu_hour_cost, Some(2.49));
+        assert_eq!(c.capacity_model().fleet.gpu_hour_cost, Some(2.49));
         let c = args(&up).validate().expect("valid");
         assert_eq!(c.metrics.gpu_hour_cost, None);
         for bad in ["cheap", "-1", "inf"] {
@@ -982,11 +904,11 @@ mod tests {
     #[test]
     fn api_pins_a_format_or_detects() {
         let up = ["--upstream", "http://u:1"];
-        assert_eq!(args(&up).validate().expect("valid").api, None);
+        assert_eq!(args(&up).validate().expect("valid").meter.api, None);
         let c = args(&[&up[..], &["--api", "anthropic"]].concat()).validate();
-        assert_eq!(c.expect("valid").api, Some(Api::Anthropic));
+        assert_eq!(c.expect("valid").meter.api, Some(Api::Anthropic));
         let c = args(&[&up[..], &["--api", "auto"]].concat()).validate();
-        assert_eq!(c.expect("valid").api, None);
+        assert_eq!(c.expect("valid").meter.api, None);
         let mut v = vec!["t"];
         v.extend_from_slice(&[&up[..], &["--api", "grpc"]].concat());
         assert!(T::try_parse_from(v).is_err());
@@ -1002,7 +924,11 @@ mod tests {
                 c.server.max_connections,
                 c.proxy.admission.retry_after
             ),
-            (DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_CONNECTIONS, 1)
+            (
+                proxy::DEFAULT_MAX_IN_FLIGHT,
+                server::DEFAULT_MAX_CONNECTIONS,
+                proxy::DEFAULT_RETRY_AFTER
+            )
         );
         let set = [
             "--max-in-flight",
@@ -1031,7 +957,7 @@ mod tests {
     #[test]
     fn capacity_window_and_replicas_are_checked() {
         let up = ["--upstream", "http://u:1"];
-        let c = args(&up).validate().expect("valid").capacity();
+        let c = args(&up).validate().expect("valid").capacity_model();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(900), 1));
         // The default classes: interactive has a 20 tok/s floor, batch none.
         let floors: Vec<_> = c
@@ -1041,7 +967,7 @@ mod tests {
             .collect();
         assert_eq!(floors, [("interactive", Some(20.0)), ("batch", None)]);
         let c = args(&[&up[..], &["--capacity-window", "1h", "--replicas", "4"]].concat());
-        let c = c.validate().expect("valid").capacity();
+        let c = c.validate().expect("valid").capacity_model();
         assert_eq!((c.window, c.fleet.replicas), (Duration::from_secs(3600), 4));
         let e = args(&[&up[..], &["--capacity-window", "5s"]].concat()).validate();
         assert_eq!(
@@ -1053,15 +979,13 @@ mod tests {
             let e = args(&[&up[..], &[flag.as_str()]].concat()).validate();
             assert_eq!(
                 e.err(),
-                Some(ConfigError::Replicas(tokenmeter::replicas::BadReplicas(
-                    bad.into()
-                )))
+                Some(ConfigError::Replicas(replicas::BadReplicas(bad.into())))
             );
         }
         // auto starts at 1 until the first lookup answers.
         let c = args(&[&up[..], &["--replicas", "auto"]].concat());
         let c = c.validate().expect("valid");
-        assert_eq!(c.replicas, tokenmeter::replicas::Setting::Auto);
+        assert_eq!(c.replicas, replicas::Setting::Auto);
         assert_eq!(c.proxy.upstream.host_and_port(), ("u".to_string(), 1));
         let c = args(&["--upstream", "https://[fd00::1]/v1"]).validate();
         let c = c.expect("valid");
@@ -1069,7 +993,7 @@ mod tests {
             c.proxy.upstream.host_and_port(),
             ("fd00::1".to_string(), 443)
         );
-        assert_eq!(c.capacity().fleet.replicas, 1);
+        assert_eq!(c.capacity_model().fleet.replicas, 1);
     }
 
     #[test]
@@ -1157,82 +1081,5 @@ mod tests {
         for (extra, want) in cases {
             assert_eq!(args(extra).validate().err(), Some(want));
         }
-    }
-
-    #[test]
-    fn tracing_reads_the_flag_then_the_standard_variables() {
-        use tokenmeter::host::MapHost;
-        let up = ["--upstream", "http://127.0.0.1:8000"];
-        let on = |extra: &[&str], host: MapHost| {
-            let mut a = up.to_vec();
-            a.extend_from_slice(extra);
-            args(&a).validate_on(&host).map(|c| c.tracing)
-        };
-        assert_eq!(on(&[], MapHost::default()), Ok(None));
-        let t = on(
-            &["--otlp-endpoint", "http://otel:4318/"],
-            MapHost::default(),
-        )
-        .expect("valid")
-        .expect("on");
-        assert_eq!(t.endpoint.to_string(), "http://otel:4318/v1/traces");
-        assert_eq!(t.service_name, "tokenmeter");
-        assert_eq!(t.sampler, Sampler::default());
-        let host = MapHost::default()
-            .var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://base:4318")
-            .var(
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                "http://traces:4318/custom",
-            )
-            .var("OTEL_SERVICE_NAME", "gw")
-            .var(
-                "OTEL_RESOURCE_ATTRIBUTES",
-                "deployment.environment=prod,team=a%2Cb,bad",
-            )
-            .var("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
-            .var("OTEL_TRACES_SAMPLER_ARG", "0.5");
-        let t = on(&[], host).expect("valid").expect("on");
-        assert_eq!(t.endpoint.to_string(), "http://traces:4318/custom");
-        assert_eq!(t.service_name, "gw");
-        assert_eq!(
-            t.resource,
-            vec![
-                ("deployment.environment".to_string(), "prod".to_string()),
-                ("team".to_string(), "a,b".to_string()),
-            ]
-        );
-        assert_eq!(
-            t.sampler,
-            Sampler {
-                parent_based: true,
-                root: 0.5
-            }
-        );
-        let host = MapHost::default().var("OTEL_EXPORTER_OTLP_ENDPOINT", "http://base:4318");
-        let t = on(&["--trace-sample", "1"], host)
-            .expect("valid")
-            .expect("on");
-        assert_eq!(t.endpoint.to_string(), "http://base:4318/v1/traces");
-        assert_eq!(
-            t.sampler,
-            Sampler {
-                parent_based: true,
-                root: 1.0
-            }
-        );
-        assert_eq!(
-            on(&["--otlp-endpoint", "otel:4318"], MapHost::default()),
-            Err(ConfigError::BadOtlpEndpoint(
-                "--otlp-endpoint",
-                "otel:4318/v1/traces".into()
-            ))
-        );
-        assert_eq!(
-            on(
-                &["--otlp-endpoint", "http://o:1", "--trace-sample", "2"],
-                MapHost::default()
-            ),
-            Err(ConfigError::BadTraceSample("2".into()))
-        );
     }
 }

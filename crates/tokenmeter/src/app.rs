@@ -143,13 +143,12 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
         .transpose()?;
     let client_tls = cfg.upstream_tls.load(cfg.proxy.upstream.is_https())?;
     let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
-    let capacity = Arc::new(Capacity::new(cfg.capacity(), Instant::now()));
+    let capacity = Arc::new(Capacity::new(cfg.capacity_model(), Instant::now()));
     metrics.export_capacity(Arc::clone(&capacity))?;
     let (identify, sinks) = sinks(cfg, &metrics)?;
     let recorder = Arc::new(
-        Recorder::new(Arc::clone(&metrics), cfg.max_line_bytes)
+        Recorder::new(Arc::clone(&metrics), cfg.meter)
             .with_capacity(Arc::clone(&capacity))
-            .with_api(cfg.api)
             .with_classes(Arc::clone(&cfg.slo))
             .with_tenants(cfg.tenants.as_ref().map(|t| Arc::new(Tenants::new(t))))
             .with_sinks(identify, sinks),

@@ -10,17 +10,15 @@ use std::time::Duration;
 
 use crate::capacity::{self, CapacityConfig};
 use crate::gpus::Note;
+use crate::meter;
 use crate::metrics::MetricsConfig;
 use crate::otlp::TracingConfig;
-use crate::protocol::Api;
 use crate::proxy::{self, Target};
 use crate::server::settings as server;
 use crate::slo::Classes;
 use crate::tenant::TenantConfig;
 use crate::tls::client::UpstreamTls;
-
-/// `--ui-sample-period`'s default.
-pub const DEFAULT_UI_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
+use crate::{engine, replicas, ui};
 
 /// The validated configuration of a proxy.
 #[derive(Debug, Clone)]
@@ -32,12 +30,12 @@ pub struct Config {
     /// The metrics' settings; they hold the GPU count, its source and `--gpu-hour-cost`,
     /// which the capacity model reads from here ([`Config::capacity`]).
     pub metrics: MetricsConfig,
-    /// `--capacity-window`: the live capacity model's own setting (the rest of its settings
-    /// are the SLO classes and the fleet, held once elsewhere in this struct).
-    pub capacity_window: Duration,
-    pub max_line_bytes: usize,
-    /// `--api`: `None` detects the format per response.
-    pub api: Option<Api>,
+    /// How the meter reads responses: `--max-line-bytes`, `--api`.
+    pub meter: meter::Settings,
+    /// The live capacity model's own settings: its window and the engine's memory as the flags
+    /// state it (the rest of what it needs, the SLO classes and the fleet, is held once
+    /// elsewhere in this struct: [`Config::capacity_model`]).
+    pub capacity: capacity::Settings,
     // --- TLS ---
     /// How an https upstream is trusted, and the client certificate.
     pub upstream_tls: UpstreamTls,
@@ -49,12 +47,9 @@ pub struct Config {
     /// The page's sample period; `None` with `--no-ui`.
     pub ui: Option<Duration>,
     /// `--replicas`: a number, or `auto` (the server watches the upstream's DNS records).
-    pub replicas: crate::replicas::Setting,
-    /// `--kv-cache-tokens`, `--block-size`, `--max-num-seqs`: the engine's memory as the flags
-    /// state it (each `None` when not given).
-    pub memory: capacity::memory::Stated,
+    pub replicas: replicas::Setting,
     /// `--engine-metrics` and `--engine-metrics-interval`.
-    pub engine_metrics: crate::engine::Setting,
+    pub engine_metrics: engine::Setting,
     pub engine_metrics_interval: Duration,
     /// The `tenant` label's settings; `None`: the label does not exist.
     pub tenants: Option<TenantConfig>,
@@ -73,36 +68,34 @@ impl Config {
             proxy: proxy::Settings::new(upstream),
             server: server::Settings::default(),
             metrics: MetricsConfig::default(),
-            capacity_window: capacity::DEFAULT_WINDOW,
-            max_line_bytes: 1 << 20,
-            api: None,
+            meter: meter::Settings::default(),
+            capacity: capacity::Settings::default(),
             upstream_tls: UpstreamTls::default(),
             gpu_notes: Vec::new(),
             slo: Arc::new(Classes::default()),
-            ui: Some(DEFAULT_UI_SAMPLE_PERIOD),
-            replicas: crate::replicas::Setting::Fixed(1),
-            memory: capacity::memory::Stated::default(),
-            engine_metrics: crate::engine::Setting::Auto,
-            engine_metrics_interval: crate::engine::reader::INTERVAL,
+            ui: Some(ui::DEFAULT_SAMPLE_PERIOD.get()),
+            replicas: replicas::Setting::default(),
+            engine_metrics: engine::Setting::default(),
+            engine_metrics_interval: engine::DEFAULT_INTERVAL.get(),
             tenants: None,
             request_log: None,
             tracing: None,
         }
     }
 
-    /// The live capacity model's settings: its window, each SLO class's targets and the fleet,
-    /// taken from where this struct holds them once (the classes, `--replicas`, and the GPU
-    /// count and cost of the metrics' settings).
-    pub fn capacity(&self) -> CapacityConfig {
+    /// All the live capacity model needs: its own settings, each SLO class's targets and the
+    /// fleet, taken from where this struct holds them once (the classes, `--replicas`, and the
+    /// GPU count and cost of the metrics' settings).
+    pub fn capacity_model(&self) -> CapacityConfig {
         CapacityConfig {
-            window: self.capacity_window,
+            window: self.capacity.window,
             classes: capacity::ClassTargets::of(&self.slo),
             fleet: capacity::Fleet {
                 replicas: self.replicas.initial(),
                 gpus: self.metrics.gpus,
                 gpu_hour_cost: self.metrics.gpu_hour_cost,
             },
-            memory: self.memory,
+            memory: self.capacity.memory,
         }
     }
 }

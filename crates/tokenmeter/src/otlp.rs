@@ -22,6 +22,8 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::IntCounter;
 use tokio::sync::mpsc;
 
+pub mod settings;
+
 use crate::context::Sampler;
 use crate::protocol::{Api, OutputKind};
 use crate::ratelog::{RateLimited, LOG_PERIOD};

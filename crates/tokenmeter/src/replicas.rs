@@ -31,11 +31,27 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 /// Longest wait for one lookup; a slower one counts as failed and the last count stays.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `--replicas`: a number, or `auto`.
+/// `--replicas`: a number, or `auto`; one engine by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setting {
     Fixed(u32),
     Auto,
+}
+
+impl Default for Setting {
+    fn default() -> Self {
+        Setting::Fixed(1)
+    }
+}
+
+/// As the flag spells it: the number, or `auto`.
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Setting::Fixed(n) => write!(f, "{n}"),
+            Setting::Auto => f.write_str("auto"),
+        }
+    }
 }
 
 impl Setting {

@@ -1,8 +1,71 @@
 //! Units the command line reads: durations. A leaf: it imports nothing of the crate, so the
 //! proxy's configuration, the SLO grammar and the tools all parse a duration the same way
 //! without depending on each other.
+//!
+//! A default duration is written once, as a [`HumanDuration`] beside the settings it belongs
+//! to: the settings take its [`Duration`], and the command line shows it in `--help` as it is
+//! written (`300s`, `15m`), which [`parse_duration`] reads back to the same value.
 
+use std::fmt;
 use std::time::Duration;
+
+/// A duration as a person writes it: a whole number of one unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration {
+    count: u64,
+    unit: Unit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Millis,
+    Secs,
+    Mins,
+}
+
+impl HumanDuration {
+    pub const fn millis(count: u64) -> Self {
+        HumanDuration {
+            count,
+            unit: Unit::Millis,
+        }
+    }
+
+    pub const fn secs(count: u64) -> Self {
+        HumanDuration {
+            count,
+            unit: Unit::Secs,
+        }
+    }
+
+    pub const fn mins(count: u64) -> Self {
+        HumanDuration {
+            count,
+            unit: Unit::Mins,
+        }
+    }
+
+    /// The duration it says.
+    pub const fn get(self) -> Duration {
+        match self.unit {
+            Unit::Millis => Duration::from_millis(self.count),
+            Unit::Secs => Duration::from_secs(self.count),
+            Unit::Mins => Duration::from_secs(self.count * 60),
+        }
+    }
+}
+
+/// As written: `250ms`, `30s`, `15m`.
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.unit {
+            Unit::Millis => "ms",
+            Unit::Secs => "s",
+            Unit::Mins => "m",
+        };
+        write!(f, "{}{unit}", self.count)
+    }
+}
 
 /// Parses durations such as `250ms`, `30s`, `5m`, `1h`, or a plain number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -35,6 +98,19 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration(" 1h "), Ok(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn a_written_duration_reads_back_as_itself() {
+        for (d, text) in [
+            (HumanDuration::millis(250), "250ms"),
+            (HumanDuration::secs(300), "300s"),
+            (HumanDuration::mins(15), "15m"),
+        ] {
+            assert_eq!(d.to_string(), text);
+            assert_eq!(parse_duration(text), Ok(d.get()));
+        }
+        assert_eq!(HumanDuration::mins(15).get(), Duration::from_secs(900));
     }
 
     #[test]

@@ -60,6 +60,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cost::Prices;
+use crate::units::HumanDuration;
 pub use fit::Fit;
 pub use limits::TtftPoint;
 pub use memory::Memory;
@@ -75,7 +76,27 @@ pub const REFIT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `--capacity-window`'s default: long enough to see many concurrencies, short enough to follow
 /// a change of model or traffic within the hour.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
+pub const DEFAULT_WINDOW: HumanDuration = HumanDuration::mins(15);
+
+/// The capacity model's own flags; the rest of what it needs (the SLO classes, the fleet) is
+/// other subsystems' settings, joined in [`CapacityConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// `--capacity-window`: the sliding window of the fit (at least [`summary::MIN_WINDOW`]).
+    pub window: Duration,
+    /// `--kv-cache-tokens`, `--block-size`, `--max-num-seqs`: the engine's memory as the flags
+    /// state it (each `None` when not given); they win over what the engine states.
+    pub memory: memory::Stated,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            window: DEFAULT_WINDOW.get(),
+            memory: memory::Stated::default(),
+        }
+    }
+}
 
 /// What the capacity model needs to know.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,7 +114,7 @@ pub struct CapacityConfig {
 impl Default for CapacityConfig {
     fn default() -> Self {
         CapacityConfig {
-            window: DEFAULT_WINDOW,
+            window: DEFAULT_WINDOW.get(),
             classes: Vec::new(),
             fleet: Fleet {
                 replicas: 1,

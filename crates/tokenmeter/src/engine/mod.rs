@@ -18,16 +18,36 @@ pub mod reader;
 pub mod stated;
 pub mod view;
 
+use std::fmt;
+
 use hyper::Uri;
 
-/// `--engine-metrics`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+use crate::units::HumanDuration;
+
+/// `--engine-metrics-interval`'s default: as often as Prometheus scrapes a fast job, and the
+/// capacity model refits every 5 s anyway.
+pub const DEFAULT_INTERVAL: HumanDuration = HumanDuration::secs(5);
+
+/// `--engine-metrics`; `auto` by default.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Setting {
     Off,
     /// The upstream's `/metrics`.
+    #[default]
     Auto,
     /// This URL.
     Url(Uri),
+}
+
+/// As the flag spells it: `off`, `auto`, or the URL.
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Setting::Off => f.write_str("off"),
+            Setting::Auto => f.write_str("auto"),
+            Setting::Url(u) => write!(f, "{u}"),
+        }
+    }
 }
 
 /// Why `--engine-metrics` was refused.

@@ -1,6 +1,6 @@
 //! Reading the engine's metrics on a schedule of its own, off the request path.
 //!
-//! One task, one request at a time: every [`INTERVAL`] (`--engine-metrics-interval`) it GETs the
+//! One task, one request at a time: every `--engine-metrics-interval` ([`super::DEFAULT_INTERVAL`]) it GETs the
 //! page with the upstream's own TLS settings, gives the whole exchange [`TIMEOUT`] and the body
 //! [`MAX_BYTES`], reads it ([`super::view`]), exports what it says and hands the cache's size to
 //! the capacity model. TGI and llama.cpp state their limits in a JSON document beside the page
@@ -31,10 +31,6 @@ use crate::capacity::memory::Stated;
 use crate::capacity::Capacity;
 use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::tls::client::{Alpn, ClientTls, Connector};
-
-/// `--engine-metrics-interval`'s default: as often as Prometheus scrapes a fast job, and the
-/// capacity model refits every 5 s anyway.
-pub const INTERVAL: Duration = Duration::from_secs(5);
 
 /// The whole exchange, connect to the body's end: an engine's page is served from memory in
 /// milliseconds; one that takes seconds is in trouble, and its figures would be old.

@@ -20,11 +20,13 @@
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
 pub mod concurrency;
+pub mod settings;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
+pub use self::settings::{Settings, DEFAULT_MAX_LINE_BYTES};
 use crate::capacity::{intake, Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
 use crate::cost::{Facts, GpuSeconds, Ledger};
@@ -48,10 +50,8 @@ pub struct Recorder {
     concurrency: Arc<Concurrency>,
     /// The GPUs' time, charged to each request as it ends (`crate::cost`).
     ledger: Arc<Ledger>,
-    /// `--max-line-bytes`: the longest line (or JSON body) kept for parsing.
-    max_line: usize,
-    /// `--api`: the wire format every response is read as (`None`: detected per response).
-    api: Option<Api>,
+    /// `--max-line-bytes` and `--api`: how responses are read.
+    reading: Settings,
     /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
     classes: Arc<Classes>,
     /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
@@ -65,7 +65,8 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(metrics: Arc<Metrics>, max_line: usize) -> Self {
+    /// A recorder into `metrics` that reads responses as `reading` says.
+    pub fn new(metrics: Arc<Metrics>, reading: Settings) -> Self {
         let concurrency = Arc::new(Concurrency::default());
         let ledger = Arc::new(Ledger::new(metrics.gpus()));
         let tracker = Arc::clone(&concurrency);
@@ -79,8 +80,7 @@ impl Recorder {
             capacity: None,
             concurrency,
             ledger,
-            max_line,
-            api: None,
+            reading,
             classes: Arc::new(Classes::default()),
             tenants: None,
             identify: None,
@@ -123,12 +123,6 @@ impl Recorder {
     /// Judges requests by these SLO classes (`--slo`, `--slo-file`).
     pub fn with_classes(mut self, classes: Arc<Classes>) -> Self {
         self.classes = classes;
-        self
-    }
-
-    /// Reads every response as `api` instead of detecting its format (`--api`).
-    pub fn with_api(mut self, api: Option<Api>) -> Self {
-        self.api = api;
         self
     }
 
@@ -391,7 +385,12 @@ impl Meter {
             return;
         }
         let rec = &s.clock.recorder;
-        s.reader = Reader::new(path, content_type, rec.api, rec.max_line);
+        s.reader = Reader::new(
+            path,
+            content_type,
+            rec.reading.api,
+            rec.reading.max_line_bytes,
+        );
     }
 
     /// The request's SLO class and targets (chosen from its headers, path and model), or `None`

@@ -6,7 +6,7 @@ use crate::metrics::MetricsConfig;
 
 fn recorder() -> Arc<Recorder> {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
-    Arc::new(Recorder::new(Arc::new(m), 1 << 20))
+    Arc::new(Recorder::new(Arc::new(m), Default::default()))
 }
 
 /// The sum of the series `selector` picks in the recorder's exposition.

@@ -3,6 +3,9 @@
 //! per-measure replacements the `--buckets-*` flags give. The metrics own their boundaries;
 //! `config` only hands over the flags' values.
 
+/// `--buckets`' default: the preset with vLLM's boundaries where vLLM has the measure.
+pub const DEFAULT_PRESET: &str = "default";
+
 /// Histogram bucket boundaries, one set per kind of measure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Buckets {
@@ -114,7 +117,7 @@ impl Buckets {
     /// The preset called `name` (`default` or `coarse`), with `overrides` replacing whole sets.
     pub fn preset(name: &str, overrides: Overrides) -> Result<Self, UnknownPreset> {
         let d = match name.trim() {
-            "default" => Buckets::default(),
+            DEFAULT_PRESET => Buckets::default(),
             "coarse" => Buckets::coarse(),
             other => return Err(UnknownPreset(other.to_string())),
         };

@@ -67,6 +67,7 @@ use crate::engine::observed::Observed;
 use crate::gpus;
 use crate::protocol::TokenSource;
 use crate::record::{Finished, Sink};
+use crate::units::HumanDuration;
 
 /// Other naming schemes exported beside `tokenmeter_*` (`--compat`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -135,11 +136,22 @@ pub struct Metrics {
     metrics_connections_shed: IntCounter,
 }
 
+/// `--max-models`' default: a server behind one proxy serves a handful of models (and LoRA
+/// adapters); 32 leaves room for those and bounds every family's series by the `model` label.
+pub const DEFAULT_MAX_MODELS: usize = 32;
+
+/// `--rate-window`'s default: the aggregate tokens/s gauges over the last 10 s, short enough
+/// to follow a burst, long enough to hold a few steps of every stream.
+pub const DEFAULT_RATE_WINDOW: HumanDuration = HumanDuration::secs(10);
+
 /// Settings the metrics need.
 #[derive(Debug, Clone)]
 pub struct MetricsConfig {
+    /// `--buckets` and the `--buckets-*` flags.
     pub buckets: Buckets,
+    /// `--max-models`: distinct `model` label values kept (at least 1).
     pub max_models: usize,
+    /// `--rate-window`.
     pub rate_window: Duration,
     /// `--gpus`: the one place the count is held (the capacity model's fleet reads it here).
     pub gpus: f64,
@@ -161,8 +173,8 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
             buckets: Buckets::default(),
-            max_models: 32,
-            rate_window: Duration::from_secs(10),
+            max_models: DEFAULT_MAX_MODELS,
+            rate_window: DEFAULT_RATE_WINDOW.get(),
             gpus: 1.0,
             compat: Compat::default(),
             gpu_source: gpus::Source::Default,

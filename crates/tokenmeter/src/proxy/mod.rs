@@ -61,7 +61,11 @@ mod testing;
 pub mod timeout;
 pub mod upstream;
 
-pub use settings::{Admission, Settings, Target, DEFAULT_MAX_IN_FLIGHT};
+pub use settings::{
+    Admission, Settings, Target, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_REQUEST_BODY, DEFAULT_POOL_IDLE_TIMEOUT,
+    DEFAULT_RETRY_AFTER, DEFAULT_UPSTREAM_TIMEOUT,
+};
 
 /// The body type on both sides of the proxy.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;

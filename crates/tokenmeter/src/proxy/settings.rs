@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use http::Uri;
 
+use crate::units::HumanDuration;
+
 /// Where requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -38,6 +40,29 @@ impl Target {
 /// of an open stream, docs/bench.md) are 208 MiB, under half of a 512 MiB sidecar limit.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 8192;
 
+/// `--retry-after`'s default: a shed request is told to come back in a second, when a
+/// stream or two has ended (an inference server's short requests last about that long).
+pub const DEFAULT_RETRY_AFTER: u32 = 1;
+
+/// `--max-request-body`'s default: 8 MiB holds a 128k-token prompt with room for images' URLs;
+/// a larger body is streamed through unread.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 8 << 20;
+
+/// `--upstream-timeout`'s default: a long prompt on a busy engine can queue for minutes before
+/// its first byte; five minutes is past any engine's own queue limit.
+pub const DEFAULT_UPSTREAM_TIMEOUT: HumanDuration = HumanDuration::secs(300);
+
+/// `--idle-timeout`'s default: a silence of five minutes inside a stream is a dead upstream,
+/// never a slow one (a reasoning model still sends its events).
+pub const DEFAULT_IDLE_TIMEOUT: HumanDuration = HumanDuration::secs(300);
+
+/// `--pool-idle-timeout`'s default: nginx's upstream keep-alive.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: HumanDuration = HumanDuration::secs(60);
+
+/// `--connect-timeout`'s default: a connection on a cluster network takes milliseconds; five
+/// seconds covers a TLS handshake to a far endpoint and a DNS retry.
+pub const DEFAULT_CONNECT_TIMEOUT: HumanDuration = HumanDuration::secs(5);
+
 /// Admission's two limits ([`super::admission`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
@@ -51,7 +76,7 @@ impl Default for Admission {
     fn default() -> Self {
         Admission {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            retry_after: 1,
+            retry_after: DEFAULT_RETRY_AFTER,
         }
     }
 }
@@ -85,14 +110,14 @@ impl Settings {
     pub fn new(upstream: Target) -> Self {
         Settings {
             admission: Admission::default(),
-            max_request_body: 8 << 20,
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
             inject_usage: false,
-            idle_timeout: Some(Duration::from_secs(300)),
-            upstream_timeout: Some(Duration::from_secs(300)),
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT.get()),
+            upstream_timeout: Some(DEFAULT_UPSTREAM_TIMEOUT.get()),
             upstream,
             upstream_http2: false,
-            pool_idle_timeout: Duration::from_secs(60),
-            connect_timeout: Some(Duration::from_secs(5)),
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT.get(),
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT.get()),
         }
     }
 }

@@ -13,7 +13,10 @@ use crate::metrics::{Metrics, MetricsConfig};
 /// A recorder over fresh metrics.
 pub fn recorder() -> (Arc<Metrics>, Arc<Recorder>) {
     let m = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-    (Arc::clone(&m), Arc::new(Recorder::new(m, 1 << 20)))
+    (
+        Arc::clone(&m),
+        Arc::new(Recorder::new(m, Default::default())),
+    )
 }
 
 /// `req` with the meter its head was received with, as below the metering layer.

@@ -1,10 +1,20 @@
 //! The server's own settings: where it listens, and how it holds connections and ends them.
-//! The command line maps its flags onto these ([`crate::config`]); every default is here.
+//! The command line maps its flags onto these ([`crate::config`]); every default is here, and
+//! the command line's `--help` shows these same constants.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use crate::tls::KeyPair;
+use crate::units::HumanDuration;
+
+/// `--listen`'s default: every interface, the port a sidecar's clients are pointed at.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8080));
+
+/// `--metrics-listen`'s default: every interface (Prometheus scrapes from another pod).
+pub const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 9090));
 
 /// `--max-connections`' default: 16,384 connections, each counted as if it carried a stream
 /// (an idle keep-alive connection costs less), are 416 MiB; with the idle process (about
@@ -25,10 +35,12 @@ pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
 /// connection is a task and an 8 KiB read buffer).
 pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 256;
 
-/// `--drain-timeout`'s and `--header-read-timeout`'s default: Kubernetes' own grace period
-/// for the first; for the second, long enough for a slow client on a bad link, short enough
-/// that a connection which never sends a head is not held for minutes.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// `--drain-timeout`'s default: Kubernetes' own grace period.
+pub const DEFAULT_DRAIN_TIMEOUT: HumanDuration = HumanDuration::secs(30);
+
+/// `--header-read-timeout`'s default: long enough for a slow client on a bad link, short
+/// enough that a connection which never sends a head is not held for minutes.
+pub const DEFAULT_HEADER_READ_TIMEOUT: HumanDuration = HumanDuration::secs(30);
 
 /// Both listeners, and how the server holds their connections.
 #[derive(Debug, Clone)]
@@ -56,11 +68,11 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            listen: DEFAULT_LISTEN,
+            metrics_listen: DEFAULT_METRICS_LISTEN,
             listen_backlog: DEFAULT_LISTEN_BACKLOG,
-            drain_timeout: DEFAULT_TIMEOUT,
-            header_read_timeout: DEFAULT_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT.get(),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT.get(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
             tls: None,

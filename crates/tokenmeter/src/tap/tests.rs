@@ -17,7 +17,7 @@ const CHUNK: &str = "data: {\"model\":\"m\",\"choices\":[{\"delta\":{\"content\"
 
 fn recorder() -> Arc<Recorder> {
     let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-    Arc::new(Recorder::new(metrics, 1 << 20))
+    Arc::new(Recorder::new(metrics, Default::default()))
 }
 
 /// A tap over `body` for an OpenAI-format SSE response, with the idle limit beneath it as the
@@ -239,7 +239,7 @@ async fn a_stalled_upstream_hits_the_idle_timeout_once() {
 #[tokio::test]
 async fn a_body_of_known_length_is_complete_after_its_last_frame() {
     let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
-    let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), 1 << 20));
+    let recorder = Arc::new(Recorder::new(Arc::clone(&metrics), Default::default()));
     let mut meter = recorder.start(RequestInfo::default());
     meter.on_response(200, "/v1/chat/completions", "application/json", false);
     let json = r#"{"model":"m","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#;

@@ -26,6 +26,7 @@ pub use reading::{Hist, Reading};
 pub use summary::PageSummary;
 
 use crate::metrics::Metrics;
+use crate::units::HumanDuration;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const UI_JS: &str = include_str!("assets/ui.js");
@@ -35,8 +36,9 @@ const UI_CSS: &str = include_str!("assets/ui.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
                    img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// Default time between two readings of the registry: the time series' resolution.
-pub const DEFAULT_SAMPLE_PERIOD: Duration = Duration::from_secs(5);
+/// `--ui-sample-period`'s default: the time between two readings of the registry, the time
+/// series' resolution (a Prometheus scrape interval's).
+pub const DEFAULT_SAMPLE_PERIOD: HumanDuration = HumanDuration::secs(5);
 
 /// Reads the registry `/metrics` serves, reduced to what the page shows.
 type Read = dyn Fn() -> Reading + Send + Sync;
