@@ -171,6 +171,7 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
             "proxy::inspect",
             "proxy::metering",
             "proxy::pool",
+            "proxy::resend",
             "proxy::timeout",
             "proxy::upstream",
         ],

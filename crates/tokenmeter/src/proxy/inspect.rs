@@ -24,7 +24,7 @@ use pin_project::pin_project;
 use tower::{Layer, Service};
 
 use super::metering::{Answer, Metered};
-use super::pool::Replayable;
+use super::resend::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::inject;

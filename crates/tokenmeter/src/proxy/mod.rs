@@ -55,6 +55,7 @@ pub mod admission;
 pub mod inspect;
 pub mod metering;
 pub mod pool;
+pub mod resend;
 pub mod settings;
 #[cfg(test)]
 mod testing;

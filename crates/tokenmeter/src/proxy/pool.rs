@@ -21,7 +21,7 @@
 //! before any byte of the response came back, which is what a server's idle close crossing the
 //! request on the wire looks like (uvicorn drops a connection idle for 5 s without reading
 //! what arrived in the same instant). That needs the body again, so it is done for a body the
-//! proxy read whole ([`Replayable`]: JSON up to `--max-request-body`, or none), once per
+//! proxy read whole ([`super::resend`]: JSON up to `--max-request-body`, or none), once per
 //! request, and never on a fresh connection, where the server saw the request and failed. A
 //! sweep every [`SWEEP_EVERY`] closes connections idle past the timeout and those the server
 //! has closed, so a burst's connections do not outlive it.
@@ -49,7 +49,7 @@ use hyper_util::client::legacy::connect::Connection as _;
 use tower::Service;
 
 use self::wake::Signal;
-use super::ProxyBody;
+use super::{resend, ProxyBody};
 use crate::error::BoxError;
 use crate::tls::client::{Conn as Io, Connector};
 
@@ -101,12 +101,6 @@ struct Idle {
     conn: Pooled,
     since: Instant,
 }
-
-/// The request's body, read whole before it was sent: what a request lost on a reused
-/// connection is sent again with. A request extension, set by the inspect layer; `Bytes`, so
-/// keeping it costs a reference count, not a copy.
-#[derive(Clone, Debug)]
-pub struct Replayable(pub Bytes);
 
 /// One connection: the handle that sends requests, and the future that does its I/O.
 struct Pooled {
@@ -181,7 +175,7 @@ impl Pool {
                 },
             };
             // The copy to send again is made only where it can be needed: on a reused connection.
-            let again = if reused { replay(&req) } else { None };
+            let again = if reused { resend::again(&req) } else { None };
             match (conn.send(req).await, again) {
                 (Ok(resp), _) => {
                     // The driver was polled with the task's own waker until now.
@@ -242,17 +236,6 @@ async fn sweep(pool: Weak<Inner>) {
         // Closed outside the lock.
         drop(expired);
     }
-}
-
-/// A copy of a request with a body read whole, to send again on a new connection.
-fn replay(req: &Request<ProxyBody>) -> Option<Request<ProxyBody>> {
-    let body = req.extensions().get::<Replayable>()?.0.clone();
-    let mut again = Request::new(super::full(body));
-    *again.method_mut() = req.method().clone();
-    *again.uri_mut() = req.uri().clone();
-    *again.version_mut() = req.version();
-    *again.headers_mut() = req.headers().clone();
-    Some(again)
 }
 
 /// An HTTP/1.1 request as it goes on the wire: the path and query in the request line, the
