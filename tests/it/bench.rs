@@ -835,7 +835,6 @@ fn bad_flags_are_one_line_and_exit_64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_runs_against_the_simulator_and_names_its_files() {
-    let _turn = s::serial().await;
     let url = spawn_sim(sim_model()).await;
     let out = tempdir("command");
     let dir = out.clone();
@@ -1036,7 +1035,6 @@ async fn open_loop_latency_counts_the_backlog_a_closed_loop_hides() {
 /// each level's rate and the concurrency it resulted in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_rate_levels_carry_their_rate_into_every_file() {
-    let _turn = s::serial().await;
     let up = spawn_upstream(SCRIPT).await;
     let out = tempdir("open-loop");
     let cfg = config(

@@ -28,7 +28,6 @@ fn crafted() -> Vec<Step> {
 
 #[tokio::test]
 async fn vllm_names_show_a_crafted_streams_ttft_latency_and_tokens() {
-    let _turn = crate::support::serial().await;
     let Streamed {
         seen, scrape: s, ..
     } = stream_once(crafted(), &["--compat", "vllm"]).await;
@@ -133,7 +132,6 @@ async fn vllm_waiting_and_running_follow_a_live_request() {
 
 #[tokio::test]
 async fn without_compat_there_is_no_vllm_or_otel_series() {
-    let _turn = crate::support::serial().await;
     let Streamed {
         seen, scrape: s, ..
     } = stream_once(crafted(), &[]).await;
@@ -279,7 +277,6 @@ async fn otel_names_show_a_crafted_streams_tokens_ttft_and_attributes() {
 
 #[tokio::test]
 async fn otel_error_type_names_a_failed_request_by_its_outcome() {
-    let _turn = crate::support::serial().await;
     // Three tokens, then the upstream resets the stream.
     let mut steps = upstream::openai_chat(10 * MS, 3, 5 * MS, false);
     steps.truncate(7);
@@ -327,7 +324,6 @@ async fn otel_error_type_names_a_failed_request_by_its_outcome() {
 
 #[tokio::test]
 async fn otel_token_usage_through_the_simulator_is_exact_per_operation() {
-    let _turn = crate::support::serial().await;
     let sim = start_sim(tokenmeter_tools::sim::SimConfig {
         model: tokenmeter_tools::sim::Model {
             step_base: MS,

@@ -304,7 +304,6 @@ async fn twice_the_requests_pay_twice() {
 /// The request log's per-request GPU-seconds add up to the counters, by phase.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_log_adds_up_to_the_counters() {
-    let _turn = serial().await;
     let dir = std::env::temp_dir().join(format!("tokenmeter-cost-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let log = dir.join("requests.jsonl");

@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::support::raw::read_request;
-use crate::support::{serial, spawn_proxy};
+use crate::support::spawn_proxy;
 
 /// How long a step may wait for bytes the upstream has already sent. Only a proxy holding them
 /// comes near it; it is long so that a loaded machine cannot fail the test.
@@ -146,7 +146,6 @@ fn one_event_per_step(n: usize) -> Vec<Step> {
 
 #[tokio::test]
 async fn the_head_and_every_event_reach_the_client_before_the_upstream_sends_more() {
-    let _turn = serial().await;
     // The head alone first (an inference server sends it before its prefill), then each event
     // only once the client has the one before: the first after a quiet connection, as at
     // concurrency 1.
@@ -156,7 +155,6 @@ async fn the_head_and_every_event_reach_the_client_before_the_upstream_sends_mor
 
 #[tokio::test]
 async fn an_event_that_arrives_with_the_head_is_not_held_for_the_next() {
-    let _turn = serial().await;
     // The head and the first event in one write: the upstream connection reads both before
     // the response body exists, so the first event waits in its read buffer.
     let mut steps = one_event_per_step(4);
@@ -168,7 +166,6 @@ async fn an_event_that_arrives_with_the_head_is_not_held_for_the_next() {
 
 #[tokio::test]
 async fn two_events_in_one_read_both_reach_the_client() {
-    let _turn = serial().await;
     // Two chunks in one write: the second waits in the upstream connection's read buffer after
     // the first is handed over (the body channel holds one chunk).
     let mut steps = vec![step(HEAD.into(), &["HTTP/1.1 200"])];
@@ -184,7 +181,6 @@ async fn two_events_in_one_read_both_reach_the_client() {
 
 #[tokio::test]
 async fn half_an_event_is_forwarded_before_its_end_arrives() {
-    let _turn = serial().await;
     // The parser needs the whole line; the client does not wait for it.
     let ev = event("split-");
     let (a, b) = ev.split_at(ev.find("split-").expect("marker") + 3);
@@ -199,7 +195,6 @@ async fn half_an_event_is_forwarded_before_its_end_arrives() {
 
 #[tokio::test]
 async fn with_inject_usage_every_whole_event_reaches_the_client_before_the_next() {
-    let _turn = serial().await;
     // --inject-usage filters the usage event out, so it must see whole events; a whole one is
     // passed on at once.
     let got = run(one_event_per_step(6), &["--inject-usage"]).await;

@@ -16,8 +16,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::client::{post, Seen};
 use crate::support::raw::read_request;
+use crate::support::spawn_proxy;
 use crate::support::upstream::{self, Reply};
-use crate::support::{serial, spawn_proxy};
 
 const CHAT: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
 const SSE: &str = "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n";
@@ -140,7 +140,6 @@ async fn a_connection_the_server_closed_while_idle_is_not_used() {
 // ones at -3 ms failed (502) in 1 run in 3 here.
 #[tokio::test]
 async fn requests_timed_to_meet_the_servers_idle_close_never_fail() {
-    let _turn = serial().await;
     let idle_close = Duration::from_millis(300);
     let up = closing_upstream(idle_close).await;
     let proxy = spawn_proxy(

@@ -1027,7 +1027,6 @@ fn demo_runs_headless_and_exits_zero() {
 
 #[test]
 fn demo_with_no_ui_serves_no_page() {
-    let _turn = crate::support::serial_blocking();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .args([
             "demo",

@@ -351,7 +351,6 @@ async fn stated_parts_beyond_the_ttft_leave_other_at_zero_and_count_a_mismatch()
 /// A stream that states nothing observes no part: the split covers only what engines state.
 #[tokio::test]
 async fn a_stream_without_timings_observes_no_part() {
-    let _turn = crate::support::serial().await;
     let first =
         "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
     let last = "data: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";

@@ -125,7 +125,6 @@ fn upstream_traceparent(up: &upstream::Upstream, i: usize) -> Option<String> {
 #[tokio::test]
 async fn a_sampled_caller_gets_one_span_in_its_trace_and_the_upstream_our_span_as_parent() {
     let Some(python) = python_otlp() else { return };
-    let _turn = crate::support::serial().await;
     let mut rx = Receiver::start(&python).await;
     let steps = upstream::openai_chat(20 * MS, 5, 2 * MS, true);
     let expected = script_bytes(&steps);
@@ -187,7 +186,6 @@ async fn a_sampled_caller_gets_one_span_in_its_trace_and_the_upstream_our_span_a
 #[tokio::test]
 async fn without_a_traceparent_sample_1_starts_a_trace_and_0_forwards_nothing() {
     let Some(python) = python_otlp() else { return };
-    let _turn = crate::support::serial().await;
     let mut rx = Receiver::start(&python).await;
     let steps = upstream::openai_chat(MS, 2, MS, true);
     let up = upstream::spawn(move |_| Reply::sse(steps.clone())).await;
@@ -226,7 +224,6 @@ async fn without_a_traceparent_sample_1_starts_a_trace_and_0_forwards_nothing() 
 #[tokio::test]
 async fn a_failed_request_has_an_error_status() {
     let Some(python) = python_otlp() else { return };
-    let _turn = crate::support::serial().await;
     let mut rx = Receiver::start(&python).await;
     let up = upstream::spawn(|_| Reply::json(500, r#"{"error":"boom"}"#)).await;
     let url = rx.url();
@@ -253,7 +250,6 @@ async fn a_failed_request_has_an_error_status() {
 
 #[tokio::test]
 async fn a_dead_collector_holds_no_stream_back_and_its_spans_are_counted_as_dropped() {
-    let _turn = crate::support::serial().await;
     // A port nothing listens on: every export is refused.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")

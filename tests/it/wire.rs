@@ -247,7 +247,6 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
 /// prompt count, so its TTFT is in the `unknown` band, observed when the request ends.
 #[tokio::test]
 async fn token_ids_give_tokens_per_event_and_no_usage_is_unknown_band() {
-    let _turn = crate::support::serial().await;
     let ids = |content: &str, ids: &str| {
         data(&format!(
             r#"{{"model":"spec","choices":[{{"index":0,"delta":{{"content":"{content}"}},"token_ids":{ids}}}]}}"#

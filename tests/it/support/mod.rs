@@ -188,9 +188,14 @@ pub async fn start_sim(cfg: SimConfig) -> SocketAddr {
     addr
 }
 
-/// One test at a time among those that take it: wall-clock measurements, and tests that keep
-/// the CPU busy. On a 2-core machine a busy test starves a timing test's timers, and the timing
-/// test then measures the machine instead of the code.
+/// One test at a time among those that take it. The resource they share is the CPU's
+/// promptness: a test takes the turn when it keeps the CPU busy (a flood, megabytes through the
+/// proxy, every split of the corpus) or when an assertion of its could fail on a busy machine
+/// (a time, a rate, or a fit from timed steps held to a tolerance; an ordering that needs a
+/// sleep to be long enough). On a 2-core machine a busy test starves a timing test's timers,
+/// and the timing test then measures the machine instead of the code. A test that asserts only
+/// counts, bytes, labels or exit codes, and waits for conditions rather than for time, does not
+/// take it: a slow machine makes it slower, never wrong.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Takes the serial turn in an async test.
