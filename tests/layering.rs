@@ -173,6 +173,7 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
             "proxy::pool",
             "proxy::resend",
             "proxy::timeout",
+            "proxy::upgrades",
             "proxy::upstream",
         ],
         "mod.rs composes the stack from the layers and holds what they share (`ProxyBody`, \

@@ -225,6 +225,7 @@ mod tests {
     use super::*;
     use crate::proxy::metering::MeteringLayer;
     use crate::proxy::testing::{assert_has, recorder, scrape};
+    use crate::proxy::upgrades::UpgradesLayer;
     use crate::proxy::ProxyBody;
 
     /// A body fed frame by frame from the test.
@@ -266,6 +267,7 @@ mod tests {
         };
         let svc = ServiceBuilder::new()
             .layer(MeteringLayer::new(rec, None))
+            .layer(UpgradesLayer)
             .layer(AdmissionLayer::new(Arc::clone(&limiter), 7))
             .service(stub);
         let req = || Request::post("/v1/chat/completions").body(super::super::full(Bytes::new()));
@@ -311,6 +313,7 @@ mod tests {
         });
         let svc = ServiceBuilder::new()
             .layer(MeteringLayer::new(rec, None))
+            .layer(UpgradesLayer)
             .layer(AdmissionLayer::new(Arc::clone(&limiter), 1))
             .service(stub);
         let req = || {

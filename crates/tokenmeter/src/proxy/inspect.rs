@@ -229,6 +229,7 @@ mod tests {
     use super::*;
     use crate::proxy::metering::MeteringLayer;
     use crate::proxy::testing::{assert_has, metered, recorder, scrape};
+    use crate::proxy::upgrades::UpgradesLayer;
 
     /// What the stub below the layer received.
     #[derive(Default)]
@@ -374,6 +375,7 @@ mod tests {
         });
         ServiceBuilder::new()
             .layer(MeteringLayer::new(rec, None))
+            .layer(UpgradesLayer)
             .layer(InspectLayer::new(1024, false))
             .service(stub)
     }

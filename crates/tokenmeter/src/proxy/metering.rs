@@ -4,18 +4,18 @@
 //! beside the request, as a [`Metered`] request; [`inspect`](super::inspect) sends it with what
 //! the body said, which puts the request in flight; it comes back up beside the response or
 //! the error. This file is where every request is recorded, exactly once, since the one meter
-//! ends in exactly one of three places:
+//! ends in exactly one of three places (or, for a joined upgrade, in the one task that holds
+//! it):
 //! - an error ([`ProxyError`]) from any layer below (shed at the cap, a body that cannot be
 //!   read, no upstream, no head in time): the meter finishes at once with the error's status
 //!   and outcome, and the client gets the error's JSON response;
 //! - a response head: the meter learns the status and content type, and the body is wrapped in
 //!   a [`TapBody`], which finishes the meter when the body ends, fails or is dropped. When
 //!   `--inject-usage` asked for usage and the response is SSE, [`StripUsage`] wraps the tap, so
-//!   the meter still sees the usage chunk the client does not. A `101 Switching Protocols`
-//!   carrying both halves of an upgrade ([`Pending`]) is joined instead: the meter leaves the
-//!   in-flight gauges, a task joins the two connections ([`crate::upgrade::join`]) while
-//!   holding a place in the drain's count, and the meter finishes with outcome `upgraded` when
-//!   they close (or at the drain's deadline);
+//!   the meter still sees the usage chunk the client does not. (A `101` the upstream agreed to
+//!   never comes back here with its meter: the layer below, [`upgrades`](super::upgrades),
+//!   moves the meter into the task that joins the connection, which finishes it with outcome
+//!   `upgraded` when they close; this layer gets its [`Reply::Joined`] head);
 //! - the meter's own drop, when hyper drops the request's future (the client went away before
 //!   the response head): outcome `client_disconnect`.
 
@@ -31,17 +31,13 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tower::{Layer, Service};
 
-use super::upstream::Pending;
-use super::{full, header_str, BoxFuture, ProxyBody, ProxyError};
-use crate::drain::Drain;
+use super::{header_str, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::idle::IdleBody;
 use crate::inject::StripUsage;
 use crate::meter::{Meter, Recorder};
 use crate::read::{content_framing, Framing};
-use crate::record::Outcome;
 use crate::tap::TapBody;
-use crate::upgrade::{self, UpgradeError};
 
 /// Builds [`Metering`] services.
 #[derive(Clone)]
@@ -65,9 +61,28 @@ pub struct Metered<T> {
     pub inner: T,
 }
 
-/// What comes back up to the metering layer: the response, or the error that ended the request
-/// (a refusal of the proxy's own or an upstream's failure), with the request's meter.
+/// What comes back up a layer: the response, or the error that ended the request (a refusal of
+/// the proxy's own or an upstream's failure), with the request's meter.
 pub type Answer<B> = Metered<Result<Response<B>, ProxyError>>;
+
+/// What comes back up to the metering layer from the one below it
+/// ([`upgrades`](super::upgrades)).
+// The answer (its meter is most of it) is every request's path and moved once: boxing it would
+// cost an allocation per request to shrink a value that lives for one return.
+#[allow(clippy::large_enum_variant)]
+pub enum Reply<B> {
+    /// An answer with the request's meter, for this layer to end.
+    Answer(Answer<B>),
+    /// The `101` of an upgrade that layer joined: the meter went with the joined connection,
+    /// which finishes it when it closes.
+    Joined(Response<ProxyBody>),
+}
+
+impl<B> From<Answer<B>> for Reply<B> {
+    fn from(answer: Answer<B>) -> Self {
+        Reply::Answer(answer)
+    }
+}
 
 fn finish_with_error(mut meter: Meter, err: &ProxyError) {
     meter.set_status(err.status().as_u16());
@@ -102,7 +117,7 @@ impl<S> Layer<S> for MeteringLayer {
 
 impl<S, R, B> Service<Request<R>> for Metering<S>
 where
-    S: Service<Metered<Request<R>>, Response = Answer<B>, Error = Infallible>
+    S: Service<Metered<Request<R>>, Response = Reply<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -125,7 +140,6 @@ where
         // The client's path: the one the wire format is told by, before any base path.
         let path = req.uri().path().to_owned();
         let idle_timeout = self.idle_timeout;
-        let drain = req.extensions().get::<Drain>().cloned();
         // tokenmeter's span is the upstream's parent: the engine's spans join the caller's
         // trace under it. Without a span of ours, the caller's header goes on unchanged.
         if let Some(tp) = meter.traceparent() {
@@ -135,67 +149,23 @@ where
         }
         let sent: BoxFuture<_> = Box::pin(self.inner.call(Metered { meter, inner: req }));
         Box::pin(async move {
-            let Ok(Metered { meter, inner }) = sent.await;
-            match inner {
-                Ok(resp) => match resp.extensions().get::<Pending>().and_then(Pending::take) {
-                    Some(halves) => Ok(join(resp, meter, halves, drain)),
-                    None => Ok(tap(resp, meter, &path, idle_timeout)),
-                },
-                Err(err) => {
+            let Ok(reply) = sent.await;
+            match reply {
+                Reply::Answer(Metered {
+                    meter,
+                    inner: Ok(resp),
+                }) => Ok(tap(resp, meter, &path, idle_timeout)),
+                Reply::Answer(Metered {
+                    meter,
+                    inner: Err(err),
+                }) => {
                     finish_with_error(meter, &err);
                     Ok(err.to_response())
                 }
+                Reply::Joined(resp) => Ok(resp),
             }
         })
     }
-}
-
-/// Joins an upgraded connection in a task of its own and answers the client's 101.
-fn join<B>(
-    resp: Response<B>,
-    mut meter: Meter,
-    (client, upstream): (hyper::upgrade::OnUpgrade, hyper::upgrade::OnUpgrade),
-    drain: Option<Drain>,
-) -> Response<ProxyBody> {
-    meter.upgraded(Instant::now());
-    // Counted as an open connection while joined: the drain waits for it.
-    let held = drain.as_ref().map(Drain::hold);
-    tokio::spawn(async move {
-        let _held = held;
-        let deadline = async move {
-            match drain {
-                Some(d) => d.deadline().await,
-                None => std::future::pending().await,
-            }
-        };
-        let outcome = match upgrade::join(client, upstream, deadline).await {
-            Ok(bytes) => {
-                tracing::debug!(
-                    from_client = bytes.from_client,
-                    from_upstream = bytes.from_upstream,
-                    "upgraded connection closed"
-                );
-                Outcome::Upgraded
-            }
-            // Joined, then ended by a reset or the drain's deadline: it was an upgrade.
-            Err(e @ (UpgradeError::Io(_) | UpgradeError::Stopped)) => {
-                tracing::debug!(error = %e, "upgraded connection ended");
-                Outcome::Upgraded
-            }
-            Err(e @ UpgradeError::Client(_)) => {
-                tracing::debug!(error = %e, "client gone before the upgrade");
-                Outcome::ClientDisconnect
-            }
-            Err(e @ UpgradeError::Upstream(_)) => {
-                tracing::debug!(error = %e, "upstream gone before the upgrade");
-                Outcome::UpstreamError
-            }
-        };
-        meter.finish(outcome);
-    });
-    // A 101 has no body; what follows it is the joined connection.
-    let (parts, _) = resp.into_parts();
-    Response::from_parts(parts, full(Bytes::new()))
 }
 
 /// Shows the response to the meter and wraps its body in the tap (and the usage filter).
@@ -281,10 +251,10 @@ mod tests {
                     .body(Full::new(Bytes::from(body)))
                     .expect("response");
                 let inner = Ok(resp);
-                Ok::<_, Infallible>(Metered {
+                Ok::<_, Infallible>(Reply::from(Metered {
                     meter: req.meter,
                     inner,
-                })
+                }))
             }
         });
         let svc = MeteringLayer::new(rec, None).layer(stub);
@@ -364,10 +334,10 @@ mod tests {
                 let err = err.lock().expect("lock").take().expect("called once");
                 let inner = Err::<Response<Full<Bytes>>, _>(err);
                 async move {
-                    Ok::<_, Infallible>(Metered {
+                    Ok::<_, Infallible>(Reply::from(Metered {
                         meter: req.meter,
                         inner,
-                    })
+                    }))
                 }
             });
             let svc = MeteringLayer::new(rec, None).layer(stub);

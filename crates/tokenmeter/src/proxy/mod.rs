@@ -8,16 +8,19 @@
 //!    response body is wrapped in the [`TapBody`](crate::tap::TapBody) over the
 //!    [`IdleBody`](crate::idle::IdleBody) that holds `--idle-timeout` (and, when usage was
 //!    injected into an SSE stream, in [`StripUsage`](crate::inject::StripUsage) outside it).
-//! 1. [`admission`]: a place under `--max-in-flight`, held until the response body ends; at the
+//! 1. [`upgrades`]: takes the client's half of an upgrade (WebSocket) on the way down; on the
+//!    upstream's `101` it joins the two connections in a task that holds the meter and ends it
+//!    with outcome `upgraded` when they close.
+//! 2. [`admission`]: a place under `--max-in-flight`, held until the response body ends; at the
 //!    cap the request is shed at once, before its body is read: 503 with `Retry-After`, outcome
 //!    `shed`, nothing sent upstream.
-//! 2. [`inspect`]: reads a JSON body up to `--max-request-body` to learn the model (an inference
+//! 3. [`inspect`]: reads a JSON body up to `--max-request-body` to learn the model (an inference
 //!    server cannot start before it has the whole body anyway, so this costs no latency),
 //!    applies `--inject-usage`'s request rewrite, and sends the meter with what it learnt: the
 //!    request is in flight from then on. A body it cannot read is refused: 400, outcome
 //!    `bad_request`.
-//! 3. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
-//! 4. [`upstream`]: the pooled client over the `http://`/`https://` connector
+//! 4. [`timeout`]: `--upstream-timeout` on the response head: 504 `upstream_timeout`.
+//! 5. [`upstream`]: the pooled client over the `http://`/`https://` connector
 //!    ([`crate::tls::client`]). It rewrites the head for the upstream (origin, base path, HTTP
 //!    version, hop-by-hop headers and `Host` dropped; an upgrade keeps its two) and maps a
 //!    connection failure to a 502 whose `cause` names it (`unavailable`, `connect_timeout`, a
@@ -25,10 +28,17 @@
 //!    driven by the response body in the client connection's task; HTTPS, HTTP/2 and upgrades
 //!    through hyper-util's client.
 //!
+//! The stack has two request types, and one place where the first becomes the second: from
+//! [`metering`] down to [`inspect`] a request travels with its meter as one value
+//! ([`metering::Metered`]); [`inspect`] sends the meter and calls the layers below with the
+//! plain `Request<ProxyBody>`, holding the meter in its future until the answer comes back, so
+//! [`timeout`] and [`upstream`] never see a meter. [`stack`] says so where it composes them.
+//!
 //! Errors travel up as [`ProxyError`], which alone decides a refusal's status code, JSON body and
 //! outcome. **Invariant:** every request is metered exactly once, whichever way it ends: it has
 //! one meter from its head on, a value that moves down and back up the stack and ends in one of
-//! the three places [`metering`] names (an error, the tap, or its drop when the client left).
+//! the three places [`metering`] names (an error, the tap, or its drop when the client left),
+//! or, for an upgrade, in the task [`upgrades`] joins it in.
 //! The proxy never fails a request for a reason of its own other than those in [`ProxyError`],
 //! and never answers 400 for an upstream's failure.
 
@@ -60,6 +70,7 @@ pub mod settings;
 #[cfg(test)]
 mod testing;
 pub mod timeout;
+pub mod upgrades;
 pub mod upstream;
 
 pub use settings::{
@@ -77,7 +88,9 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// The whole request path, outermost layer first (what [`stack`] builds).
 pub type Proxy = metering::Metering<
-    admission::Admission<inspect::Inspect<timeout::Timeout<upstream::Upstream>>>,
+    upgrades::Upgrades<
+        admission::Admission<inspect::Inspect<timeout::Timeout<upstream::Upstream>>>,
+    >,
 >;
 
 /// Builds the request path. It reads top to bottom, the order a request passes the layers.
@@ -93,10 +106,12 @@ pub fn stack(
 ) -> Proxy {
     ServiceBuilder::new()
         .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
+        .layer(upgrades::UpgradesLayer)
         .layer(admission::AdmissionLayer::new(
             limiter,
             cfg.admission.retry_after,
         ))
+        // Above: `Metered<Request>`. Inspect sends the meter; below: `Request<ProxyBody>`.
         .layer(inspect::InspectLayer::new(
             cfg.max_request_body,
             cfg.inject_usage,

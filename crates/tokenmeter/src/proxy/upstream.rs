@@ -13,8 +13,8 @@
 //! between HTTP/2 and HTTP/1.1), within `--connect-timeout`. An upgrade request
 //! ([`crate::upgrade::requested`]) keeps `Connection: upgrade` and `Upgrade`, and goes over a
 //! client of its own that speaks only HTTP/1.1 (HTTP/2 has no `Upgrade`, and an upgraded
-//! connection never returns to a pool). On a `101` both sides' pending connections travel up in
-//! the response's extensions as [`Pending`], for the metering layer to join.
+//! connection never returns to a pool). Its `101` keeps `Connection: upgrade` and `Upgrade` too;
+//! the connection is joined above, in [`super::upgrades`], from hyper's handles on both sides.
 //!
 //! HTTP/1.1 (no `--upstream-http2`, no upgrade; over TLS, what ALPN settled) goes through
 //! [`Pool`], whose connections the response body drives in the client connection's task, and
@@ -32,7 +32,6 @@ use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
@@ -61,23 +60,6 @@ struct Shared {
     target: Target,
     http2: bool,
     failures: Arc<RateLimited<Failure>>,
-}
-
-/// Both halves of a connection the upstream agreed to upgrade (`101`), waiting to be joined:
-/// the client's, then the upstream's. (Extensions must be `Clone`, the halves are not: hence
-/// the shared slot, emptied by the one [`Pending::take`].)
-#[derive(Debug, Clone)]
-pub struct Pending(Arc<std::sync::Mutex<Option<(OnUpgrade, OnUpgrade)>>>);
-
-impl Pending {
-    fn new(client: OnUpgrade, upstream: OnUpgrade) -> Self {
-        Pending(Arc::new(std::sync::Mutex::new(Some((client, upstream)))))
-    }
-
-    /// The client's and the upstream's halves, once.
-    pub fn take(&self) -> Option<(OnUpgrade, OnUpgrade)> {
-        self.0.lock().ok().and_then(|mut p| p.take())
-    }
 }
 
 /// Headers that describe one connection, not the message (RFC 9110 section 7.6.1).
@@ -176,10 +158,8 @@ impl Service<Request<ProxyBody>> for Upstream {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request<ProxyBody>) -> Self::Future {
+    fn call(&mut self, req: Request<ProxyBody>) -> Self::Future {
         let asked = upgrade::requested(req.headers());
-        // The client's half of an upgrade: hyper resolves it once our 101 is written.
-        let client_half = asked.as_ref().map(|_| hyper::upgrade::on(&mut req));
         let up = &self.0;
         let req = match up.rewrite(req, asked.as_ref()) {
             Ok(req) => req,
@@ -201,18 +181,15 @@ impl Service<Request<ProxyBody>> for Upstream {
         let failures = Arc::clone(&up.failures);
         Box::pin(async move {
             match sent.await {
-                Ok(mut resp) => {
-                    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-                    let pending = match client_half {
-                        Some(c) if switching => Some((c, hyper::upgrade::on(&mut resp))),
-                        _ => None,
-                    };
+                Ok(resp) => {
                     let (mut parts, body) = resp.into_parts();
+                    let switched =
+                        asked.is_some() && parts.status == StatusCode::SWITCHING_PROTOCOLS;
                     let agreed = parts.headers.get(header::UPGRADE).cloned();
                     strip_hop_by_hop(&mut parts.headers);
-                    if let (Some((c, u)), Some(agreed)) = (pending, agreed) {
+                    // The upgrade's answer keeps its two headers; the upgrades layer joins it.
+                    if let (true, Some(agreed)) = (switched, agreed) {
                         upgrade::restore(&mut parts.headers, agreed);
-                        parts.extensions.insert(Pending::new(c, u));
                     }
                     Ok(Response::from_parts(parts, body))
                 }
