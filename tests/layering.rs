@@ -209,7 +209,7 @@ fn modules(src: &Path) -> (Vec<Module>, BTreeSet<String>) {
                 return None;
             }
             let text = std::fs::read_to_string(&file).ok()?;
-            let (code, test_only) = without_tests(&strip_comments(&text));
+            let (code, test_only) = product_code(&text);
             Some(Module {
                 path,
                 code,
@@ -246,22 +246,61 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The text without `//` comments (doc comments name modules in links; that is no import).
-/// A `//` inside a string literal cuts the rest of its line, which can only hide a path.
+/// `text` as the checks read it: without its comments, and without what is compiled for tests
+/// only ([`without_tests`]); and the test-only modules it declares.
+fn product_code(text: &str) -> (String, Vec<String>) {
+    without_tests(&strip_comments(text))
+}
+
+/// The text without its comments: `//` to the end of the line and `/* */` (nested), each left as
+/// one space (doc comments name modules in links; that is no import). Literals are kept whole:
+/// a `//` in `"http://..."` is text, and a path in a string (`deserialize_with = "..."`) counts.
 fn strip_comments(code: &str) -> String {
-    code.lines()
-        .map(|line| match line.find("//") {
-            Some(i) => &line[..i],
-            None => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    let b = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let (mut i, mut kept) = (0, 0);
+    while i < b.len() {
+        if let Some(end) = literal_end(b, i) {
+            i = end;
+            continue;
+        }
+        let end = match (b[i], b.get(i + 1)) {
+            (b'/', Some(b'/')) => b[i..]
+                .iter()
+                .position(|c| *c == b'\n')
+                .map_or(b.len(), |n| i + n),
+            (b'/', Some(b'*')) => block_comment_end(b, i + 2),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        out.push_str(&code[kept..i]);
+        out.push(' ');
+        (i, kept) = (end, end);
+    }
+    out.push_str(&code[kept..]);
+    out
+}
+
+/// Past the `*/` that closes a block comment whose text starts at `i`, inner ones counted.
+fn block_comment_end(b: &[u8], mut i: usize) -> usize {
+    let mut depth = 1;
+    while i < b.len() {
+        match (b[i], b.get(i + 1)) {
+            (b'/', Some(b'*')) => (depth, i) = (depth + 1, i + 2),
+            (b'*', Some(b'/')) if depth == 1 => return i + 2,
+            (b'*', Some(b'/')) => (depth, i) = (depth - 1, i + 2),
+            _ => i += 1,
+        }
+    }
+    b.len()
 }
 
 const CFG_TEST: &str = "#[cfg(test)]";
 
-/// `code` without each item under `#[cfg(test)]`, and the names of the modules declared there
-/// (`mod testing;`), whose files are test-only.
+/// `code` (without comments) without each item under `#[cfg(test)]`, and the names of the modules
+/// declared there (`mod testing;`), whose files are test-only.
 fn without_tests(code: &str) -> (String, Vec<String>) {
     let mut out = String::new();
     let mut test_only = Vec::new();
@@ -288,51 +327,72 @@ fn without_tests(code: &str) -> (String, Vec<String>) {
     (out, test_only)
 }
 
-/// The length of the item at the start of `s`: its attributes, then up to a `;` outside any
-/// brackets or through the `}` that closes its body. Strings and character literals are
-/// skipped, so a brace inside one does not count.
+/// The length of the item at the start of `s` (without comments): its attributes, then up to a
+/// `;` outside any brackets or through the `}` that closes its body. Literals are skipped, so a
+/// brace inside one does not count; a bracket that closes what encloses the item ends it too.
 fn item_len(s: &str) -> usize {
     let b = s.as_bytes();
     let mut depth = 0i32;
     let mut i = 0;
     while i < b.len() {
+        if let Some(end) = literal_end(b, i) {
+            i = end;
+            continue;
+        }
         match b[i] {
-            b'"' => i = string_end(b, i + 1),
-            b'r' if b.get(i + 1).is_some_and(|c| *c == b'"' || *c == b'#')
-                && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')) =>
-            {
-                i = raw_string_end(b, i + 1);
-            }
-            b'\'' => {
-                // A character literal ('{', '\n') or a lifetime ('a).
-                if b.get(i + 1) == Some(&b'\\') {
-                    i += 2;
-                    while i < b.len() && b[i] != b'\'' {
-                        i += 1;
-                    }
-                    i += 1;
-                } else if b.get(i + 2) == Some(&b'\'') {
-                    i += 3;
-                } else {
-                    i += 1;
-                }
-            }
-            b'{' | b'(' | b'[' => {
-                depth += 1;
-                i += 1;
-            }
+            b'{' | b'(' | b'[' => depth += 1,
+            b'}' | b')' | b']' if depth == 0 => return i,
             b'}' | b')' | b']' => {
                 depth -= 1;
-                i += 1;
-                if depth == 0 && b[i - 1] == b'}' {
-                    return i;
+                if depth == 0 && b[i] == b'}' {
+                    return i + 1;
                 }
             }
             b';' if depth == 0 => return i + 1,
-            _ => i += 1,
+            _ => {}
         }
+        i += 1;
     }
     b.len()
+}
+
+/// Past the end of the literal that starts at `i`, if one does: a string (`"..."`, `b"..."`,
+/// `c"..."`), a raw one with any number of `#` (`r#"..."#`, `br"..."`), or a character
+/// (`'{'`, `'\''`, `b'"'`, `'é'`); not a lifetime or a label (`'a`, `'outer:`), not a raw
+/// identifier (`r#type`).
+fn literal_end(b: &[u8], i: usize) -> Option<usize> {
+    let ident =
+        |at: Option<usize>| at.is_some_and(|j| b[j].is_ascii_alphanumeric() || b[j] == b'_');
+    match b[i] {
+        b'"' => Some(string_end(b, i + 1)),
+        b'r' => {
+            // `r`, `br` or `cr`, not the end of an identifier (`for`, `bar`).
+            let prefix = i.checked_sub(1).filter(|j| matches!(b[*j], b'b' | b'c'));
+            let start = prefix.unwrap_or(i);
+            if ident(start.checked_sub(1)) {
+                return None;
+            }
+            let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+            (b.get(i + 1 + hashes) == Some(&b'"'))
+                .then(|| raw_string_end(b, i + 2 + hashes, hashes))
+        }
+        b'\'' if b.get(i + 1) == Some(&b'\\') => {
+            // '\n', '\'', '\u{7f}': the escaped character, then up to the closing quote.
+            let close = b.get(i + 3..)?.iter().position(|c| *c == b'\'')?;
+            Some(i + 4 + close)
+        }
+        b'\'' => {
+            // One character (of one to four bytes), then the closing quote; else a lifetime.
+            let width = match b.get(i + 1)? {
+                c if *c < 0x80 => 1,
+                c if *c >= 0xf0 => 4,
+                c if *c >= 0xe0 => 3,
+                _ => 2,
+            };
+            (b.get(i + 1 + width) == Some(&b'\'')).then_some(i + 2 + width)
+        }
+        _ => None,
+    }
 }
 
 /// Past the closing quote of a string whose text starts at `i`.
@@ -347,19 +407,10 @@ fn string_end(b: &[u8], mut i: usize) -> usize {
     b.len()
 }
 
-/// Past the end of a raw string whose hashes start at `i` (`r#"..."#`).
-fn raw_string_end(b: &[u8], mut i: usize) -> usize {
-    let hashes = b[i..].iter().take_while(|c| **c == b'#').count();
-    i += hashes + 1;
+/// Past the end of a raw string whose text starts at `i` and ends at a `"` and `hashes` `#`s.
+fn raw_string_end(b: &[u8], mut i: usize, hashes: usize) -> usize {
     while i < b.len() {
-        if b[i] == b'"'
-            && b[i + 1..]
-                .iter()
-                .take(hashes)
-                .filter(|c| **c == b'#')
-                .count()
-                == hashes
-        {
+        if b[i] == b'"' && b[i + 1..].iter().take_while(|c| **c == b'#').count() >= hashes {
             return i + 1 + hashes;
         }
         i += 1;
@@ -749,6 +800,82 @@ use crate::d::Z;"##;
     let (kept, test_only) = without_tests(code);
     assert_eq!(names_after(&kept, "crate::"), ["a", "b", "d"]);
     assert_eq!(test_only, ["testing"]);
+}
+
+/// Each kind of literal ends where Rust ends it (the reader meets `b"..."` and `b'.'` at their
+/// quote, `br"..."` at its `r`); a lifetime, a label and a raw identifier are none.
+#[test]
+fn the_reader_knows_where_a_literal_ends() {
+    let first_literal = |code: &'static str| {
+        (0..code.len()).find_map(|i| literal_end(code.as_bytes(), i).map(|end| &code[i..end]))
+    };
+    let cases = [
+        (r#"f("a } \" // b") }"#, Some(r#""a } \" // b""#)),
+        (r##"r#"a "} b"# }"##, Some(r##"r#"a "} b"#"##)),
+        (r###"r##"a "# } b"## }"###, Some(r###"r##"a "# } b"##"###)),
+        (r#"r"a \" }"#, Some(r#"r"a \""#)),
+        (r##"br#"}\"# }"##, Some(r##"r#"}\"#"##)),
+        (r#"b"}\"{" }"#, Some(r#""}\"{""#)),
+        ("'{' }", Some("'{'")),
+        ("'\"' }", Some("'\"'")),
+        (r"'\'' }", Some(r"'\''")),
+        (r"'\u{7d}' }", Some(r"'\u{7d}'")),
+        ("'é' }", Some("'é'")),
+        ("b'{' }", Some("'{'")),
+        ("fn f<'a>(s: &'a str) -> &'static str { s }", None),
+        ("'outer: loop { break 'outer; }", None),
+        ("let r#type = br;", None),
+    ];
+    for (code, literal) in cases {
+        assert_eq!(first_literal(code), literal, "in {code}");
+    }
+}
+
+/// What follows a test module is read, however many literals and comments the module holds that
+/// a brace counter would stumble on (the `//` in a URL string most of all), and none of the
+/// module is: a reader that ends the module early reads a `hidden` path.
+#[test]
+fn the_reader_reads_on_after_a_test_module() {
+    let code = r####"use crate::a::X;
+/* a block comment { with /* a nested one } */ and } more */
+#[cfg(test)]
+mod tests {
+    use crate::hidden::Y;
+    const URL: &str = "http://10.0.0.7:8000/"; // a `//` in a string, and "one" in a comment
+    use crate::hidden::Y;
+    const BRACES: &str = "}}{\"}\\";
+    use crate::hidden::Y;
+    const RAW: &str = r#"a "quoted" } brace"#;
+    use crate::hidden::Y;
+    const RAWER: &str = r##"a "# } still in"##;
+    use crate::hidden::Y;
+    const BYTES: &[u8] = b"}\"{";
+    use crate::hidden::Y;
+    const RAW_BYTES: &[u8] = br#"}\"#;
+    use crate::hidden::Y;
+    const CHARS: [char; 5] = ['}', '"', '\'', '\u{7d}', 'é'];
+    use crate::hidden::Y;
+    const BYTE: u8 = b'{';
+    use crate::hidden::Y;
+    fn f<'a>(s: &'a str) -> &'a str {
+        'outer: loop {
+            break 'outer s;
+        }
+    }
+    use crate::hidden::Y;
+    /* } /* { */ } */
+    use crate::hidden::Y;
+    /// crate::in_a_doc_comment and `http://x`
+    fn g() {}
+}
+use crate::foo::Bar;
+fn h() -> &'static str { "crate::in_a_string" }"####;
+    let (kept, _) = product_code(code);
+    assert_eq!(
+        names_after(&kept, "crate::"),
+        ["a", "foo", "in_a_string"],
+        "read as product code:\n{kept}"
+    );
 }
 
 /// A cycle of three siblings, a parent and child that use each other, and a test-only module
