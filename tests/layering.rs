@@ -1,25 +1,25 @@
 //! The code's layering, held to the map in ARCHITECTURE.md ("Who may import whom").
 //!
-//! It reads every module of the library (`crates/tokenmeter/src/`) as text, without its comments
-//! and without what is compiled for tests only: each item under `#[cfg(test)]` (a unit-test module, a test-only function or
-//! constant), and each module declared under it (`#[cfg(test)] mod testing;`), whose file is not
-//! read at all. It takes the `crate::<module>`, `super::<module>` and child paths that code names,
-//! and fails on five things:
+//! It reads two crates, each against its own tables: the library (`crates/tokenmeter/src/`;
+//! [`ALLOWED`], [`KNOWN_CYCLES`]) and the tools (`crates/tools/src/`; [`TOOLS_ALLOWED`],
+//! [`TOOLS_KNOWN_CYCLES`]); arrows between crates are Cargo's to hold. Each module is read as
+//! text, without its comments and without what is compiled for tests only: each item under
+//! `#[cfg(test)]` (a unit-test module, a test-only function or constant), and each module
+//! declared under it (`#[cfg(test)] mod testing;`), whose file is not read at all. It takes the
+//! `crate::<module>`, `super::<module>` and child paths that code names, and fails on five things:
 //!
-//! - an arrow between two top-level modules that [`ALLOWED`] does not list: the product never
-//!   names the composition root, a leaf imports nothing of the crate, and so on (that the
-//!   library never reaches the command line or the tools is Cargo's to hold: they are crates
-//!   it does not depend on);
-//! - an arrow [`ALLOWED`] lists that no code takes any more, so the map stays true;
+//! - an arrow between two top-level modules that the map does not list: the product never names
+//!   the composition root, a leaf imports nothing of the crate, and so on;
+//! - an arrow the map lists that no code takes any more, so the map stays true;
 //! - a cycle of any length between top-level modules;
 //! - a cycle of any length within a folder: between the modules that share a parent
 //!   (`proxy::admission -> proxy::metering -> proxy::inspect -> proxy::admission`, say), and
 //!   between a folder's `mod.rs` and its children (the parent uses a child, which reaches back
-//!   for an item of the parent's), other than those [`KNOWN_CYCLES`] names with the reason
-//!   they stay. A known cycle that is gone fails too, so the list stays true;
+//!   for an item of the parent's), other than the known ones, each listed with the reason it
+//!   stays. A known cycle that is gone fails too, so the list stays true;
 //! - a test-only module that product code names.
 //!
-//! It reads text, so it can be fooled by a path built in a macro; the crate has none that
+//! It reads text, so it can be fooled by a path built in a macro; neither crate has one that
 //! names another module.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -179,6 +179,78 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
     ),
 ];
 
+/// The tools' crate's map, as [`ALLOWED`] is the library's: each top-level module of
+/// `crates/tools/src/` and the tools' modules it may name. What they use of the library
+/// (`tokenmeter::...`) is Cargo's to hold, not this map's.
+const TOOLS_ALLOWED: &[(&str, &[&str])] = &[
+    // The simulator stands alone: the instrument the rest is measured against.
+    ("sim", &[]),
+    // One GET of a `/metrics` page, parsed with the library's `exposition`.
+    ("scrape", &[]),
+    // The load generator; its view of the proxy is a scrape.
+    ("bench", &["scrape"]),
+    // The live capacity model read back from `/metrics`, drawn with the bench's charts.
+    ("capacity_command", &["bench", "scrape"]),
+    ("cost_command", &["scrape"]),
+    // The simulator, the proxy and the bench's load in one process.
+    ("demo", &["bench", "sim"]),
+];
+
+/// The tools' crate's folder cycles that remain, as [`KNOWN_CYCLES`] are the library's.
+const TOOLS_KNOWN_CYCLES: &[(&[&str], &str)] = &[
+    (
+        &["sim::account", "sim::engine"],
+        "the engine records each step's cost in the accounts, and the accounts split a step by \
+         the engine's `Model` (its cost coefficients); undone by moving `Model` to a file of its \
+         own",
+    ),
+    (
+        &[
+            "sim::wire",
+            "sim::wire::anthropic",
+            "sim::wire::ollama",
+            "sim::wire::openai",
+            "sim::wire::tgi",
+        ],
+        "mod.rs holds what every format shares (`Reply`, `Options`, `BodyError`, `flag`, ...) and \
+         dispatches to each format's reader and writers; undone by moving the shared types and \
+         helpers to a file of their own, the dispatch staying in mod.rs",
+    ),
+];
+
+/// A crate the test reads: where its sources are, its map, its known folder cycles.
+struct Crate {
+    /// From the workspace root.
+    src: &'static str,
+    allowed: &'static [(&'static str, &'static [&'static str])],
+    known_cycles: &'static [(&'static [&'static str], &'static str)],
+    /// The names of the two tables, for the messages.
+    tables: [&'static str; 2],
+    /// A test-only module it declares, and how many modules it has at least: a reader that
+    /// finds fewer reads nothing.
+    test_only: &'static str,
+    at_least: usize,
+}
+
+const CRATES: &[Crate] = &[
+    Crate {
+        src: "crates/tokenmeter/src",
+        allowed: ALLOWED,
+        known_cycles: KNOWN_CYCLES,
+        tables: ["ALLOWED", "KNOWN_CYCLES"],
+        test_only: "proxy::testing",
+        at_least: 50,
+    },
+    Crate {
+        src: "crates/tools/src",
+        allowed: TOOLS_ALLOWED,
+        known_cycles: TOOLS_KNOWN_CYCLES,
+        tables: ["TOOLS_ALLOWED", "TOOLS_KNOWN_CYCLES"],
+        test_only: "sim::wire::tests",
+        at_least: 20,
+    },
+];
+
 /// One module's code (not what is compiled for tests only) and its path in the crate.
 struct Module {
     /// `["proxy", "inspect"]` for `src/proxy/inspect.rs`; `["engine"]` for `src/engine/mod.rs`.
@@ -188,8 +260,8 @@ struct Module {
     test_only: Vec<String>,
 }
 
-/// Every module of the library's `src/` but the crate root and the test-only ones; and the test-only ones'
-/// paths, joined with `::`.
+/// Every module of a crate's `src/` but the crate root and the test-only ones; and the
+/// test-only ones' paths, joined with `::`.
 fn modules(src: &Path) -> (Vec<Module>, BTreeSet<String>) {
     let mut files = Vec::new();
     walk(src, &mut files);
@@ -647,22 +719,84 @@ fn plain(g: &BTreeMap<String, BTreeMap<String, String>>) -> BTreeMap<String, BTr
         .collect()
 }
 
-fn crate_modules() -> (Vec<Module>, BTreeSet<String>) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/tokenmeter/src");
+/// Each crate's modules and test-only modules, read (see [`modules`]).
+fn read(c: &Crate) -> (Vec<Module>, BTreeSet<String>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(c.src);
     let (mods, test_only) = modules(&src);
     assert!(
-        mods.len() > 50,
-        "read only {} modules of {}",
+        mods.len() >= c.at_least && test_only.contains(c.test_only),
+        "read {} modules of {} (expected {} at least) and the test-only {test_only:?} \
+         (expected {} among them)",
         mods.len(),
-        src.display()
+        src.display(),
+        c.at_least,
+        c.test_only
     );
     (mods, test_only)
 }
 
+/// What `check` finds wrong in each crate, each line after the crate's `src/`.
+fn in_each_crate(check: impl Fn(&Crate, &[Module], &BTreeSet<String>) -> Vec<String>) -> String {
+    let mut out = Vec::new();
+    for c in CRATES {
+        let (mods, test_only) = read(c);
+        out.extend(
+            check(c, &mods, &test_only)
+                .into_iter()
+                .map(|f| format!("{}: {f}", c.src)),
+        );
+    }
+    out.join("\n")
+}
+
+/// The arrows between a crate's top-level modules that its map does not list.
+fn off_the_map(c: &Crate, mods: &[Module]) -> Vec<String> {
+    let allowed: BTreeMap<&str, BTreeSet<&str>> = c
+        .allowed
+        .iter()
+        .map(|(m, to)| (*m, to.iter().copied().collect()))
+        .collect();
+    let mut wrong = Vec::new();
+    for (from, tos) in top_level(mods) {
+        let Some(ok) = allowed.get(from.as_str()) else {
+            wrong.push(format!(
+                "{from}: not on the map (add it to {} and ARCHITECTURE.md)",
+                c.tables[0]
+            ));
+            continue;
+        };
+        for (to, file) in tos {
+            if !ok.contains(to.as_str()) {
+                wrong.push(format!("{from} -> {to} (in {file}) is not on the map"));
+            }
+        }
+    }
+    wrong
+}
+
+/// The arrows a crate's map lists that no code takes.
+fn stale_arrows(c: &Crate, mods: &[Module]) -> Vec<String> {
+    let taken = top_level(mods);
+    let mut stale = Vec::new();
+    for (from, tos) in c.allowed {
+        for to in *tos {
+            if !taken.get(*from).is_some_and(|t| t.contains_key(*to)) {
+                stale.push(format!(
+                    "{from} -> {to} is on the map but no code takes it (remove it from {} and \
+                     ARCHITECTURE.md)",
+                    c.tables[0]
+                ));
+            }
+        }
+    }
+    stale
+}
+
 /// The failures of the folder check: new cycles, and known ones that are gone.
-fn folder_failures(mods: &[Module]) -> Vec<String> {
+fn folder_failures(c: &Crate, mods: &[Module]) -> Vec<String> {
     let found = cycles(&within_folders(mods));
-    let known: BTreeSet<Vec<String>> = KNOWN_CYCLES
+    let known: BTreeSet<Vec<String>> = c
+        .known_cycles
         .iter()
         .map(|(c, _)| c.iter().map(|s| s.to_string()).collect())
         .collect();
@@ -670,11 +804,12 @@ fn folder_failures(mods: &[Module]) -> Vec<String> {
         .difference(&known)
         .map(|c| format!("new cycle: {}", c.join(" <-> ")))
         .collect();
-    out.extend(
-        known
-            .difference(&found)
-            .map(|c| format!("known cycle gone (remove it from KNOWN_CYCLES): {c:?}")),
-    );
+    out.extend(known.difference(&found).map(|gone| {
+        format!(
+            "known cycle gone (remove it from {}): {gone:?}",
+            c.tables[1]
+        )
+    }));
     out
 }
 
@@ -699,68 +834,39 @@ fn test_only_named(mods: &[Module], test_only: &BTreeSet<String>) -> Vec<String>
 
 #[test]
 fn every_arrow_between_top_level_modules_is_on_the_map() {
-    let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED
-        .iter()
-        .map(|(m, to)| (*m, to.iter().copied().collect()))
-        .collect();
-    let mut wrong = Vec::new();
-    for (from, tos) in top_level(&crate_modules().0) {
-        let Some(ok) = allowed.get(from.as_str()) else {
-            wrong.push(format!(
-                "{from}: not on the map (add it to ALLOWED and ARCHITECTURE.md)"
-            ));
-            continue;
-        };
-        for (to, file) in tos {
-            if !ok.contains(to.as_str()) {
-                wrong.push(format!("{from} -> {to} (in {file}) is not on the map"));
-            }
-        }
-    }
-    assert!(wrong.is_empty(), "layering:\n  {}", wrong.join("\n  "));
+    let wrong = in_each_crate(|c, mods, _| off_the_map(c, mods));
+    assert!(wrong.is_empty(), "layering:\n{wrong}");
 }
 
 // The map is what ARCHITECTURE.md draws: an arrow it allows that the code no longer takes is a
 // claim that is no longer true.
 #[test]
 fn every_arrow_on_the_map_is_taken() {
-    let taken = top_level(&crate_modules().0);
-    let mut stale = Vec::new();
-    for (from, tos) in ALLOWED {
-        for to in *tos {
-            if !taken.get(*from).is_some_and(|t| t.contains_key(*to)) {
-                stale.push(format!("{from} -> {to}"));
-            }
-        }
-    }
-    assert!(
-        stale.is_empty(),
-        "arrows on the map that no code takes (remove them from ALLOWED and ARCHITECTURE.md):\n  {}",
-        stale.join("\n  ")
-    );
+    let stale = in_each_crate(|c, mods, _| stale_arrows(c, mods));
+    assert!(stale.is_empty(), "stale arrows:\n{stale}");
 }
 
 #[test]
 fn the_top_level_modules_form_no_cycle() {
-    let found = cycles(&plain(&top_level(&crate_modules().0)));
-    assert!(found.is_empty(), "module cycles: {found:?}");
+    let found = in_each_crate(|_, mods, _| {
+        cycles(&plain(&top_level(mods)))
+            .iter()
+            .map(|c| format!("module cycle: {}", c.join(" <-> ")))
+            .collect()
+    });
+    assert!(found.is_empty(), "{found}");
 }
 
 #[test]
 fn no_folder_has_a_cycle_but_the_known_ones() {
-    let failures = folder_failures(&crate_modules().0);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let failures = in_each_crate(|c, mods, _| folder_failures(c, mods));
+    assert!(failures.is_empty(), "{failures}");
 }
 
 #[test]
 fn product_code_names_no_test_only_module() {
-    let (mods, test_only) = crate_modules();
-    assert!(
-        test_only.contains("proxy::testing"),
-        "test-only modules found: {test_only:?}"
-    );
-    let named = test_only_named(&mods, &test_only);
-    assert!(named.is_empty(), "{}", named.join("\n"));
+    let named = in_each_crate(|_, mods, test_only| test_only_named(mods, test_only));
+    assert!(named.is_empty(), "{named}");
 }
 
 #[test]
