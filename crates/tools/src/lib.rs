@@ -2,7 +2,7 @@
 //!
 //! They may use the product (the demo runs the real [`tokenmeter::server`]; the bench and the
 //! capacity command read the metric names of [`tokenmeter::metrics`]); the product never imports
-//! them, and `tests/layering.rs` fails the build's tests if it does.
+//! them: it is a crate that does not depend on this one.
 //!
 //! - [`sim`]: `tokenmeter sim`, a simulated inference server, the test instrument.
 //! - [`bench`](mod@bench): `tokenmeter bench`, a load generator that measures any

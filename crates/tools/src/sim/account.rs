@@ -18,7 +18,7 @@
 
 use std::sync::Mutex;
 
-use super::engine::Model;
+use super::model::Model;
 
 /// Distinct tenants kept apart: enough for any test, and a bound on the sim's own series.
 pub const MAX_TENANTS: usize = 16;

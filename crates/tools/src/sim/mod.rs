@@ -20,6 +20,7 @@ pub mod engine;
 pub mod http;
 pub mod kv;
 pub mod metrics;
+pub mod model;
 pub mod stall;
 pub mod text;
 pub mod wire;
@@ -32,8 +33,9 @@ use std::time::Duration;
 use clap::Args;
 use tokio::net::TcpListener;
 
+pub use engine::PrefixCache;
 use engine::{parse_hit_rate, Engine, Stats};
-pub use engine::{Model, PrefixCache};
+pub use model::Model;
 pub use stall::Stall;
 use text::Lengths;
 use tokenmeter::units::parse_duration;
