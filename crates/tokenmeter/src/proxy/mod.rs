@@ -24,9 +24,11 @@
 //!    ([`crate::tls::client`]). It rewrites the head for the upstream (origin, base path, HTTP
 //!    version, hop-by-hop headers and `Host` dropped; an upgrade keeps its two) and maps a
 //!    connection failure to a 502 whose `cause` names it (`unavailable`, `connect_timeout`, a
-//!    certificate's problem). Plain HTTP/1.1 goes through [`pool`], whose connections are
-//!    driven by the response body in the client connection's task; HTTPS, HTTP/2 and upgrades
-//!    through hyper-util's client.
+//!    certificate's problem). Each HTTP version has its own client, and [`version`] chooses
+//!    one once for the process (`https://` by the first connection's ALPN): HTTP/1.1 goes
+//!    through [`pool`], whose connections are driven by the response body in the client
+//!    connection's task; HTTP/2 through hyper-util's client; upgrades through an HTTP/1.1
+//!    client of their own.
 //!
 //! The stack has two request types, and one place where the first becomes the second: from
 //! [`metering`] down to [`inspect`] a request travels with its meter as one value
@@ -72,6 +74,7 @@ mod testing;
 pub mod timeout;
 pub mod upgrades;
 pub mod upstream;
+pub mod version;
 
 pub use settings::{
     Admission, Settings, Target, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_TIMEOUT,

@@ -26,15 +26,15 @@
 //! sweep every [`SWEEP_EVERY`] closes connections idle past the timeout and those the server
 //! has closed, so a burst's connections do not outlive it.
 //!
-//! An `https://` upstream goes through the pool too, so a request it loses to its idle close is
-//! sent again as over plain HTTP (hyper-util's client would answer it with a 502). Its
-//! connections offer `h2` and `http/1.1` by ALPN; the first time one settles on `h2` the pool
-//! hands that request back ([`Sent::Http2`]) and remembers it, and from then on HTTP/2 goes
-//! through hyper-util's client, whose HTTP/2 connection carries every request at once.
+//! An `https://` upstream that speaks HTTP/1.1 goes through the pool too, so a request it loses
+//! to its idle close is sent again as over plain HTTP (hyper-util's client would answer it with
+//! a 502). Which version an upstream speaks is settled before a request reaches a client
+//! ([`super::version`]); the pool is only ever given HTTP/1.1, and its connections offer only
+//! `http/1.1` by ALPN. The connection that settled it is handed to [`Pool::send`] with the
+//! first request.
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -45,7 +45,6 @@ use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
-use hyper_util::client::legacy::connect::Connection as _;
 use tower::Service;
 
 use self::wake::Signal;
@@ -81,20 +80,6 @@ struct Inner {
     idle_timeout: Duration,
     /// Oldest first: connections are taken from the end and put back at the end.
     idle: Mutex<Vec<Idle>>,
-    /// An `https://` upstream settled on `h2` by ALPN: requests go elsewhere ([`Sent::Http2`]).
-    http2: AtomicBool,
-}
-
-/// What [`Pool::send`] did with a request.
-// The response is every request's path and moved once: boxing it would cost an allocation per
-// request to shrink a value that lives for one return.
-#[allow(clippy::large_enum_variant)]
-pub enum Sent {
-    /// Sent, and the response head is here; its body drives the connection.
-    Response(Response<PooledBody>),
-    /// Not sent: the upstream speaks HTTP/2 (ALPN said so), which this pool does not. The
-    /// request comes back as it was given.
-    Http2(Box<Request<ProxyBody>>),
 }
 
 struct Idle {
@@ -144,7 +129,6 @@ impl Pool {
             connector,
             idle_timeout,
             idle: Mutex::new(Vec::new()),
-            http2: AtomicBool::new(false),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(sweep(Arc::downgrade(&inner)));
@@ -157,22 +141,23 @@ impl Pool {
         self.inner.lock().len()
     }
 
-    /// True once a connection to the upstream settled on HTTP/2 by ALPN.
-    pub fn speaks_http2(&self) -> bool {
-        self.inner.http2.load(Ordering::Relaxed)
-    }
-
     /// Sends `req` (its URI absolute, as the client's would be; it goes on the wire in origin
-    /// form) and returns the response head; its body drives the connection.
-    pub async fn send(&self, mut req: Request<ProxyBody>) -> Result<Sent, BoxError> {
+    /// form) and returns the response head; its body drives the connection. `first` is a
+    /// connection made to learn the upstream's version, sent on instead of a new one.
+    pub async fn send(
+        &self,
+        mut req: Request<ProxyBody>,
+        mut first: Option<Io>,
+    ) -> Result<Response<PooledBody>, BoxError> {
         let mut reuse = true;
         loop {
-            let (mut conn, reused) = match reuse.then(|| self.inner.checkout()).flatten() {
-                Some(c) => (c, true),
-                None => match self.inner.connect().await? {
-                    Some(c) => (c, false),
-                    None => return Ok(Sent::Http2(Box::new(req))),
+            let (mut conn, reused) = match (first.take(), reuse) {
+                (Some(io), _) => (Inner::handshake(io).await?, false),
+                (None, true) => match self.inner.checkout() {
+                    Some(c) => (c, true),
+                    None => (self.inner.connect().await?, false),
                 },
+                (None, false) => (self.inner.connect().await?, false),
             };
             // The copy to send again is made only where it can be needed: on a reused connection.
             let again = if reused { resend::again(&req) } else { None };
@@ -181,12 +166,12 @@ impl Pool {
                     // The driver was polled with the task's own waker until now.
                     conn.signal.set();
                     let pool = Arc::downgrade(&self.inner);
-                    return Ok(Sent::Response(resp.map(|inner| PooledBody {
+                    return Ok(resp.map(|inner| PooledBody {
                         inner,
                         conn: Some(conn),
                         ended: false,
                         pool,
-                    })));
+                    }));
                 }
                 (Err(SendError::Unsent(r, e)), _) if reused => {
                     tracing::debug!(error = %e, "pooled connection closed before the request was sent; sending it on a new one");
@@ -310,21 +295,22 @@ impl Inner {
         });
     }
 
-    /// A new connection; `None` when TLS settled on `h2`, which is then remembered.
-    async fn connect(&self) -> Result<Option<Pooled>, BoxError> {
+    /// A new connection.
+    async fn connect(&self) -> Result<Pooled, BoxError> {
         let io = self.connector.clone().call(self.origin.clone()).await?;
-        if io.connected().is_negotiated_h2() {
-            self.http2.store(true, Ordering::Relaxed);
-            return Ok(None);
-        }
+        Inner::handshake(io).await
+    }
+
+    /// HTTP/1.1 over a connection made.
+    async fn handshake(io: Io) -> Result<Pooled, BoxError> {
         let (send, driver) = http1::handshake(io).await?;
         let (signal, waker) = Signal::new();
-        Ok(Some(Pooled {
+        Ok(Pooled {
             send,
             driver: Some(Mutex::new(Box::pin(driver))),
             signal,
             waker,
-        }))
+        })
     }
 }
 
@@ -522,7 +508,7 @@ mod tests {
         let req = Request::post(origin)
             .body(super::super::full(Bytes::new()))
             .unwrap();
-        let Ok(Sent::Response(resp)) = pool.send(req).await else {
+        let Ok(resp) = pool.send(req, None).await else {
             panic!("no response");
         };
         let mut body = resp.into_body();

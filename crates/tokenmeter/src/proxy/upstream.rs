@@ -9,18 +9,20 @@
 //! [`ProxyError::Unavailable`] (502), logged once per cause and minute ([`RateLimited`]): an
 //! upstream whose certificate expired fails every request the same way.
 //!
-//! The connector is [`crate::tls::client::Connector`]: `http://` or `https://` (ALPN decides
-//! between HTTP/2 and HTTP/1.1), within `--connect-timeout`. An upgrade request
+//! Each HTTP version has a client of its own over its own [`Connector`] (`http://` or `https://`,
+//! within `--connect-timeout`), and [`Choice`] names the one requests go to, once for the
+//! process ([`super::version`]: `http://` is HTTP/1.1, `--upstream-http2` HTTP/2, `https://`
+//! what ALPN settles on the first connection). An upgrade request
 //! ([`crate::upgrade::requested`]) keeps `Connection: upgrade` and `Upgrade`, and goes over a
 //! client of its own that speaks only HTTP/1.1 (HTTP/2 has no `Upgrade`, and an upgraded
 //! connection never returns to a pool). Its `101` keeps `Connection: upgrade` and `Upgrade` too;
 //! the connection is joined above, in [`super::upgrades`], from hyper's handles on both sides.
 //!
-//! HTTP/1.1 (no `--upstream-http2`, no upgrade; over TLS, what ALPN settled) goes through
-//! [`Pool`], whose connections the response body drives in the client connection's task, and
-//! which sends again a request a reused connection lost; there the request line carries the
-//! path (origin form) and `Host` the upstream's authority, as hyper-util's client writes them.
-//! HTTP/2 goes through hyper-util's client.
+//! HTTP/1.1 goes through [`Pool`], whose connections the response body drives in the client
+//! connection's task, and which sends again a request a reused connection lost; there the
+//! request line carries the path (origin form) and `Host` the upstream's authority, as
+//! hyper-util's client writes them. HTTP/2 goes through hyper-util's client, whose one
+//! connection carries every request at once.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,8 +38,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::Service;
 
-use super::pool::{Pool, PooledBody, Sent};
+use super::pool::{Pool, PooledBody};
 use super::settings::{Settings, Target};
+use super::version::{Choice, Version};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::ratelog::RateLimited;
@@ -52,13 +55,16 @@ use crate::upgrade;
 pub struct Upstream(Arc<Shared>);
 
 struct Shared {
-    client: Client<Connector, ProxyBody>,
-    /// HTTP/1.1 only, for upgrade requests.
+    /// HTTP/1.1: plain, or over TLS offering only `http/1.1`.
+    http1: Pool,
+    /// HTTP/2: prior knowledge, or over TLS offering only `h2`.
+    http2: Client<Connector, ProxyBody>,
+    /// Upgrade requests: HTTP/1.1, a client of their own (an upgraded connection never
+    /// returns to a pool).
     upgrades: Client<Connector, ProxyBody>,
-    /// HTTP/1.1 requests (`None` with `--upstream-http2`).
-    pool: Option<Pool>,
+    /// Which of `http1` and `http2` the other requests go to.
+    version: Choice,
     target: Target,
-    http2: bool,
     failures: Arc<RateLimited<Failure>>,
 }
 
@@ -78,49 +84,37 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 impl Upstream {
     /// `tls` is the loaded `--upstream-ca`/client certificate (unused for `http://`).
     pub fn new(cfg: &Settings, tls: &ClientTls) -> Self {
-        let alpn = if cfg.upstream_http2 {
-            Alpn::Http2
-        } else {
-            Alpn::Negotiate
+        let connector = |alpn| tls.connector(alpn, cfg.connect_timeout);
+        let client = |alpn, http2_only| {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .pool_idle_timeout(cfg.pool_idle_timeout)
+                .http2_only(http2_only)
+                .build(connector(alpn))
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .http2_only(cfg.upstream_http2)
-            .build(tls.connector(alpn, cfg.connect_timeout));
-        let upgrades = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(cfg.pool_idle_timeout)
-            .build(tls.connector(Alpn::Http1, cfg.connect_timeout));
-        // Over TLS the pool offers both by ALPN and hands HTTP/2 over to `client` (see `pool`).
-        let pool_alpn = if cfg.upstream.is_https() {
-            Alpn::Negotiate
+        let origin = cfg.upstream.origin.clone();
+        let version = if cfg.upstream_http2 {
+            Choice::fixed(Version::Http2)
+        } else if cfg.upstream.is_https() {
+            Choice::by_alpn(connector(Alpn::Negotiate), origin.clone())
         } else {
-            Alpn::Http1
+            Choice::fixed(Version::Http1)
         };
-        let pool = (!cfg.upstream_http2).then(|| {
-            Pool::new(
-                cfg.upstream.origin.clone(),
-                tls.connector(pool_alpn, cfg.connect_timeout),
-                cfg.pool_idle_timeout,
-            )
-        });
         Upstream(Arc::new(Shared {
-            client,
-            upgrades,
-            pool,
+            http1: Pool::new(origin, connector(Alpn::Http1), cfg.pool_idle_timeout),
+            http2: client(Alpn::Http2, true),
+            upgrades: client(Alpn::Http1, false),
+            version,
             target: cfg.upstream.clone(),
-            http2: cfg.upstream_http2,
             failures: Arc::default(),
         }))
     }
 }
 
 impl Shared {
-    /// The client's request as the upstream gets it. `upgrade` is the `Upgrade` value of an
-    /// upgrade request, kept with `Connection: upgrade`.
+    /// The client's request as the upstream gets it, in HTTP/1.1 ([`in_http2`] for the other).
+    /// `upgrade` is the `Upgrade` value of an upgrade request, kept with `Connection: upgrade`.
     fn rewrite(
         &self,
         req: Request<ProxyBody>,
@@ -130,16 +124,29 @@ impl Shared {
         parts.uri = upstream_uri(&self.target, &parts.uri).map_err(ProxyError::BadUri)?;
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
-        parts.version = if self.http2 && upgrade.is_none() {
-            http::Version::HTTP_2
-        } else {
-            http::Version::HTTP_11
-        };
+        parts.version = http::Version::HTTP_11;
         if let Some(u) = upgrade {
             upgrade::restore(&mut parts.headers, u.clone());
         }
         Ok(Request::from_parts(parts, body))
     }
+
+    /// A request that is not an upgrade, to the client of the upstream's version.
+    async fn send(&self, req: Request<ProxyBody>) -> Result<Response<UpstreamBody>, BoxError> {
+        match self.version.get().await? {
+            (Version::Http1, first) => {
+                let resp = self.http1.send(req, first).await?;
+                Ok(resp.map(UpstreamBody::Pooled))
+            }
+            (Version::Http2, _) => client_request(&self.http2, in_http2(req)).await,
+        }
+    }
+}
+
+/// A rewritten request as HTTP/2 sends it.
+fn in_http2(mut req: Request<ProxyBody>) -> Request<ProxyBody> {
+    *req.version_mut() = http::Version::HTTP_2;
+    req
 }
 
 /// The upstream's response body, from the pool or from hyper-util's client.
@@ -165,18 +172,12 @@ impl Service<Request<ProxyBody>> for Upstream {
             Ok(req) => req,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match (&asked, &up.pool) {
-            (None, Some(pool)) if !pool.speaks_http2() => {
-                let (pool, up) = (pool.clone(), Arc::clone(up));
-                Box::pin(async move {
-                    match pool.send(req).await? {
-                        Sent::Response(resp) => Ok(resp.map(UpstreamBody::Pooled)),
-                        Sent::Http2(req) => client_request(&up.client, *req).await,
-                    }
-                })
+        let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match asked {
+            Some(_) => client_request(&up.upgrades, req),
+            None => {
+                let up = Arc::clone(up);
+                Box::pin(async move { up.send(req).await })
             }
-            (Some(_), _) => client_request(&up.upgrades, req),
-            (None, _) => client_request(&up.client, req),
         };
         let failures = Arc::clone(&up.failures);
         Box::pin(async move {
@@ -344,6 +345,11 @@ mod tests {
                 .body(super::super::full(Bytes::new()))
                 .expect("request");
             let out = up.0.rewrite(req, None).expect("rewritten");
+            // As `Shared::send` sends it: in the version the settings fixed.
+            let out = match up.0.version.get().await.expect("fixed") {
+                (Version::Http1, _) => out,
+                (Version::Http2, _) => in_http2(out),
+            };
             assert_eq!(
                 out.uri(),
                 "http://10.0.0.7:8000/base/v1/chat/completions?x=1"
