@@ -11,16 +11,20 @@
 //! an upgrade the upstream refused included, goes up unchanged ([`Reply::Answer`]).
 
 use std::convert::Infallible;
-use std::task::{Context, Poll};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::header;
 use http::{Request, Response, StatusCode};
+use hyper::upgrade::OnUpgrade;
+use pin_project::pin_project;
 use tower::{Layer, Service};
 
 use super::metering::{Answer, Metered, Reply};
-use super::{full, BoxFuture, ProxyBody};
+use super::{full, ProxyBody};
 use crate::drain::Drain;
 use crate::meter::Meter;
 use crate::record::Outcome;
@@ -49,12 +53,10 @@ impl<S> Layer<S> for UpgradesLayer {
 impl<S, R, B> Service<Metered<Request<R>>> for Upgrades<S>
 where
     S: Service<Metered<Request<R>>, Response = Answer<B>, Error = Infallible>,
-    S::Future: Send + 'static,
-    B: Send + 'static,
 {
     type Response = Reply<B>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Reply<B>, Infallible>>;
+    type Future = Joining<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -64,23 +66,48 @@ where
         let client =
             upgrade::requested(req.inner.headers()).map(|_| hyper::upgrade::on(&mut req.inner));
         let drain = req.inner.extensions().get::<Drain>().cloned();
-        let sent: BoxFuture<_> = Box::pin(self.inner.call(req));
-        Box::pin(async move {
-            let Ok(answer) = sent.await;
-            match (client, answer) {
-                (
-                    Some(client),
-                    Metered {
-                        meter,
-                        inner: Ok(mut resp),
-                    },
-                ) if agreed(&resp) => {
-                    let upstream = hyper::upgrade::on(&mut resp);
-                    Ok(Reply::Joined(join(resp, meter, (client, upstream), drain)))
-                }
-                (_, answer) => Ok(Reply::Answer(answer)),
+        Joining {
+            inner: self.inner.call(req),
+            client,
+            drain,
+        }
+    }
+}
+
+/// The answer from below, joined when it is an upgrade's `101`. A future of its own rather
+/// than a boxed one: every request passes this layer, and most are no upgrade.
+#[pin_project]
+pub struct Joining<F> {
+    #[pin]
+    inner: F,
+    /// The client's half, when the request asked to upgrade.
+    client: Option<OnUpgrade>,
+    drain: Option<Drain>,
+}
+
+impl<F, B> Future for Joining<F>
+where
+    F: Future<Output = Result<Answer<B>, Infallible>>,
+{
+    type Output = Result<Reply<B>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(answer) = ready!(this.inner.poll(cx));
+        let reply = match (this.client.take(), answer) {
+            (
+                Some(client),
+                Metered {
+                    meter,
+                    inner: Ok(mut resp),
+                },
+            ) if agreed(&resp) => {
+                let upstream = hyper::upgrade::on(&mut resp);
+                Reply::Joined(join(resp, meter, (client, upstream), this.drain.take()))
             }
-        })
+            (_, answer) => Reply::Answer(answer),
+        };
+        Poll::Ready(Ok(reply))
     }
 }
 
@@ -93,7 +120,7 @@ fn agreed<B>(resp: &Response<B>) -> bool {
 fn join<B>(
     resp: Response<B>,
     mut meter: Meter,
-    (client, upstream): (hyper::upgrade::OnUpgrade, hyper::upgrade::OnUpgrade),
+    (client, upstream): (OnUpgrade, OnUpgrade),
     drain: Option<Drain>,
 ) -> Response<ProxyBody> {
     meter.upgraded(Instant::now());
