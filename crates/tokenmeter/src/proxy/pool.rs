@@ -147,12 +147,12 @@ impl Pool {
     pub async fn send(
         &self,
         mut req: Request<ProxyBody>,
-        mut first: Option<Io>,
+        mut first: Option<Box<Io>>,
     ) -> Result<Response<PooledBody>, BoxError> {
         let mut reuse = true;
         loop {
             let (mut conn, reused) = match (first.take(), reuse) {
-                (Some(io), _) => (Inner::handshake(io).await?, false),
+                (Some(io), _) => (Inner::handshake(*io).await?, false),
                 (None, true) => match self.inner.checkout() {
                     Some(c) => (c, true),
                     None => (self.inner.connect().await?, false),

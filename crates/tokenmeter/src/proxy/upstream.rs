@@ -131,16 +131,40 @@ impl Shared {
         Ok(Request::from_parts(parts, body))
     }
 
-    /// A request that is not an upgrade, to the client of the upstream's version.
-    async fn send(&self, req: Request<ProxyBody>) -> Result<Response<UpstreamBody>, BoxError> {
-        match self.version.get().await? {
-            (Version::Http1, first) => {
-                let resp = self.http1.send(req, first).await?;
-                Ok(resp.map(UpstreamBody::Pooled))
+    /// A request that is not an upgrade, to the client of the upstream's version: at once when
+    /// the version is settled (every request but an `https://` upstream's first), else once
+    /// the first connection has settled it.
+    fn send(
+        self: &Arc<Self>,
+        req: Request<ProxyBody>,
+    ) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
+        match self.version.settled() {
+            Some(Version::Http1) => pooled(&self.http1, req, None),
+            Some(Version::Http2) => client_request(&self.http2, in_http2(req)),
+            None => {
+                let up = Arc::clone(self);
+                Box::pin(async move {
+                    match up.version.get().await? {
+                        (Version::Http1, first) => pooled(&up.http1, req, first).await,
+                        (Version::Http2, _) => client_request(&up.http2, in_http2(req)).await,
+                    }
+                })
             }
-            (Version::Http2, _) => client_request(&self.http2, in_http2(req)).await,
         }
     }
+}
+
+/// A request through the HTTP/1.1 pool; `first` is the connection that settled the version.
+fn pooled(
+    pool: &Pool,
+    req: Request<ProxyBody>,
+    first: Option<Box<crate::tls::client::Conn>>,
+) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
+    let pool = pool.clone();
+    Box::pin(async move {
+        let resp = pool.send(req, first).await?;
+        Ok(resp.map(UpstreamBody::Pooled))
+    })
 }
 
 /// A rewritten request as HTTP/2 sends it.
@@ -174,10 +198,7 @@ impl Service<Request<ProxyBody>> for Upstream {
         };
         let sent: BoxFuture<Result<Response<UpstreamBody>, BoxError>> = match asked {
             Some(_) => client_request(&up.upgrades, req),
-            None => {
-                let up = Arc::clone(up);
-                Box::pin(async move { up.send(req).await })
-            }
+            None => up.send(req),
         };
         let failures = Arc::clone(&up.failures);
         Box::pin(async move {

@@ -54,9 +54,15 @@ impl Choice {
         }
     }
 
+    /// The version, when it is settled: without waiting, for every request after the first.
+    pub fn settled(&self) -> Option<Version> {
+        self.settled.get().copied()
+    }
+
     /// The version, and, to the one caller whose connection just settled it as HTTP/1.1, that
-    /// connection, to send its request on.
-    pub async fn get(&self) -> Result<(Version, Option<Conn>), BoxError> {
+    /// connection, to send its request on. Boxed: a TLS connection is kilobytes, and every
+    /// request's future would otherwise hold room for one.
+    pub async fn get(&self) -> Result<(Version, Option<Box<Conn>>), BoxError> {
         let mut first = None;
         let version = *self
             .settled
@@ -69,7 +75,7 @@ impl Choice {
                 if io.connected().is_negotiated_h2() {
                     return Ok(Version::Http2);
                 }
-                first = Some(io);
+                first = Some(Box::new(io));
                 Ok::<_, BoxError>(Version::Http1)
             })
             .await?;
