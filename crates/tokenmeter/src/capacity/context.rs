@@ -14,16 +14,15 @@
 //! through the window's requests by Theil-Sen (the decode fit's weighted estimator, weighted by
 //! output tokens): the slope is the cost of a token of context, and `c0`, where the line
 //! crosses zero, the context at which the line holds as it is. A step whose `b` sequences hold
-//! `K` tokens then costs `t(b) + per_kv_token x (K - b x c0)`. A request's own context stands for its batch's:
-//! right where contexts change over time (a shift), blind where long and short run side by side
-//! in one batch (their steps are shared, so their speeds do not differ), which leaves the term
-//! at zero rather than wrong.
+//! `K` tokens then costs `t(b) + per_kv_token x (K - b x c0)`. A request's own context stands
+//! for its batch's: right where contexts change over time (a shift), blind where long and short
+//! run side by side in one batch (their steps are shared, so their speeds do not differ), which
+//! leaves the term at zero rather than wrong.
 //!
 //! The term is taken only where the data can say it: [`MIN_REQUESTS`] requests of two tokens or
 //! more whose contexts span [`MIN_SPREAD`] (the 90th percentile over the 10th), and only a
 //! positive slope big enough to matter ([`MIN_EFFECT`]; a longer context never makes a step
-//! faster). Otherwise there is no term and
-//! the model is the line alone, as before.
+//! faster). Otherwise there is no term and the model is the line alone, as before.
 
 use super::fit::{weighted_theil_sen, Fit};
 use super::workload::Request;

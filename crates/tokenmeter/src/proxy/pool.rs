@@ -151,13 +151,12 @@ impl Pool {
     ) -> Result<Response<PooledBody>, BoxError> {
         let mut reuse = true;
         loop {
-            let (mut conn, reused) = match (first.take(), reuse) {
-                (Some(io), _) => (Inner::handshake(*io).await?, false),
-                (None, true) => match self.inner.checkout() {
+            let (mut conn, reused) = match first.take() {
+                Some(io) => (Inner::handshake(*io).await?, false),
+                None => match reuse.then(|| self.inner.checkout()).flatten() {
                     Some(c) => (c, true),
                     None => (self.inner.connect().await?, false),
                 },
-                (None, false) => (self.inner.connect().await?, false),
             };
             // The copy to send again is made only where it can be needed: on a reused connection.
             let again = if reused { resend::again(&req) } else { None };

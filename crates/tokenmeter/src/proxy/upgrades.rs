@@ -65,7 +65,10 @@ where
     fn call(&mut self, mut req: Metered<Request<R>>) -> Self::Future {
         let client =
             upgrade::requested(req.inner.headers()).map(|_| hyper::upgrade::on(&mut req.inner));
-        let drain = req.inner.extensions().get::<Drain>().cloned();
+        // Only an upgrade outlives its response: no other request needs the drain's handle.
+        let drain = client
+            .as_ref()
+            .and_then(|_| req.inner.extensions().get::<Drain>().cloned());
         Joining {
             inner: self.inner.call(req),
             client,

@@ -44,7 +44,7 @@ use super::version::{Choice, Version};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::ratelog::RateLimited;
-use crate::tls::client::{error_chain, Alpn, ClientTls, Connector, Failure};
+use crate::tls::client::{error_chain, Alpn, ClientTls, Conn, Connector, Failure};
 use crate::upgrade;
 
 /// Sends requests to the one upstream over a shared connection pool.
@@ -158,7 +158,7 @@ impl Shared {
 fn pooled(
     pool: &Pool,
     req: Request<ProxyBody>,
-    first: Option<Box<crate::tls::client::Conn>>,
+    first: Option<Box<Conn>>,
 ) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
     let pool = pool.clone();
     Box::pin(async move {
