@@ -98,6 +98,9 @@ fn bench(c: &mut Criterion) {
     // Per request: the first token's wait and the finished request joining the mix.
     let request = |i: u32| Request {
         at: end,
+        arrival: end
+            .checked_sub(Duration::from_millis(7 * u64::from(i % 1000)))
+            .unwrap_or(end),
         prompt: 200 + 37 * (i % 100),
         cached: 100 * (i % 3),
         output: 50 + 13 * (i % 40),
@@ -172,6 +175,7 @@ fn bench(c: &mut Criterion) {
         samples: 64_000,
         points: 64,
         min_concurrency: 1,
+        slope_error: 0.0,
         max_concurrency: 64,
     };
     c.bench_function(

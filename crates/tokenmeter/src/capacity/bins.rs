@@ -40,21 +40,33 @@ pub fn lower_edge(i: usize) -> f64 {
 /// The median of a histogram over these bins, interpolated geometrically inside the bin that
 /// holds it (the bins are log-spaced, so that is linear on their own scale). `None` when empty.
 pub fn median(counts: &[u64]) -> Option<f64> {
+    quantile(counts, 0.5)
+}
+
+/// The `q` quantile of a histogram over these bins, interpolated as [`median`] is. `None` when
+/// empty.
+pub fn quantile(counts: &[u64], q: f64) -> Option<f64> {
     let total: u64 = counts.iter().sum();
     if total == 0 {
         return None;
     }
-    let half = total as f64 / 2.0;
+    let rank = total as f64 * q.clamp(0.0, 1.0);
     let mut below = 0u64;
     for (i, &c) in counts.iter().enumerate() {
-        if c > 0 && (below + c) as f64 >= half {
-            let frac = ((half - below as f64) / c as f64).clamp(0.0, 1.0);
+        if c > 0 && (below + c) as f64 >= rank {
+            let frac = ((rank - below as f64) / c as f64).clamp(0.0, 1.0);
             let (lo, hi) = (lower_edge(i), lower_edge(i + 1));
             return Some(lo * (hi / lo).powf(frac));
         }
         below += c;
     }
     None
+}
+
+/// A robust standard deviation of a histogram: its interquartile range over 1.349 (the
+/// normal's), so a minority of stalls does not inflate it. `None` when empty.
+pub fn spread(counts: &[u64]) -> Option<f64> {
+    Some((quantile(counts, 0.75)? - quantile(counts, 0.25)?) / 1.349)
 }
 
 #[cfg(test)]

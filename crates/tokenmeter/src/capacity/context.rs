@@ -122,6 +122,7 @@ mod tests {
             samples: 1000,
             points: 4,
             min_concurrency: 1,
+            slope_error: 0.0,
             max_concurrency: 8,
         }
     }
@@ -133,6 +134,7 @@ mod tests {
         let step = line().step(batch) + per_kv * batch * (c - mean);
         Request {
             at: Instant::now(),
+            arrival: Instant::now(),
             prompt,
             cached: 0,
             output,

@@ -41,6 +41,10 @@ pub struct Fit {
     /// The lowest and highest of them: outside, an answer is an extrapolation.
     pub min_concurrency: u32,
     pub max_concurrency: u32,
+    /// The standard error of `per_seq` ([`slope_error`]): how far the slope could be from the
+    /// truth by noise alone. A slope within a few of these of zero is not a slope
+    /// ([`super::support`]).
+    pub slope_error: f64,
 }
 
 impl Fit {
@@ -90,15 +94,67 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
     } else {
         0.0
     };
+    let slope_error = slope_error(&used, base, per_seq);
+    // A step never gets cheaper with more sequences: a falling line is noise (or a window whose
+    // levels came at different moments of other load), and the flat line through the samples'
+    // median is the most the data can say. `support` then says it cannot answer.
+    let (base, per_seq) = if per_seq < 0.0 {
+        let flat: Vec<(f64, f64)> = used.iter().map(|c| (c.median, c.samples as f64)).collect();
+        (weighted_median(flat)?, 0.0)
+    } else {
+        (base, per_seq)
+    };
     Some(Fit {
         base,
         per_seq,
         r2,
+        slope_error,
         samples: used.iter().map(|c| c.samples).sum(),
         points: used.len(),
         min_concurrency: used.iter().map(|c| c.concurrency).min()?,
         max_concurrency: used.iter().map(|c| c.concurrency).max()?,
     })
+}
+
+/// The relative error a median read from the summary carries whatever its samples: the bins are
+/// 5.9% apart, and samples that all fall in one bin (a steady engine) give the bin's middle, up
+/// to 2.9% off; 1.7% is that error's standard deviation (uniform over +-2.9%). Neighbouring
+/// concurrencies whose steps fall in one bin read the same median, so without this floor two
+/// well-sampled levels one apart would claim a slope they cannot see.
+pub const MEDIAN_RESOLUTION: f64 = 0.017;
+
+/// The standard error of the slope of a line through `used` columns' medians, each weighted by
+/// the inverse of its median's variance: the sampling error of a median (`1.2533 sd / sqrt(n)`,
+/// the sd from the column's interquartile range) plus the summary's resolution
+/// ([`MEDIAN_RESOLUTION`]). Where the medians scatter about the line by more than that (other
+/// load on the machine, prefill stalls), the error grows by the scatter (the reduced
+/// chi-square, when above 1). The slope of weighted least squares has this error; Theil-Sen's,
+/// which is what is fitted, is within a few percent of it for well-behaved data.
+pub fn slope_error(used: &[&Column], base: f64, per_seq: f64) -> f64 {
+    let points: Vec<(f64, f64, f64)> = used
+        .iter()
+        .map(|c| {
+            let sampling = 1.2533 * c.spread / (c.samples.max(1) as f64).sqrt();
+            let resolution = MEDIAN_RESOLUTION * c.median;
+            let var = (sampling * sampling + resolution * resolution).max(f64::MIN_POSITIVE);
+            (f64::from(c.concurrency), c.median, 1.0 / var)
+        })
+        .collect();
+    let total: f64 = points.iter().map(|p| p.2).sum();
+    if points.len() < 3 || total <= 0.0 {
+        return f64::INFINITY;
+    }
+    let mean_x = points.iter().map(|p| p.0 * p.2).sum::<f64>() / total;
+    let sxx: f64 = points.iter().map(|p| p.2 * (p.0 - mean_x).powi(2)).sum();
+    if sxx <= 0.0 {
+        return f64::INFINITY;
+    }
+    let chi2: f64 = points
+        .iter()
+        .map(|p| p.2 * (p.1 - base - per_seq * p.0).powi(2))
+        .sum::<f64>()
+        / (points.len() - 2) as f64;
+    (chi2.max(1.0) / sxx).sqrt()
 }
 
 /// The Theil-Sen line `(intercept, slope)` through points with distinct x; `None` for fewer
@@ -155,7 +211,7 @@ fn weighted_median(mut v: Vec<(f64, f64)>) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
@@ -259,6 +315,7 @@ mod tests {
             concurrency: c,
             samples,
             median: 0.01 + 0.001 * f64::from(c),
+            spread: 0.0005,
         };
         assert_eq!(fit(&[col(1, 100), col(2, 100)]), None);
         assert_eq!(

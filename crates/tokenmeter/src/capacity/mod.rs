@@ -53,6 +53,7 @@ pub mod prefill;
 pub mod replay;
 pub mod stream;
 pub mod summary;
+pub mod support;
 pub mod workload;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -298,7 +299,7 @@ impl Capacity {
         let prefill = fit
             .as_ref()
             .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
-            .and_then(|f| prefill::fit(&recent, f.step(1.0)));
+            .and_then(|f| prefill::fit(&recent, |b| f.step(b)));
         let jobs = workload::jobs(&recent);
         if let (Some(f), Some(p)) = (&fit, &prefill) {
             *self.prices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Prices {

@@ -269,6 +269,7 @@ mod tests {
             samples: 1000,
             points: 10,
             min_concurrency: 1,
+            slope_error: 0.0,
             max_concurrency: 64,
         }
     }

@@ -58,6 +58,9 @@ pub struct Column {
     pub samples: u64,
     /// The median time per token, in seconds.
     pub median: f64,
+    /// The samples' robust standard deviation ([`bins::spread`]), in seconds: how precise the
+    /// median is, for the fit's judgement of its own slope.
+    pub spread: f64,
 }
 
 impl SlidingSummary {
@@ -142,6 +145,7 @@ impl SlidingSummary {
                     concurrency: i as u32 + 1,
                     samples: sum.iter().sum(),
                     median,
+                    spread: bins::spread(&sum).unwrap_or(0.0),
                 });
             }
         }
