@@ -125,6 +125,7 @@ mod tests {
     fn finished(at: Instant, ttft: f64, tps: f64) -> Request {
         Request {
             at,
+            arrival: at,
             prompt: 2000,
             cached: 0,
             output: 100,

@@ -33,6 +33,7 @@ fn request(f: &Finished, at: Instant, replicas: u32) -> Option<Request> {
     let stated = f.engine.as_ref();
     Some(Request {
         at,
+        arrival: at.checked_sub(f.duration).unwrap_or(at),
         prompt: count(prompt),
         cached: count(read),
         output: count(f.output_tokens),

@@ -19,10 +19,13 @@
 //!   vLLM's scheduler does; no request joins in a step that preempted. The engine's cap on
 //!   sequences (`--max-num-seqs`) caps the batch.
 //!
-//! The load is either `n` closed-loop clients, each sending its next request the moment the last
-//! one ends (a fixed number of users, `tokenmeter bench --concurrency`), or Poisson arrivals at a
-//! rate (a service open to the world, `--request-rate`). Jobs are drawn from the live mix with a
-//! fixed seed, so a replay is a pure function of its inputs: the same window gives the same answer.
+//! The load is `n` closed-loop clients, each sending its next request the moment the last one ends
+//! (a fixed number of users, `tokenmeter bench --concurrency`), started together ([`Load::Closed`],
+//! as a load test's level starts) or joining one after another over a request's time
+//! ([`Load::Joining`], as real users do); Poisson arrivals at a rate (a service open to the world,
+//! `--request-rate`); or a recorded list of arrivals ([`trace`], the window's own requests, with
+//! their gaps and bursts). Jobs are drawn from the live mix with a fixed seed, so a replay is a
+//! pure function of its inputs: the same window gives the same answer.
 //!
 //! **Bounded:** a replay stops after a fixed number of measured requests or a fixed amount of work
 //! (sequence-steps), whichever comes first, so its cost does not depend on the traffic.
@@ -57,10 +60,23 @@ pub struct Engine {
 /// How requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Load {
-    /// This many clients, each sending its next request when the last one ends.
+    /// This many clients, each sending its next request when the last one ends, all starting
+    /// at once: with equal lengths they stay in step, the worst case of `n` users.
     Closed(u32),
+    /// The same clients joining one after another, evenly over the time one request takes
+    /// alone: the steady state of users who did not all arrive in the same millisecond.
+    Joining(u32),
     /// Poisson arrivals at this many requests per second.
     Open(f64),
+}
+
+/// One recorded arrival of a [`trace`]: when (seconds from the trace's start), what, and
+/// whether it is measured (the ones before are the warm-up that fills the engine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arrival {
+    pub at: f64,
+    pub job: Job,
+    pub measured: bool,
 }
 
 /// What one replay measured.
@@ -76,6 +92,10 @@ pub struct Replayed {
     pub output_tps: f64,
     /// Sequences preempted for want of KV blocks (0 without a known cache).
     pub preemptions: u64,
+    /// The mean number of requests in flight (waiting or running) over the replay: the
+    /// concurrency its load holds. The clients' count in a closed loop; for arrivals, the
+    /// arrival rate times the mean time in the engine of the measured requests (Little's law).
+    pub mean_in_flight: f64,
 }
 
 impl Replayed {
@@ -196,6 +216,23 @@ pub const SEED: u64 = 0x746f_6b65_6e6d_6574;
 /// With a known cache, a job that could not fit in it alone is cut to what fits (an engine
 /// refuses a request longer than its context, so such a job is not in a real mix).
 pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
+    simulate(engine, jobs, load, &[])
+}
+
+/// Replays recorded `arrivals` (ascending by time) open loop: each request arrives when it
+/// did, with its own lengths, whatever the engine does, so the replay meets the bursts and
+/// gaps the window had. `None` without a measured arrival.
+pub fn trace(engine: &Engine, arrivals: &[Arrival]) -> Option<Replayed> {
+    if !arrivals.iter().any(|a| a.measured) {
+        return None;
+    }
+    let jobs: Vec<Job> = arrivals.iter().map(|a| a.job).collect();
+    simulate(engine, &jobs, Load::Open(f64::INFINITY), arrivals)
+}
+
+/// The loop behind [`run`] and [`trace`]: with `recorded` arrivals, `load` is ignored and they
+/// are the load.
+fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> Option<Replayed> {
     let step = engine.base + engine.per_seq;
     if jobs.is_empty() || step.is_nan() || step <= 0.0 {
         return None;
@@ -212,8 +249,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
         .map_or(MAX_CONCURRENCY, |n| (n as usize).clamp(1, MAX_CONCURRENCY));
     let mut free = memory.blocks().unwrap_or(u64::MAX);
     let mut rng = Rng(SEED);
-    let draw = |rng: &mut Rng| {
-        let j = jobs[rng.below(jobs.len())];
+    let fit = |j: Job| {
         let (uncached, output) = match cache {
             Some(c) => {
                 let c = u32::try_from(c).unwrap_or(u32::MAX);
@@ -224,26 +260,45 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
         };
         Job { uncached, output }
     };
+    let draw = |rng: &mut Rng| fit(jobs[rng.below(jobs.len())]);
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
-    let (warm, mut next_arrival, rate) = match load {
-        Load::Closed(n) => {
-            // The clients start together, as a load test's level or a burst after an outage
-            // does. With a varied mix they drift apart within a few requests; with equal
-            // lengths they stay in step, which is the worst case of n clients and the one a
-            // limit has to hold.
-            let n = n.max(1);
-            for _ in 0..n {
-                let job = draw(&mut rng);
-                waiting.push_back(Waiting::new(0.0, job, false));
+    // How many measured requests end the replay: a fixed number, or every measured one of a
+    // recorded trace.
+    let target = if recorded.is_empty() {
+        MEASURED
+    } else {
+        recorded.iter().filter(|a| a.measured).count()
+    };
+    let mut next_recorded = 0usize;
+    let (warm, mut next_arrival, rate) = if let Some(first) = recorded.first() {
+        (0, first.at.max(0.0), f64::INFINITY)
+    } else {
+        match load {
+            Load::Closed(n) | Load::Joining(n) => {
+                // Started together, as a load test's level or a burst after an outage does,
+                // the clients stay in step with equal lengths: the worst case of n clients and
+                // the one a limit has to hold where the traffic does. Joining, they come one
+                // after another over the time a request takes alone, the steady state of
+                // users who arrive on their own.
+                let n = n.max(1);
+                let alone = alone_seconds(engine, jobs);
+                for i in 0..n {
+                    let at = match load {
+                        Load::Joining(_) => alone * f64::from(i) / f64::from(n),
+                        _ => 0.0,
+                    };
+                    let job = draw(&mut rng);
+                    waiting.push_back(Waiting::new(at, job, false));
+                }
+                (2 * n as usize, f64::INFINITY, 0.0)
             }
-            (2 * n as usize, f64::INFINITY, 0.0)
-        }
-        Load::Open(rate) => {
-            if rate.is_nan() || rate <= 0.0 || rate.is_infinite() {
-                return None;
+            Load::Open(rate) => {
+                if rate.is_nan() || rate <= 0.0 || rate.is_infinite() {
+                    return None;
+                }
+                (MEASURED / 10, 0.0, rate)
             }
-            (MEASURED / 10, 0.0, rate)
         }
     };
     let open = rate > 0.0;
@@ -256,14 +311,33 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
     let mut output_tokens = 0u64;
     let mut preemptions = 0u64;
     let mut t = 0.0f64;
+    // Time spent in the engine by the measured requests that finished, for the mean in flight.
+    let mut measured_time = 0.0f64;
+    let mut measured_done = 0usize;
+    let (mut first_measured, mut last_measured) = (f64::INFINITY, 0.0f64);
     loop {
         // Open loop: every arrival up to now joins the queue.
-        while open && next_arrival <= t && measured_started < MEASURED {
-            let measured = arrivals >= warm;
+        while open && next_arrival <= t && measured_started < target {
+            let (job, measured) = match recorded.get(next_recorded) {
+                Some(a) => (fit(a.job), a.measured),
+                None if recorded.is_empty() => (draw(&mut rng), arrivals >= warm),
+                None => break,
+            };
             arrivals += 1;
             measured_started += usize::from(measured);
-            waiting.push_back(Waiting::new(next_arrival, draw(&mut rng), measured));
-            next_arrival -= rng.unit().ln() / rate;
+            if measured {
+                first_measured = first_measured.min(next_arrival);
+                last_measured = last_measured.max(next_arrival);
+            }
+            waiting.push_back(Waiting::new(next_arrival, job, measured));
+            if recorded.is_empty() {
+                next_arrival -= rng.unit().ln() / rate;
+            } else {
+                next_recorded += 1;
+                next_arrival = recorded
+                    .get(next_recorded)
+                    .map_or(f64::INFINITY, |a| a.at.max(next_arrival));
+            }
         }
         if running.is_empty() {
             // An idle engine starts a step as soon as a request is there.
@@ -271,7 +345,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
                 .front()
                 .map(|w| w.arrival)
                 .into_iter()
-                .chain((open && measured_started < MEASURED).then_some(next_arrival))
+                .chain((open && measured_started < target).then_some(next_arrival))
                 .fold(f64::INFINITY, f64::min);
             if !next.is_finite() {
                 break;
@@ -374,6 +448,10 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             // says who is preempted first.
             let s = running.remove(i);
             free += s.blocks;
+            if s.measured {
+                measured_time += end - s.arrival;
+                measured_done += 1;
+            }
             if s.measured && s.output > 1 {
                 let first = s.first.unwrap_or(end);
                 if end > first {
@@ -381,7 +459,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
                 }
             }
             finished += 1;
-            if !open && measured_started < MEASURED {
+            if !open && measured_started < target {
                 let measured = finished > warm;
                 measured_started += usize::from(measured);
                 // The client's turnaround (reading the end, sending the next request) is a
@@ -392,7 +470,7 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             }
         }
         t = end;
-        let done = measured_started >= MEASURED
+        let done = measured_started >= target
             && waiting.iter().all(|w| !w.measured)
             && running.iter().all(|r| !r.measured || r.first.is_some());
         if done || work >= MAX_WORK {
@@ -423,7 +501,33 @@ pub fn run(engine: &Engine, jobs: &[Job], load: Load) -> Option<Replayed> {
             0.0
         },
         preemptions,
+        mean_in_flight: match load {
+            Load::Closed(n) | Load::Joining(n) if recorded.is_empty() => f64::from(n.max(1)),
+            _ if measured_done == 0 => 0.0,
+            // Little's law: arrivals per second times the mean time in the engine.
+            _ if recorded.is_empty() => rate * measured_time / measured_done as f64,
+            _ => {
+                let span = last_measured - first_measured;
+                let rate = if span > 0.0 {
+                    (measured_started.max(1) - 1) as f64 / span
+                } else {
+                    0.0
+                };
+                rate * measured_time / measured_done as f64
+            }
+        },
     })
+}
+
+/// Seconds one request of the mix takes on an idle engine: its prefill and its decode steps
+/// at one sequence, averaged over the mix.
+pub fn alone_seconds(engine: &Engine, jobs: &[Job]) -> f64 {
+    let n = jobs.len().max(1) as f64;
+    let step = engine.base + engine.per_seq;
+    jobs.iter()
+        .map(|j| engine.prefill_per_token * f64::from(j.uncached) + step * f64::from(j.output.max(1)))
+        .sum::<f64>()
+        / n
 }
 
 /// The long-prompt case the tests of the first token's end share: 10 ms + 0.2 ms steps and
@@ -613,12 +717,62 @@ mod tests {
     }
 
     #[test]
+    fn clients_that_join_one_by_one_wait_for_fewer_prefills() {
+        // Four clients with 2,000-token prompts: together they stay in step and the last waits
+        // for all four prefills (1.6 s); joining over a request's time, each meets at most one
+        // other prompt's prefill before its own (0.4 s each).
+        let p90 = |load| {
+            run(&LONG, &jobs(2000, 100), load)
+                .and_then(|r| r.ttft_quantile(0.9))
+                .expect("measured")
+        };
+        let (together, joining) = (p90(Load::Closed(4)), p90(Load::Joining(4)));
+        assert!(together > 1.6, "{together}");
+        assert!(joining < 0.85 && joining < 0.55 * together, "{joining} {together}");
+        let r = run(&LONG, &jobs(2000, 100), Load::Joining(4)).expect("a replay");
+        assert_eq!(r.mean_in_flight, 4.0);
+    }
+
+    #[test]
+    fn a_recorded_trace_is_replayed_at_its_own_times() {
+        let job = Job {
+            uncached: 2000,
+            output: 100,
+        };
+        // Requests 5 s apart meet an idle engine: each waits for its own prefill step only.
+        let apart: Vec<Arrival> = (0..20)
+            .map(|i| Arrival {
+                at: 5.0 * f64::from(i),
+                job,
+                measured: i >= 2,
+            })
+            .collect();
+        let r = trace(&LONG, &apart).expect("a replay");
+        assert_eq!(r.ttft.len(), 18);
+        assert!((r.ttft_quantile(0.9).expect("a p90") - 0.4102).abs() < 1e-9);
+        // Little's law: one request in the engine for 1.41 s every 5 s.
+        assert!((r.mean_in_flight - 1.4202 / 5.0).abs() < 0.01, "{}", r.mean_in_flight);
+        // The same requests in bursts of four: the last of each burst waits for four prefills.
+        let bursts: Vec<Arrival> = (0..20)
+            .map(|i| Arrival {
+                at: 5.0 * f64::from(i / 4),
+                job,
+                measured: i >= 4,
+            })
+            .collect();
+        let r = trace(&LONG, &bursts).expect("a replay");
+        assert!(r.ttft_quantile(0.9).expect("a p90") > 1.6, "{r:?}");
+        assert_eq!(trace(&LONG, &bursts[..4]), None);
+    }
+
+    #[test]
     fn quantiles_and_shares_are_exact_on_a_known_list() {
         let r = Replayed {
             ttft: (1..=10).map(f64::from).collect(),
             tps: vec![5.0, 10.0, 20.0, 40.0],
             output_tps: 0.0,
             preemptions: 0,
+            mean_in_flight: 0.0,
         };
         assert_eq!(r.ttft_quantile(0.9), Some(9.0));
         assert_eq!(r.ttft_quantile(0.5), Some(5.0));

@@ -24,7 +24,12 @@ pub struct Job {
 /// What one finished request says about the engine's first-token work.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Request {
+    /// When it ended.
     pub at: Instant,
+    /// When it arrived at the proxy: with its TTFT, when its first token came, which tells the
+    /// requests one step admitted together ([`super::prefill`]) and how the window's requests
+    /// arrived ([`super::arrivals`]).
+    pub arrival: Instant,
     /// Prompt tokens, and those of them the prefix cache served.
     pub prompt: u32,
     pub cached: u32,
@@ -44,6 +49,13 @@ pub struct Request {
 impl Request {
     pub fn uncached(&self) -> u32 {
         self.prompt.saturating_sub(self.cached)
+    }
+
+    /// When its first token came, where it had one.
+    pub fn first_token(&self) -> Option<Instant> {
+        let ttft = self.ttft.filter(|t| t.is_finite() && *t >= 0.0)?;
+        self.arrival
+            .checked_add(std::time::Duration::try_from_secs_f64(ttft).ok()?)
     }
 }
 
@@ -126,6 +138,7 @@ mod tests {
     fn req(at: Instant, prompt: u32, cached: u32, output: u32) -> Request {
         Request {
             at,
+            arrival: at,
             prompt,
             cached,
             output,
