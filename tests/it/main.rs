@@ -33,6 +33,7 @@ mod tenant;
 mod timings;
 mod tls;
 mod tracing;
+mod traffic_capacity;
 mod ui;
 mod upgrade;
 mod wire;

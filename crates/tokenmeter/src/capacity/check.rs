@@ -17,8 +17,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::replay::{self, Engine, Load};
-use super::workload::{self, Request};
+use super::replay::{self, Arrival, Engine, Job};
+use super::workload::Request;
 
 /// The requests compared: those that finished within the last minute, the same minute the
 /// concurrency is the mean of.
@@ -69,16 +69,13 @@ impl Check {
     }
 }
 
-/// The check at `in_flight` requests per engine, against the requests of `recent` that
-/// finished within [`WINDOW`] of `now`, replayed on `engine` with that minute's own mix (a
-/// window whose mix changed is held to what ran last, not to its average); `None` with fewer
-/// than [`MIN_REQUESTS`] of them or no replay.
+/// The check of the requests of `recent` that finished within [`WINDOW`] of `now`, replayed
+/// on `engine` among every request of `recent` as they arrived (the older ones fill the engine
+/// as they did); `in_flight` (per engine) is the concurrency the check is reported at. `None`
+/// with fewer than [`MIN_REQUESTS`] such requests or no replay.
 pub fn check(recent: &[Request], now: Instant, in_flight: f64, engine: Engine) -> Option<Check> {
-    let last: Vec<Request> = recent
-        .iter()
-        .filter(|r| now.saturating_duration_since(r.at) <= WINDOW)
-        .copied()
-        .collect();
+    let measured = |r: &Request| now.saturating_duration_since(r.at) <= WINDOW;
+    let last: Vec<&Request> = recent.iter().filter(|r| measured(r)).collect();
     let mut ttfts: Vec<f64> = last.iter().filter_map(|r| r.ttft).collect();
     if ttfts.len() < MIN_REQUESTS || !in_flight.is_finite() {
         return None;
@@ -90,12 +87,11 @@ pub fn check(recent: &[Request], now: Instant, in_flight: f64, engine: Engine) -
         .collect();
     ttfts.sort_by(f64::total_cmp);
     tps.sort_by(f64::total_cmp);
-    let concurrency = (in_flight.round() as u32).max(1);
-    let replayed = replay::run(&engine, &workload::jobs(&last), Load::Closed(concurrency))?;
+    let replayed = replay::trace(&engine, &arrivals(recent, measured))?;
     let predicted_ttft = replayed.ttft_quantile(0.9)?;
     let predicted_tps = nearest_rank(&replayed.tps, 0.5);
     Some(Check {
-        concurrency,
+        concurrency: (in_flight.round() as u32).max(1),
         ttft: Pair {
             predicted: predicted_ttft,
             observed: nearest_rank(&ttfts, 0.9)?,
@@ -109,6 +105,27 @@ pub fn check(recent: &[Request], now: Instant, in_flight: f64, engine: Engine) -
     })
 }
 
+/// `recent` as a trace, ascending by arrival, from the first arrival; `measured` says which
+/// requests the check compares.
+fn arrivals(recent: &[Request], measured: impl Fn(&Request) -> bool) -> Vec<Arrival> {
+    let mut sorted: Vec<&Request> = recent.iter().collect();
+    sorted.sort_by_key(|r| r.arrival);
+    let Some(origin) = sorted.first().map(|r| r.arrival) else {
+        return Vec::new();
+    };
+    sorted
+        .iter()
+        .map(|r| Arrival {
+            at: r.arrival.saturating_duration_since(origin).as_secs_f64(),
+            job: Job {
+                uncached: r.uncached(),
+                output: r.output.max(1),
+            },
+            measured: measured(r),
+        })
+        .collect()
+}
+
 fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
     if sorted.is_empty() {
         return None;
@@ -120,12 +137,14 @@ fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::replay::{Job, LONG};
+    use crate::capacity::replay::{Load, LONG};
 
-    fn finished(at: Instant, ttft: f64, tps: f64) -> Request {
+    /// A request that arrived at `arrival` and took what `LONG` gives a client alone: its
+    /// prefill step (410.2 ms) and 99 steps of 10.2 ms.
+    fn finished(arrival: Instant, ttft: f64, tps: f64) -> Request {
         Request {
-            at,
-            arrival: at,
+            at: arrival + Duration::from_secs_f64(0.4102 + 99.0 * 0.0102),
+            arrival,
             prompt: 2000,
             cached: 0,
             output: 100,
@@ -138,42 +157,63 @@ mod tests {
     }
 
     #[test]
-    fn the_model_is_held_to_the_last_minute_at_the_concurrency_seen() {
+    fn the_model_is_held_to_the_last_minute_as_it_arrived() {
         let now = Instant::now();
-        let jobs = [Job {
-            uncached: 2000,
-            output: 100,
-        }];
-        // Four clients in step: the last waits 4 x 400 ms, and each one's decode is stalled by
-        // the others' prefills. An engine that behaves so is what the model says.
-        let four = replay::run(&LONG, &jobs, Load::Closed(4)).expect("a replay");
-        let truth_ttft = four.ttft_quantile(0.9).expect("a p90");
-        let truth_tps = four.tps[(four.tps.len() - 1) / 2];
-        let at = now - Duration::from_secs(10);
-        let honest: Vec<Request> = (0..30)
-            .map(|_| finished(at, truth_ttft, truth_tps))
+        // One request every 2 s for the last 80 s: each meets an idle engine, so each waits for
+        // its own prefill step and decodes alone. An engine that behaves so is what the model
+        // says.
+        let alone = replay::run(
+            &LONG,
+            &[Job {
+                uncached: 2000,
+                output: 100,
+            }],
+            Load::Closed(1),
+        )
+        .expect("a replay");
+        let (ttft, tps) = (alone.ttft[0], alone.tps[0]);
+        let start = now - Duration::from_secs(82);
+        let honest: Vec<Request> = (0..40)
+            .map(|i| finished(start + Duration::from_secs(2 * i), ttft, tps))
             .collect();
-        let c = check(&honest, now, 3.7, LONG).expect("a check");
-        assert_eq!(c.concurrency, 4);
-        assert!(c.ttft.error().expect("an error").abs() < 1e-9, "{c:?}");
-        let tps = c.tps.expect("tokens/s");
-        assert!(tps.error().expect("an error").abs() < 1e-9, "{c:?}");
+        let c = check(&honest, now, 0.7, LONG).expect("a check");
+        assert_eq!(c.concurrency, 1);
+        assert!(c.ttft.error().expect("an error").abs() < 1e-6, "{c:?}");
+        let t = c.tps.expect("tokens/s");
+        assert!(t.error().expect("an error").abs() < 1e-6, "{c:?}");
         assert!(c.trusted());
         // The engine is three times slower to the first token than the model says.
-        let slow: Vec<Request> = (0..30)
-            .map(|_| finished(at, 3.0 * truth_ttft, truth_tps))
+        let slow: Vec<Request> = (0..40)
+            .map(|i| finished(start + Duration::from_secs(2 * i), 3.0 * ttft, tps))
             .collect();
-        let c = check(&slow, now, 4.2, LONG).expect("a check");
+        let c = check(&slow, now, 0.7, LONG).expect("a check");
         assert!(
-            (c.ttft.error().expect("an error") + 2.0 / 3.0).abs() < 1e-9,
+            (c.ttft.error().expect("an error") + 2.0 / 3.0).abs() < 1e-6,
             "{c:?}"
         );
         assert!(!c.trusted());
         // Too few requests in the last minute, or only older ones: no check.
-        assert_eq!(check(&honest[..19], now, 4.0, LONG), None);
-        let old: Vec<Request> = (0..30)
-            .map(|_| finished(now - Duration::from_secs(61), truth_ttft, truth_tps))
+        assert_eq!(check(&honest[..30], now, 1.0, LONG), None);
+        let old: Vec<Request> = (0..40)
+            .map(|i| finished(now - Duration::from_secs(200 - i), ttft, tps))
             .collect();
-        assert_eq!(check(&old, now + Duration::from_secs(0), 4.0, LONG), None);
+        assert_eq!(check(&old, now, 1.0, LONG), None);
+    }
+
+    #[test]
+    fn requests_that_arrived_together_are_replayed_together() {
+        let now = Instant::now();
+        // Bursts of four every 5 s: the last of each burst waits for four prefills, as the
+        // replay of the burst does; a replay of four clients on their own would say one.
+        let mut burst = Vec::new();
+        for b in 0..16u64 {
+            let at = now - Duration::from_secs(80) + Duration::from_secs(5 * b);
+            for i in 0..4u64 {
+                let ttft = 0.0102 + 0.4 * (i + 1) as f64;
+                burst.push(finished(at + Duration::from_micros(10 * i), ttft, 90.0));
+            }
+        }
+        let c = check(&burst, now, 1.5, LONG).expect("a check");
+        assert!(c.ttft.error().expect("an error").abs() < 0.05, "{c:?}");
     }
 }

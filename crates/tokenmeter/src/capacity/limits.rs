@@ -2,13 +2,22 @@
 //! and how many arrivals a second, before a class's TTFT objective breaks.
 //!
 //! Both come from replaying the engine ([`super::replay`]) with the fitted decode and prefill
-//! costs over the live mix: the concurrency limit is the largest number of closed-loop clients
-//! whose replayed TTFTs meet the class's target at its objective; the rate limit the highest
-//! Poisson arrival rate whose replayed requests meet every target the class has (TTFT and
-//! decode speed). Replays of one refit are memoised by their load, so classes share them.
+//! costs over the live mix, arriving as the window's requests arrived ([`Shape`]):
+//!
+//! - a closed loop (in step, or clients on their own): the concurrency limit is the largest
+//!   number of clients whose replayed TTFTs meet the class's target at its objective;
+//! - open arrivals: the concurrency a Poisson stream holds (Little's law, the replay's
+//!   [`Replayed::mean_in_flight`]) at the highest rate whose TTFTs meet the target, and the same
+//!   for the speed floor: the steady state such traffic settles in, never the transient of
+//!   clients that all start at once, which is not what open traffic does.
+//!
+//! The rate limit is the highest Poisson arrival rate whose replayed requests meet every target
+//! the class has (TTFT and decode speed), whatever the shape. Replays of one refit are memoised
+//! by their load, so classes share them.
 
 use std::collections::HashMap;
 
+use super::arrivals::Shape;
 use super::replay::{self, Engine, Job, Load, Replayed};
 use super::summary::MAX_CONCURRENCY;
 
@@ -31,23 +40,43 @@ pub struct TtftPoint {
 pub struct Replays<'a> {
     engine: Engine,
     jobs: &'a [Job],
+    shape: Shape,
     closed: HashMap<u32, Option<Replayed>>,
 }
 
 impl<'a> Replays<'a> {
+    /// Replays whose clients move in step (the worst case of a closed loop, and the shape a
+    /// window too young to read is taken as).
     pub fn new(engine: Engine, jobs: &'a [Job]) -> Self {
+        Self::shaped(engine, jobs, Shape::InStep)
+    }
+
+    /// Replays of traffic that arrives as `shape` says.
+    pub fn shaped(engine: Engine, jobs: &'a [Job], shape: Shape) -> Self {
         Replays {
             engine,
             jobs,
+            shape,
             closed: HashMap::new(),
         }
     }
 
+    /// The shape the replays take.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The closed loop of `n` clients in the window's shape (memoised); open traffic's
+    /// concurrencies are replayed as clients on their own, its steady state at `n`.
     fn closed(&mut self, n: u32) -> Option<&Replayed> {
         let (engine, jobs) = (self.engine, self.jobs);
+        let load = match self.shape {
+            Shape::InStep => Load::Closed(n),
+            Shape::Joining | Shape::Open => Load::Joining(n),
+        };
         self.closed
             .entry(n)
-            .or_insert_with(|| replay::run(&engine, jobs, Load::Closed(n)))
+            .or_insert_with(|| replay::run(&engine, jobs, load))
             .as_ref()
     }
 
@@ -76,9 +105,39 @@ impl<'a> Replays<'a> {
             .collect()
     }
 
-    /// The largest number of clients whose TTFTs meet `ttft` seconds in `objective` of
-    /// requests; 0 when one client alone does not.
+    /// The largest number of requests in flight whose TTFTs meet `ttft` seconds in `objective`
+    /// of requests, in the window's shape; 0 when one alone does not.
     pub fn concurrency_limit(&mut self, ttft: f64, objective: f64) -> Option<u32> {
+        if self.shape == Shape::Open {
+            return self.open_concurrency(Some(ttft), None, objective);
+        }
+        self.clients_limit(ttft, objective)
+    }
+
+    /// For open traffic, the largest number of requests in flight whose decode speed meets
+    /// `tps` in `objective` of requests: the Poisson stream's steady state. `None` for a closed
+    /// loop, whose speed bound is the decode line's.
+    pub fn speed_limit(&self, tps: f64, objective: f64) -> Option<u32> {
+        if self.shape != Shape::Open {
+            return None;
+        }
+        self.open_concurrency(None, Some(tps), objective)
+    }
+
+    /// The mean requests in flight, rounded down, of Poisson arrivals at the highest rate that
+    /// meets the targets.
+    fn open_concurrency(&self, ttft: Option<f64>, tps: Option<f64>, objective: f64) -> Option<u32> {
+        let rate = self.rate_limit(ttft, tps, objective)?;
+        if rate <= 0.0 {
+            return Some(0);
+        }
+        let r = replay::run(&self.engine, self.jobs, Load::Open(rate))?;
+        Some((r.mean_in_flight.floor().max(1.0) as u32).min(MAX_CONCURRENCY as u32))
+    }
+
+    /// The largest number of closed-loop clients whose TTFTs meet `ttft` seconds in
+    /// `objective` of requests; 0 when one client alone does not.
+    fn clients_limit(&mut self, ttft: f64, objective: f64) -> Option<u32> {
         let meets = |s: &mut Self, n: u32| -> Option<bool> {
             Some(s.closed(n)?.share_meeting(Some(ttft), None) >= objective)
         };

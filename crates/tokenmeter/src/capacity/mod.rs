@@ -22,8 +22,11 @@
 //! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
 //!   and the predicted TTFT curve.
 //!
-//! [`check`] holds the model to the truth where it can be: at the concurrency seen over the
-//! last minute, its predicted TTFT and tokens/s beside the measured ones.
+//! [`check`] holds the model to the truth where it can be: the last minute's own arrivals
+//! replayed, its predicted TTFT and tokens/s beside the measured ones. [`support`] says when the
+//! window cannot answer at all (one steady level: no slope), [`arrivals`] how its requests
+//! arrived (the limits replay that shape), and [`seen`] the highest level each class was seen
+//! met at, below which no answer goes.
 //!
 //! Memory, the third end: [`memory`] holds the KV cache's size (the flags over what the engine
 //! states, [`Capacity::set_engine_memory`]) and the mix's footprint in it; the replay admits by
@@ -40,6 +43,7 @@
 //! is per engine. The count can change while the proxy runs ([`Capacity::set_replicas`]); a
 //! sample keeps the per-engine concurrency it was recorded at.
 
+pub mod arrivals;
 pub mod bins;
 pub mod busy;
 pub mod check;
@@ -51,6 +55,7 @@ pub mod memory;
 pub mod plan;
 pub mod prefill;
 pub mod replay;
+pub mod seen;
 pub mod stream;
 pub mod summary;
 pub mod support;
@@ -132,6 +137,11 @@ impl Default for CapacityConfig {
 pub struct Report {
     /// `None` until the window has [`fit::MIN_POINTS`] concurrencies with enough samples.
     pub fit: Option<Fit>,
+    /// Why the model cannot answer yet, where it cannot ([`support`]): then there are no
+    /// answers, no curves, and every class with a target is unsupported.
+    pub unsupported: Option<support::Unsupported>,
+    /// How the window's requests arrived, once there are enough of them ([`arrivals`]).
+    pub shape: Option<arrivals::Shape>,
     /// Token samples at the concurrencies with enough of them ([`fit::MIN_SAMPLES`]); the
     /// fit's own count once there is a fit.
     pub samples: u64,
@@ -296,10 +306,25 @@ impl Capacity {
         let fit = fit::fit(&columns);
         let recent = self.workload.recent(now);
         let mix = workload::mix(&recent);
-        let prefill = fit
-            .as_ref()
-            .filter(|_| recent.len() >= prefill::MIN_SAMPLES)
-            .and_then(|f| prefill::fit(&recent, |b| f.step(b)));
+        // A decode step at `b` sequences: the line's, or without one (traffic at one or two
+        // levels), the median of the level seen nearest `b`, which is what such traffic's
+        // steps cost: enough to read prefill from steady traffic.
+        let step_at = |b: f64| match &fit {
+            Some(f) => Some(f.step(b)),
+            None => usable()
+                .min_by(|x, y| {
+                    (f64::from(x.concurrency) - b)
+                        .abs()
+                        .total_cmp(&(f64::from(y.concurrency) - b).abs())
+                })
+                .map(|c| c.median),
+        };
+        let prefill = match step_at(1.0) {
+            Some(_) if recent.len() >= prefill::MIN_SAMPLES => {
+                prefill::fit(&recent, |b| step_at(b).unwrap_or(0.0))
+            }
+            _ => None,
+        };
         let jobs = workload::jobs(&recent);
         if let (Some(f), Some(p)) = (&fit, &prefill) {
             *self.prices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Prices {
@@ -320,13 +345,18 @@ impl Capacity {
             }),
             _ => None,
         };
-        let mut replays = engine.map(|e| limits::Replays::new(e, &jobs));
+        let unsupported = support::judge(fit.as_ref(), samples).err();
+        let shape = fit
+            .as_ref()
+            .and_then(|f| arrivals::shape(&recent, f.step(1.0)));
+        let mut replays = engine
+            .map(|e| limits::Replays::shaped(e, &jobs, shape.unwrap_or(arrivals::Shape::InStep)));
         let held = plan::Held {
             kv_cache: memory.kv_limit(workload::lengths(&jobs)),
             max_num_seqs: memory.max_num_seqs,
         };
-        let (answers, curve) = match &fit {
-            Some(f) => (
+        let (answers, curve) = match (&fit, unsupported) {
+            (Some(f), None) => (
                 plan::answers(
                     f,
                     &self.config.classes,
@@ -334,18 +364,24 @@ impl Capacity {
                     in_flight,
                     held,
                     replays.as_mut(),
+                    &|c| seen::highest_met(&recent, c),
                 ),
                 plan::curve(f),
             ),
-            None => (Vec::new(), Vec::new()),
+            _ => (Vec::new(), Vec::new()),
         };
-        let ttft_curve = replays
-            .as_mut()
-            .map(|r| r.curve(&plan::CURVE))
-            .unwrap_or_default();
+        let ttft_curve = match unsupported {
+            None => replays
+                .as_mut()
+                .map(|r| r.curve(&plan::CURVE))
+                .unwrap_or_default(),
+            Some(_) => Vec::new(),
+        };
         let check = engine.and_then(|e| check::check(&recent, now, in_flight, e));
         Report {
             fit,
+            unsupported,
+            shape,
             samples,
             observed,
             answers,
@@ -458,6 +494,7 @@ mod tests {
             r.in_flight * 4.0,
             plan::Held::default(),
             None,
+            &|_| None,
         );
         assert!((r.answers[0].output_tps / one[0].output_tps - 4.0).abs() < 1e-9);
         cap.set_replicas(0);

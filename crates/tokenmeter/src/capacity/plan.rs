@@ -124,7 +124,11 @@ pub struct Answer {
     /// The memory bounds, where the engine's memory is known ([`Held`]).
     pub limit_kv: Option<u32>,
     pub limit_seqs: Option<u32>,
-    /// The smallest of them: what the engine can hold for this class.
+    /// The highest level the window saw the class met at ([`super::seen`]); the answer is
+    /// never below it.
+    pub seen_met: Option<u32>,
+    /// The smallest of the bounds, or the level seen met where that is higher: what the
+    /// engine can hold for this class.
     pub max_concurrency: u32,
     pub binding: Bound,
     /// Poisson arrivals per second per engine at which the class still holds.
@@ -188,7 +192,8 @@ pub fn curve(fit: &Fit) -> Vec<TradeoffPoint> {
 /// Every class with a floor or a TTFT target; `in_flight` is the mean number of requests in
 /// flight per engine; `held` the memory's bounds, which apply to a class that has a target of
 /// its own. `replays` is `None` until the prefill cost is known, and then only the decode
-/// bound is answered.
+/// bound is answered. `seen` gives the highest level the window saw a class met at: no
+/// answer is below it.
 pub fn answers(
     fit: &Fit,
     classes: &[ClassTargets],
@@ -196,13 +201,23 @@ pub fn answers(
     in_flight: f64,
     held: Held,
     mut replays: Option<&mut Replays>,
+    seen: &dyn Fn(&ClassTargets) -> Option<u32>,
 ) -> Vec<Answer> {
     classes
         .iter()
         .filter_map(|c| {
-            let limit_tps = c.tps_floor.map(|f| max_concurrency(fit, f));
+            let seen_met = seen(c);
+            let at_least = |l: u32| seen_met.map_or(l, |s| l.max(s));
+            // Open traffic's speed bound is its Poisson steady state's; a closed loop's is the
+            // decode line's.
+            let limit_tps = c.tps_floor.map(|f| {
+                let open = replays
+                    .as_deref()
+                    .and_then(|r| r.speed_limit(f, c.objective));
+                at_least(open.unwrap_or_else(|| max_concurrency(fit, f)))
+            });
             let limit_ttft = match (c.ttft, replays.as_deref_mut()) {
-                (Some(t), Some(r)) => r.concurrency_limit(t, c.objective),
+                (Some(t), Some(r)) => r.concurrency_limit(t, c.objective).map(at_least),
                 _ => None,
             };
             if limit_tps.is_none() && limit_ttft.is_none() {
@@ -219,6 +234,7 @@ pub fn answers(
                 .iter()
                 .filter_map(|&bound| limit(bound).map(|l| (l, bound)))
                 .min_by_key(|&(l, _)| l)?;
+            let b = at_least(b);
             let engine_tps = match (binding, replays.as_deref_mut()) {
                 _ if b == 0 => 0.0,
                 (Bound::TokensPerSecond, _) | (_, None) => f64::from(b) / fit.step(f64::from(b)),
@@ -245,6 +261,7 @@ pub fn answers(
                 limit_ttft,
                 limit_kv: held.kv_cache,
                 limit_seqs: held.max_num_seqs,
+                seen_met,
                 max_concurrency: b,
                 binding,
                 max_request_rate,
@@ -302,7 +319,7 @@ mod tests {
             gpus: 4.0,
             gpu_hour_cost: Some(2.0),
         };
-        let a = answers(&f, &classes, &fleet, 15.0, Held::default(), None);
+        let a = answers(&f, &classes, &fleet, 15.0, Held::default(), None, &|_| None);
         assert_eq!(a.len(), 2);
         let i = &a[0];
         assert_eq!((i.class.as_str(), i.max_concurrency), ("interactive", 30));
@@ -351,6 +368,7 @@ mod tests {
             8.0,
             Held::default(),
             Some(&mut replays),
+            &|_| None,
         )[0];
         // Decode alone would hold 256 at 10 tok/s; the first token holds four.
         assert_eq!((a.limit_tps, a.limit_ttft), (Some(256), Some(4)));
@@ -415,6 +433,7 @@ mod tests {
             10.0,
             held,
             Some(&mut replays),
+            &|_| None,
         )[0];
         assert_eq!((a.limit_kv, a.limit_seqs), (Some(5), Some(64)));
         assert_eq!((a.max_concurrency, a.binding), (5, Bound::KvCache));
@@ -438,9 +457,18 @@ mod tests {
             1.0,
             seqs,
             Some(&mut replays),
+            &|_| None,
         )[0];
         assert_eq!((a.max_concurrency, a.binding), (2, Bound::MaxNumSeqs));
-        let a = &answers(&f_line(), &[chat], &fleet, 1.0, Held::default(), None)[0];
+        let a = &answers(
+            &f_line(),
+            &[chat],
+            &fleet,
+            1.0,
+            Held::default(),
+            None,
+            &|_| None,
+        )[0];
         assert_eq!((a.limit_kv, a.binding), (None, Bound::TokensPerSecond));
     }
 

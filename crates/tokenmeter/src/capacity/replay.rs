@@ -525,7 +525,9 @@ pub fn alone_seconds(engine: &Engine, jobs: &[Job]) -> f64 {
     let n = jobs.len().max(1) as f64;
     let step = engine.base + engine.per_seq;
     jobs.iter()
-        .map(|j| engine.prefill_per_token * f64::from(j.uncached) + step * f64::from(j.output.max(1)))
+        .map(|j| {
+            engine.prefill_per_token * f64::from(j.uncached) + step * f64::from(j.output.max(1))
+        })
         .sum::<f64>()
         / n
 }
@@ -728,7 +730,10 @@ mod tests {
         };
         let (together, joining) = (p90(Load::Closed(4)), p90(Load::Joining(4)));
         assert!(together > 1.6, "{together}");
-        assert!(joining < 0.85 && joining < 0.55 * together, "{joining} {together}");
+        assert!(
+            joining < 0.85 && joining < 0.55 * together,
+            "{joining} {together}"
+        );
         let r = run(&LONG, &jobs(2000, 100), Load::Joining(4)).expect("a replay");
         assert_eq!(r.mean_in_flight, 4.0);
     }
@@ -751,7 +756,11 @@ mod tests {
         assert_eq!(r.ttft.len(), 18);
         assert!((r.ttft_quantile(0.9).expect("a p90") - 0.4102).abs() < 1e-9);
         // Little's law: one request in the engine for 1.41 s every 5 s.
-        assert!((r.mean_in_flight - 1.4202 / 5.0).abs() < 0.01, "{}", r.mean_in_flight);
+        assert!(
+            (r.mean_in_flight - 1.4202 / 5.0).abs() < 0.01,
+            "{}",
+            r.mean_in_flight
+        );
         // The same requests in bursts of four: the last of each burst waits for four prefills.
         let bursts: Vec<Arrival> = (0..20)
             .map(|i| Arrival {

@@ -64,9 +64,20 @@ impl Unsupported {
     }
 }
 
-/// `Ok` when `fit` can answer, else why not.
-pub fn judge(fit: Option<&Fit>) -> Result<(), Unsupported> {
-    let f = fit.ok_or(Unsupported::WarmingUp)?;
+/// Token samples at usable concurrencies past which a window without a fit is not warming up
+/// but held at one or two levels: a few seconds of any real traffic.
+pub const SETTLED_SAMPLES: u64 = 2_000;
+
+/// `Ok` when `fit` can answer, else why not; `samples` are the window's token samples at the
+/// concurrencies with enough of them (what tells a young window from a narrow one).
+pub fn judge(fit: Option<&Fit>, samples: u64) -> Result<(), Unsupported> {
+    let Some(f) = fit else {
+        return Err(if samples >= SETTLED_SAMPLES {
+            Unsupported::NarrowSpread
+        } else {
+            Unsupported::WarmingUp
+        });
+    };
     if f.per_seq <= 0.0 && f.slope_error.is_finite() && f.slope_error > 0.0 {
         // A flat or falling line that is itself well determined: the engine does not slow.
         let spread = f.max_concurrency.saturating_sub(f.min_concurrency);
@@ -75,7 +86,9 @@ pub fn judge(fit: Option<&Fit>) -> Result<(), Unsupported> {
         }
         return Err(Unsupported::NarrowSpread);
     }
-    if !(f.per_seq >= MIN_T * f.slope_error) {
+    // Written so that a NaN error reads as "not clear".
+    let clear = f.per_seq >= MIN_T * f.slope_error;
+    if !clear {
         return Err(Unsupported::NarrowSpread);
     }
     Ok(())
@@ -108,18 +121,27 @@ mod tests {
     fn one_steady_level_cannot_answer_and_spread_traffic_can() {
         // A closed loop of 24: every token at 24 but for a few while clients rejoin.
         let steady = window(60_000, |r| {
-            24.0 - if r.uniform() < 0.03 { 1.0 + (r.uniform() * 2.0).floor() } else { 0.0 }
+            24.0 - if r.uniform() < 0.03 {
+                1.0 + (r.uniform() * 2.0).floor()
+            } else {
+                0.0
+            }
         });
-        assert_eq!(judge(steady.as_ref()), Err(Unsupported::NarrowSpread));
+        assert_eq!(
+            judge(steady.as_ref(), 60_000),
+            Err(Unsupported::NarrowSpread)
+        );
         // Poisson arrivals holding about 35 in flight: the count wanders by its square root.
         let open = window(60_000, |r| 35.0 + 6.0 * r.normal());
         let f = open.expect("a fit");
-        assert_eq!(judge(Some(&f)), Ok(()), "{f:?}");
+        assert_eq!(judge(Some(&f), f.samples), Ok(()), "{f:?}");
         assert!((f.per_seq / 0.0002 - 1.0).abs() < 0.25, "{f:?}");
         // A ramp through 1..64.
         let ramp = window(60_000, |r| 1.0 + (r.uniform() * 64.0).floor());
-        assert_eq!(judge(ramp.as_ref()), Ok(()));
-        assert_eq!(judge(None), Err(Unsupported::WarmingUp));
+        assert_eq!(judge(ramp.as_ref(), 60_000), Ok(()));
+        assert_eq!(judge(None, 100), Err(Unsupported::WarmingUp));
+        // Two levels only, but long held: narrow, not young.
+        assert_eq!(judge(None, 60_000), Err(Unsupported::NarrowSpread));
     }
 
     #[test]
@@ -135,6 +157,6 @@ mod tests {
         let f = fit(&s.columns(t0)).expect("a fit");
         assert_eq!(f.per_seq, 0.0, "{f:?}");
         assert!(f.base > 0.0, "{f:?}");
-        assert_eq!(judge(Some(&f)), Err(Unsupported::NoSlowdown));
+        assert_eq!(judge(Some(&f), f.samples), Err(Unsupported::NoSlowdown));
     }
 }

@@ -8,7 +8,9 @@
 
 use prometheus::{Gauge, GaugeVec, Opts, Registry};
 
+use crate::capacity::arrivals::Shape;
 use crate::capacity::plan::CURVE;
+use crate::capacity::support::Unsupported;
 use crate::capacity::{Bound, ClassTargets, Report};
 
 /// The family names, for the readers of an exposition (`tokenmeter capacity`).
@@ -40,6 +42,9 @@ pub mod names {
     pub const CHECK_ERROR: &str = "tokenmeter_capacity_check_error_ratio";
     pub const CHECK_TRUSTED: &str = "tokenmeter_capacity_check_trusted";
     pub const KV_WIRE_TOKENS: &str = "tokenmeter_kv_cache_wire_tokens";
+    pub const SUPPORTED: &str = "tokenmeter_capacity_supported";
+    pub const UNSUPPORTED: &str = "tokenmeter_capacity_unsupported";
+    pub const ARRIVALS: &str = "tokenmeter_capacity_arrivals";
 }
 
 /// The `source` label of [`names::CHECK_TTFT`] and [`names::CHECK_TPS`].
@@ -101,8 +106,12 @@ pub struct CapacityMetrics {
     check_error: GaugeVec,
     check_trusted: GaugeVec,
     wire: GaugeVec,
-    /// Every class name a series may carry.
-    classes: Vec<String>,
+    supported: GaugeVec,
+    unsupported: GaugeVec,
+    arrivals: GaugeVec,
+    /// Every class name a series may carry, and whether it has a target the model answers for
+    /// (a speed floor or a TTFT target).
+    classes: Vec<(String, bool)>,
 }
 
 fn vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
@@ -285,7 +294,28 @@ impl CapacityMetrics {
                 "KV-cache tokens the requests in flight hold per engine by the wire's count: the output tokens they have streamed, plus for each the mean uncached prompt of the capacity window's mix; absent until there is a mix.",
                 &[],
             )?,
-            classes: classes.iter().map(|c| c.name.clone()).collect(),
+            supported: vec(
+                r,
+                SUPPORTED,
+                "1 when the class's capacity answer is exported, 0 when the model cannot answer yet (tokenmeter_capacity_unsupported says why): max_concurrency and utilization are then absent.",
+                &["class"],
+            )?,
+            unsupported: vec(
+                r,
+                UNSUPPORTED,
+                "1 for the reason the capacity model cannot answer yet: warming_up, narrow_spread (one steady level) or no_slowdown; absent while it answers.",
+                &["reason"],
+            )?,
+            arrivals: vec(
+                r,
+                ARRIVALS,
+                "1 for how the capacity window's requests arrived, the shape the limits replay: closed_in_step, closed or open.",
+                &["shape"],
+            )?,
+            classes: classes
+                .iter()
+                .map(|c| (c.name.clone(), c.tps_floor.is_some() || c.ttft.is_some()))
+                .collect(),
         })
     }
 
@@ -381,9 +411,23 @@ impl CapacityMetrics {
                 set(&self.ttft, &[&c, p], point.map(|t| t.quantiles[i]));
             }
         }
-        for class in &self.classes {
+        for reason in Unsupported::ALL {
+            let on = report.unsupported == Some(reason);
+            set(&self.unsupported, &[reason.as_str()], on.then_some(1.0));
+        }
+        for shape in [Shape::InStep, Shape::Joining, Shape::Open] {
+            let on = report.shape == Some(shape);
+            set(&self.arrivals, &[shape.as_str()], on.then_some(1.0));
+        }
+        for (class, answerable) in &self.classes {
             let a = report.answers.iter().find(|a| &a.class == class);
             let l = [class.as_str()];
+            let supported = match (a, report.unsupported) {
+                (Some(_), _) => Some(1.0),
+                (None, _) if *answerable => Some(0.0),
+                _ => None,
+            };
+            set(&self.supported, &l, supported);
             for bound in LIMIT_BOUNDS {
                 let v = a.and_then(|a| match bound {
                     Bound::Ttft => a.limit_ttft,
@@ -460,6 +504,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("tokenmeter_capacity_fit_r2 "), "{text}");
+        // Warming up: the class is unsupported, and says why; its answer is absent.
+        for want in [
+            "tokenmeter_capacity_supported{class=\"interactive\"} 0",
+            "tokenmeter_capacity_unsupported{reason=\"warming_up\"} 1",
+        ] {
+            assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+        assert!(
+            !text.contains("tokenmeter_capacity_max_concurrency{"),
+            "{text}"
+        );
+        assert!(!text.contains("tokenmeter_capacity_utilization{"), "{text}");
 
         for b in 1..=40u32 {
             let step = Duration::from_micros(10_000 + 500 * u64::from(b));
@@ -485,9 +541,11 @@ mod tests {
             "tokenmeter_capacity_utilization{class=\"interactive\"} ",
             "tokenmeter_capacity_tps_floor{class=\"interactive\"} 40",
             "tokenmeter_capacity_replicas 1",
+            "tokenmeter_capacity_supported{class=\"interactive\"} 1",
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }
+        assert!(!text.contains("tokenmeter_capacity_unsupported{"), "{text}");
         // A class without a floor has no capacity answer.
         assert!(!text.contains("class=\"batch\""), "{text}");
         assert_eq!(
