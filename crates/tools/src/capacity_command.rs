@@ -395,7 +395,7 @@ impl CapacityReading {
         }
     }
 
-    /// "cannot answer yet: <why>" when the model says it cannot answer yet; the reasons in
+    /// `cannot answer yet: <why>` when the model says it cannot answer yet; the reasons in
     /// words.
     pub fn cannot_answer(&self) -> Option<String> {
         if self.unsupported.is_empty() {
