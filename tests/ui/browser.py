@@ -10,7 +10,9 @@ Two parts:
    than one refresh before the DOM was read. Screenshots at 1280x800 and at phone width
    (390x844) go to target/ui/; with --update-docs the 1280-wide one also goes to docs/ui.png.
 2. fixtures: the page's own files served with canned summaries, to show that the SLO section
-   and the capacity curve appear when their series exist and are hidden when they do not.
+   and the capacity curve appear when their series exist and are hidden when they do not, and
+   that with three classes (limits a few pixels apart) and all four series no text of the
+   trade-off chart is drawn over another.
 
 Only the Python standard library is used (a small WebSocket client is below), so the test needs
 nothing but python3 and Debian's chromium.
@@ -238,6 +240,11 @@ READ_DOM = """(() => {
       lineLabels: Array.from(c.querySelectorAll('text.line-label')).map((t) => t.textContent),
       axisTitles: Array.from(c.querySelectorAll('text.axis-title')).map((t) => t.textContent),
       refLabels: Array.from(c.querySelectorAll('text.ref-label')).map((t) => t.textContent),
+      // Every text's box as drawn: [text, left, top, right, bottom].
+      textBoxes: Array.from(c.querySelectorAll('svg text')).map((t) => {
+        const r = t.getBoundingClientRect();
+        return [t.textContent, r.left, r.top, r.right, r.bottom];
+      }),
     };
   }
   const rows = (id) => Array.from(document.querySelectorAll('#' + id + ' tbody tr')).map((tr) =>
@@ -316,11 +323,26 @@ def check_figures(dom, summary):
             fail(f"{fig}: the page shows {got['text']!r} for {want!r}")
 
 
+def overlapping_texts(chart):
+    """The pairs of a chart's texts whose boxes intersect (by more than rounding)."""
+    boxes = [b for b in chart["textBoxes"] if b[3] > b[1] and b[4] > b[2]]
+    out = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if min(a[3], b[3]) - max(a[1], b[1]) > 0.5 and min(a[4], b[4]) - max(a[2], b[2]) > 0.5:
+                out.append((a, b))
+    return out
+
+
 def check_charts(dom, require_series):
     for c in CHARTS:
         chart = dom["charts"].get(c)
         if not chart or chart["points"] == 0:
             fail(f"{c} has no points: {chart}")
+        # No label is drawn over another (a limit's over a series name read "interactivemodel:").
+        clash = overlapping_texts(chart)
+        if clash:
+            fail(f"{c}: texts drawn over each other: {clash}")
         if not chart["axisTitles"]:
             fail(f"{c} has no axis titles")
         drawn = [s for s, n in chart["series"].items() if n > 0]
@@ -454,7 +476,11 @@ def live(binary, out, update_docs):
 # === part 2: canned summaries, with and without the optional sections ===
 
 
-def fixture(with_optional):
+def fixture(variant):
+    """A canned summary: "bare" (no optional section), "full" (every one, one class) or
+    "classes" (three classes whose limits lie a few pixels apart and two floors close together,
+    to show that no label is drawn over another)."""
+    with_optional = variant != "bare"
     now = int(time.time() * 1000)
     bands = [("1", 1.0, 70.0, 70.0), ("2-4", 2.83, 64.0, 190.0), ("5-8", 6.32, 55.0, 330.0)]
     s = {
@@ -512,6 +538,18 @@ def fixture(with_optional):
         }
         s["tradeoff"]["max_concurrency"] = {"interactive": 30.0}
         s["tradeoff"]["floors"] = [{"class": "interactive", "tokens_per_second": 40.0}]
+    if variant == "classes":
+        s["tradeoff"]["max_concurrency"] = {"interactive": 30.0, "agent": 28.0, "batch": 32.0}
+        s["tradeoff"]["floors"] = [
+            {"class": "interactive", "tokens_per_second": 40.0},
+            {"class": "agent", "tokens_per_second": 38.0},
+            {"class": "batch", "tokens_per_second": 10.0},
+        ]
+        s["tradeoff"]["limits"] = {
+            "interactive": {"ttft": 30.0, "tokens_per_second": 80.0},
+            "agent": {"ttft": 90.0, "tokens_per_second": 28.0},
+            "batch": {"tokens_per_second": 200.0, "kv_cache": 32.0},
+        }
     return s
 
 
@@ -545,8 +583,9 @@ def fixtures():
     browser = Browser()
     try:
         browser.viewport(1280, 800)
-        for with_optional in (False, True):
-            state["summary"] = fixture(with_optional)
+        for variant in ("bare", "full", "classes"):
+            with_optional = variant != "bare"
+            state["summary"] = fixture(variant)
             browser.call("Page.navigate", url=f"http://127.0.0.1:{server.server_address[1]}/")
             deadline = time.time() + 15
             while True:
@@ -575,8 +614,19 @@ def fixtures():
                     fail("the SLO section shows although the summary has none")
                 if "model_per_request" in series or "model_aggregate" in series or refs:
                     fail(f"capacity drawn without a curve: {series} {refs}")
-            print(f"fixtures: optional sections {'present' if with_optional else 'absent'}: ok")
-            browser.screenshot(os.path.join(ROOT, "target", "ui", f"fixture-{'full' if with_optional else 'bare'}.png"), full=True)
+            if variant == "classes":
+                if sorted(s for s, n in series.items() if n > 0) != sorted(
+                    ["per_request", "aggregate", "model_per_request", "model_aggregate"]
+                ):
+                    fail(f"not all four series drawn: {series}")
+                want = ["agent: max 28", "interactive: max 30 (TTFT binds)", "batch: max 32 (KV cache binds)"]
+                if [r for r in refs if ": max" in r] != want:
+                    fail(f"class limits labelled {refs}, not {want}")
+                if sum("floor" in r for r in refs) != 3:
+                    fail(f"three floors, labels {refs}")
+                # check_charts above found no two texts of the chart over each other.
+            print(f"fixtures: {variant}: ok")
+            browser.screenshot(os.path.join(ROOT, "target", "ui", f"fixture-{variant}.png"), full=True)
     finally:
         browser.close()
         server.shutdown()
@@ -587,12 +637,14 @@ def main():
     p.add_argument("--binary", default=os.path.join(ROOT, "target", "debug", "tokenmeter"))
     p.add_argument("--out", default=os.path.join(ROOT, "target", "ui"))
     p.add_argument("--update-docs", action="store_true", help="also write docs/ui.png")
+    p.add_argument("--fixtures-only", action="store_true", help="only the canned summaries (no binary needed)")
     a = p.parse_args()
     t0 = time.time()
     fixtures()
-    live(a.binary, a.out, a.update_docs)
+    if not a.fixtures_only:
+        live(a.binary, a.out, a.update_docs)
     print(f"browser test took {time.time() - t0:.1f}s")
-    print("browser: 2 passed, 0 failed")
+    print(f"browser: {1 if a.fixtures_only else 2} passed, 0 failed")
 
 
 if __name__ == "__main__":

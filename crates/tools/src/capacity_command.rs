@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::bench::chart::{self, Axis, Chart, Series};
+use crate::bench::chart::{self, Axis, Chart, Marker, Series};
 use crate::scrape::{scrape, ScrapeError};
 use tokenmeter::capacity::plan::CURVE;
 use tokenmeter::capacity::summary::MAX_CONCURRENCY;
 use tokenmeter::capacity::Bound;
 use tokenmeter::exposition::Sample;
 use tokenmeter::metrics::capacity::{
-    names, BOUNDS, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
+    names, BOUNDS, CHECK_QUANTITIES, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
 };
 
 /// The command's flags.
@@ -80,25 +80,79 @@ pub struct ClassRow {
     pub limit_kv: Option<f64>,
     pub limit_seqs: Option<f64>,
     pub max_request_rate: Option<f64>,
+    /// `tokenmeter_capacity_supported`: false when the model cannot answer for the class yet
+    /// (its max streams and utilization are then absent); `None` from an exporter without it.
+    pub supported: Option<bool>,
 }
 
 impl ClassRow {
+    /// The limit `bound` puts on the class's streams, where exported.
+    pub fn limit(&self, bound: Bound) -> Option<f64> {
+        match bound {
+            Bound::Ttft => self.limit_ttft,
+            Bound::TokensPerSecond => self.limit_tps,
+            Bound::KvCache => self.limit_kv,
+            Bound::MaxNumSeqs => self.limit_seqs,
+        }
+    }
+
     /// The bound that binds: the smallest limit, on a tie the first of [`Bound::ALL`], as the
     /// model chose it.
     pub fn binds(&self) -> Option<Bound> {
         Bound::ALL
             .iter()
-            .filter_map(|&b| {
-                let v = match b {
-                    Bound::Ttft => self.limit_ttft,
-                    Bound::TokensPerSecond => self.limit_tps,
-                    Bound::KvCache => self.limit_kv,
-                    Bound::MaxNumSeqs => self.limit_seqs,
-                }?;
-                Some((v, b))
-            })
+            .filter_map(|&b| Some((self.limit(b)?, b)))
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, b)| b)
+    }
+
+    /// True when the model says it cannot answer for the class yet.
+    pub fn cannot_answer(&self) -> bool {
+        self.supported == Some(false)
+    }
+
+    /// The class's max streams and the bound that sets it: the binding limit (which the model
+    /// exports as the max streams too), or the max streams alone from an exporter without
+    /// limits. `None` when the model cannot answer for the class.
+    pub fn max_streams(&self) -> Option<(f64, Option<Bound>)> {
+        if self.cannot_answer() {
+            return None;
+        }
+        match self.binds().and_then(|b| Some((self.limit(b)?, Some(b)))) {
+            Some(bound) => Some(bound),
+            None => self.max_concurrency.map(|v| (v, None)),
+        }
+    }
+
+    /// The class's limit as the chart labels it: "interactive: max 30 (ttft binds)", or
+    /// "batch: cannot answer yet".
+    pub fn limit_label(&self) -> Option<String> {
+        if self.cannot_answer() {
+            return Some(format!("{}: {CANNOT_ANSWER}", self.name));
+        }
+        let (v, bound) = self.max_streams()?;
+        Some(match bound {
+            Some(b) => format!("{}: max {v:.0} ({} binds)", self.name, b.as_str()),
+            None => format!("{}: max {v:.0}", self.name),
+        })
+    }
+}
+
+/// What the report says in place of an answer the model cannot give yet.
+const CANNOT_ANSWER: &str = "cannot answer yet";
+
+/// A `reason` of `tokenmeter_capacity_unsupported` in words. An unknown reason (from a newer
+/// tokenmeter) is shown as it is, its underscores as spaces.
+fn reason_in_words(reason: &str) -> String {
+    match reason {
+        "warming_up" => "still warming up (too few token samples for a fit)".into(),
+        "narrow_spread" => {
+            "the concurrency seen so far spans too narrow a range to measure the slowdown".into()
+        }
+        "no_slowdown" => {
+            "no slowdown with concurrency seen yet (the engine has not been loaded enough)".into()
+        }
+        other => other.replace('_', " "),
     }
 }
 
@@ -109,6 +163,31 @@ pub struct CheckReading {
     pub ttft: [Option<f64>; 2],
     pub tps: [Option<f64>; 2],
     pub trusted: Option<f64>,
+    /// Predicted ÷ observed − 1 for TTFT and tokens/s, in the order of [`CHECK_QUANTITIES`].
+    pub error: [Option<f64>; 2],
+}
+
+impl CheckReading {
+    /// False only when the model says not to trust it.
+    pub fn trusted(&self) -> bool {
+        self.trusted != Some(0.0)
+    }
+
+    /// How far off the model is, e.g. "TTFT p90 +120%, tokens/s per request -20%": the
+    /// exported errors, else the same from the predicted and observed pairs.
+    pub fn errors(&self) -> Option<String> {
+        let of_pair = |p: [Option<f64>; 2]| match p {
+            [Some(a), Some(b)] if b > 0.0 => Some(a / b - 1.0),
+            _ => None,
+        };
+        let ttft = self.error[0].or_else(|| of_pair(self.ttft));
+        let tps = self.error[1].or_else(|| of_pair(self.tps));
+        let parts: Vec<String> = [("TTFT p90", ttft), ("tokens/s per request", tps)]
+            .into_iter()
+            .filter_map(|(q, e)| Some(format!("{q} {:+.0}%", e? * 100.0)))
+            .collect();
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
 }
 
 /// The mix the first-token predictions assume.
@@ -145,6 +224,9 @@ pub struct CapacityReading {
     pub workload: Workload,
     /// Mean requests in flight per engine over the last minute.
     pub in_flight: Option<f64>,
+    /// Why the model cannot answer yet (`tokenmeter_capacity_unsupported`'s reasons at 1),
+    /// sorted; empty when it can.
+    pub unsupported: Vec<String>,
 }
 
 impl CapacityReading {
@@ -220,6 +302,24 @@ impl CapacityReading {
                 names::KV_CACHE_TOKENS => r.kv_cache_tokens = v,
                 names::CHECK_CONCURRENCY => r.check.concurrency = v,
                 names::CHECK_TRUSTED => r.check.trusted = v,
+                names::CHECK_ERROR => {
+                    let q = s
+                        .label("quantity")
+                        .and_then(|l| CHECK_QUANTITIES.iter().position(|c| *c == l));
+                    if let Some(q) = q {
+                        r.check.error[q] = v;
+                    }
+                }
+                names::SUPPORTED => {
+                    if let Some(i) = class(&mut r) {
+                        r.classes[i].supported = Some(s.value != 0.0);
+                    }
+                }
+                names::UNSUPPORTED => {
+                    if let Some(reason) = s.label("reason").filter(|_| s.value == 1.0) {
+                        r.unsupported.push(reason.to_string());
+                    }
+                }
                 names::CHECK_TTFT | names::CHECK_TPS => {
                     let i = s
                         .label("source")
@@ -265,6 +365,8 @@ impl CapacityReading {
             }
         }
         r.classes.sort_by(|a, b| a.name.cmp(&b.name));
+        r.unsupported.sort();
+        r.unsupported.dedup();
         r.curve = curve;
         r.ttft = ttft;
         seen.then_some(r)
@@ -291,6 +393,20 @@ impl CapacityReading {
             (Some(lo), Some(hi)) => b < lo || b > hi,
             _ => true,
         }
+    }
+
+    /// `cannot answer yet: <why>` when the model says it cannot answer yet; the reasons in
+    /// words.
+    pub fn cannot_answer(&self) -> Option<String> {
+        if self.unsupported.is_empty() {
+            return None;
+        }
+        let why: Vec<String> = self
+            .unsupported
+            .iter()
+            .map(|r| reason_in_words(r))
+            .collect();
+        Some(format!("{CANNOT_ANSWER}: {}", why.join("; ")))
     }
 
     /// The printed report: the model, the classes, the curve.
@@ -320,6 +436,9 @@ impl CapacityReading {
                 );
             }
         }
+        if let Some(why) = self.cannot_answer() {
+            let _ = writeln!(s, "{why}");
+        }
         if let Some(now) = self.operating_point() {
             let _ = writeln!(
                 s,
@@ -338,6 +457,11 @@ impl CapacityReading {
             "utilization"
         );
         for c in &self.classes {
+            if c.cannot_answer() {
+                // Its answer is absent: say so rather than a row of dashes.
+                let _ = writeln!(s, "{:<16} {:>12}  {CANNOT_ANSWER}", c.name, opt(c.floor, 1));
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "{:<16} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12}",
@@ -389,7 +513,13 @@ impl CapacityReading {
     /// The self-check: the model against the last minute, and whether to trust the answer.
     fn check_text(&self, s: &mut String) {
         let c = &self.check;
-        let Some(n) = c.concurrency else { return };
+        let Some(n) = c.concurrency else {
+            // A check without its concurrency still says not to trust the answer.
+            if !c.trusted() {
+                let _ = writeln!(s, "\n{}", self.not_trusted());
+            }
+            return;
+        };
         let pair = |p: [Option<f64>; 2], digits: usize| match p {
             [Some(a), Some(b)] if b > 0.0 => {
                 format!(
@@ -405,12 +535,20 @@ impl CapacityReading {
             pair(c.ttft, 3),
             pair(c.tps, 1),
         );
-        if c.trusted == Some(0.0) {
-            let _ = writeln!(
-                s,
-                "NOT TO BE TRUSTED: the model is more than 50% off what the engine does now (docs/capacity.md, \"When the model is off\")"
-            );
+        if !c.trusted() {
+            let _ = writeln!(s, "{}", self.not_trusted());
         }
+    }
+
+    /// The warning of a model its self-check does not trust, with how far off it is.
+    fn not_trusted(&self) -> String {
+        let errors = self
+            .check
+            .errors()
+            .map_or_else(String::new, |e| format!(" ({e})"));
+        format!(
+            "NOT TO BE TRUSTED: the model is more than 50% off what the engine does now{errors} (docs/capacity.md, \"When the model is off\")"
+        )
     }
 
     /// The first token's and memory's ends: every limit per class and which binds, the arrival
@@ -462,7 +600,11 @@ impl CapacityReading {
                 opt(c.limit_tps, 0),
                 opt(c.limit_kv, 0),
                 opt(c.limit_seqs, 0),
-                c.binds().map_or("-", Bound::as_str),
+                if c.cannot_answer() {
+                    CANNOT_ANSWER
+                } else {
+                    c.binds().map_or("-", Bound::as_str)
+                },
                 opt(c.max_request_rate, 2),
             );
         }
@@ -483,13 +625,16 @@ impl CapacityReading {
     }
 
     /// The trade-off chart: per-request tokens/s (left) and aggregate (right) against
-    /// concurrency, each class's floor, and the operating point.
+    /// concurrency, each class's floor, the limit that binds each class (a marker labelled
+    /// with its bound), and the operating point. A model its self-check does not trust says so
+    /// in the title, with its errors, and its curves are drawn grey and dashed; a class the
+    /// model cannot answer for yet has no marker, and a note says so.
     pub fn chart(&self) -> Chart {
         let mut xs: Vec<f64> = CURVE.iter().map(|&b| f64::from(b)).collect();
         let limits: Vec<f64> = self
             .classes
             .iter()
-            .filter_map(|c| c.max_concurrency)
+            .filter_map(|c| Some(c.max_streams()?.0))
             .filter(|b| *b >= 1.0)
             .collect();
         let now = self
@@ -499,6 +644,7 @@ impl CapacityReading {
         xs.extend(now);
         xs.sort_by(f64::total_cmp);
         xs.dedup();
+        let faded = !self.check.trusted();
         let per_request = |b: f64| self.step(b).map(|t| 1.0 / t);
         let mut series = vec![
             Series {
@@ -507,6 +653,7 @@ impl CapacityReading {
                 color: "#1f77b4",
                 axis: Axis::Left,
                 values: xs.iter().map(|&b| per_request(b)).collect(),
+                faded,
             },
             Series {
                 name: "aggregate tokens/s".into(),
@@ -514,6 +661,7 @@ impl CapacityReading {
                 color: "#d62728",
                 axis: Axis::Right,
                 values: xs.iter().map(|&b| self.step(b).map(|t| b / t)).collect(),
+                faded,
             },
         ];
         for c in self.classes.iter().filter(|c| c.floor.is_some()) {
@@ -523,6 +671,7 @@ impl CapacityReading {
                 color: "#7f7f7f",
                 axis: Axis::Left,
                 values: xs.iter().map(|_| c.floor).collect(),
+                faded: false,
             });
         }
         if let Some(now) = now {
@@ -535,15 +684,49 @@ impl CapacityReading {
                     .iter()
                     .map(|&b| if b == now { per_request(b) } else { None })
                     .collect(),
+                faded: false,
             });
         }
+        let mut markers = Vec::new();
+        let mut notes = Vec::new();
+        for c in &self.classes {
+            let Some(label) = c.limit_label() else {
+                continue;
+            };
+            match c.max_streams() {
+                // Not one stream meets the class's targets: no place on a log scale from 1.
+                Some((x, _)) if x > 0.0 => markers.push(Marker {
+                    x,
+                    label,
+                    class: "limit",
+                }),
+                _ => notes.push(label),
+            }
+        }
+        let mut title = "Capacity: tokens/s against concurrency per engine (fitted)".to_string();
+        if faded {
+            title.push_str(": NOT TO BE TRUSTED");
+            if let Some(errors) = self.check.errors() {
+                let _ = write!(title, ", the self-check is off by {errors}");
+            }
+            notes.insert(
+                0,
+                "The model is more than 50% off what the engine does now: its curves are grey and dashed."
+                    .into(),
+            );
+        }
+        if let Some(why) = self.cannot_answer() {
+            let _ = write!(title, "; {why}");
+        }
         Chart {
-            title: "Capacity: tokens/s against concurrency per engine (fitted)".into(),
+            title,
+            notes,
             x_label: "decoding streams per engine".into(),
             y_left: "per-request tokens/s".into(),
             y_right: Some("aggregate tokens/s per engine".into()),
             xs,
             series,
+            markers,
         }
     }
 }
@@ -793,6 +976,245 @@ mod tests {
             (Some(0.02), Some(0.00025), 99.0)
         );
         assert_eq!(r.classes[0].max_concurrency, Some(20.0));
+    }
+
+    /// Three classes as an exposition: `interactive` bound by its first token, `agent` by its
+    /// decode speed, `batch` not answered yet; the self-check trusted as `trusted` says.
+    fn three_classes(trusted: u8) -> String {
+        let mut text = String::from(
+            "# TYPE tokenmeter_capacity_fit_samples gauge\n\
+             tokenmeter_capacity_fit_samples 5000\n\
+             tokenmeter_capacity_step_seconds{term=\"base\"} 0.010\n\
+             tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.0005\n\
+             tokenmeter_capacity_observed_concurrency{bound=\"min\"} 1\n\
+             tokenmeter_capacity_observed_concurrency{bound=\"max\"} 64\n",
+        );
+        for (class, floor, limits, supported) in [
+            (
+                "interactive",
+                40,
+                &[("ttft", 30), ("tokens_per_second", 80)][..],
+                1,
+            ),
+            (
+                "agent",
+                38,
+                &[("ttft", 90), ("tokens_per_second", 28)][..],
+                1,
+            ),
+            ("batch", 10, &[][..], 0),
+        ] {
+            let _ = writeln!(
+                text,
+                "tokenmeter_capacity_tps_floor{{class=\"{class}\"}} {floor}"
+            );
+            let _ = writeln!(
+                text,
+                "tokenmeter_capacity_supported{{class=\"{class}\"}} {supported}"
+            );
+            for (bound, v) in limits {
+                let _ = writeln!(
+                    text,
+                    "tokenmeter_capacity_limit_concurrency{{class=\"{class}\",bound=\"{bound}\"}} {v}"
+                );
+            }
+            // The max streams is the binding limit; absent for a class not answered yet.
+            if let Some(max) = limits.iter().map(|l| l.1).min() {
+                let _ = writeln!(
+                    text,
+                    "tokenmeter_capacity_max_concurrency{{class=\"{class}\"}} {max}"
+                );
+                let _ = writeln!(
+                    text,
+                    "tokenmeter_capacity_utilization{{class=\"{class}\"}} 0.5"
+                );
+            }
+        }
+        let _ = write!(
+            text,
+            "tokenmeter_capacity_check_concurrency 6\n\
+             tokenmeter_capacity_check_ttft_seconds{{source=\"predicted\"}} 0.9\n\
+             tokenmeter_capacity_check_ttft_seconds{{source=\"observed\"}} 0.4\n\
+             tokenmeter_capacity_check_error_ratio{{quantity=\"ttft\"}} 1.25\n\
+             tokenmeter_capacity_check_error_ratio{{quantity=\"tokens_per_second\"}} -0.2\n\
+             tokenmeter_capacity_check_trusted {trusted}\n"
+        );
+        text
+    }
+
+    /// The chart of an exposition, rendered, with its document's texts read back.
+    fn svg_of(exposition: &str) -> (CapacityReading, String) {
+        let r = CapacityReading::from_samples(Scrape::parse(exposition).samples())
+            .expect("capacity families");
+        let svg = chart::render(&r.chart());
+        (r, svg)
+    }
+
+    /// The texts of the elements whose class is `class` (or starts with it and a space).
+    fn texts(doc: &roxmltree::Document, class: &str) -> Vec<String> {
+        doc.descendants()
+            .filter(|n| {
+                n.attribute("class")
+                    .is_some_and(|c| c == class || c.starts_with(&format!("{class} ")))
+            })
+            .flat_map(|n| n.descendants().filter(|t| t.has_tag_name("text")))
+            .filter_map(|t| t.text().map(str::to_string))
+            .collect()
+    }
+
+    #[test]
+    fn the_limit_that_binds_each_class_is_drawn_and_named() {
+        let (r, svg) = svg_of(&three_classes(1));
+        let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+        assert_eq!(
+            texts(&doc, "marker"),
+            [
+                "agent: max 28 (tokens_per_second binds)",
+                "interactive: max 30 (ttft binds)"
+            ],
+            "{svg}"
+        );
+        // Each marker's line stands where the curve has its point at that limit.
+        let xs = r.chart().xs;
+        let points: Vec<f64> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("point request-tps"))
+            .filter_map(|n| n.attribute("cx")?.parse().ok())
+            .collect();
+        assert_eq!(points.len(), xs.len());
+        for (limit, name) in [(28.0, "agent"), (30.0, "interactive")] {
+            let g = doc
+                .descendants()
+                .find(|n| {
+                    n.attribute("class") == Some("marker limit")
+                        && n.descendants()
+                            .any(|t| t.text().is_some_and(|t| t.starts_with(name)))
+                })
+                .expect("the class's marker");
+            let line = g
+                .descendants()
+                .find(|n| n.has_tag_name("line"))
+                .expect("its line");
+            let x1: f64 = line
+                .attribute("x1")
+                .and_then(|v| v.parse().ok())
+                .expect("x1");
+            let i = xs
+                .iter()
+                .position(|x| *x == limit)
+                .expect("the limit is an x");
+            assert!(
+                (x1 - points[i]).abs() < 0.11,
+                "{name}: {x1} vs {}",
+                points[i]
+            );
+        }
+        // Trusted and answerable: the plain title, no notes, the curves in their colours.
+        assert_eq!(
+            texts(&doc, "title"),
+            ["Capacity: tokens/s against concurrency per engine (fitted)"]
+        );
+        assert!(
+            !svg.contains("NOT TO BE TRUSTED") && !svg.contains(FADED),
+            "{svg}"
+        );
+    }
+
+    /// The faded curves' colour (bench::chart's grey).
+    const FADED: &str = "#9e9e9e";
+
+    #[test]
+    fn an_untrusted_model_says_so_in_the_title_with_its_errors_and_greys_its_curves() {
+        let (r, svg) = svg_of(&three_classes(0));
+        assert_eq!(r.check.error, [Some(1.25), Some(-0.2)]);
+        let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+        let title = texts(&doc, "title").join(" ");
+        assert!(
+            title.contains(
+                "NOT TO BE TRUSTED, the self-check is off by TTFT p90 +125%, tokens/s per request -20%"
+            ),
+            "{title}"
+        );
+        for class in ["line request-tps", "line aggregate-tps"] {
+            let line = doc
+                .descendants()
+                .find(|n| n.attribute("class") == Some(class))
+                .expect("the curve");
+            assert_eq!(line.attribute("stroke"), Some(FADED), "{class}");
+            assert!(line.attribute("stroke-dasharray").is_some(), "{class}");
+        }
+        // The floors are targets, not the model's: drawn as they were.
+        let floor = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("line floor"))
+            .expect("a floor");
+        assert_ne!(floor.attribute("stroke"), Some(FADED));
+        let text = r.text();
+        assert!(
+            text.contains("NOT TO BE TRUSTED: the model is more than 50% off what the engine does now (TTFT p90 +125%, tokens/s per request -20%)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_class_the_model_cannot_answer_yet_has_no_marker_and_says_so() {
+        let mut exposition = three_classes(1);
+        exposition.push_str("tokenmeter_capacity_unsupported{reason=\"warming_up\"} 1\n");
+        exposition.push_str("tokenmeter_capacity_unsupported{reason=\"no_slowdown\"} 0\n");
+        // A mix, so that the limits' table is printed too.
+        exposition.push_str("tokenmeter_capacity_workload_requests 300\n");
+        let (r, svg) = svg_of(&exposition);
+        let batch = r.classes.iter().find(|c| c.name == "batch").expect("batch");
+        assert!(batch.cannot_answer());
+        assert_eq!((batch.max_streams(), batch.max_concurrency), (None, None));
+        assert_eq!(r.unsupported, ["warming_up"]);
+        let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+        assert!(
+            texts(&doc, "marker")
+                .iter()
+                .all(|l| !l.starts_with("batch")),
+            "{svg}"
+        );
+        assert_eq!(texts(&doc, "note"), ["batch: cannot answer yet"]);
+        let title = texts(&doc, "title").join(" ");
+        assert!(
+            title.ends_with(
+                "; cannot answer yet: still warming up (too few token samples for a fit)"
+            ),
+            "{title}"
+        );
+        let text = r.text();
+        assert!(
+            text.contains(
+                "\ncannot answer yet: still warming up (too few token samples for a fit)\n"
+            ),
+            "{text}"
+        );
+        // Both of the class's rows say so instead of blanks.
+        let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("batch ")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert_eq!(
+            rows[0].split_whitespace().collect::<Vec<_>>(),
+            ["batch", "10.0", "cannot", "answer", "yet"]
+        );
+        assert!(rows[1].ends_with("cannot answer yet          -"), "{text}");
+        // An unknown reason (a newer tokenmeter's) is shown as it is.
+        assert_eq!(reason_in_words("kv_cache_unknown"), "kv cache unknown");
+    }
+
+    #[test]
+    fn labels_from_the_scrape_are_escaped_in_the_chart() {
+        let exposition = "tokenmeter_capacity_fit_samples 1\n\
+            tokenmeter_capacity_max_concurrency{class=\"a<b&\\\"c\\\"\"} 4\n\
+            tokenmeter_capacity_supported{class=\"x&y\"} 0\n\
+            tokenmeter_capacity_unsupported{reason=\"<odd>\"} 1\n";
+        let (_, svg) = svg_of(exposition);
+        let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+        assert_eq!(texts(&doc, "marker"), ["a<b&\"c\": max 4"]);
+        assert_eq!(texts(&doc, "note"), ["x&y: cannot answer yet"]);
+        assert!(texts(&doc, "title")
+            .join(" ")
+            .ends_with("cannot answer yet: <odd>"));
     }
 
     #[test]

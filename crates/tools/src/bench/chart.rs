@@ -35,16 +35,36 @@ const LEGEND_CHAR: f64 = 7.0;
 /// Least space between two x-axis labels.
 const X_LABEL_GAP: f64 = 4.0;
 
+/// The title's lines (15 px) and the notes under it (12 px): their pitch, and the characters
+/// one line holds (the chart's width at about 8.5 and 7 px a character).
+const TITLE_ROW: f64 = 19.0;
+const TITLE_CHARS: usize = 84;
+const NOTE_ROW: f64 = 16.0;
+const NOTE_CHARS: usize = 104;
+
+/// Markers' labels sit in rows between the legend and the plot, each beside its line; a label
+/// that would meet one already in a row goes to the next (limits a few pixels apart, 30 beside
+/// 32, take a row each), so no label is drawn over another.
+const MARKER_ROW: f64 = 18.0;
+/// Space kept between two labels of a row.
+const MARKER_GAP: f64 = 8.0;
+
+/// How a line drawn from a model that is not to be trusted looks: grey and finely dashed, so
+/// it reads as a guess whatever its colour was.
+const FADED_COLOR: &str = "#9e9e9e";
+const FADED_DASH: &str = "2 4";
+
 /// The room one legend entry takes.
 fn legend_width(name: &str) -> f64 {
     LEGEND_SWATCH + LEGEND_CHAR * name.chars().count() as f64
 }
 
 /// The (x, y) of each legend entry: left to right from the plot's left edge, wrapping when the
-/// next entry would pass the chart's right edge.
-fn legend_layout(names: &[&str]) -> Vec<(f64, f64)> {
+/// next entry would pass the chart's right edge. The first row is `below` pixels under its
+/// usual place (the title's extra lines and the notes).
+fn legend_layout(names: &[&str], below: f64) -> Vec<(f64, f64)> {
     let (start, end) = (LEFT + 10.0, WIDTH - 10.0);
-    let (mut x, mut y) = (start, LEGEND_Y);
+    let (mut x, mut y) = (start, LEGEND_Y + below);
     let mut out = Vec::with_capacity(names.len());
     for name in names {
         let w = legend_width(name);
@@ -54,6 +74,60 @@ fn legend_layout(names: &[&str]) -> Vec<(f64, f64)> {
         }
         out.push((x, y));
         x += w + LEGEND_GAP;
+    }
+    out
+}
+
+/// `text` broken at spaces into lines of at most `width` characters (a longer word keeps a
+/// line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// Each marker's label: its row (0 nearest the legend), x and anchor. A label goes after its
+/// line, or before it when it would pass the chart's right edge, in the first row where it
+/// meets no other label.
+fn marker_layout(labels: &[(f64, &str)]) -> Vec<(usize, f64, &'static str)> {
+    let mut order: Vec<usize> = (0..labels.len()).collect();
+    order.sort_by(|&a, &b| labels[a].0.total_cmp(&labels[b].0));
+    let mut rows: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut out = vec![(0, 0.0, "start"); labels.len()];
+    for i in order {
+        let (x, label) = labels[i];
+        let w = LEGEND_CHAR * label.chars().count() as f64;
+        let after = x + 4.0 + w <= WIDTH - 10.0 || x - 4.0 - w < 10.0;
+        let (lx, span) = if after {
+            (x + 4.0, (x + 4.0, x + 4.0 + w))
+        } else {
+            (x - 4.0, (x - 4.0 - w, x - 4.0))
+        };
+        let free = |row: &Vec<(f64, f64)>| {
+            row.iter()
+                .all(|o| span.1 + MARKER_GAP <= o.0 || o.1 + MARKER_GAP <= span.0)
+        };
+        let r = match rows.iter().position(free) {
+            Some(r) => r,
+            None => {
+                rows.push(Vec::new());
+                rows.len() - 1
+            }
+        };
+        rows[r].push(span);
+        out[i] = (r, lx, if after { "start" } else { "end" });
     }
     out
 }
@@ -74,18 +148,33 @@ pub struct Series {
     pub color: &'static str,
     pub axis: Axis,
     pub values: Vec<Option<f64>>,
+    /// Drawn from a model that is not to be trusted: grey and dashed, whatever its colour.
+    pub faded: bool,
+}
+
+/// A vertical line at one x with its label, e.g. a class's limit.
+#[derive(Debug, Clone)]
+pub struct Marker {
+    pub x: f64,
+    pub label: String,
+    /// CSS class of its group, e.g. `limit`.
+    pub class: &'static str,
 }
 
 /// A line chart over concurrency levels.
 #[derive(Debug, Clone)]
 pub struct Chart {
+    /// Wrapped to the chart's width.
     pub title: String,
+    /// Lines under the title in smaller type (each wrapped), e.g. why not to trust the chart.
+    pub notes: Vec<String>,
     pub x_label: String,
     pub y_left: String,
     /// Label of the right axis; `None` draws none.
     pub y_right: Option<String>,
     pub xs: Vec<f64>,
     pub series: Vec<Series>,
+    pub markers: Vec<Marker>,
 }
 
 /// The x axis of a run: its request rates when every level has one (the open loop), else its
@@ -106,6 +195,7 @@ fn x_axis(levels: &[LevelReport]) -> (&'static str, &'static str, Vec<f64>) {
 pub fn throughput(levels: &[LevelReport], subtitle: &str) -> String {
     let (against, x_label, xs) = x_axis(levels);
     render(&Chart {
+        notes: Vec::new(),
         title: format!("Tokens/s against {against} ({subtitle})"),
         x_label: x_label.into(),
         y_left: "per-request tokens/s (p50)".into(),
@@ -121,6 +211,7 @@ pub fn throughput(levels: &[LevelReport], subtitle: &str) -> String {
                     .iter()
                     .map(|l| l.request_tps.map(|s| s.p50))
                     .collect(),
+                faded: false,
             },
             Series {
                 name: "aggregate tokens/s".into(),
@@ -128,8 +219,10 @@ pub fn throughput(levels: &[LevelReport], subtitle: &str) -> String {
                 color: "#d62728",
                 axis: Axis::Right,
                 values: levels.iter().map(|l| Some(l.aggregate_tps)).collect(),
+                faded: false,
             },
         ],
+        markers: Vec::new(),
     })
 }
 
@@ -143,6 +236,7 @@ pub fn ttft(levels: &[LevelReport], subtitle: &str) -> String {
     };
     let (against, x_label, xs) = x_axis(levels);
     render(&Chart {
+        notes: Vec::new(),
         title: format!("Time to first token against {against} ({subtitle})"),
         x_label: x_label.into(),
         y_left: "TTFT (ms)".into(),
@@ -155,6 +249,7 @@ pub fn ttft(levels: &[LevelReport], subtitle: &str) -> String {
                 color: "#2ca02c",
                 axis: Axis::Left,
                 values: ms(|s| s.p50),
+                faded: false,
             },
             Series {
                 name: "TTFT p99".into(),
@@ -162,8 +257,10 @@ pub fn ttft(levels: &[LevelReport], subtitle: &str) -> String {
                 color: "#9467bd",
                 axis: Axis::Left,
                 values: ms(|s| s.p99),
+                faded: false,
             },
         ],
+        markers: Vec::new(),
     })
 }
 
@@ -184,18 +281,23 @@ pub fn nice_axis(max: f64) -> (f64, f64) {
 
 /// Renders a chart as a standalone SVG document.
 pub fn render(c: &Chart) -> String {
+    // From the top: the title's lines, the notes, the legend's rows, the markers' rows, the
+    // plot. Each block pushes the ones below it down and makes the chart that much taller, so
+    // the plot keeps its size.
+    let title = wrap(&c.title, TITLE_CHARS);
+    let notes: Vec<String> = c.notes.iter().flat_map(|n| wrap(n, NOTE_CHARS)).collect();
+    let head = TITLE_ROW * (title.len() - 1) as f64 + NOTE_ROW * notes.len() as f64;
     let names: Vec<&str> = c.series.iter().map(|s| s.name.as_str()).collect();
-    let legend = legend_layout(&names);
-    let extra = legend.last().map_or(0.0, |(_, y)| y - LEGEND_Y);
-    let (top, height) = (TOP + extra, HEIGHT + extra);
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let plot_h = height - top - BOTTOM;
+    let legend = legend_layout(&names, head);
+    let legend_bottom = legend.last().map_or(LEGEND_Y + head, |(_, y)| *y);
     let (xmin, xmax) =
         c.xs.iter()
+            .chain(c.markers.iter().map(|m| &m.x))
             .filter(|x| **x > 0.0)
             .fold((f64::INFINITY, 0.0f64), |(lo, hi), &x| {
                 (lo.min(x), hi.max(x))
             });
+    let plot_w = WIDTH - LEFT - RIGHT;
     let x_of = |x: f64| -> f64 {
         if xmax > xmin && x > 0.0 {
             LEFT + plot_w * (x.ln() - xmin.ln()) / (xmax.ln() - xmin.ln())
@@ -203,6 +305,18 @@ pub fn render(c: &Chart) -> String {
             LEFT + plot_w / 2.0
         }
     };
+    // A marker off the log scale (at or below zero) has no place on it: the caller says so in
+    // a note instead.
+    let markers: Vec<&Marker> = c.markers.iter().filter(|m| m.x > 0.0).collect();
+    let labels: Vec<(f64, &str)> = markers
+        .iter()
+        .map(|m| (x_of(m.x), m.label.as_str()))
+        .collect();
+    let placed = marker_layout(&labels);
+    let marker_rows = placed.iter().map(|p| p.0 + 1).max().unwrap_or(0);
+    let extra = legend_bottom - LEGEND_Y + MARKER_ROW * marker_rows as f64;
+    let (top, height) = (TOP + extra, HEIGHT + extra);
+    let plot_h = height - top - BOTTOM;
     let axis_top = |axis: Axis| {
         let max = c
             .series
@@ -229,11 +343,27 @@ pub fn render(c: &Chart) -> String {
         r##"<?xml version="1.0" encoding="UTF-8"?>
 <svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
-"##,
-        WIDTH / 2.0,
-        escape(&c.title)
+"##
     );
+    for (i, line) in title.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r##"<text class="title" x="{:.1}" y="{:.1}" text-anchor="middle" font-size="15">{}</text>"##,
+            WIDTH / 2.0,
+            22.0 + TITLE_ROW * i as f64,
+            escape(line)
+        );
+    }
+    let notes_from = 22.0 + TITLE_ROW * (title.len() - 1) as f64;
+    for (i, line) in notes.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r##"<text class="note" x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            WIDTH / 2.0,
+            notes_from + NOTE_ROW * (i + 1) as f64,
+            escape(line)
+        );
+    }
 
     // Grid and left axis.
     let mut v = 0.0;
@@ -315,11 +445,31 @@ pub fn render(c: &Chart) -> String {
     }
 
     // Series: a line through the points that exist, and a marker per point.
+    // Markers: a dashed line across the plot, its label in its row above the plot.
+    for (m, (row, lx, anchor)) in markers.iter().zip(&placed) {
+        let px = x_of(m.x);
+        let ly = legend_bottom + 4.0 + MARKER_ROW * (*row + 1) as f64;
+        let _ = writeln!(
+            s,
+            r##"<g class="marker {}"><line x1="{px:.1}" y1="{top:.1}" x2="{px:.1}" y2="{:.1}" stroke="#555" stroke-dasharray="4 3"/><text x="{lx:.1}" y="{ly:.1}" text-anchor="{anchor}">{}</text></g>"##,
+            m.class,
+            top + plot_h,
+            escape(&m.label)
+        );
+    }
+
     for (i, series) in c.series.iter().enumerate() {
-        let dash = if series.axis == Axis::Right {
-            r#" stroke-dasharray="6 3""#
+        let dash = if series.faded {
+            format!(r#" stroke-dasharray="{FADED_DASH}""#)
+        } else if series.axis == Axis::Right {
+            r#" stroke-dasharray="6 3""#.to_string()
         } else {
-            ""
+            String::new()
+        };
+        let color = if series.faded {
+            FADED_COLOR
+        } else {
+            series.color
         };
         let points: Vec<(f64, f64)> =
             c.xs.iter()
@@ -336,13 +486,13 @@ pub fn render(c: &Chart) -> String {
             r##"<polyline class="line {}" points="{}" fill="none" stroke="{}" stroke-width="2"{dash}/>"##,
             series.class,
             line.join(" "),
-            series.color
+            color
         );
         for (x, y) in &points {
             let _ = writeln!(
                 s,
                 r##"<circle class="point {}" cx="{x:.1}" cy="{y:.1}" r="4" fill="{}"/>"##,
-                series.class, series.color
+                series.class, color
             );
         }
         // Legend entry, in its place of the flow under the title.
@@ -351,9 +501,9 @@ pub fn render(c: &Chart) -> String {
             s,
             r##"<g class="legend"><line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{dash}/><circle cx="{:.1}" cy="{ly:.1}" r="4" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text></g>"##,
             lx + 24.0,
-            series.color,
+            color,
             lx + 12.0,
-            series.color,
+            color,
             lx + LEGEND_SWATCH,
             ly + 4.0,
             escape(&series.name)
@@ -438,8 +588,11 @@ mod tests {
                     } else {
                         vec![Some(900.0), None, Some(1800.0)]
                     },
+                    faded: false,
                 })
                 .collect(),
+            notes: Vec::new(),
+            markers: Vec::new(),
         };
         let svg = render(&chart);
         let root = &svg[svg.find("<svg ").unwrap()..];
@@ -514,8 +667,11 @@ mod tests {
                 color: "#000",
                 axis: Axis::Left,
                 values: xs.iter().map(|x| Some(*x)).collect(),
+                faded: false,
             }],
             xs: xs.clone(),
+            notes: Vec::new(),
+            markers: Vec::new(),
         };
         let svg = render(&chart);
         let labels: Vec<(f64, String)> = svg
@@ -544,8 +700,129 @@ mod tests {
     }
 
     #[test]
+    fn markers_labels_take_rows_of_their_own_and_never_meet() {
+        let xs = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+        let labels = [
+            (28.0, "agent: max 28 (tokens_per_second binds)"),
+            (30.0, "interactive: max 30 (ttft binds)"),
+            (32.0, "batch: max 32 (kv_cache binds)"),
+            (2.0, "tiny: max 2 (max_num_seqs binds)"),
+            (250.0, "wide: max 250 (ttft binds)"),
+        ];
+        let chart = Chart {
+            title: "A title long enough to be wrapped onto a second line, because it states why the chart is not to be trusted".into(),
+            notes: vec!["a note".into()],
+            x_label: "x".into(),
+            y_left: "y".into(),
+            y_right: None,
+            series: vec![Series {
+                name: "s".into(),
+                class: "s",
+                color: "#000",
+                axis: Axis::Left,
+                values: xs.iter().map(|x| Some(*x)).collect(),
+                faded: true,
+            }],
+            xs,
+            markers: labels
+                .iter()
+                .map(|(x, l)| Marker {
+                    x: *x,
+                    label: l.to_string(),
+                    class: "limit",
+                })
+                .collect(),
+        };
+        let svg = render(&chart);
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let num = |n: roxmltree::Node, k: &str| -> f64 { n.attribute(k).unwrap().parse().unwrap() };
+        let frame = doc
+            .descendants()
+            .find(|n| n.has_tag_name("rect") && n.attribute("stroke") == Some("#333"))
+            .unwrap();
+        let top = num(frame, "y");
+        assert_eq!(
+            num(frame, "height"),
+            HEIGHT - TOP - BOTTOM,
+            "the plot keeps its size"
+        );
+        let legend_y = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("legend"))
+            .flat_map(|g| g.descendants().filter(|t| t.has_tag_name("text")))
+            .map(|t| num(t, "y"))
+            .fold(0.0, f64::max);
+        let mut boxes = Vec::new();
+        for g in doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("marker limit"))
+        {
+            let line = g.descendants().find(|n| n.has_tag_name("line")).unwrap();
+            let text = g.descendants().find(|n| n.has_tag_name("text")).unwrap();
+            let (x, y) = (num(text, "x"), num(text, "y"));
+            let w = LEGEND_CHAR * text.text().unwrap().chars().count() as f64;
+            let x0 = if text.attribute("text-anchor") == Some("end") {
+                x - w
+            } else {
+                x
+            };
+            assert!(
+                x0 >= 0.0 && x0 + w <= WIDTH,
+                "{x0}..{} outside the chart",
+                x0 + w
+            );
+            // Under the legend, above the plot; the line spans the plot.
+            assert!(
+                y - 12.0 >= legend_y + 4.0 && y + 4.0 <= top,
+                "y {y}: legend {legend_y}, plot {top}"
+            );
+            assert_eq!(num(line, "y1"), top);
+            // Beside its own line.
+            let lx = num(line, "x1");
+            assert!((x - lx).abs() <= 4.01, "{x} is not beside {lx}");
+            boxes.push((x0, x0 + w, y));
+        }
+        assert_eq!(boxes.len(), labels.len());
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                assert!(a.2 != b.2 || a.1 <= b.0 || b.1 <= a.0, "{a:?} meets {b:?}");
+            }
+        }
+        // 28, 30 and 32 lie a few pixels apart: a row each (250's label, before its line,
+        // spans them all and takes a fourth); 2's fits beside 28's.
+        let rows: std::collections::BTreeSet<i64> = boxes.iter().map(|b| b.2 as i64).collect();
+        assert_eq!(rows.len(), 4, "{boxes:?}");
+        // The title took two lines, and the note its own under them, above the legend.
+        let title: Vec<f64> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("title"))
+            .map(|t| num(t, "y"))
+            .collect();
+        assert_eq!(title.len(), 2);
+        let note = doc
+            .descendants()
+            .find(|n| n.attribute("class") == Some("note"))
+            .unwrap();
+        assert!(title[1] < num(note, "y") && num(note, "y") + 4.0 < legend_y - 12.0);
+        // A faded series is grey and dashed.
+        assert!(
+            svg.contains(&format!(
+                r#"stroke="{FADED_COLOR}" stroke-width="2" stroke-dasharray="{FADED_DASH}""#
+            )),
+            "{svg}"
+        );
+    }
+
+    #[test]
+    fn wrapping_breaks_at_spaces_within_the_width() {
+        assert_eq!(wrap("one two three", 7), ["one two", "three"]);
+        assert_eq!(wrap("", 7), [""]);
+        assert_eq!(wrap("unbreakable-word x", 4), ["unbreakable-word", "x"]);
+    }
+
+    #[test]
     fn a_legend_that_fits_in_one_row_keeps_the_chart_as_it_was() {
-        let layout = legend_layout(&["p50", "p99"]);
+        let layout = legend_layout(&["p50", "p99"], 0.0);
         assert_eq!(layout.len(), 2);
         assert!(layout.iter().all(|(_, y)| *y == LEGEND_Y));
     }

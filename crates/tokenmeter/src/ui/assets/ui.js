@@ -71,24 +71,112 @@
     return svgEl('circle', Object.assign(a, { cx: x, cy: y, r: 3 }), g);
   }
 
+  // === where text goes ===
+  //
+  // Every text of a chart is placed against the boxes of the texts already drawn, so none is
+  // drawn over another (a limit's label over a series name read "interactivemodel: aggregate").
+  // Widths are measured once the text is in the page; the estimate is for a chart not laid out.
+  const CHAR_PX = 7; // sans-serif at 12 px averages about 6.5 px a character
+  const ROW_PX = 16; // one line of 12 px text (ascent and descent) and the space between two
+  const TITLE_Y = 14; // the axis titles' baseline, the chart's first row
+
+  function textWidth(t) {
+    let w = 0;
+    try {
+      w = t.getComputedTextLength();
+    } catch (e) {
+      w = 0;
+    }
+    return w > 0 ? w : CHAR_PX * t.textContent.length;
+  }
+
+  // The box a line of text takes around its baseline, a pixel either side.
+  function textBox(x, y, w, anchor) {
+    const x0 = anchor === 'end' ? x - w : anchor === 'middle' ? x - w / 2 : x;
+    return { x0: x0 - 1, x1: x0 + w + 1, y0: y - 12, y1: y + 4 };
+  }
+
+  function intersects(a, b) {
+    return a.x0 < b.x1 && b.x0 < a.x1 && a.y0 < b.y1 && b.y0 < a.y1;
+  }
+
   // === the one chart function ===
   //
   // spec: { height, x: { min, max, log2, label, ticks, fmt }, left: { label }, right: { label },
   //         series: [{ id, name, axis, points: [[x, y|null]], dash, shape, color }],
   //         hlines: [{ axis, y, label }], vlines: [{ x, label }], empty }
+  //
+  // From the top: the axis titles; the vertical lines' labels, in as many rows as they need;
+  // the plot (spec.height less the margins, whatever the rows above and below); the x axis; the
+  // legend, wrapped into rows. Only the horizontal lines' labels are inside the plot.
   function drawChart(container, spec) {
     while (container.firstChild) container.removeChild(container.firstChild);
     const width = Math.max(280, container.clientWidth || 600);
-    const height = spec.height || 220;
     const hasRight = spec.series.some((s) => s.axis === 'right');
-    const m = { l: 58, r: hasRight ? 62 : 18, t: 30, b: 42 };
-    const svg = svgEl('svg', { width: width, height: height, viewBox: `0 0 ${width} ${height}` }, container);
+    const m = { l: 58, r: hasRight ? 62 : 18, t: 30, b: 46 };
+    const ph = Math.max(60, (spec.height || 220) - 72);
     const pw = width - m.l - m.r;
-    const ph = height - m.t - m.b;
+    // In the page from the start, so that each text can be measured as it is made.
+    const svg = svgEl('svg', { width: width, height: spec.height || 220 }, container);
+    const placed = [];
+    // A text whose place is known: drawn and its box kept.
+    const put = (parent, x, y, s, attrs) => {
+      const t = svgText(parent, x, y, s, attrs);
+      placed.push(textBox(x, y, textWidth(t), (attrs || {})['text-anchor'] || 'start'));
+      return t;
+    };
+    // A text placed at the first of `spots` ([x, y, anchor]) where it meets no other, or, if
+    // every spot is taken, at the first.
+    const putFree = (parent, spots, s, attrs) => {
+      const t = svgText(parent, 0, 0, s, attrs);
+      const w = textWidth(t);
+      const boxes = spots.map(([x, y, a]) => textBox(x, y, w, a));
+      let i = boxes.findIndex((b) => !placed.some((p) => intersects(p, b)));
+      if (i < 0) i = 0;
+      const [x, y, a] = spots[i];
+      t.setAttribute('x', String(x));
+      t.setAttribute('y', String(y));
+      t.setAttribute('text-anchor', a);
+      placed.push(boxes[i]);
+      return t;
+    };
     const tx = (v) => (spec.x.log2 ? Math.log2(v) : v);
     const x0 = tx(spec.x.min);
     const x1 = tx(spec.x.max);
     const sx = (v) => m.l + ((tx(v) - x0) / (x1 - x0 || 1)) * pw;
+
+    // The axis titles (units in every one) share the first row.
+    const axes = svgEl('g', { class: 'axis' }, svg);
+    put(axes, 4, TITLE_Y, spec.left.label, { 'text-anchor': 'start', class: 'axis-title' });
+    if (hasRight) put(axes, width - 4, TITLE_Y, spec.right.label, { 'text-anchor': 'end', class: 'axis-title' });
+
+    // The vertical lines' labels, above the plot: each beside its line's x (after it, or
+    // before it near the right edge), in the first row where it meets no other label. Lines
+    // a few pixels apart (30 and 32 on a log scale) take a row each.
+    const vlines = (spec.vlines || []).filter((v) => v.x >= spec.x.min && v.x <= spec.x.max).sort((a, b) => a.x - b.x);
+    const rows = [];
+    for (const v of vlines) {
+      const x = sx(v.x);
+      const t = svgText(svg, 0, 0, v.label, { class: 'ref-label' });
+      const w = textWidth(t);
+      const after = x + 4 + w <= width - 2 || x - 4 - w < 2;
+      const lx = after ? x + 4 : x - 4;
+      const span = after ? [lx - 6, lx + w + 6] : [lx - w - 6, lx + 6];
+      let r = rows.findIndex((row) => row.every((o) => span[1] <= o[0] || o[1] <= span[0]));
+      if (r < 0) {
+        rows.push([]);
+        r = rows.length - 1;
+      }
+      rows[r].push(span);
+      const y = TITLE_Y + ROW_PX * (r + 1);
+      t.setAttribute('x', String(lx));
+      t.setAttribute('y', String(y));
+      t.setAttribute('text-anchor', after ? 'start' : 'end');
+      placed.push(textBox(lx, y, w, after ? 'start' : 'end'));
+      v.px = x;
+    }
+    // The plot starts below the last row, far enough that the top tick labels clear it.
+    if (rows.length) m.t = TITLE_Y + ROW_PX * rows.length + 14;
 
     const axisMax = (axis) => {
       let mx = 0;
@@ -100,60 +188,58 @@
     if (hasRight) scales.right = axisMax('right');
     const sy = (axis, v) => m.t + ph - (v / scales[axis].max) * ph;
 
-    // Axes, grid and their labels (units in every axis title).
-    const axes = svgEl('g', { class: 'axis' }, svg);
+    // Axes, grid and their tick labels; an x label that would run into another text (the one
+    // before it, the right axis' 0) is left out, its tick kept.
     for (const v of scales.left.ticks) {
       const y = sy('left', v);
       svgEl('line', { x1: m.l, x2: m.l + pw, y1: y, y2: y, class: 'grid' }, axes);
-      svgText(axes, m.l - 6, y + 4, fmtTick(v), { 'text-anchor': 'end' });
+      put(axes, m.l - 6, y + 4, fmtTick(v), { 'text-anchor': 'end' });
     }
     if (hasRight) {
       for (const v of scales.right.ticks) {
-        svgText(axes, m.l + pw + 6, sy('right', v) + 4, fmtTick(v), { 'text-anchor': 'start' });
+        put(axes, m.l + pw + 6, sy('right', v) + 4, fmtTick(v), { 'text-anchor': 'start' });
       }
     }
     svgEl('line', { x1: m.l, x2: m.l + pw, y1: m.t + ph, y2: m.t + ph }, axes);
     svgEl('line', { x1: m.l, x2: m.l, y1: m.t, y2: m.t + ph }, axes);
     if (hasRight) svgEl('line', { x1: m.l + pw, x2: m.l + pw, y1: m.t, y2: m.t + ph }, axes);
+    let labelledTo = -Infinity;
     for (const v of spec.x.ticks) {
       const x = sx(v);
       svgEl('line', { x1: x, x2: x, y1: m.t + ph, y2: m.t + ph + 4 }, axes);
-      svgText(axes, x, m.t + ph + 16, (spec.x.fmt || fmtTick)(v), { 'text-anchor': 'middle' });
+      const t = svgText(axes, x, m.t + ph + 20, (spec.x.fmt || fmtTick)(v), { 'text-anchor': 'middle' });
+      const b = textBox(x, m.t + ph + 20, textWidth(t), 'middle');
+      if (b.x0 < labelledTo + 2 || placed.some((p) => intersects(p, b))) {
+        axes.removeChild(t);
+        continue;
+      }
+      labelledTo = b.x1;
+      placed.push(b);
     }
-    svgText(axes, m.l + pw / 2, height - 6, spec.x.label, { 'text-anchor': 'middle', class: 'axis-title' });
-    svgText(axes, 4, 14, spec.left.label, { 'text-anchor': 'start', class: 'axis-title' });
-    if (hasRight) svgText(axes, width - 4, 14, spec.right.label, { 'text-anchor': 'end', class: 'axis-title' });
+    put(axes, m.l + pw / 2, m.t + ph + 38, spec.x.label, { 'text-anchor': 'middle', class: 'axis-title' });
 
-    // Reference lines: floors and limits, each with its label.
+    // Reference lines: floors and limits (their labels come after the series, on top).
     for (const h of spec.hlines || []) {
       const y = sy(h.axis, h.y);
       svgEl('line', { x1: m.l, x2: m.l + pw, y1: y, y2: y, stroke: '#333', 'stroke-dasharray': '2 4', class: 'ref' }, svg);
-      svgText(svg, m.l + 4, y - 4, h.label, { class: 'ref-label' });
     }
-    for (const v of spec.vlines || []) {
-      if (v.x < spec.x.min || v.x > spec.x.max) continue;
-      const x = sx(v.x);
-      svgEl('line', { x1: x, x2: x, y1: m.t, y2: m.t + ph, stroke: '#333', 'stroke-dasharray': '2 4', class: 'ref' }, svg);
-      const right = x > m.l + pw * 0.7;
-      svgText(svg, right ? x - 4 : x + 4, m.t + 12, v.label, { class: 'ref-label', 'text-anchor': right ? 'end' : 'start' });
+    for (const v of vlines) {
+      svgEl('line', { x1: v.px, x2: v.px, y1: m.t, y2: m.t + ph, stroke: '#333', 'stroke-dasharray': '2 4', class: 'ref' }, svg);
     }
 
     let drawn = 0;
-    const labels = [];
+    const legend = [];
     for (const s of spec.series) {
       const g = svgEl('g', { class: 'series', 'data-series': s.id }, svg);
       let run = [];
       const runs = [];
-      let lastPt = null;
       for (const p of s.points) {
         if (p[1] === null || p[1] === undefined || !isFinite(p[1])) {
           if (run.length) runs.push(run);
           run = [];
           continue;
         }
-        const xy = [sx(p[0]), sy(s.axis, p[1])];
-        run.push(xy);
-        lastPt = xy;
+        run.push([sx(p[0]), sy(s.axis, p[1])]);
       }
       if (run.length) runs.push(run);
       for (const r of runs) {
@@ -169,23 +255,51 @@
         }
       }
       g.setAttribute('data-points', String(runs.reduce((n, r) => n + r.length, 0)));
-      if (lastPt) labels.push({ x: lastPt[0], y: lastPt[1], name: s.name });
-    }
-    // Each line says what it is at its last point; labels are nudged apart vertically.
-    labels.sort((a, b) => a.y - b.y);
-    let prevY = -Infinity;
-    for (const l of labels) {
-      const y = Math.max(l.y - 6, prevY + 14);
-      prevY = y;
-      const nearRight = l.x > m.l + pw * 0.6;
-      svgText(svg, nearRight ? l.x - 6 : l.x + 6, y, l.name, {
-        'text-anchor': nearRight ? 'end' : 'start', class: 'line-label',
-        stroke: '#fff', 'stroke-width': 3, 'paint-order': 'stroke',
-      });
+      if (runs.length) legend.push(s);
     }
     if (!drawn) {
-      svgText(svg, m.l + pw / 2, m.t + ph / 2, spec.empty || 'no data yet', { 'text-anchor': 'middle', class: 'empty' });
+      put(svg, m.l + pw / 2, m.t + ph / 2, spec.empty || 'no data yet', { 'text-anchor': 'middle', class: 'empty' });
     }
+
+    // A floor's label sits on its line at the left, else under it, else at the right, else a
+    // row further away: never on another label, and inside the plot.
+    const halo = { stroke: '#fff', 'stroke-width': 3, 'paint-order': 'stroke' };
+    const hlines = (spec.hlines || []).map((h) => ({ h: h, y: sy(h.axis, h.y) })).sort((a, b) => a.y - b.y);
+    for (const { h, y } of hlines) {
+      const spots = [];
+      for (let k = 0; k < 8; k++) {
+        for (const dy of k === 0 ? [-4, 14] : [-4 - ROW_PX * k, 14 + ROW_PX * k]) {
+          spots.push([m.l + 4, y + dy, 'start'], [m.l + pw - 4, y + dy, 'end']);
+        }
+      }
+      const inside = spots.filter((p) => p[1] - 12 >= m.t && p[1] + 4 <= m.t + ph);
+      putFree(svg, inside.length ? inside : spots, h.label, Object.assign({ class: 'ref-label' }, halo));
+    }
+
+    // The legend, under the x axis: each series' swatch (its line, dash and marker) and name,
+    // left to right, wrapping before the right edge. The svg grows by its rows; the plot keeps
+    // its size.
+    const lg = svgEl('g', { class: 'legend' }, svg);
+    let lx = m.l;
+    let row = 0;
+    for (const s of legend) {
+      const t = svgText(lg, 0, 0, s.name, { class: 'line-label', 'text-anchor': 'start' });
+      const w = 26 + textWidth(t);
+      if (lx > m.l && lx + w > width - 4) {
+        lx = m.l;
+        row++;
+      }
+      const y = m.t + ph + 38 + 18 * (row + 1);
+      svgEl('line', { x1: lx, x2: lx + 22, y1: y - 4, y2: y - 4, stroke: s.color, 'stroke-width': 2, 'stroke-dasharray': s.dash || 'none' }, lg);
+      marker(lg, s.shape, lx + 11, y - 4, { fill: s.color, class: 'swatch' });
+      t.setAttribute('x', String(lx + 26));
+      t.setAttribute('y', String(y));
+      placed.push(textBox(lx + 26, y, w - 26, 'start'));
+      lx += w + 16;
+    }
+    const height = m.t + ph + m.b + (legend.length ? 18 * (row + 1) : 0);
+    svg.setAttribute('height', String(height));
+    svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
     container.setAttribute('data-points', String(drawn));
   }
 
