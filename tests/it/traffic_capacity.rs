@@ -228,7 +228,7 @@ async fn truth(upstream: &str, setting: &Setting) -> Vec<Level> {
         let n = level.samples.len().max(1);
         let ok = |s: &&Sample| s.is_ok();
         let fast = |s: &&Sample| s.ttft_secs().is_some_and(|t| t <= setting.ttft);
-        let quick = |s: &&Sample| s.request_tps().is_none_or(|t| t >= setting.tps);
+        let quick = |s: &&Sample| s.request_tps().map_or(true, |t| t >= setting.tps);
         let met = level
             .samples
             .iter()
@@ -310,7 +310,7 @@ async fn run(setting: Setting) {
         );
         let mut fail = |what: String| failures.push(format!("{traffic:?}: {what}"));
         match (r.supported, r.max_concurrency) {
-            (Some(s), None) if s == 0.0 => {
+            (Some(0.0), None) => {
                 if !matches!(traffic, Traffic::Steady(_)) {
                     fail("unsupported on traffic that spreads the concurrency".into());
                 }
@@ -318,7 +318,7 @@ async fn run(setting: Setting) {
                     fail("utilization exported while unsupported".into());
                 }
             }
-            (Some(s), Some(m)) if s == 1.0 => {
+            (Some(1.0), Some(m)) => {
                 if m < 0.85 * last_met || m > 1.15 * first_missed {
                     fail(format!(
                         "max_concurrency {m} outside [{last_met:.1}, {first_missed:.1}] +-15%"

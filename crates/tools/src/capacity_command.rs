@@ -141,19 +141,9 @@ impl ClassRow {
 /// What the report says in place of an answer the model cannot give yet.
 const CANNOT_ANSWER: &str = "cannot answer yet";
 
-/// A `reason` of `tokenmeter_capacity_unsupported` in words. An unknown reason (from a newer
-/// tokenmeter) is shown as it is, its underscores as spaces.
+/// A `reason` of `tokenmeter_capacity_unsupported` in words: the model's own.
 fn reason_in_words(reason: &str) -> String {
-    match reason {
-        "warming_up" => "still warming up (too few token samples for a fit)".into(),
-        "narrow_spread" => {
-            "the concurrency seen so far spans too narrow a range to measure the slowdown".into()
-        }
-        "no_slowdown" => {
-            "no slowdown with concurrency seen yet (the engine has not been loaded enough)".into()
-        }
-        other => other.replace('_', " "),
-    }
+    tokenmeter::capacity::support::in_words(reason)
 }
 
 /// The self-check's families.
@@ -1177,17 +1167,14 @@ mod tests {
         );
         assert_eq!(texts(&doc, "note"), ["batch: cannot answer yet"]);
         let title = texts(&doc, "title").join(" ");
+        let words = tokenmeter::capacity::support::Unsupported::WarmingUp.explain();
         assert!(
-            title.ends_with(
-                "; cannot answer yet: still warming up (too few token samples for a fit)"
-            ),
+            title.ends_with(&format!("; cannot answer yet: {words}")),
             "{title}"
         );
         let text = r.text();
         assert!(
-            text.contains(
-                "\ncannot answer yet: still warming up (too few token samples for a fit)\n"
-            ),
+            text.contains(&format!("\ncannot answer yet: {words}\n")),
             "{text}"
         );
         // Both of the class's rows say so instead of blanks.

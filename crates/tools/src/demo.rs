@@ -185,6 +185,9 @@ const KEEP: Duration = Duration::from_secs(30);
 /// (256 tokens at the simulator's ~24 tok/s at concurrency 128) takes about 11 s.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// New clients of a level join within this long of its start, each at its own moment.
+const JOIN_SPREAD: Duration = Duration::from_secs(1);
+
 /// Characters per prompt token, as `--prompt-chars` states and the simulator estimates.
 const CHARS_PER_TOKEN: u32 = 4;
 
@@ -386,10 +389,14 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     let (output_tokens, prompt_chars, seed) = (args.output_tokens, args.prompt_chars, args.seed);
     let recent = Arc::new(Recent::default());
     let on_done = Arc::clone(&recent);
-    let load = driver.ramp(
+    // Clients join as users do, each at its own moment within a second of the level's start,
+    // not all in one instant: clients that start together stay in step, a load test's traffic
+    // rather than a service's, and the capacity model would answer for that.
+    let load = driver.ramp_joining(
         top,
         Arc::new(move |n| sizes(seed, n, output_tokens, prompt_chars)),
         Arc::new(move |s| on_done.push(s)),
+        JOIN_SPREAD,
     );
     let interrupted = drive(&load, &recent, &levels, step, args, &metrics).await;
 

@@ -68,6 +68,16 @@ impl Unsupported {
 /// but held at one or two levels: a few seconds of any real traffic.
 pub const SETTLED_SAMPLES: u64 = 2_000;
 
+/// A `reason` label in words, for a reader of the exposition (the page, `tokenmeter
+/// capacity`); a reason this build does not know (a newer tokenmeter's) is shown as it is, its
+/// underscores as spaces.
+pub fn in_words(reason: &str) -> String {
+    Unsupported::ALL
+        .iter()
+        .find(|u| u.as_str() == reason)
+        .map_or_else(|| reason.replace('_', " "), |u| u.explain().to_string())
+}
+
 /// `Ok` when `fit` can answer, else why not; `samples` are the window's token samples at the
 /// concurrencies with enough of them (what tells a young window from a narrow one).
 pub fn judge(fit: Option<&Fit>, samples: u64) -> Result<(), Unsupported> {

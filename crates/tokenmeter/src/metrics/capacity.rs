@@ -41,12 +41,10 @@ pub mod names {
     pub const CHECK_TPS: &str = "tokenmeter_capacity_check_tokens_per_second";
     pub const CHECK_ERROR: &str = "tokenmeter_capacity_check_error_ratio";
     pub const CHECK_TRUSTED: &str = "tokenmeter_capacity_check_trusted";
+    pub const KV_WIRE_TOKENS: &str = "tokenmeter_kv_cache_wire_tokens";
     /// 1 when a class's answer is exported, 0 when the model cannot answer it yet.
     pub const SUPPORTED: &str = "tokenmeter_capacity_supported";
     /// 1 for the `reason` the model cannot answer yet.
-    pub const UNSUPPORTED: &str = "tokenmeter_capacity_unsupported";
-    pub const KV_WIRE_TOKENS: &str = "tokenmeter_kv_cache_wire_tokens";
-    pub const SUPPORTED: &str = "tokenmeter_capacity_supported";
     pub const UNSUPPORTED: &str = "tokenmeter_capacity_unsupported";
     pub const ARRIVALS: &str = "tokenmeter_capacity_arrivals";
 }

@@ -134,6 +134,9 @@ pub struct Reading {
     /// The model's self-check: `concurrency`, `ttft_predicted`, `ttft_observed`,
     /// `tps_predicted`, `tps_observed`, `trusted`; empty when not exported.
     pub capacity_check: BTreeMap<String, f64>,
+    /// Why the capacity model cannot answer yet (the `reason` of
+    /// `tokenmeter_capacity_unsupported` that reads 1); `None` while it answers.
+    pub capacity_unsupported: Option<String>,
     /// GPU-seconds charged by tenant (`""` without the label), idle, and held by the requests
     /// in flight.
     pub gpu_by_tenant: BTreeMap<String, f64>,
@@ -263,6 +266,9 @@ impl Reading {
             capacity::WORKLOAD_REQUESTS => bump(&mut r.capacity_workload, Some("requests"), v),
             capacity::CHECK_CONCURRENCY => bump(&mut r.capacity_check, Some("concurrency"), v),
             capacity::CHECK_TRUSTED => bump(&mut r.capacity_check, Some("trusted"), v),
+            capacity::UNSUPPORTED if v == 1.0 => {
+                r.capacity_unsupported = label("reason").map(str::to_string);
+            }
             capacity::CHECK_TTFT | capacity::CHECK_TPS => {
                 let what = if name == capacity::CHECK_TTFT {
                     "ttft"

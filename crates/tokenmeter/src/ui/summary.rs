@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::history::{History, Point};
 use super::reading::{CurvePoint, Hist, PartSum, Reading};
+use crate::capacity::support;
 
 /// The whole document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -133,6 +134,8 @@ pub struct Tradeoff {
     /// `ttft_predicted`, `ttft_observed`, `tps_predicted`, `tps_observed`, `trusted`; `{}` when
     /// not exported.
     pub check: BTreeMap<String, f64>,
+    /// Why the capacity model cannot answer yet, in words; `None` while it answers.
+    pub unsupported: Option<String>,
 }
 
 /// A class's per-request speed floor.
@@ -329,6 +332,7 @@ impl PageSummary {
                 limits: r.capacity_limits.clone(),
                 workload: r.capacity_workload.clone(),
                 check: r.capacity_check.clone(),
+                unsupported: r.capacity_unsupported.as_deref().map(support::in_words),
                 floors: r
                     .capacity_tps_floor
                     .iter()

@@ -320,14 +320,30 @@ pub struct Ramp {
 
 impl Driver {
     /// Starts `workers` workers (idle until [`Ramp::set_target`]), sending requests sized by
-    /// `sizes` and reporting each finished one to `on_done`.
+    /// `sizes` and reporting each finished one to `on_done`. Workers a new target wakes start at
+    /// once, together, as a load test's level does.
     pub fn ramp(&self, workers: usize, sizes: Sizes, on_done: OnDone) -> Ramp {
+        self.ramp_joining(workers, sizes, on_done, Duration::ZERO)
+    }
+
+    /// As [`Driver::ramp`], but a worker a new target wakes joins within `spread` of it, each
+    /// at its own moment (spread evenly whatever the number that join): users who arrive on
+    /// their own, not a level that starts at one instant. Clients that start together with
+    /// equal lengths stay in step, which is a load test's traffic, not a service's.
+    pub fn ramp_joining(
+        &self,
+        workers: usize,
+        sizes: Sizes,
+        on_done: OnDone,
+        spread: Duration,
+    ) -> Ramp {
         let (target, rx) = watch::channel(0usize);
         let counts = Arc::new(RampCounts::default());
         let workers = (0..workers)
             .map(|i| {
                 tokio::spawn(ramp_worker(
                     i,
+                    spread.mul_f64(join_fraction(i)),
                     self.clone(),
                     rx.clone(),
                     Arc::clone(&counts),
@@ -391,17 +407,35 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Where in a join's spread worker `i` joins: the fractional parts of `i` times the golden
+/// ratio, which spread any run of consecutive workers evenly over [0, 1).
+fn join_fraction(i: usize) -> f64 {
+    (i as f64 * 0.618_033_988_749_895).fract()
+}
+
 async fn ramp_worker(
     i: usize,
+    join_after: Duration,
     d: Driver,
     mut target: watch::Receiver<usize>,
     counts: Arc<RampCounts>,
     sizes: Sizes,
     on_done: OnDone,
 ) {
+    let mut active = false;
     loop {
+        if *target.borrow() <= i {
+            active = false;
+        }
         if target.wait_for(|&t| t > i).await.is_err() {
             return;
+        }
+        if !active {
+            // Woken by a new target: join at this worker's own moment of the spread.
+            active = true;
+            if !join_after.is_zero() {
+                tokio::time::sleep(join_after).await;
+            }
         }
         let id = d.next_id.fetch_add(1, Ordering::Relaxed);
         let (prompt_tokens, output_tokens) = sizes(id);

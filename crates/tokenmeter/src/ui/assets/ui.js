@@ -460,13 +460,27 @@
     });
   }
 
+  // Why the self-check failed, from which figure is off and which way: what an operator can
+  // act on, not only that the model is more than 50% off.
+  function checkFailure(k) {
+    const why = [];
+    const ratio = (p, o) => (p > 0 && o > 0 ? o / p : null);
+    const ttft = ratio(k.ttft_predicted, k.ttft_observed);
+    const tps = ratio(k.tps_predicted, k.tps_observed);
+    if (ttft !== null && ttft > 1.5) why.push(`first tokens take ${fmt(ttft)}x what the fitted costs say: more prefill or queueing than the window's mix shows (a mix that changed within the window), or an engine slowed by other work on its machine`);
+    if (ttft !== null && ttft < 1 / 1.5) why.push(`first tokens come ${fmt(1 / ttft)}x sooner than the model says: a prefix cache that serves prompts without saying so, or a prefill cost read at a busier time`);
+    if (tps !== null && tps < 1 / 1.5) why.push(`decoding is ${fmt(1 / tps)}x slower than the fitted line: the engine's steps stretched (a machine shared with other work, or throttled), or longer contexts than the window held`);
+    if (tps !== null && tps > 1.5) why.push(`decoding is ${fmt(tps)}x faster than the fitted line: several tokens a step (speculative decoding), or a lighter load than the window's`);
+    return why.length ? why.join('; ') : 'the model is more than 50% off what the engine does now';
+  }
+
   // Each class's limits and the mix the predictions assume, beside the chart.
   function renderLimits(t) {
     const el = document.getElementById('tradeoff-limits');
     if (!el) return;
     const classes = Object.keys(t.limits || {});
     const w = t.workload || {};
-    if (!classes.length && w.requests === undefined && !Object.keys(t.check || {}).length) { el.textContent = ''; return; }
+    if (!classes.length && w.requests === undefined && !Object.keys(t.check || {}).length && !t.unsupported) { el.textContent = ''; return; }
     const parts = classes.map((c) => {
       const l = t.limits[c];
       const one = ([b, name]) => (l[b] === undefined ? '' : `${name} limit ${fmt(l[b])}`);
@@ -479,9 +493,10 @@
     if (k.concurrency !== undefined && k.ttft_predicted !== undefined && k.ttft_observed !== undefined) {
       parts.push(`self-check at ${fmt(k.concurrency)} in flight: TTFT p90 predicted ${fmt(k.ttft_predicted)} s, observed ${fmt(k.ttft_observed)} s` +
         (k.tps_predicted !== undefined && k.tps_observed !== undefined ? `, tok/s predicted ${fmt(k.tps_predicted)}, observed ${fmt(k.tps_observed)}` : '') +
-        (k.trusted === 0 ? ' (NOT TO BE TRUSTED: the model is more than 50% off what the engine does now)' : ''));
+        (k.trusted === 0 ? ` (NOT TO BE TRUSTED: ${checkFailure(k)})` : ''));
     }
-    el.textContent = 'Capacity per engine, requests in flight. ' + parts.join('; ') + '.';
+    const head = t.unsupported ? `Capacity: cannot answer yet: ${t.unsupported}. ` : 'Capacity per engine, requests in flight. ';
+    el.textContent = head + parts.join('; ') + (parts.length ? '.' : '');
   }
 
   function renderHistory(s) {
