@@ -60,14 +60,15 @@ COMMON_FLAGS = ["--gpus", "1", "--gpu-hour-cost", "2.5", "--kv-cache-tokens", "2
 
 # The load, per mode. STEADY streams run until the test ends (the vLLM panels read rates over the
 # last seconds, so traffic must still flow when they are checked); beside them a second client
-# steps through RAMP, RAMP_LEVEL_S each, so the proxy sees STEADY + 1, + 2 and + 3 streams: the
+# steps through RAMP, RAMP_LEVEL_S each, so the proxy sees STEADY + 1, + 3 and + 6 streams: the
 # three concurrencies the capacity model needs for a fit (fit::MIN_POINTS), with 20 token
-# samples each (fit::MIN_SAMPLES). At the simulator's 10 ms steps (about 15 ms with every mode's
+# samples each (fit::MIN_SAMPLES), spread far enough apart that the fit's slope stands clear
+# of its noise (capacity::support: levels a stream apart on a shared simulator do not). At the simulator's 10 ms steps (about 15 ms with every mode's
 # streams in one batch) a stream makes about 65 tokens/s: one level gives a concurrency some
 # 500 samples, 25 times what it needs. The 40-token prompts are long enough for the prefill cost
 # (capacity::prefill: 32 uncached tokens, 8 requests: the first two seconds).
 STEADY = 2
-RAMP = "1,2,3"
+RAMP = "1,3,6"
 RAMP_LEVEL_S = 3
 # The steady clients' bound; the test stops them long before.
 LOAD_BOUND = "600s"
@@ -118,6 +119,11 @@ CAPACITY_SERIES = {
     "tokenmeter_capacity_check_tokens_per_second": [{"source": s} for s in ("predicted", "observed")],
     "tokenmeter_capacity_check_error_ratio": [{"quantity": q} for q in ("ttft", "tokens_per_second")],
     "tokenmeter_capacity_check_trusted": [{}],
+    "tokenmeter_capacity_supported": [CLASS],
+    # Absent while the model answers, which it must here.
+    "tokenmeter_capacity_unsupported": [],
+    # How the requests arrived: the bench's closed loops, in step or not as their timing falls.
+    "tokenmeter_capacity_arrivals": [],
 }
 
 # --compat otel: the families a real Prometheus must hold, with the label names every series

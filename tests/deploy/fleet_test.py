@@ -100,9 +100,10 @@ CAPACITY_DEADLINE_S = 120
 # The capacity model fits a line through at least three concurrencies (crates/tokenmeter/src/capacity/fit.rs,
 # MIN_POINTS, 20 token samples each). The steady load holds CONCURRENCY streams in lockstep:
 # it gives one, and others only as its streams start and end, by chance. The ramp gives three,
-# each RAMP_LEVEL_S long: at 10-20 ms steps a stream makes 50-100 tokens/s, a level some
+# far enough apart for the fit's slope to stand clear of its noise (capacity::support), each
+# RAMP_LEVEL_S long: at 10-20 ms steps a stream makes 50-100 tokens/s, a level some
 # hundred samples or more, five times what a concurrency needs.
-RAMP = "1,2,3"
+RAMP = "1,4,8"
 RAMP_LEVEL_S = 3
 CAPACITY_RECORDINGS = ["namespace_class:tokenmeter_capacity_utilization:avg",
                        "namespace_class:tokenmeter_capacity_utilization:predict_linear30m"]

@@ -109,6 +109,10 @@ TOKENMETER = {
     "tokenmeter_capacity_check_tokens_per_second": 2,
     "tokenmeter_capacity_check_error_ratio": 2,
     "tokenmeter_capacity_check_trusted": 1,
+    # Whether the one class with targets is answered (1 here, the load ramps through 9 levels;
+    # the reason series is absent while it is), and how the requests arrived (one shape).
+    "tokenmeter_capacity_supported": 1,
+    "tokenmeter_capacity_arrivals": 1,
     # The wire's view of the KV cache the requests in flight hold (once there is a mix).
     "tokenmeter_kv_cache_wire_tokens": 1,
     # The admission caps (--max-in-flight, --max-connections) and the connections closed there;

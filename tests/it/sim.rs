@@ -1074,6 +1074,67 @@ fn demo_with_no_ui_serves_no_page() {
     assert!(child.wait().expect("wait").success());
 }
 
+/// The demo is the first thing a newcomer sees: on a quiet machine its capacity model must be
+/// trusted within its first two minutes, and until it is, the reasons are on its metrics.
+#[test]
+fn the_demos_capacity_model_is_trusted_within_two_minutes() {
+    let _turn = crate::support::serial_blocking();
+    const LIMIT: Duration = Duration::from_secs(120);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(["demo", "--no-ui", "--duration", "150s"])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .env_remove("TOKENMETER_LISTEN")
+        .env_remove("TOKENMETER_METRICS_LISTEN")
+        .env_remove("TOKENMETER_GPUS")
+        .env("TOKENMETER_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the demo");
+    let started = Instant::now();
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("metrics:")
+                .and_then(|u| u.trim().strip_prefix("http://"))
+                .and_then(|u| u.strip_suffix("/metrics"))
+                .map(str::to_string)
+        })
+        .expect("the metrics URL");
+    // Keep reading the table, so the demo never meets a closed pipe.
+    let reader = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let mut last = String::new();
+    let trusted_after = loop {
+        std::thread::sleep(Duration::from_secs(2));
+        last = scrape(&addr);
+        let trusted = metric("tokenmeter_capacity_check_trusted").sum(&last);
+        if trusted == 1.0 {
+            break Some(started.elapsed());
+        }
+        if started.elapsed() > LIMIT {
+            break None;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = reader.join();
+    let capacity: String = last
+        .lines()
+        .filter(|l| l.starts_with("tokenmeter_capacity_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let at = trusted_after.unwrap_or_else(|| panic!("not trusted within {LIMIT:?}:\n{capacity}"));
+    eprintln!("the demo's model trusted after {:.0} s", at.as_secs_f64());
+    // Its answers are exported with it.
+    assert!(
+        last.contains("tokenmeter_capacity_supported{class=\"interactive\"} 1"),
+        "{capacity}"
+    );
+}
+
 // === capacity (a measurement, run by hand) ===
 
 fn cpu_seconds(pid: u32) -> f64 {
