@@ -143,7 +143,7 @@ const CANNOT_ANSWER: &str = "cannot answer yet";
 
 /// A `reason` of `tokenmeter_capacity_unsupported` in words: the model's own.
 fn reason_in_words(reason: &str) -> String {
-    tokenmeter::capacity::support::in_words(reason)
+    tokenmeter::metrics::capacity::unsupported_in_words(reason)
 }
 
 /// The self-check's families.

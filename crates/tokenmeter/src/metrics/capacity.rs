@@ -49,6 +49,12 @@ pub mod names {
     pub const ARRIVALS: &str = "tokenmeter_capacity_arrivals";
 }
 
+/// A `reason` of [`names::UNSUPPORTED`] in words, for the readers of an exposition (the page,
+/// `tokenmeter capacity`).
+pub fn unsupported_in_words(reason: &str) -> String {
+    crate::capacity::support::in_words(reason)
+}
+
 /// The `source` label of [`names::CHECK_TTFT`] and [`names::CHECK_TPS`].
 pub const CHECK_SOURCES: [&str; 2] = ["predicted", "observed"];
 /// The `quantity` label of [`names::CHECK_ERROR`].

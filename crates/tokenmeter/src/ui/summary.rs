@@ -14,7 +14,6 @@ use serde::Serialize;
 
 use super::history::{History, Point};
 use super::reading::{CurvePoint, Hist, PartSum, Reading};
-use crate::capacity::support;
 
 /// The whole document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -332,7 +331,10 @@ impl PageSummary {
                 limits: r.capacity_limits.clone(),
                 workload: r.capacity_workload.clone(),
                 check: r.capacity_check.clone(),
-                unsupported: r.capacity_unsupported.as_deref().map(support::in_words),
+                unsupported: r
+                    .capacity_unsupported
+                    .as_deref()
+                    .map(crate::metrics::capacity::unsupported_in_words),
                 floors: r
                     .capacity_tps_floor
                     .iter()
