@@ -4,9 +4,9 @@ tokenmeter with --compat vllm in front of the simulator, and `promtool check met
 exposition of every mode.
 
 On loopback only, in a temporary directory, it starts:
-  - `tokenmeter sim` (OpenAI-compatible, continuous batching, stating its queue and prefill as
-    vLLM does with --enable-per-request-metrics),
-  - one tokenmeter per mode in front of it: plain, --compat vllm, --compat otel and
+  - a `tokenmeter sim` per mode (OpenAI-compatible, continuous batching, stating its queue and
+    prefill as vLLM does with --enable-per-request-metrics),
+  - one tokenmeter per mode in front of its simulator: plain, --compat vllm, --compat otel and
     --compat vllm,otel (each with --gpu-hour-cost, so that every capacity family can exist),
   - Prometheus (the Debian package) scraping them every second,
   - per mode, `tokenmeter bench` holding STEADY streams until the end, and beside it a second
@@ -62,10 +62,10 @@ COMMON_FLAGS = ["--gpus", "1", "--gpu-hour-cost", "2.5", "--kv-cache-tokens", "2
 # last seconds, so traffic must still flow when they are checked); beside them a second client
 # steps through RAMP, RAMP_LEVEL_S each, so the proxy sees STEADY + 1, + 3 and + 6 streams: the
 # three concurrencies the capacity model needs for a fit (fit::MIN_POINTS), with 20 token
-# samples each (fit::MIN_SAMPLES), spread far enough apart that the fit's slope stands clear
-# of its noise (capacity::support: levels a stream apart on a shared simulator do not). At the simulator's 10 ms steps (about 15 ms with every mode's
-# streams in one batch) a stream makes about 65 tokens/s: one level gives a concurrency some
-# 500 samples, 25 times what it needs. The 40-token prompts are long enough for the prefill cost
+# samples each (fit::MIN_SAMPLES), spread far enough apart, on a step that grows by 1 ms a
+# stream, that the fit's slope stands clear of its noise (capacity::support). At the simulator's
+# 10 ms + 1 ms a stream (13-18 ms here) a stream makes 55-75 tokens/s: one level gives a
+# concurrency some 500 samples, 25 times what it needs. The 40-token prompts are long enough for the prefill cost
 # (capacity::prefill: 32 uncached tokens, 8 requests: the first two seconds).
 STEADY = 2
 RAMP = "1,3,6"
@@ -254,10 +254,15 @@ def check_capacity_series(targets, problem):
     """Every mode's exposition holds every capacity series."""
     for name, _, metrics in targets:
         _, body = lt.http_get(f"http://127.0.0.1:{metrics}/metrics")
-        missing = capacity_missing(body.decode())
+        text = body.decode()
+        missing = capacity_missing(text)
         if missing:
+            # What the model said instead: why it cannot answer, and the fit it has.
+            said = [line for line in text.splitlines() if line.startswith((
+                "tokenmeter_capacity_unsupported", "tokenmeter_capacity_step_seconds",
+                "tokenmeter_capacity_observed_concurrency", "tokenmeter_capacity_fit_"))]
             problem(f"[{name}] {len(missing)} capacity series missing: {', '.join(missing[:8])}"
-                    f"{' ...' if len(missing) > 8 else ''}")
+                    f"{' ...' if len(missing) > 8 else ''}; the model said: {'; '.join(said)}")
 
 
 def substitute(expr):
@@ -372,12 +377,16 @@ def main():
     procs = lt.Procs(tmp)
     started = time.monotonic()
     try:
-        (sim_port,) = procs.start_listening(
-            "sim", lambda port: [tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL,
-                                 "--step-base", "10ms", "--enable-per-request-metrics"],
-            1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
         targets = []
         for name, flags in MODES:
+            # A simulator per mode, so each proxy's concurrency is its engine's batch (a shared
+            # one mixes every mode's streams into each step, which blurs the slope the capacity
+            # model must see clear of its noise to answer), whose step visibly grows with it.
+            (sim_port,) = procs.start_listening(
+                f"sim-{name}", lambda port: [tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL,
+                                             "--step-base", "10ms", "--step-per-seq", "1ms",
+                                             "--enable-per-request-metrics"],
+                1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
             listen, metrics = procs.start_listening(
                 f"tokenmeter-{name}", lambda listen, metrics, flags=flags: [
                     tm_bin, "--upstream", f"http://127.0.0.1:{sim_port}", "--listen", f"127.0.0.1:{listen}",

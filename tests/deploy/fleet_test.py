@@ -388,7 +388,10 @@ def main():
         for pod, gpus, step in PODS:
             (sim_port,) = procs.start_listening(
                 f"sim-{pod}", lambda port, step=step: [
-                    tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL, "--step-base", step],
+                    tm_bin, "sim", "--listen", f"127.0.0.1:{port}", "--model", MODEL, "--step-base", step,
+                    # A step that visibly grows with the batch (5-10% a stream): the slope the
+                    # capacity model must see clear of its noise to answer (capacity::support).
+                    "--step-per-seq", "1ms"],
                 1, lambda port: lt.http_get(f"http://127.0.0.1:{port}/v1/models")[0] == 200)
             listen, metrics = procs.start_listening(
                 f"tokenmeter-{pod}", lambda listen, metrics, gpus=gpus, sim_port=sim_port: [

@@ -16,7 +16,11 @@ mid-stream: upstream_error), `slow_headers` (headers after 3 s: a 504 timeout be
 `reasoning` (a third of the tokens as `reasoning_content` deltas, then content, a tool-call delta
 last, a stall of 5 gaps midway, and usage with `reasoning_tokens`). Every usage report states
 half the prompt as `prompt_tokens_details.cached_tokens`, and carries vLLM's per-request `metrics`
-(queue two fifths of the wait before the first token, prefill half of it).
+(queue two fifths of the wait before the first token, prefill half of it). Like an engine whose
+decode step grows with its batch, the gap between tokens grows by `x_slowdown` (5% by default)
+for every other stream of the same `x_engine` in flight (the load sends its target, so each
+proxy in front of the one upstream sees an engine of its own), so the capacity model has a
+slowdown to fit.
 The client adds its own `hangup` (closes after a few events: client_disconnect), non-streaming
 requests and streaming requests without `include_usage` (token_count_source="counted"), and with
 `--classes a,b,` names an SLO class in `x-tokenmeter-class` on each request, picked at random
@@ -35,6 +39,9 @@ import time
 from urllib.parse import urlsplit
 
 # === upstream ===
+
+# Streams in flight per `x_engine`: each engine's decode slows with its own batch.
+ACTIVE = {}
 
 
 async def read_request(reader):
@@ -105,6 +112,8 @@ async def respond(writer, req, counters):
     ttft = float(spec.get("x_ttft_ms", 100)) / 1000
     gap = float(spec.get("x_gap_ms", 20)) / 1000
     prompt = int(spec.get("x_prompt_tokens", 100))
+    engine = str(spec.get("x_engine", model))
+    slowdown = float(spec.get("x_slowdown", 0.05))
     counters["requests"] += 1
 
     if behaviour.startswith("status:"):
@@ -148,9 +157,22 @@ async def respond(writer, req, counters):
     think_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"reasoning_content": "hm "}, "finish_reason": None}])))
     tool_event = chunk(sse(dict(base, choices=[{"index": 0, "delta": {"tool_calls": [
         {"index": 0, "function": {"arguments": "{"}}]}, "finish_reason": None}])))
+    ACTIVE[engine] = ACTIVE.get(engine, 0) + 1
+    try:
+        return await stream_tokens(writer, spec, base, n, gap, slowdown, engine, behaviour, reasoning,
+                                   thinking, token_event, think_event, tool_event, prompt, ttft)
+    finally:
+        ACTIVE[engine] -= 1
+
+
+async def stream_tokens(writer, spec, base, n, gap, slowdown, engine, behaviour, reasoning, thinking,
+                        token_event, think_event, tool_event, prompt, ttft):
+    """The token events, the end and the usage report of one streamed response."""
+    started = time.monotonic()
     for i in range(n):
         if i:
-            await asyncio.sleep(gap * (5 if reasoning and i == n // 2 else 1))
+            step = gap * (1 + slowdown * max(ACTIVE.get(engine, 1) - 1, 0))
+            await asyncio.sleep(step * (5 if reasoning and i == n // 2 else 1))
         if i < thinking:
             writer.write(think_event)
         elif reasoning and i == n - 1:
@@ -177,7 +199,7 @@ async def respond(writer, req, counters):
         # half of it prefill, the rest outside the engine.
         usage["metrics"] = {
             "queue_time_ms": ttft * 400, "time_to_first_token_ms": ttft * 500,
-            "generation_time_ms": gap * (n - 1) * 1000,
+            "generation_time_ms": (time.monotonic() - started) * 1000,
         }
         writer.write(chunk(sse(usage)))
     writer.write(chunk(sse(b"[DONE]")) + b"0\r\n\r\n")
@@ -292,6 +314,7 @@ async def worker(wid, args, deadline, stats, rng):
             "max_tokens": rng.randint(args.min_tokens, args.max_tokens),
             "x_ttft_ms": rng.uniform(args.ttft_ms * 0.5, args.ttft_ms * 1.5),
             "x_gap_ms": args.gap_ms,
+            "x_engine": args.target,
             "x_prompt_tokens": rng.randint(50, 2000),
         }
         if behaviour not in ("ok_counted", "ok_nonstream"):
