@@ -176,6 +176,7 @@ fn bench(c: &mut Criterion) {
         points: 64,
         min_concurrency: 1,
         slope_error: 0.0,
+        central: (1, 64),
         max_concurrency: 64,
     };
     c.bench_function(

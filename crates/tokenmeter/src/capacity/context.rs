@@ -123,6 +123,7 @@ mod tests {
             points: 4,
             min_concurrency: 1,
             slope_error: 0.0,
+            central: (1, 64),
             max_concurrency: 8,
         }
     }

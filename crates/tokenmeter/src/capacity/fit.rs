@@ -45,6 +45,9 @@ pub struct Fit {
     /// truth by noise alone. A slope within a few of these of zero is not a slope
     /// ([`super::support`]).
     pub slope_error: f64,
+    /// The concurrencies between which the middle 80% of the samples lie (their 10th and 90th
+    /// percentiles): where the traffic lived, which levels seen for a moment do not widen.
+    pub central: (u32, u32),
 }
 
 impl Fit {
@@ -95,6 +98,7 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
         0.0
     };
     let slope_error = slope_error(&used, base, per_seq);
+    let central = central(&used)?;
     // A step never gets cheaper with more sequences: a falling line is noise (or a window whose
     // levels came at different moments of other load), and the flat line through the samples'
     // median is the most the data can say. `support` then says it cannot answer.
@@ -109,6 +113,7 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
         per_seq,
         r2,
         slope_error,
+        central,
         samples: used.iter().map(|c| c.samples).sum(),
         points: used.len(),
         min_concurrency: used.iter().map(|c| c.concurrency).min()?,
@@ -123,13 +128,36 @@ pub fn fit(columns: &[Column]) -> Option<Fit> {
 /// well-sampled levels one apart would claim a slope they cannot see.
 pub const MEDIAN_RESOLUTION: f64 = 0.017;
 
+/// The 10th and 90th percentiles of the samples' concurrency over `used` (ascending columns).
+fn central(used: &[&Column]) -> Option<(u32, u32)> {
+    let total: u64 = used.iter().map(|c| c.samples).sum();
+    let at = |q: f64| {
+        let rank = (q * total as f64).ceil().max(1.0) as u64;
+        let mut below = 0u64;
+        used.iter()
+            .find(|c| {
+                below += c.samples;
+                below >= rank
+            })
+            .map(|c| c.concurrency)
+    };
+    Some((at(0.1)?, at(0.9)?))
+}
+
+/// The median of a chi-square distribution of one degree of freedom: what the median of squared
+/// standardized residuals is when the scatter is only the stated noise.
+const CHI2_ONE_MEDIAN: f64 = 0.455;
+
 /// The standard error of the slope of a line through `used` columns' medians, each weighted by
 /// the inverse of its median's variance: the sampling error of a median (`1.2533 sd / sqrt(n)`,
 /// the sd from the column's interquartile range) plus the summary's resolution
 /// ([`MEDIAN_RESOLUTION`]). Where the medians scatter about the line by more than that (other
-/// load on the machine, prefill stalls), the error grows by the scatter (the reduced
-/// chi-square, when above 1). The slope of weighted least squares has this error; Theil-Sen's,
-/// which is what is fitted, is within a few percent of it for well-behaved data.
+/// load on the machine), the error grows by the scatter: the reduced chi-square, when above 1,
+/// read robustly (the median of the points' weighted squared residuals over 0.455, the median
+/// of a chi-square of one degree), so that a few levels bursts or prefill stalls pushed off the
+/// line, which Theil-Sen already outvotes, do not declare a well-spread slope unknown. The
+/// slope of weighted least squares has this error; Theil-Sen's, which is what is fitted, is
+/// within a few percent of it for well-behaved data.
 pub fn slope_error(used: &[&Column], base: f64, per_seq: f64) -> f64 {
     let points: Vec<(f64, f64, f64)> = used
         .iter()
@@ -149,11 +177,12 @@ pub fn slope_error(used: &[&Column], base: f64, per_seq: f64) -> f64 {
     if sxx <= 0.0 {
         return f64::INFINITY;
     }
-    let chi2: f64 = points
+    let mut scaled: Vec<f64> = points
         .iter()
         .map(|p| p.2 * (p.1 - base - per_seq * p.0).powi(2))
-        .sum::<f64>()
-        / (points.len() - 2) as f64;
+        .collect();
+    scaled.sort_by(f64::total_cmp);
+    let chi2 = scaled[scaled.len() / 2] / CHI2_ONE_MEDIAN;
     (chi2.max(1.0) / sxx).sqrt()
 }
 

@@ -287,6 +287,7 @@ mod tests {
             points: 10,
             min_concurrency: 1,
             slope_error: 0.0,
+            central: (1, 64),
             max_concurrency: 64,
         }
     }

@@ -17,6 +17,13 @@ use super::fit::Fit;
 /// window in 700.
 pub const MIN_T: f64 = 3.0;
 
+/// The least spread of the middle 80% of the samples' concurrencies (10th to 90th percentile)
+/// for a slope: two levels and a tenth apart. Poisson arrivals holding `n` in flight wander
+/// over about `n ± 1.3 sqrt(n)` (27-43 at 35, 135-165 at 150), bursts and ramps over far more;
+/// a closed loop held at one level stays on it.
+pub const MIN_CENTRAL_SPAN: u32 = 2;
+pub const MIN_CENTRAL_RATIO: f64 = 1.1;
+
 /// Why the model cannot answer yet: the `reason` label of `tokenmeter_capacity_unsupported`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unsupported {
@@ -88,6 +95,12 @@ pub fn judge(fit: Option<&Fit>, samples: u64) -> Result<(), Unsupported> {
             Unsupported::WarmingUp
         });
     };
+    // Where the traffic lived: a steady level with a few moments at its neighbours is one
+    // level, whatever slope those moments draw.
+    let (lo, hi) = f.central;
+    if hi < lo + MIN_CENTRAL_SPAN || f64::from(hi) < MIN_CENTRAL_RATIO * f64::from(lo) {
+        return Err(Unsupported::NarrowSpread);
+    }
     if f.per_seq <= 0.0 && f.slope_error.is_finite() && f.slope_error > 0.0 {
         // A flat or falling line that is itself well determined: the engine does not slow.
         let spread = f.max_concurrency.saturating_sub(f.min_concurrency);
@@ -152,6 +165,25 @@ mod tests {
         assert_eq!(judge(None, 100), Err(Unsupported::WarmingUp));
         // Two levels only, but long held: narrow, not young.
         assert_eq!(judge(None, 60_000), Err(Unsupported::NarrowSpread));
+    }
+
+    #[test]
+    fn a_few_levels_pushed_off_the_line_do_not_hide_a_spread_slope() {
+        // Bursts: levels 2..44, one in five of them seen only while prompts were prefilled,
+        // their steps 30% slower. Theil-Sen outvotes them; the slope stays known.
+        let t0 = Instant::now();
+        let s = SlidingSummary::new(Duration::from_secs(900), t0);
+        let mut rng = Rng::new(5);
+        for b in 2..=44u32 {
+            let off = if b % 5 == 0 { 1.3 } else { 1.0 };
+            for _ in 0..400 {
+                let t = (0.010 + 0.0005 * f64::from(b)) * off * (1.0 + 0.03 * rng.normal());
+                s.push(f64::from(b), t, 1, t0);
+            }
+        }
+        let f = fit(&s.columns(t0)).expect("a fit");
+        assert_eq!(judge(Some(&f), f.samples), Ok(()), "{f:?}");
+        assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.1, "{f:?}");
     }
 
     #[test]
