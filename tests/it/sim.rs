@@ -1106,16 +1106,14 @@ fn the_demos_capacity_model_is_trusted_within_two_minutes() {
         .expect("the metrics URL");
     // Keep reading the table, so the demo never meets a closed pipe.
     let reader = std::thread::spawn(move || lines.map_while(Result::ok).count());
-    let mut last = String::new();
-    let trusted_after = loop {
+    let (trusted_after, last) = loop {
         std::thread::sleep(Duration::from_secs(2));
-        last = scrape(&addr);
-        let trusted = metric("tokenmeter_capacity_check_trusted").sum(&last);
-        if trusted == 1.0 {
-            break Some(started.elapsed());
+        let scraped = scrape(&addr);
+        if metric("tokenmeter_capacity_check_trusted").sum(&scraped) == 1.0 {
+            break (Some(started.elapsed()), scraped);
         }
         if started.elapsed() > LIMIT {
-            break None;
+            break (None, scraped);
         }
     };
     let _ = child.kill();
