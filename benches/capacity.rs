@@ -131,6 +131,35 @@ fn bench(c: &mut Criterion) {
         |bench| bench.iter(|| black_box(full.refit(end))),
     );
 
+    // The same window with the mix arriving open loop (one request every 170 ms, each in the
+    // engine for 3 s: no arrival follows an end): the limits are then Poisson replays' steady
+    // state, a rate bisection for each bound of each class.
+    let open = Capacity::new(model().config().clone(), at);
+    for slot in 0..10u64 {
+        for b in 1..=64u32 {
+            for _ in 0..100 {
+                open.push(
+                    f64::from(b),
+                    Duration::from_micros(10_000 + 500 * u64::from(b)),
+                    1,
+                    at + Duration::from_secs(90 * slot),
+                );
+            }
+        }
+    }
+    for i in 0..1024u32 {
+        let arrival = end - Duration::from_secs(200) + Duration::from_millis(170 * u64::from(i));
+        open.join_mix(Request {
+            at: arrival + Duration::from_secs(3),
+            arrival,
+            ..request(i)
+        });
+    }
+    c.bench_function(
+        "capacity refit with the first-token end, open arrivals (1,024 requests)",
+        |bench| bench.iter(|| black_box(open.refit(end))),
+    );
+
     // The same window and mix with a KV cache of 36,000 tokens in blocks of 16: a client of this
     // mix holds about 2,250 tokens, so memory binds at about 16 and every replay past that
     // queues for blocks and preempts.
