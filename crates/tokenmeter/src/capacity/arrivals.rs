@@ -9,8 +9,9 @@
 //! from the requests themselves:
 //!
 //! - **closed or open**: a closed-loop client sends its next request the moment its last one
-//!   ends, so nearly every arrival follows some request's end within a turnaround; Poisson
-//!   arrivals follow an end that closely only by chance ([`CLOSED_SHARE`]);
+//!   ends, so nearly every arrival follows some request's end within a turnaround; independent
+//!   arrivals follow an end that closely only by chance, and the turnaround is set so that
+//!   chance gives 30% ([`turnaround`], [`CLOSED_SHARE`]);
 //! - **in step or not**: clients that move in step are admitted into one step together (their
 //!   first tokens come together, [`super::prefill::steps`]); clients on their own mostly are not
 //!   ([`IN_STEP_SHARE`]).
@@ -20,10 +21,16 @@ use std::time::Instant;
 use super::prefill;
 use super::workload::Request;
 
-/// The share of arrivals that must follow another request's end within a turnaround for the
-/// window to be a closed loop. A closed loop gives nearly 1 (all but each client's first); Poisson
-/// arrivals at six a second with a 30 ms turnaround give about 0.17.
-pub const CLOSED_SHARE: f64 = 0.6;
+/// How far above chance the share of arrivals that follow another request's end within a
+/// turnaround must be for the window to be a closed loop: halfway from what independent
+/// arrivals would give to all of them. A closed loop gives nearly all (all but each client's
+/// first, and the turnarounds a busy client stretches past the window).
+pub const CLOSED_SHARE: f64 = 0.5;
+
+/// The share of arrivals that independent arrivals put within a turnaround of some end, which
+/// sets the turnaround's length: long enough for a client on a busy machine (a CPU engine
+/// beside it), short enough that chance alone does not fill it.
+pub const CHANCE_SHARE: f64 = 0.3;
 
 /// The share of a closed loop's requests admitted into a step with others for its clients to
 /// be in step: all of them when they move together, a few by chance when they do not.
@@ -54,11 +61,18 @@ impl Shape {
     }
 }
 
-/// The longest a closed-loop client takes between one answer's end and its next request, as
-/// the proxy sees both, for an engine whose one-sequence step is `one` seconds: two steps, at
-/// least 5 ms (a client on a busy machine) and at most 50 ms.
-pub fn turnaround(one: f64) -> f64 {
-    (2.0 * one).clamp(0.005, 0.050)
+/// The turnaround window, seconds, for ends that come `per_second` a second: the one within
+/// which independent arrivals follow an end in [`CHANCE_SHARE`] of cases
+/// (`1 - exp(-rate x window)`), between 5 ms and 200 ms, and the share chance gives at that
+/// length. At 100 ends a second, 3.6 ms; at 6, 59 ms; at 1, 200 ms (chance 0.18).
+pub fn turnaround(per_second: f64) -> (f64, f64) {
+    let rate = if per_second.is_finite() && per_second > 0.0 {
+        per_second
+    } else {
+        1.0
+    };
+    let window = (-(1.0 - CHANCE_SHARE).ln() / rate).clamp(0.005, 0.200);
+    (window, 1.0 - (-rate * window).exp())
 }
 
 /// The shape of `recent`'s arrivals (oldest first or in any order) on an engine whose
@@ -69,8 +83,11 @@ pub fn shape(recent: &[Request], one: f64) -> Option<Shape> {
     }
     let mut ends: Vec<Instant> = recent.iter().map(|r| r.at).collect();
     ends.sort();
-    let window = turnaround(one);
     let first_end = ends[0];
+    let span = ends[ends.len() - 1]
+        .saturating_duration_since(first_end)
+        .as_secs_f64();
+    let (window, chance) = turnaround((ends.len() - 1) as f64 / span.max(1e-3));
     // Arrivals before any end of the window could not have followed one: left out.
     let judged: Vec<&Request> = recent.iter().filter(|r| r.arrival >= first_end).collect();
     if judged.len() < MIN_REQUESTS / 2 {
@@ -88,7 +105,8 @@ pub fn shape(recent: &[Request], one: f64) -> Option<Shape> {
                     <= window
         })
         .count();
-    if (following as f64) < CLOSED_SHARE * judged.len() as f64 {
+    let needed = chance + CLOSED_SHARE * (1.0 - chance);
+    if (following as f64) < needed * judged.len() as f64 {
         return Some(Shape::Open);
     }
     let steps = prefill::steps(recent, prefill::group_tolerance(one));
@@ -149,17 +167,30 @@ mod tests {
             }
         }
         assert_eq!(shape(&joining, STEP), Some(Shape::Joining));
-        // Arrivals every 170 ms whatever the answers: open.
-        let open: Vec<Request> = (0..100u64)
-            .map(|i| {
-                request(
-                    t0 + Duration::from_millis(170 * i + (i * 37) % 50),
-                    0.05,
-                    4.0,
-                )
+        // Poisson arrivals, 170 ms apart on average, whatever the answers: open.
+        let mut rng = crate::capacity::fit::tests::Rng::new(3);
+        let mut at = t0;
+        let open: Vec<Request> = (0..200)
+            .map(|_| {
+                at += Duration::from_secs_f64(-0.170 * rng.uniform().max(1e-9).ln());
+                request(at, 0.05, 3.0 + 2.0 * rng.uniform())
             })
             .collect();
         assert_eq!(shape(&open, STEP), Some(Shape::Open));
+        // Four clients of a CPU engine on a busy machine: 8 s answers, and 40-120 ms between an
+        // answer's end and the next request as the proxy sees them. Still a closed loop.
+        let mut busy = Vec::new();
+        for c in 0..4u64 {
+            let mut at = t0 + Duration::from_millis(1500 * c);
+            for k in 0..10u64 {
+                busy.push(request(at, 1.5, 8.0));
+                at += Duration::from_millis(8000 + 40 + (k * 29 + c * 17) % 80);
+            }
+        }
+        assert!(matches!(
+            shape(&busy, STEP),
+            Some(Shape::Joining | Shape::InStep)
+        ));
         // Bursts of 20 every 10 s, each answered within 5 s: open too (no arrival waits for
         // an answer), though they arrive together.
         let mut bursts = Vec::new();
