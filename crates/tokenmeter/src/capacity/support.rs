@@ -20,10 +20,11 @@ use super::fit::Fit;
 pub const MIN_T: f64 = 2.0;
 
 /// The least spread of the middle 80% of the samples' concurrencies (10th to 90th percentile)
-/// for a slope: two levels and a tenth apart. Poisson arrivals holding `n` in flight wander
+/// for a slope: a level and a tenth apart (a steady level has none; a ramp over 1-4 streams,
+/// whose tokens come mostly at its top levels, has 3 to 4). Poisson arrivals holding `n` in flight wander
 /// over about `n ± 1.3 sqrt(n)` (27-43 at 35, 135-165 at 150), bursts and ramps over far more;
 /// a closed loop held at one level stays on it.
-pub const MIN_CENTRAL_SPAN: u32 = 2;
+pub const MIN_CENTRAL_SPAN: u32 = 1;
 pub const MIN_CENTRAL_RATIO: f64 = 1.1;
 
 /// Why the model cannot answer yet: the `reason` label of `tokenmeter_capacity_unsupported`.
