@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::context::Identify;
 use crate::drain::Connections;
 use crate::engine;
+use crate::inject;
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::otlp::Exporter;
@@ -99,6 +100,7 @@ fn engine_reader(
     client_tls: &crate::tls::client::ClientTls,
     metrics: &Metrics,
     capacity: &Arc<Capacity>,
+    inject: &Arc<inject::Policy>,
 ) -> Result<Option<Background>, StartError> {
     let Some(url) = cfg.engine_metrics.url(&cfg.proxy.upstream.origin) else {
         return Ok(None);
@@ -113,6 +115,8 @@ fn engine_reader(
         Arc::clone(capacity),
         cfg.engine_metrics_interval,
     );
+    let inject = Arc::clone(inject);
+    let reader = reader.on_recognised(move |d| inject.engine_recognised(d.as_str()));
     Ok(Some(Box::pin(reader.run())))
 }
 
@@ -154,6 +158,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
             .with_sinks(identify, sinks),
     );
     let limiter = Arc::new(Limiter::new(cfg.proxy.admission.max_in_flight));
+    let inject = Arc::new(inject::Policy::new(cfg.proxy.inject_usage));
     let conns = Arc::new(Connections::with_cap(cfg.server.max_connections));
     metrics.set_limits(
         cfg.proxy.admission.max_in_flight,
@@ -169,14 +174,20 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
     });
     let background: Vec<Background> = [
         ui.as_ref().map(|ui| Box::pin(ui.sampler()) as Background),
-        engine_reader(cfg, &client_tls, &metrics, &capacity)?,
+        engine_reader(cfg, &client_tls, &metrics, &capacity, &inject)?,
         replica_watch(cfg, &capacity),
     ]
     .into_iter()
     .flatten()
     .collect();
     let parts = Parts {
-        proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
+        proxy: proxy::stack(
+            &cfg.proxy,
+            recorder,
+            &client_tls,
+            Arc::clone(&limiter),
+            inject,
+        ),
         tls,
         metrics_tls,
         metrics: Arc::clone(&metrics),

@@ -2,7 +2,8 @@
 //!
 //! A JSON body up to `--max-request-body` is read whole, to learn the model (an inference server
 //! needs the whole body before it starts, so this costs no latency); `--inject-usage` rewrites it
-//! here ([`crate::inject::add_usage`]). Anything else, and anything larger, streams through as it
+//! here ([`crate::inject::add_usage`]) when its [`Policy`] says so, and learns from each response
+//! head whether the upstream is OpenAI's own API, where it must not. Anything else, and anything larger, streams through as it
 //! comes ([`Prefixed`] forwards what was read before the limit was crossed).
 //!
 //! What was learnt is handed to the request's meter as the request is sent
@@ -13,6 +14,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -27,14 +29,14 @@ use super::metering::{Answer, Metered};
 use super::resend::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
-use crate::inject;
+use crate::inject::{self, Policy};
 use crate::protocol::request::{self, RequestInfo};
 
 /// Builds [`Inspect`] services.
 #[derive(Clone)]
 pub struct InspectLayer {
     max_request_body: usize,
-    inject_usage: bool,
+    inject: Arc<Policy>,
 }
 
 /// Reads the request, sends its meter, then calls the stack below.
@@ -42,17 +44,17 @@ pub struct InspectLayer {
 pub struct Inspect<S> {
     inner: S,
     max_request_body: usize,
-    inject_usage: bool,
+    inject: Arc<Policy>,
 }
 
 // === impl InspectLayer ===
 
 impl InspectLayer {
-    /// `max_request_body` is `--max-request-body`; `inject_usage`, `--inject-usage`.
-    pub fn new(max_request_body: usize, inject_usage: bool) -> Self {
+    /// `max_request_body` is `--max-request-body`; `inject`, `--inject-usage` and what it knows.
+    pub fn new(max_request_body: usize, inject: Arc<Policy>) -> Self {
         InspectLayer {
             max_request_body,
-            inject_usage,
+            inject,
         }
     }
 }
@@ -64,7 +66,7 @@ impl<S> Layer<S> for InspectLayer {
         Inspect {
             inner,
             max_request_body: self.max_request_body,
-            inject_usage: self.inject_usage,
+            inject: Arc::clone(&self.inject),
         }
     }
 }
@@ -97,7 +99,7 @@ where
         // The clone that was made ready is the one that is called (tower's contract).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (max, inject_usage) = (self.max_request_body, self.inject_usage);
+        let (max, policy) = (self.max_request_body, Arc::clone(&self.inject));
         let Metered {
             mut meter,
             inner: req,
@@ -105,6 +107,7 @@ where
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let path = parts.uri.path();
+            let inject_usage = policy.rewrites();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
             let (body, info, whole) = match read {
                 Ok(read) => read,
@@ -120,6 +123,9 @@ where
             }
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             let inner = sent.await;
+            if let Ok(resp) = &inner {
+                policy.response_head(resp.headers());
+            }
             Ok(Metered { meter, inner })
         })
     }
@@ -265,7 +271,12 @@ mod tests {
             })
         };
         let (_, rec) = recorder();
-        let svc = InspectLayer::new(max, inject).layer(stub);
+        let setting = if inject {
+            inject::Setting::On
+        } else {
+            inject::Setting::Off
+        };
+        let svc = InspectLayer::new(max, Arc::new(Policy::new(setting))).layer(stub);
         let answer = svc.oneshot(metered(&rec, req)).await.expect("infallible");
         let mut seen = std::mem::take(&mut *seen.lock().expect("lock"));
         // What the meter was sent with.
@@ -376,7 +387,10 @@ mod tests {
         ServiceBuilder::new()
             .layer(MeteringLayer::new(rec, None))
             .layer(UpgradesLayer)
-            .layer(InspectLayer::new(1024, false))
+            .layer(InspectLayer::new(
+                1024,
+                Arc::new(Policy::new(inject::Setting::Off)),
+            ))
             .service(stub)
     }
 

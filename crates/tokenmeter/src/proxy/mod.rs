@@ -58,6 +58,7 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceBuilder;
 
 use crate::error::BoxError;
+use crate::inject;
 use crate::meter::Recorder;
 use crate::overload::Limiter;
 use crate::record::Outcome;
@@ -106,6 +107,7 @@ pub fn stack(
     recorder: Arc<Recorder>,
     tls: &ClientTls,
     limiter: Arc<Limiter>,
+    inject: Arc<inject::Policy>,
 ) -> Proxy {
     ServiceBuilder::new()
         .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
@@ -115,10 +117,7 @@ pub fn stack(
             cfg.admission.retry_after,
         ))
         // Above: `Metered<Request>`. Inspect sends the meter; below: `Request<ProxyBody>`.
-        .layer(inspect::InspectLayer::new(
-            cfg.max_request_body,
-            cfg.inject_usage,
-        ))
+        .layer(inspect::InspectLayer::new(cfg.max_request_body, inject))
         .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
         .service(upstream::Upstream::new(cfg, tls))
 }
