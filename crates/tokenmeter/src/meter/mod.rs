@@ -652,13 +652,8 @@ impl Clock {
             // Upstream errors, timeouts, refusals and every non-2xx answer.
             _ => slo::End::Failed,
         };
-        let decode_tps = match (f.api, f.decode_time()) {
-            (Api::Unknown, _) | (_, None) => None,
-            (_, Some(d)) if f.output_tokens >= 2 && !d.is_zero() => {
-                Some((f.output_tokens - 1) as f64 / d.as_secs_f64())
-            }
-            _ => None,
-        };
+        // A burst has no speed to judge: its tokens/s target is not missed, nor met by it.
+        let decode_tps = f.tokens_per_second();
         let obs = slo::Observation {
             ttft: f.first_token,
             decode_tps,

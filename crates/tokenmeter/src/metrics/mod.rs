@@ -96,6 +96,7 @@ pub struct Metrics {
     input_tokens_total: IntCounterVec,
     tokens_per_event: HistogramVec,
     max_stall: HistogramVec,
+    bursts: IntCounterVec,
     first_output: HistogramVec,
     reasoning_tokens_total: IntCounterVec,
     cached_input_tokens_total: IntCounterVec,
@@ -439,6 +440,12 @@ impl Metrics {
                 "Per request: the longest gap between two token-bearing events (TTFT not counted).",
                 &m,
                 &b.stall,
+            )?,
+            bursts: counter(
+                &r,
+                names::REQUEST_BURSTS_TOTAL,
+                "Requests whose tokens all arrived faster than 50 us each with no engine-stated decode time: a burst, not a speed, left out of the tokens/s and TPOT histograms.",
+                &m,
             )?,
             first_output: histogram(
                 &r,
