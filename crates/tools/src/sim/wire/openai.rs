@@ -2,7 +2,9 @@
 //! them: a role chunk first (written with the first token, after prefill), `finish_reason` on
 //! the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage` is
 //! set (with vLLM's per-request `metrics` object under `--enable-per-request-metrics`), then
-//! `data: [DONE]`. With the prefix cache on, the
+//! `data: [DONE]`. The other chunks carry no `"usage": null` whether usage is asked for or not,
+//! as vLLM's chat stream writes them (OpenAI's own API adds it to every chunk when asked), so
+//! asking for usage adds the usage chunk and changes nothing else. With the prefix cache on, the
 //! usage states its share as `prompt_tokens_details.cached_tokens`, as vLLM does. A chunk carries
 //! the text of every token its step made (several under `--tokens-per-event` or speculative
 //! decoding, as vLLM sends them).
@@ -76,9 +78,6 @@ pub(super) fn head(r: &Reply, out: &mut String) {
     }
     prefix(r, out);
     out.push_str("\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]");
-    if r.include_usage {
-        out.push_str(",\"usage\":null");
-    }
     out.push_str("}\n\n");
 }
 
@@ -100,9 +99,6 @@ pub(super) fn event(r: &Reply, index: u32, tokens: &[Token], out: &mut String) {
         let _ = write!(out, "\"{}\"}}]", finish_reason(r));
     } else {
         out.push_str("null}]");
-    }
-    if r.include_usage {
-        out.push_str(",\"usage\":null");
     }
     out.push_str("}\n\n");
 }

@@ -474,3 +474,35 @@ fn the_request_s_drafts_ride_on_the_usage_chunk() {
     assert!(out.contains("\"metrics\""), "{out}");
     assert!(!out.contains("speculative_decoding"), "{out}");
 }
+
+/// Asking for usage adds the usage chunk and nothing else, as vLLM's chat stream does: what a
+/// proxy that asks on a client's behalf (`--inject-usage`) removes again leaves the bytes the
+/// client would have had.
+#[test]
+fn asking_for_usage_adds_the_usage_chunk_only() {
+    for route in [Handler::Chat, Handler::Completions] {
+        let with = stream(route, 3);
+        let without = {
+            let r = Reply {
+                include_usage: false,
+                ..response(route, true, 3)
+            };
+            let mut out = String::new();
+            let mut text = String::new();
+            let mut w = Words::new(Rng::new(1));
+            r.head(&mut out);
+            for i in 0..3 {
+                let t = w.next_token();
+                text.push_str(t.text);
+                r.event(i, &[t], &text, &mut out);
+            }
+            r.tail(&Timings::default(), &mut out);
+            out
+        };
+        let usage_chunk = with
+            .split_inclusive("\n\n")
+            .find(|e| e.contains("\"choices\":[],\"usage\":{"))
+            .expect("a usage chunk");
+        assert_eq!(with.replacen(usage_chunk, "", 1), without, "{route:?}");
+    }
+}
