@@ -173,8 +173,8 @@ pub struct SimArgs {
     pub stall_for: Duration,
 
     /// Put vLLM's per-request `metrics` object (queue, prefill and generation time, as the
-    /// simulated engine timed them) on the usage chunk of OpenAI streams, as vLLM does with the
-    /// same flag.
+    /// simulated engine timed them, and under --spec-acceptance the request's drafts) on the
+    /// usage chunk of OpenAI streams, as vLLM does with the same flag.
     #[arg(long, env = "TOKENMETER_SIM_ENABLE_PER_REQUEST_METRICS")]
     pub enable_per_request_metrics: bool,
 
