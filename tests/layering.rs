@@ -118,9 +118,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "app",
         &[
-            "admin", "capacity", "config", "context", "drain", "engine", "meter", "metrics",
-            "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server", "tenant", "tls",
-            "ui",
+            "admin", "capacity", "config", "context", "drain", "engine", "inject", "meter",
+            "metrics", "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server",
+            "tenant", "tls", "ui",
         ],
     ),
 ];

@@ -150,7 +150,8 @@ fn per_event(s: &str) -> (f64, f64, f64) {
     )
 }
 
-/// (a) With `--inject-usage`: the exact 200 tokens a request from the usage report the proxy
+/// (a) With `--inject-usage on`, and with its default, `auto`, once tokenmeter has read the
+/// simulator's vLLM-dialect page: the exact 200 tokens a request from the usage report the proxy
 /// asked for, and the client's bytes those the simulator sends a client that did not ask.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_usage_counts_every_token_of_a_multi_token_event() {
@@ -158,39 +159,62 @@ async fn injected_usage_counts_every_token_of_a_multi_token_event() {
         "http://{}",
         start_sim(sim_flags(&["--tokens-per-event", "3"])).await
     );
-    let proxy = spawn_proxy(&sim, &["--inject-usage"]).await;
-    for (path, body) in requests() {
-        let direct = post(&sim, path, &body).await;
+    let page = format!("{sim}/metrics");
+    for (round, flags) in [
+        vec!["--inject-usage"],
+        vec!["--engine-metrics", page.as_str()],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let proxy = spawn_proxy(&sim, &flags).await;
+        if flags.contains(&"--engine-metrics") {
+            // `auto` rewrites once it knows the upstream is an engine that adds nothing else.
+            proxy
+                .eventually(|s| {
+                    metric("tokenmeter_engine_metrics_scrapes_total")
+                        .label("result", "ok")
+                        .sum(s)
+                        >= 1.0
+                })
+                .await;
+        }
+        for (path, body) in requests() {
+            let direct = post(&sim, path, &body).await;
+            assert_eq!(
+                token_events(&direct.body),
+                EVENTS as usize,
+                "{path}: {PER_EVENT} tokens an event"
+            );
+            let via = post(&proxy.url(), path, &body).await;
+            assert_eq!(
+                deterministic(&via.body),
+                deterministic(&direct.body),
+                "{flags:?} {path}: the client sees what the simulator sends without injection"
+            );
+        }
+        let s = proxy.settled(2.0).await;
         assert_eq!(
-            token_events(&direct.body),
-            EVENTS as usize,
-            "{path}: {PER_EVENT} tokens an event"
+            metric("tokenmeter_output_tokens_total").sum(&s),
+            f64::from(2 * OUTPUT),
+            "{flags:?} {s}"
         );
-        let via = post(&proxy.url(), path, &body).await;
         assert_eq!(
-            deterministic(&via.body),
-            deterministic(&direct.body),
-            "{path}: the client sees what the simulator sends without injection"
+            metric("tokenmeter_token_count_source_total")
+                .label("source", "usage")
+                .sum(&s),
+            2.0,
+            "{flags:?}"
         );
+        // The simulator made 200 tokens for each of the four requests of a round (two direct,
+        // two through).
+        let rounds = round as u32 + 1;
+        assert_eq!(sim_generated(&sim).await, f64::from(4 * OUTPUT * rounds));
+        // (c) The histogram sees each event as one token: the usage comes only at the end, so
+        // it corrects the total but not the events already observed.
+        let events = f64::from(2 * EVENTS);
+        assert_eq!(per_event(&s), (events, events, events), "{s}");
     }
-    let s = proxy.settled(2.0).await;
-    assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
-        f64::from(2 * OUTPUT),
-        "{s}"
-    );
-    assert_eq!(
-        metric("tokenmeter_token_count_source_total")
-            .label("source", "usage")
-            .sum(&s),
-        2.0
-    );
-    // The simulator made 200 tokens for each of the four requests (two direct, two through).
-    assert_eq!(sim_generated(&sim).await, f64::from(4 * OUTPUT));
-    // (c) The histogram sees each event as one token: the usage comes only at the end, so it
-    // corrects the total but not the events already observed.
-    let events = f64::from(2 * EVENTS);
-    assert_eq!(per_event(&s), (events, events, events), "{s}");
 }
 
 /// (b) Without `--inject-usage` a client that does not ask for usage leaves tokenmeter only the
@@ -201,8 +225,7 @@ async fn without_injection_multi_token_events_are_counted_one_each() {
         "http://{}",
         start_sim(sim_flags(&["--tokens-per-event", "3"])).await
     );
-    // default today: no injection
-    let proxy = spawn_proxy(&sim, &[]).await;
+    let proxy = spawn_proxy(&sim, &["--inject-usage", "off"]).await;
     let s = through(&proxy).await;
     assert_eq!(
         metric("tokenmeter_output_tokens_total").sum(&s),
