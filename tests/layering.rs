@@ -40,6 +40,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("context", &[]),
     ("error", &[]),
+    // The model's tokenizer and chat template: text in, counts out.
+    ("tokenize", &[]),
     // The Prometheus text reader: the engine's page, and the tools' scrapes of our own.
     ("exposition", &[]),
     // What the request path is made of, bottom up.
