@@ -84,7 +84,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "meter",
         &[
-            "capacity", "context", "cost", "metrics", "protocol", "read", "record", "slo", "tenant",
+            "capacity", "context", "cost", "metrics", "protocol", "ratelog", "read", "record",
+            "slo", "tenant", "tokenize",
         ],
     ),
     // The tap observes; it names the idle wrapper's error `timeout`.
@@ -95,7 +96,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "proxy",
         &[
             "drain", "error", "idle", "inject", "meter", "overload", "protocol", "ratelog", "read",
-            "record", "tap", "tls", "units", "upgrade",
+            "record", "tap", "tls", "tokenize", "units", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile", "record", "units"]),
@@ -122,7 +123,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "admin", "capacity", "config", "context", "drain", "engine", "inject", "meter",
             "metrics", "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server",
-            "tenant", "tls", "ui",
+            "tenant", "tls", "tokenize", "ui",
         ],
     ),
 ];

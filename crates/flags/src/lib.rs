@@ -200,6 +200,20 @@ pub struct ProxyArgs {
     )]
     pub inject_usage: inject::Setting,
 
+    /// The model's tokenizer, for what no usage report gives: a tokenizer.json, or the model's
+    /// directory holding it with its chat template. Prompts are counted as they are sent (so the
+    /// TTFT has its prompt band at once), requests that end without usage (a client that left)
+    /// are counted from their text, and the server's usage is checked against it. Repeat as
+    /// MODEL=PATH for several models; a bare PATH serves every other model. Read at start: a bad
+    /// file fails the start.
+    #[arg(
+        long,
+        env = "TOKENMETER_TOKENIZER",
+        value_name = "PATH|MODEL=PATH",
+        value_delimiter = ','
+    )]
+    pub tokenizer: Vec<String>,
+
     /// The upstream's wire format; "auto" recognises it per response from the first event (the
     /// request path breaks ties). Pin it when auto-detection guesses wrong.
     #[arg(long, env = "TOKENMETER_API", default_value = "auto", value_parser = api_names())]
@@ -689,6 +703,7 @@ impl ProxyArgs {
             engine_metrics_interval: self.engine_metrics_interval,
             tenants,
             request_log: self.request_log.clone(),
+            tokenizers: self.tokenizer.clone(),
             tracing: TracingConfig::from_flags(
                 otlp::settings::Flags {
                     endpoint: self.otlp_endpoint.as_deref(),

@@ -29,6 +29,7 @@ use crate::server::{Background, BindError, Parts, Server};
 use crate::tenant::Tenants;
 use crate::tls::listener::ServerTls;
 use crate::tls::TlsError;
+use crate::tokenize::{self, Tokenizers};
 use crate::ui::Ui;
 
 /// Why the process could not start.
@@ -45,12 +46,17 @@ pub enum StartError {
         path: String,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Tokenizer(#[from] tokenize::LoadError),
 }
 
 impl StartError {
     /// A configuration the user must fix (exit 64), not a failure of the machine.
     pub fn is_usage(&self) -> bool {
-        matches!(self, StartError::Tls(_) | StartError::RequestLog { .. })
+        matches!(
+            self,
+            StartError::Tls(_) | StartError::RequestLog { .. } | StartError::Tokenizer(_)
+        )
     }
 }
 
@@ -120,6 +126,19 @@ fn engine_reader(
     Ok(Some(Box::pin(reader.run())))
 }
 
+/// `--tokenizer`'s files, read and checked now: a bad one fails the start, naming its path.
+fn tokenizers(cfg: &Config) -> Result<Option<Arc<Tokenizers>>, StartError> {
+    if cfg.tokenizers.is_empty() {
+        return Ok(None);
+    }
+    let loaded = Tokenizers::load(&cfg.tokenizers)?;
+    tracing::info!(
+        tokenizers = cfg.tokenizers.len(),
+        "counting prompts and answers with the model's tokenizer (--tokenizer)"
+    );
+    Ok(Some(Arc::new(loaded)))
+}
+
 /// With `--replicas auto`: the upstream's addresses, counted for the capacity model.
 fn replica_watch(cfg: &Config, capacity: &Arc<Capacity>) -> Option<Background> {
     if cfg.replicas != replicas::Setting::Auto {
@@ -159,6 +178,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
     );
     let limiter = Arc::new(Limiter::new(cfg.proxy.admission.max_in_flight));
     let inject = Arc::new(inject::Policy::new(cfg.proxy.inject_usage));
+    let tokenizers = tokenizers(cfg)?;
     let conns = Arc::new(Connections::with_cap(cfg.server.max_connections));
     metrics.set_limits(
         cfg.proxy.admission.max_in_flight,
@@ -187,6 +207,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
             &client_tls,
             Arc::clone(&limiter),
             inject,
+            tokenizers,
         ),
         tls,
         metrics_tls,

@@ -35,6 +35,7 @@ pub const INPUT_TOKENS_TOTAL: &str = "tokenmeter_input_tokens_total";
 pub const TOKENS_PER_EVENT: &str = "tokenmeter_tokens_per_event";
 pub const REQUEST_MAX_STALL_SECONDS: &str = "tokenmeter_request_max_stall_seconds";
 pub const REQUEST_BURSTS_TOTAL: &str = "tokenmeter_request_bursts_total";
+pub const TOKENIZER_CHECKS_TOTAL: &str = "tokenmeter_tokenizer_checks_total";
 pub const TIME_TO_FIRST_OUTPUT_SECONDS: &str = "tokenmeter_time_to_first_output_seconds";
 pub const REASONING_TOKENS_TOTAL: &str = "tokenmeter_reasoning_tokens_total";
 pub const CACHED_INPUT_TOKENS_TOTAL: &str = "tokenmeter_cached_input_tokens_total";

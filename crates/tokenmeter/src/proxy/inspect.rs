@@ -6,6 +6,9 @@
 //! head whether the upstream is OpenAI's own API, where it must not. Anything else, and anything larger, streams through as it
 //! comes ([`Prefixed`] forwards what was read before the limit was crossed).
 //!
+//! With `--tokenizer`, the request's prompt is counted too: on the blocking pool, from the body
+//! read whole, while the request is already on its way ([`Counting`]).
+//!
 //! What was learnt is handed to the request's meter as the request is sent
 //! ([`Meter::send`](crate::meter::Meter::send)): from then on the request is in flight. A body
 //! that fails while it is read is an error like any other, 400 `request_body`, which the
@@ -30,13 +33,17 @@ use super::resend::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::inject::{self, Policy};
+use crate::meter::Counting;
 use crate::protocol::request::{self, RequestInfo};
+use crate::protocol::{detect, Api};
+use crate::tokenize::Tokenizers;
 
 /// Builds [`Inspect`] services.
 #[derive(Clone)]
 pub struct InspectLayer {
     max_request_body: usize,
     inject: Arc<Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 }
 
 /// Reads the request, sends its meter, then calls the stack below.
@@ -45,6 +52,7 @@ pub struct Inspect<S> {
     inner: S,
     max_request_body: usize,
     inject: Arc<Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 }
 
 // === impl InspectLayer ===
@@ -55,7 +63,14 @@ impl InspectLayer {
         InspectLayer {
             max_request_body,
             inject,
+            tokenizers: None,
         }
+    }
+
+    /// Counts prompts (and, through the meter, answers) with these tokenizers (`--tokenizer`).
+    pub fn with_tokenizers(mut self, tokenizers: Option<Arc<Tokenizers>>) -> Self {
+        self.tokenizers = tokenizers;
+        self
     }
 }
 
@@ -67,6 +82,7 @@ impl<S> Layer<S> for InspectLayer {
             inner,
             max_request_body: self.max_request_body,
             inject: Arc::clone(&self.inject),
+            tokenizers: self.tokenizers.clone(),
         }
     }
 }
@@ -100,6 +116,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (max, policy) = (self.max_request_body, Arc::clone(&self.inject));
+        let tokenizers = self.tokenizers.clone();
         let Metered {
             mut meter,
             inner: req,
@@ -117,7 +134,11 @@ where
                     return Ok(Metered { meter, inner });
                 }
             };
+            let counting = counting(tokenizers.as_deref(), path, &info, whole.as_ref());
             meter.send(&parts, info);
+            if let Some(c) = counting {
+                meter.count_with(c);
+            }
             if let Some(whole) = whole {
                 parts.extensions.insert(Replayable(whole));
             }
@@ -129,6 +150,22 @@ where
             Ok(Metered { meter, inner })
         })
     }
+}
+
+/// The counting of a request an OpenAI-compatible path sends with a body read whole, when a
+/// tokenizer is given for its model; its prompt's count starts now.
+fn counting(
+    tokenizers: Option<&Tokenizers>,
+    path: &str,
+    info: &RequestInfo,
+    whole: Option<&Bytes>,
+) -> Option<Counting> {
+    let body = whole.filter(|b| !b.is_empty())?;
+    if detect::path_hint(path) != Some(Api::OpenAi) {
+        return None;
+    }
+    let tokenizer = tokenizers?.for_model(info.model.as_deref())?;
+    Some(Counting::start(Arc::clone(tokenizer), path, body.clone()))
 }
 
 /// Reads a JSON body up to `max`; anything else, or anything larger, streams through. The body

@@ -63,6 +63,7 @@ use crate::meter::Recorder;
 use crate::overload::Limiter;
 use crate::record::Outcome;
 use crate::tls::client::{self as tls_client, ClientTls, Failure};
+use crate::tokenize::Tokenizers;
 
 pub mod admission;
 pub mod inspect;
@@ -108,6 +109,7 @@ pub fn stack(
     tls: &ClientTls,
     limiter: Arc<Limiter>,
     inject: Arc<inject::Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 ) -> Proxy {
     ServiceBuilder::new()
         .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
@@ -117,7 +119,7 @@ pub fn stack(
             cfg.admission.retry_after,
         ))
         // Above: `Metered<Request>`. Inspect sends the meter; below: `Request<ProxyBody>`.
-        .layer(inspect::InspectLayer::new(cfg.max_request_body, inject))
+        .layer(inspect::InspectLayer::new(cfg.max_request_body, inject).with_tokenizers(tokenizers))
         .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
         .service(upstream::Upstream::new(cfg, tls))
 }
