@@ -416,6 +416,21 @@ fn chat_template_jinja_wins_and_a_tokenizer_json_path_finds_its_neighbours() {
 }
 
 #[test]
+fn template_files_replace_the_configs_templates() {
+    let dir = model_dir(Some("{{ 'from the config' }}"));
+    let extra = dir.path().join("additional_chat_templates");
+    std::fs::create_dir(&extra).unwrap();
+    std::fs::write(extra.join("tool_use.jinja"), "{{ tools | length }} tools").unwrap();
+    let tok = load_dir(dir.path());
+    // Only a tool_use file: requests without tools have no template.
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(chat(&tok, body.clone()), None);
+    let mut with_tools = body;
+    with_tools["tools"] = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    assert_eq!(chat(&tok, with_tools), exact(2));
+}
+
+#[test]
 fn a_named_template_list_takes_default_and_tool_use_for_tools() {
     let list = serde_json::json!([
         {"name": "default", "template": "{{ messages[0]['content'] }}"},
@@ -600,6 +615,34 @@ fn hostile_bodies_are_none_or_estimated() {
         completion(&tok, serde_json::json!({"prompt": ids})),
         exact(1 << 20)
     );
+}
+
+#[test]
+fn no_body_panics_whatever_its_bytes() {
+    let tok = tokenizer(Some(QWEN));
+    let bodies = [
+        r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\": [1, 2.5e300, null]}"}}]}, {"role": "tool", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "chat_template_kwargs": {"x": {"y": [true]}}, "truncate_prompt_tokens": 3}"#,
+        r#"{"prompt": [[1, 2], [3]], "add_special_tokens": false, "truncate_prompt_tokens": -1}"#,
+    ];
+    for body in bodies {
+        let bytes = body.as_bytes();
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            // Every prefix, and every byte replaced by a few that matter to JSON and UTF-8.
+            for end in 0..=bytes.len() {
+                tok.prompt_tokens(path, &bytes[..end]);
+            }
+            for at in 0..bytes.len() {
+                for b in [b'"', b'[', b'{', b'}', b'0', b'\\', 0xc3, 0xff] {
+                    let mut mutated = bytes.to_vec();
+                    mutated[at] = b;
+                    tok.prompt_tokens(path, &mutated);
+                }
+            }
+        }
+    }
+    // Ends that are not ascending, or past the text.
+    let out = tok.output_tokens("hello world", &[9, 3, 100, 0]);
+    assert_eq!(out.per_event.iter().sum::<u32>(), 2);
 }
 
 #[test]
@@ -879,8 +922,14 @@ fn cost_of_counting() {
     let output_time = time(&|| {
         tok.output_tokens(&output, &ends);
     });
+    // The parts of the chat count: the rendered text's encoding alone.
+    let text = rendered(&tok, &body);
+    let encode_time = time(&|| {
+        tok.inner.encode_fast(text.as_str(), false).unwrap();
+    });
     println!(
-        "chat prompt: {} tokens ({} bytes of body) in {chat_time:?}; output: {} tokens in {} events in {output_time:?}",
+        "chat prompt: {} tokens ({} bytes of body) in {chat_time:?}, of which encoding {encode_time:?}; \
+         output: {} tokens in {} events in {output_time:?}",
         prompt.tokens,
         body.len(),
         out.tokens,
