@@ -181,37 +181,19 @@ fn completion(tok: &Tokenizer, body: serde_json::Value) -> Option<Count> {
     tok.prompt_tokens("/v1/completions", body.to_string().as_bytes())
 }
 
-/// The text a template renders for a request, through the same steps as a count (but the
-/// tools' normalization: give them as vLLM dumps them).
-fn rendered(tok: &Tokenizer, body: &str) -> String {
-    let request: minijinja::Value = serde_json::from_str(body).unwrap();
-    let template = tok.template.as_ref().unwrap();
-    let conversation = messages::conversation(
-        &request.get_attr("messages").unwrap(),
-        template.content_format(),
-        template.knows_developer_role(),
-    )
-    .unwrap();
-    let tools = request.get_attr("tools").unwrap();
-    template
-        .render(template::Chat {
-            messages: conversation.messages,
-            tools: if tools.is_undefined() {
-                minijinja::Value::from(())
-            } else {
-                tools
-            },
-            documents: minijinja::Value::from(()),
-            add_generation_prompt: true,
-            continue_final_message: false,
-            kwargs: Vec::new(),
-        })
-        .unwrap()
-}
-
 /// A request's tools as the template gets them.
 fn prompt_tools(request: &minijinja::Value) -> minijinja::Value {
     prompt::normalize_tools(&request.get_attr("tools").unwrap()).unwrap()
+}
+
+/// The text a template renders for a request, through the same steps as a count.
+fn rendered(tok: &Tokenizer, body: &str) -> String {
+    let request: minijinja::Value = serde_json::from_str(body).unwrap();
+    let templates = prompt::Templates {
+        default: tok.template.as_ref(),
+        tool_use: tok.tool_template.as_ref(),
+    };
+    prompt::chat_text(&templates, &request).unwrap().0
 }
 
 #[test]
@@ -277,6 +259,30 @@ fn a_list_of_text_parts_is_joined_by_newlines_for_a_string_template() {
 }
 
 #[test]
+fn a_template_that_loops_over_content_gets_parts_even_for_a_string() {
+    // vLLM detects the loop over `m['content']` and hands every message's content as a list of
+    // parts, a string as one; a tool message's text parts are joined back into a string.
+    let template = "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endif %}{% endfor %}";
+    let tok = tokenizer(Some(template));
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello world"},
+                                               {"role": "tool", "content": "hi there"}]});
+    assert_eq!(
+        rendered(&tok, &body.to_string()),
+        "<user>[hello world]<tool>hi there"
+    );
+    // < user >[ hello world ]< tool > hi there
+    assert_eq!(chat(&tok, body), exact(10));
+    let body = serde_json::json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]},
+        {"role": "tool", "content": [{"type": "text", "text": "hi there"}]}]});
+    assert_eq!(
+        rendered(&tok, &body.to_string()),
+        "<user>[hello][world]<tool>hi there"
+    );
+    assert_eq!(chat(&tok, body), exact(11));
+}
+
+#[test]
 fn a_system_message_loses_claude_codes_billing_header_line() {
     let tok = tokenizer(Some(CHATML));
     let body = serde_json::json!({"messages": [
@@ -320,6 +326,7 @@ fn tools_render_through_tojson_as_python_json_dumps() {
          \"description\": \"Ville, e.g. Zürich\"}}, \"required\": [\"city\"]}}}\n\
          </tools><|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(rendered(&tok, as_vllm_dumps), expected);
+    assert_eq!(rendered(&tok, body), expected);
     let request: minijinja::Value = serde_json::from_str(body).unwrap();
     let tools = prompt_tools(&request);
     let dumped: minijinja::Value = serde_json::from_str(as_vllm_dumps).unwrap();
