@@ -9,8 +9,9 @@
 //! `tokenizers` package, saved with the same `tokenizer_config.json`, loaded with
 //! `AutoTokenizer.from_pretrained`, and `apply_chat_template(messages, tokenize=False, ...)`
 //! then `len(tok(text, add_special_tokens=False)["input_ids"])`, with the messages and tools as
-//! vLLM 0.32 reshapes them; the chat counts were also read back from vLLM 0.32's own
-//! `/v1/chat/completions` usage, serving this tokenizer.
+//! vLLM 0.32 reshapes them. The chat and completion counts were also read back from vLLM 0.32's
+//! own usage, serving this tokenizer (all but the tool-call turn's, which is transformers' with
+//! vLLM's `parse_chat_messages` reshaping), and so were which requests it refuses.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
 
