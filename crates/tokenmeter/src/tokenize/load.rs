@@ -5,9 +5,11 @@
 //! cannot contain one). `PATH` is a `tokenizer.json` or a directory with one; beside it, both
 //! optional, are `tokenizer_config.json` and `chat_template.jinja`. From those files:
 //!
-//! - The chat template: `chat_template.jinja` if present, else the config's `chat_template`, a
-//!   string or a list of `{name, template}` (HF uses `tool_use` for a request with tools when
-//!   there is one, `default` otherwise). None: chat requests are not counted.
+//! - The chat template: `chat_template.jinja` (and `additional_chat_templates/tool_use.jinja`)
+//!   if present, else the config's `chat_template`, a string or a list of `{name, template}`
+//!   (HF uses `tool_use` for a request with tools when there is one, `default` otherwise).
+//!   None: chat requests are not counted. (vLLM prefers a multimodal model's processor
+//!   template, for requests without tools; it is not read here.)
 //! - The named special tokens (`bos_token`, `eos_token`, `unk_token`, `sep_token`,
 //!   `pad_token`, `cls_token`, `mask_token`; a string or `{"content": ...}`): given to the
 //!   template, and added to the tokenizer as special tokens if it lacks them, as HF does (with
@@ -340,13 +342,11 @@ impl Config {
         &self,
         dir: &Path,
     ) -> Result<(Option<(PathBuf, String)>, Option<(PathBuf, String)>), LoadError> {
-        let jinja = dir.join("chat_template.jinja");
-        if jinja.is_file() {
-            let source = std::fs::read_to_string(&jinja).map_err(|e| LoadError::Unreadable {
-                path: jinja.clone(),
-                reason: e.to_string(),
-            })?;
-            return Ok((Some((jinja, source)), None));
+        // Template files take the config's place, all of it, when there is one.
+        let default_file = read_template(dir.join("chat_template.jinja"))?;
+        let tool_use_file = read_template(dir.join("additional_chat_templates/tool_use.jinja"))?;
+        if default_file.is_some() || tool_use_file.is_some() {
+            return Ok((default_file, tool_use_file));
         }
         let bad = |reason: &str| LoadError::BadConfig {
             path: self.path.clone(),
@@ -375,6 +375,20 @@ impl Config {
             }
             Some(_) => Err(bad("chat_template is neither a string nor a list")),
         }
+    }
+}
+
+/// A template file, if there is one.
+fn read_template(path: PathBuf) -> Result<Option<(PathBuf, String)>, LoadError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    match std::fs::read_to_string(&path) {
+        Ok(source) => Ok(Some((path, source))),
+        Err(e) => Err(LoadError::Unreadable {
+            reason: e.to_string(),
+            path,
+        }),
     }
 }
 

@@ -34,15 +34,17 @@
 //!   Mistral tokenizers; this runs `tokenizer.json` as written.
 //! - The template runs in MiniJinja, not Jinja2: the syntax, filters and tests are the same,
 //!   Python's string and dict methods are the common ones (`minijinja-contrib`'s `pycompat`),
-//!   and values print as Python prints them; `~` and `{{ }}` of a value nested in a string
-//!   operation use MiniJinja's spelling (`true` for `True`). `strftime_now` is UTC, not the
-//!   engine's local time.
+//!   values print as Python prints them, and the type tests answer as Python does. What
+//!   remains: `~` spells values MiniJinja's way (`true` for `True`), and a `for` over None
+//!   loops zero times where Jinja2 fails the render. `strftime_now` is UTC, not the engine's
+//!   local time.
 //! - vLLM's server-side options are not known here: `--chat-template` (a template other than
 //!   the model's), `--default-chat-template-kwargs`, `--chat-template-content-format` (the
 //!   detected format is used) and a request's own `chat_template` (`None`).
 //! - Key order in messages' nested objects is the request's; vLLM's validation of the message
-//!   types may reorder a `tool_calls` entry's keys, which matters only to a template that prints
-//!   a whole entry as JSON.
+//!   types may reorder a `tool_calls` entry's keys, and it keeps a text part's unknown fields
+//!   (`cache_control`) for a template that takes parts: that matters only to a template that
+//!   prints a whole entry or part.
 
 mod count;
 mod estimate;

@@ -219,6 +219,17 @@ fn chat(
     templates: &Templates<'_>,
     request: &Value,
 ) -> Option<Count> {
+    let (text, text_is_all) = chat_text(templates, request)?;
+    let count = encode(tokenizer, &text, false)?;
+    Some(Count {
+        tokens: count.tokens,
+        exact: count.exact && text_is_all,
+    })
+}
+
+/// The prompt text of a chat request, and whether it is all of the prompt (false when media
+/// parts add tokens the engine's multimodal processor counts).
+pub(crate) fn chat_text(templates: &Templates<'_>, request: &Value) -> Option<(String, bool)> {
     if field(request, "chat_template").is_some() {
         return None;
     }
@@ -299,11 +310,7 @@ fn chat(
             kwargs,
         })
         .ok()?;
-    let count = encode(tokenizer, &rendered, false)?;
-    Some(Count {
-        tokens: count.tokens,
-        exact: count.exact && conversation.exact,
-    })
+    Some((rendered, conversation.exact))
 }
 
 /// The tools as vLLM hands them to the template: each validated as OpenAI's function tool and

@@ -396,6 +396,8 @@ fn is_identifier(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    // Each template's format here is what vLLM 0.32's `_detect_content_format` returns for it.
+
     #[test]
     fn a_template_that_prints_content_takes_strings() {
         // The e2e model's template.

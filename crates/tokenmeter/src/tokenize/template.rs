@@ -71,6 +71,29 @@ impl ChatTemplate {
             python::str(&value, &mut text);
             text
         });
+        // Jinja2's tests as Python answers them, where MiniJinja's differ: None is not
+        // iterable (MiniJinja iterates it as empty: `tools is iterable and tools | length`
+        // then fails on None), strings and dicts are sequences, and a bool is a number.
+        env.add_test("iterable", |value: &Value| {
+            matches!(
+                value.kind(),
+                ValueKind::Undefined
+                    | ValueKind::String
+                    | ValueKind::Bytes
+                    | ValueKind::Seq
+                    | ValueKind::Map
+                    | ValueKind::Iterable
+            )
+        });
+        env.add_test("sequence", |value: &Value| {
+            matches!(
+                value.kind(),
+                ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map
+            )
+        });
+        env.add_test("number", |value: &Value| {
+            matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
+        });
         env.add_function(
             "raise_exception",
             |message: String| -> Result<Value, Error> {
@@ -385,6 +408,16 @@ mod tests {
             )
             .unwrap(),
             "Ax11True"
+        );
+        // Jinja2's tests: None is not iterable (so the `length` is never reached), a string
+        // and a dict are sequences, a bool is a number.
+        assert_eq!(
+            render(
+                "{% if tools is iterable and tools | length > 0 %}t{% endif %}{{ none is iterable }} {{ x is iterable }} {{ 'ab' is sequence }} {{ {} is sequence }} {{ 1 is sequence }} {{ true is number }} {{ true is integer }}",
+                chat(user)
+            )
+            .unwrap(),
+            "False True True True False True False"
         );
         // HF's {% generation %} tag prints its body.
         assert_eq!(

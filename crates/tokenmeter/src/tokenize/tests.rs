@@ -9,8 +9,9 @@
 //! `tokenizers` package, saved with the same `tokenizer_config.json`, loaded with
 //! `AutoTokenizer.from_pretrained`, and `apply_chat_template(messages, tokenize=False, ...)`
 //! then `len(tok(text, add_special_tokens=False)["input_ids"])`, with the messages and tools as
-//! vLLM 0.32 reshapes them; the chat counts were also read back from vLLM 0.32's own
-//! `/v1/chat/completions` usage, serving this tokenizer.
+//! vLLM 0.32 reshapes them. The chat and completion counts were also read back from vLLM 0.32's
+//! own usage, serving this tokenizer (all but the tool-call turn's, which is transformers' with
+//! vLLM's `parse_chat_messages` reshaping), and so were which requests it refuses.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
 
@@ -181,37 +182,19 @@ fn completion(tok: &Tokenizer, body: serde_json::Value) -> Option<Count> {
     tok.prompt_tokens("/v1/completions", body.to_string().as_bytes())
 }
 
-/// The text a template renders for a request, through the same steps as a count (but the
-/// tools' normalization: give them as vLLM dumps them).
-fn rendered(tok: &Tokenizer, body: &str) -> String {
-    let request: minijinja::Value = serde_json::from_str(body).unwrap();
-    let template = tok.template.as_ref().unwrap();
-    let conversation = messages::conversation(
-        &request.get_attr("messages").unwrap(),
-        template.content_format(),
-        template.knows_developer_role(),
-    )
-    .unwrap();
-    let tools = request.get_attr("tools").unwrap();
-    template
-        .render(template::Chat {
-            messages: conversation.messages,
-            tools: if tools.is_undefined() {
-                minijinja::Value::from(())
-            } else {
-                tools
-            },
-            documents: minijinja::Value::from(()),
-            add_generation_prompt: true,
-            continue_final_message: false,
-            kwargs: Vec::new(),
-        })
-        .unwrap()
-}
-
 /// A request's tools as the template gets them.
 fn prompt_tools(request: &minijinja::Value) -> minijinja::Value {
     prompt::normalize_tools(&request.get_attr("tools").unwrap()).unwrap()
+}
+
+/// The text a template renders for a request, through the same steps as a count.
+fn rendered(tok: &Tokenizer, body: &str) -> String {
+    let request: minijinja::Value = serde_json::from_str(body).unwrap();
+    let templates = prompt::Templates {
+        default: tok.template.as_ref(),
+        tool_use: tok.tool_template.as_ref(),
+    };
+    prompt::chat_text(&templates, &request).unwrap().0
 }
 
 #[test]
@@ -277,6 +260,30 @@ fn a_list_of_text_parts_is_joined_by_newlines_for_a_string_template() {
 }
 
 #[test]
+fn a_template_that_loops_over_content_gets_parts_even_for_a_string() {
+    // vLLM detects the loop over `m['content']` and hands every message's content as a list of
+    // parts, a string as one; a tool message's text parts are joined back into a string.
+    let template = "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}{% endif %}{% endfor %}";
+    let tok = tokenizer(Some(template));
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello world"},
+                                               {"role": "tool", "content": "hi there"}]});
+    assert_eq!(
+        rendered(&tok, &body.to_string()),
+        "<user>[hello world]<tool>hi there"
+    );
+    // < user >[ hello world ]< tool > hi there
+    assert_eq!(chat(&tok, body), exact(10));
+    let body = serde_json::json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]},
+        {"role": "tool", "content": [{"type": "text", "text": "hi there"}]}]});
+    assert_eq!(
+        rendered(&tok, &body.to_string()),
+        "<user>[hello][world]<tool>hi there"
+    );
+    assert_eq!(chat(&tok, body), exact(11));
+}
+
+#[test]
 fn a_system_message_loses_claude_codes_billing_header_line() {
     let tok = tokenizer(Some(CHATML));
     let body = serde_json::json!({"messages": [
@@ -320,6 +327,7 @@ fn tools_render_through_tojson_as_python_json_dumps() {
          \"description\": \"Ville, e.g. Zürich\"}}, \"required\": [\"city\"]}}}\n\
          </tools><|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(rendered(&tok, as_vllm_dumps), expected);
+    assert_eq!(rendered(&tok, body), expected);
     let request: minijinja::Value = serde_json::from_str(body).unwrap();
     let tools = prompt_tools(&request);
     let dumped: minijinja::Value = serde_json::from_str(as_vllm_dumps).unwrap();
@@ -413,6 +421,21 @@ fn chat_template_jinja_wins_and_a_tokenizer_json_path_finds_its_neighbours() {
     let tok = load_dir(&dir.path().join("tokenizer.json"));
     let body = serde_json::json!({"messages": [{"role": "user", "content": "hello world"}]});
     assert_eq!(chat(&tok, body), exact(7));
+}
+
+#[test]
+fn template_files_replace_the_configs_templates() {
+    let dir = model_dir(Some("{{ 'from the config' }}"));
+    let extra = dir.path().join("additional_chat_templates");
+    std::fs::create_dir(&extra).unwrap();
+    std::fs::write(extra.join("tool_use.jinja"), "{{ tools | length }} tools").unwrap();
+    let tok = load_dir(dir.path());
+    // Only a tool_use file: requests without tools have no template.
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(chat(&tok, body.clone()), None);
+    let mut with_tools = body;
+    with_tools["tools"] = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    assert_eq!(chat(&tok, with_tools), exact(2));
 }
 
 #[test]
@@ -600,6 +623,34 @@ fn hostile_bodies_are_none_or_estimated() {
         completion(&tok, serde_json::json!({"prompt": ids})),
         exact(1 << 20)
     );
+}
+
+#[test]
+fn no_body_panics_whatever_its_bytes() {
+    let tok = tokenizer(Some(QWEN));
+    let bodies = [
+        r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\"a\": [1, 2.5e300, null]}"}}]}, {"role": "tool", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "chat_template_kwargs": {"x": {"y": [true]}}, "truncate_prompt_tokens": 3}"#,
+        r#"{"prompt": [[1, 2], [3]], "add_special_tokens": false, "truncate_prompt_tokens": -1}"#,
+    ];
+    for body in bodies {
+        let bytes = body.as_bytes();
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            // Every prefix, and every byte replaced by a few that matter to JSON and UTF-8.
+            for end in 0..=bytes.len() {
+                tok.prompt_tokens(path, &bytes[..end]);
+            }
+            for at in 0..bytes.len() {
+                for b in [b'"', b'[', b'{', b'}', b'0', b'\\', 0xc3, 0xff] {
+                    let mut mutated = bytes.to_vec();
+                    mutated[at] = b;
+                    tok.prompt_tokens(path, &mutated);
+                }
+            }
+        }
+    }
+    // Ends that are not ascending, or past the text.
+    let out = tok.output_tokens("hello world", &[9, 3, 100, 0]);
+    assert_eq!(out.per_event.iter().sum::<u32>(), 2);
 }
 
 #[test]
@@ -879,8 +930,14 @@ fn cost_of_counting() {
     let output_time = time(&|| {
         tok.output_tokens(&output, &ends);
     });
+    // The parts of the chat count: the rendered text's encoding alone.
+    let text = rendered(&tok, &body);
+    let encode_time = time(&|| {
+        tok.inner.encode_fast(text.as_str(), false).unwrap();
+    });
     println!(
-        "chat prompt: {} tokens ({} bytes of body) in {chat_time:?}; output: {} tokens in {} events in {output_time:?}",
+        "chat prompt: {} tokens ({} bytes of body) in {chat_time:?}, of which encoding {encode_time:?}; \
+         output: {} tokens in {} events in {output_time:?}",
         prompt.tokens,
         body.len(),
         out.tokens,
