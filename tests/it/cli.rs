@@ -62,6 +62,26 @@ fn bad_configuration_is_one_line_and_a_nonzero_exit() {
     );
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--no-ui"), "{err}");
+    let (code, err) = run_err(&[
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--inject-usage",
+        "maybe",
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("--inject-usage"), "{err}");
+    // A tokenizer that is not there: one line naming its path, before anything is bound.
+    let (code, err) = run_err(&[
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--gpus",
+        "1",
+        "--tokenizer",
+        "/nonexistent/tokenizer-dir",
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/tokenizer-dir"), "{err}");
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = busy.local_addr().expect("addr").to_string();
