@@ -18,6 +18,7 @@
 //!
 //! The text is dropped once counted; nothing of it is logged.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -28,6 +29,43 @@ use crate::ratelog::{RateLimited, LOG_PERIOD};
 use crate::read::Transcript;
 use crate::record::Finished;
 use crate::tokenize::{Count, Tokenizer};
+
+/// The most tokenizing jobs queued or running at once, over the whole process: a prompt or an
+/// answer past this is not counted by the tokenizer (its request keeps what the stream says), so
+/// a burst of long prompts cannot queue without bound, each holding its body. 256 jobs of a few
+/// milliseconds each are a second of work for a core: far beyond what a steady load needs, and
+/// bounded in memory by 256 bodies.
+pub const MAX_JOBS: usize = 256;
+
+static JOBS: AtomicUsize = AtomicUsize::new(0);
+
+/// A place among [`MAX_JOBS`], given back when dropped.
+pub struct Job(());
+
+impl Job {
+    /// A place, if there is one.
+    pub fn take() -> Option<Job> {
+        JOBS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_JOBS).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Job(()))
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        JOBS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Runs `job` on the blocking pool (inline where there is no runtime, as in a unit test).
+pub fn run_blocking(job: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(job)),
+        Err(_) => job(),
+    }
+}
 
 /// Where a check's two counts stand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,19 +141,16 @@ pub struct Settled {
 
 impl Counting {
     /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
-    /// blocking pool (inline where there is no runtime, as in a unit test).
+    /// blocking pool, if a place is free among [`MAX_JOBS`] (else it is not counted).
     pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
         let prompt = Arc::new(OnceLock::new());
-        let job = {
+        if let Some(place) = Job::take() {
             let (tokenizer, prompt, path) =
                 (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
-            move || {
+            run_blocking(move || {
                 let _ = prompt.set(tokenizer.prompt_tokens(&path, &body));
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(job)),
-            Err(_) => job(),
+                drop(place);
+            });
         }
         Counting { tokenizer, prompt }
     }

@@ -587,8 +587,11 @@ impl State {
             ident: s.ident.clone(),
             gpu_seconds: None,
         };
-        let Some(counting) = self.clock.counting.take() else {
-            self.record(f, Settled::default(), None, now, wall);
+        // A place among the tokenizing jobs; without one the request keeps the stream's counts.
+        let Some((counting, place)) = self.clock.counting.take().zip(counting::Job::take()) else {
+            // Sizes held back for a tokenizer are the stream's own then.
+            let transcript = self.reader.take_transcript();
+            self.record(f, Settled::default(), transcript, now, wall);
             return;
         };
         // With a tokenizer the counts are settled first, on the blocking pool: tokenizing the
@@ -599,12 +602,10 @@ impl State {
             let mut f = f;
             let mismatches = &self.clock.recorder.mismatches;
             let settled = counting.settle(&mut f, transcript.as_deref(), token_ids, mismatches);
+            drop(place);
             self.record(f, settled, transcript, now, wall);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(job)),
-            Err(_) => job(),
-        }
+        counting::run_blocking(job);
     }
 
     /// Records `f`, finished at `now`: judged, charged, and handed to every sink. `settled` is
