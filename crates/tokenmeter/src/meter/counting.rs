@@ -18,7 +18,7 @@
 //!
 //! The text is dropped once counted; nothing of it is logged.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -30,40 +30,61 @@ use crate::read::Transcript;
 use crate::record::Finished;
 use crate::tokenize::{Count, Tokenizer};
 
-/// The most tokenizing jobs queued or running at once, over the whole process: a prompt or an
-/// answer past this is not counted by the tokenizer (its request keeps what the stream says), so
-/// a burst of long prompts cannot queue without bound, each holding its body. 256 jobs of a few
+/// The most tokenizing jobs waiting at once, over the whole process: a prompt or an answer past
+/// this is not counted by the tokenizer (its request keeps what the stream says), so a burst of
+/// long prompts cannot queue without bound, each holding its body. 256 jobs of a few
 /// milliseconds each are a second of work for a core: far beyond what a steady load needs, and
 /// bounded in memory by 256 bodies.
 pub const MAX_JOBS: usize = 256;
 
-static JOBS: AtomicUsize = AtomicUsize::new(0);
+/// Threads that tokenize: as many as the machine has cores, at most this many. A thread of its
+/// own, not tokio's blocking pool: that pool starts a thread for every job it cannot hand to an
+/// idle one (up to 512), and a burst of 8,000 streams left hundreds of threads' stacks resident
+/// (4 KiB more per open stream in the loopback benchmark). Tokenizing is CPU-bound: more
+/// threads than cores only queue in the kernel instead of here.
+pub const MAX_THREADS: usize = 4;
 
-/// A place among [`MAX_JOBS`], given back when dropped.
-pub struct Job(());
+type Work = Box<dyn FnOnce() + Send>;
 
-impl Job {
-    /// A place, if there is one.
-    pub fn take() -> Option<Job> {
-        JOBS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < MAX_JOBS).then_some(n + 1)
+/// The tokenizing threads' queue, started with the first job.
+fn queue() -> Option<&'static SyncSender<Work>> {
+    static QUEUE: OnceLock<Option<SyncSender<Work>>> = OnceLock::new();
+    QUEUE
+        .get_or_init(|| {
+            let (tx, rx) = sync_channel::<Work>(MAX_JOBS);
+            let rx = Arc::new(Mutex::new(rx));
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, MAX_THREADS);
+            let mut started = 0;
+            for i in 0..threads {
+                let rx = Arc::clone(&rx);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("tokenize-{i}"))
+                    .spawn(move || loop {
+                        // One waits on the queue at a time; the lock is not held while working.
+                        let next = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        match next {
+                            Ok(work) => work(),
+                            Err(_) => return,
+                        }
+                    });
+                started += usize::from(spawned.is_ok());
+            }
+            (started > 0).then_some(tx)
         })
-        .ok()
-        .map(|_| Job(()))
-    }
+        .as_ref()
 }
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        JOBS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Runs `job` on the blocking pool (inline where there is no runtime, as in a unit test).
-pub fn run_blocking(job: impl FnOnce() + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(job)),
-        Err(_) => job(),
+/// Queues `job` for the tokenizing threads; false when [`MAX_JOBS`] are waiting (or no thread
+/// could be started), and `job` is dropped.
+pub fn run_blocking(job: impl FnOnce() + Send + 'static) -> bool {
+    match queue() {
+        Some(tx) => match tx.try_send(Box::new(job)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        },
+        None => false,
     }
 }
 
@@ -141,17 +162,13 @@ pub struct Settled {
 
 impl Counting {
     /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
-    /// blocking pool, if a place is free among [`MAX_JOBS`] (else it is not counted).
+    /// tokenizing threads, unless [`MAX_JOBS`] are waiting (then it is not counted).
     pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
         let prompt = Arc::new(OnceLock::new());
-        if let Some(place) = Job::take() {
-            let (tokenizer, prompt, path) =
-                (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
-            run_blocking(move || {
-                let _ = prompt.set(tokenizer.prompt_tokens(&path, &body));
-                drop(place);
-            });
-        }
+        let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
+        run_blocking(move || {
+            let _ = slot.set(tok.prompt_tokens(&path, &body));
+        });
         Counting { tokenizer, prompt }
     }
 
