@@ -941,6 +941,11 @@ def describe_model(path):
     )
 
 
+MAIN_PHASES = ("guidellm", "capacity", "control", "sdk", "curl", "keepalive")
+BYTES_PHASES = ("bytes", "trace", "memory")
+PHASES = MAIN_PHASES + BYTES_PHASES
+
+
 def main():
     p = argparse.ArgumentParser(description="tokenmeter against a real vLLM and real clients")
     p.add_argument("--tokenmeter", required=True)
@@ -957,7 +962,16 @@ def main():
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--control", default="1,16", help="levels also run straight to vLLM")
+    p.add_argument(
+        "--only", default="",
+        help="for development: run only these phases (comma-separated, of " + ", ".join(PHASES)
+        + "), starting only the servers they need; the report then has only those",
+    )
     cfg = p.parse_args()
+    only = {x for x in cfg.only.split(",") if x}
+    if only - set(PHASES):
+        p.error(f"--only: unknown phase(s) {', '.join(sorted(only - set(PHASES)))}; phases: {', '.join(PHASES)}")
+    run = lambda phase: not only or phase in only  # noqa: E731
     os.makedirs(cfg.out_dir, exist_ok=True)
 
     started = time.monotonic()
@@ -965,50 +979,61 @@ def main():
     tps = tps_bounds()
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
-    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None, "keepalive": None, "startup": {}}
+    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None,
+               "keepalive": None, "startup": {}}
     error = None
     stack = []
     try:
-        vllm, tm, urls = serve(cfg, stack, cfg.model, MODEL_NAME, "main", bounds)
-        results["startup"]["main"] = vllm.ready_after
-        for c in [int(x) for x in cfg.concurrency.split(",")]:
-            results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
-        results["capacity"] = capacity_phase(cfg, urls)
-        for c in [int(x) for x in cfg.control.split(",") if x]:
-            results["control"].append(control_phase(cfg, urls, c))
-        results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
-        results["curl"] = curl_phase(cfg, checks, urls, 64)
-        results["keepalive"] = keepalive_phase(cfg, checks, urls)
-        for s in reversed(stack):
-            s.stop()
-        stack.clear()
-
-        # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
-        # latency phases above run without an exporter beside them.
-        rport = procs.free_port()
-        receiver = procs.Receiver(
-            cfg.vllm_python, os.path.join(cfg.repo, "tests", "otlp", "receiver.py"), rport,
-            os.path.join(cfg.out_dir, "otlp-spans.jsonl"),
-        )  # fmt: skip
-        stack.append(receiver)
-        otlp = f"http://127.0.0.1:{rport}"
-        # Its KV cache is 16 blocks, for the memory case after the byte and trace phases (whose
-        # requests run one at a time and fit it many times over).
-        vllm, tm, urls = serve(
-            cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp,
-            vllm_args=memory.MEMORY_VLLM_ARGS, slos=[memory.MEMORY_CLASS],
-        )  # fmt: skip
-        results["startup"]["bytes"] = vllm.ready_after
-        results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
-        plain = [r for r in results["bytes"] if r["mode"] == "plain"]
-        checks.add(
-            "bytes",
-            "the byte-alphabet model really sends fewer events than tokens",
-            any(r["events"] < r["truth"] for r in plain),
-            "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
-        )
-        results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
-        results["memory"] = memory.phase(cfg, checks, urls, BYTES_MODEL_NAME, settle)
+        if any(run(x) for x in MAIN_PHASES):
+            vllm, tm, urls = serve(cfg, stack, cfg.model, MODEL_NAME, "main", bounds)
+            results["startup"]["main"] = vllm.ready_after
+            if run("guidellm"):
+                for c in [int(x) for x in cfg.concurrency.split(",")]:
+                    results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
+            if run("capacity"):
+                results["capacity"] = capacity_phase(cfg, urls)
+            if run("control"):
+                for c in [int(x) for x in cfg.control.split(",") if x]:
+                    results["control"].append(control_phase(cfg, urls, c))
+            if run("sdk"):
+                results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
+            if run("curl"):
+                results["curl"] = curl_phase(cfg, checks, urls, 64)
+            if run("keepalive"):
+                results["keepalive"] = keepalive_phase(cfg, checks, urls)
+            for s in reversed(stack):
+                s.stop()
+            stack.clear()
+        if any(run(x) for x in BYTES_PHASES):
+            # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
+            # latency phases above run without an exporter beside them.
+            rport = procs.free_port()
+            receiver = procs.Receiver(
+                cfg.vllm_python, os.path.join(cfg.repo, "tests", "otlp", "receiver.py"), rport,
+                os.path.join(cfg.out_dir, "otlp-spans.jsonl"),
+            )  # fmt: skip
+            stack.append(receiver)
+            otlp = f"http://127.0.0.1:{rport}"
+            # Its KV cache is 16 blocks, for the memory case after the byte and trace phases (whose
+            # requests run one at a time and fit it many times over).
+            vllm, tm, urls = serve(
+                cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp,
+                vllm_args=memory.MEMORY_VLLM_ARGS, slos=[memory.MEMORY_CLASS],
+            )  # fmt: skip
+            results["startup"]["bytes"] = vllm.ready_after
+            if run("bytes"):
+                results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
+                plain = [r for r in results["bytes"] if r["mode"] == "plain"]
+                checks.add(
+                    "bytes",
+                    "the byte-alphabet model really sends fewer events than tokens",
+                    any(r["events"] < r["truth"] for r in plain),
+                    "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
+                )
+            if run("trace"):
+                results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
+            if run("memory"):
+                results["memory"] = memory.phase(cfg, checks, urls, BYTES_MODEL_NAME, settle)
     except Exception as e:  # reported loudly below, and the run fails
         error = "".join(traceback.format_exception(e))
         print(f"[e2e] FAIL: the run stopped early:\n{error}", file=sys.stderr, flush=True)
