@@ -149,8 +149,15 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
     )
 
 
+# The product's default flags, as this build of tokenmeter spells them. `--inject-usage auto`
+# (ask the upstream for usage on the client's behalf once it is known to be vLLM, SGLang, TGI or
+# llama.cpp, and strip the report from what the client sees) becomes the default; until this build
+# has it, the bare flag (on from the start) stands in for it. Every tokenmeter here gets them.
+DEFAULT_FLAGS = ["--inject-usage"]
+
+
 def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
-                     capacity_class, otlp=None, request_log=None, slos=()):
+                     capacity_class, otlp=None, request_log=None, slos=(), extra=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
@@ -178,6 +185,7 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         argv += ["--otlp-endpoint", otlp]
     if request_log:
         argv += ["--request-log", request_log]
+    argv += DEFAULT_FLAGS + list(extra)
     return Server(
         "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30
     )

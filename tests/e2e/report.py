@@ -199,7 +199,9 @@ def render(meta, results, checks):
         w(
             "Each row is its own phase: 3 requests of 64 tokens (`ignore_eos`), a new prompt "
             "each. `usage` streams ask for `stream_options.include_usage`, `plain` streams do "
-            "not, `json` is not streamed.\n"
+            "not, `json` is not streamed. With its default flags tokenmeter asks vLLM for usage "
+            "where the client did not and strips the report from the stream, so every row must be "
+            "exact and a `plain` client still sees no usage.\n"
         )
         _token_table(w, results["sdk"])
         cu = results.get("curl")
@@ -241,10 +243,11 @@ def render(meta, results, checks):
             "than tokens. (A stream can also carry fewer events than tokens for another reason: "
             "when vLLM's HTTP side falls behind its engine, it merges the tokens waiting for a "
             "request into one chunk; on a busy machine this happens with the default model too, "
-            "so the error below mixes both.) Each row: 4 requests of 256 tokens. Where the stream reports `usage` "
-            "(or vLLM's `token_ids`, on request) tokenmeter's count must be exact; where it "
-            "does not, tokenmeter can only count token-bearing events, and the last column is "
-            "the error of doing so against vLLM's own count.\n"
+            "so the error below mixes both.) Each row: 4 requests of 256 tokens. With its default "
+            "flags tokenmeter asks vLLM for usage where the client did not (and strips it from "
+            "what the client sees), so its count must be exact in every row; the last column is "
+            "the error a meter that counts the client's token-bearing events would make against "
+            "vLLM's own count.\n"
         )
         _token_table(w, results["bytes"], error=True)
     if results.get("memory"):

@@ -689,7 +689,11 @@ SDK_CASES = [
     ("chat", "json"),
 ]
 BYTES_CASES = SDK_CASES + [("completions", "json"), ("chat", "token_ids"), ("completions", "token_ids")]
-SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "counted", "token_ids": "token_ids"}
+# Where tokenmeter's count comes from, by what the client asked. With the default flags
+# tokenmeter asks vLLM for usage on the client's behalf (`--inject-usage`, procs.DEFAULT_FLAGS),
+# so a stream the client did not ask usage for is counted from usage too, and the client still
+# sees none.
+SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "usage", "token_ids": "usage"}
 
 
 def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
@@ -706,6 +710,7 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
         usage = sum(r["usage_out"] for r in recs) if mode in ("usage", "json") else None
         sources = t.by_label("tokenmeter_token_count_source_total", "source")
         outcomes = t.by_label("tokenmeter_requests_total", "outcome")
+        tm_events = t.histogram("tokenmeter_tokens_per_event").count
         row = {
             "endpoint": endpoint,
             "mode": mode,
@@ -714,6 +719,7 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
             "events": events,
             "usage": usage,
             "tm": tm_out,
+            "tm_events": tm_events,
             "sources": sources,
         }
         rows.append(row)
@@ -721,23 +727,25 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
                      tokenmeter_complete=outcomes.get("complete", 0), client=len(recs))
         checks.equal(name, "vLLM generated what was asked (ignore_eos)", vllm=truth, asked=n * max_tokens)
         checks.equal(name, "token count source", tokenmeter=sources.get(SOURCE_OF[mode], 0), expected=n)
-        if mode in ("usage", "json", "token_ids"):
-            views = {"vllm": truth, "tokenmeter": tm_out}
-            if usage is not None:
-                views["client_usage"] = usage
-            checks.equal(name, "output tokens exact", **views)
-            if mode != "token_ids":
-                checks.equal(
-                    name,
-                    "input tokens exact",
-                    vllm=v.value("vllm:prompt_tokens_total"),
-                    tokenmeter=t.value("tokenmeter_input_tokens_total"),
-                    client_usage=sum(r["usage_in"] for r in recs),
-                )
-        else:
-            # No usage in the stream: tokenmeter can only count token-bearing events, and must
-            # count exactly the ones the client saw.
-            checks.equal(name, "tokenmeter counts the events the client saw", tokenmeter=tm_out, client_events=events)
+        # Exact with the default flags, whatever the client asked: usage where it asked, usage
+        # tokenmeter asked for where it did not.
+        views = {"vllm": truth, "tokenmeter": tm_out}
+        if usage is not None:
+            views["client_usage"] = usage
+        checks.equal(name, "output tokens exact", **views)
+        views = {"vllm": v.value("vllm:prompt_tokens_total"), "tokenmeter": t.value("tokenmeter_input_tokens_total")}
+        if mode in ("usage", "json"):
+            views["client_usage"] = sum(r["usage_in"] for r in recs)
+        checks.equal(name, "input tokens exact", **views)
+        if mode in ("plain", "token_ids"):
+            # The usage tokenmeter asked for is its own: the client gets the stream it asked for.
+            got = sum(1 for r in recs if r["usage_out"] is not None)
+            checks.add(name, "the client, which did not ask for usage, got none", got == 0,
+                       f"{got} of {len(recs)} streams carried a usage report")
+        if mode in ("usage", "plain"):
+            # Every token-bearing event the client saw passed tokenmeter's meter as one. (With
+            # `return_token_ids` vLLM also sends events whose bytes it holds back: ids, no text.)
+            checks.equal(name, "tokenmeter saw every event the client saw", tokenmeter=tm_events, client_events=events)
     return rows
 
 
