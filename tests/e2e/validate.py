@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bands as bandcheck  # noqa: E402
 import clients  # noqa: E402
+import exact  # noqa: E402
 import memory  # noqa: E402
 import procs  # noqa: E402
 import prom  # noqa: E402
@@ -951,7 +952,7 @@ def describe_model(path):
 
 MAIN_PHASES = ("guidellm", "capacity", "control", "sdk", "curl", "keepalive")
 BYTES_PHASES = ("bytes", "trace", "memory")
-PHASES = MAIN_PHASES + BYTES_PHASES
+PHASES = MAIN_PHASES + ("exact",) + BYTES_PHASES
 
 
 def main():
@@ -988,7 +989,7 @@ def main():
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
     results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None,
-               "keepalive": None, "startup": {}}
+               "keepalive": None, "exact": None, "startup": {}}
     error = None
     stack = []
     try:
@@ -1012,6 +1013,11 @@ def main():
             for s in reversed(stack):
                 s.stop()
             stack.clear()
+        if run("exact"):
+            # Its own server, of the main model, with speculative decoding (exact.py says why).
+            results["exact"] = exact.phase(cfg, checks, cfg.model, MODEL_NAME, bounds, CAPACITY_CLASS,
+                                           stack, settle)
+            results["startup"]["spec"] = results["exact"]["ready_s"]
         if any(run(x) for x in BYTES_PHASES):
             # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
             # latency phases above run without an exporter beside them.
