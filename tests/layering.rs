@@ -40,6 +40,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("context", &[]),
     ("error", &[]),
+    // The model's tokenizer and chat template: text in, counts out.
+    ("tokenize", &[]),
     // The Prometheus text reader: the engine's page, and the tools' scrapes of our own.
     ("exposition", &[]),
     // What the request path is made of, bottom up.
@@ -82,7 +84,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "meter",
         &[
-            "capacity", "context", "cost", "metrics", "protocol", "read", "record", "slo", "tenant",
+            "capacity", "context", "cost", "metrics", "protocol", "ratelog", "read", "record",
+            "slo", "tenant", "tokenize",
         ],
     ),
     // The tap observes; it names the idle wrapper's error `timeout`.
@@ -93,7 +96,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "proxy",
         &[
             "drain", "error", "idle", "inject", "meter", "overload", "protocol", "ratelog", "read",
-            "record", "tap", "tls", "units", "upgrade",
+            "record", "tap", "tls", "tokenize", "units", "upgrade",
         ],
     ),
     ("ui", &["metrics", "quantile", "record", "units"]),
@@ -118,9 +121,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "app",
         &[
-            "admin", "capacity", "config", "context", "drain", "engine", "meter", "metrics",
-            "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server", "tenant", "tls",
-            "ui",
+            "admin", "capacity", "config", "context", "drain", "engine", "inject", "meter",
+            "metrics", "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server",
+            "tenant", "tls", "tokenize", "ui",
         ],
     ),
 ];

@@ -424,13 +424,14 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
         let kind = match n.as_str() {
             "direct" => Kind::Direct,
             "nginx" => Kind::Nginx,
+            // Both spelt out: `auto` would follow whatever the upstream's `/metrics` says.
             "tokenmeter" => Kind::Tokenmeter {
                 bin: tokenmeter.clone(),
-                args: vec![],
+                args: vec!["--inject-usage".into(), "off".into()],
             },
             "inject" => Kind::Tokenmeter {
                 bin: tokenmeter.clone(),
-                args: vec!["--inject-usage".into()],
+                args: vec!["--inject-usage".into(), "on".into()],
             },
             other => return Err(format!("--targets: unknown target {other:?}\n{USAGE}")),
         };

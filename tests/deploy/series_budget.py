@@ -71,7 +71,8 @@ TOKENMETER = {
     "tokenmeter_input_tokens_total": 1,
     # By model, code, outcome, api: all complete 200s here.
     "tokenmeter_requests_total": 1,
-    "tokenmeter_token_count_source_total": 3,
+    # Pre-registered by source: usage, token_ids, counted, tokenizer.
+    "tokenmeter_token_count_source_total": 4,
     "tokenmeter_parse_errors_total": 3,
     "tokenmeter_requests_in_flight": 2,
     "tokenmeter_output_tokens_per_second": 1,

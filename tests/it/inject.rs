@@ -232,3 +232,124 @@ async fn the_usage_chunk_is_removed_whatever_the_media_type_case() {
         OUTPUT as f64
     );
 }
+
+/// [`vllm_like`], also serving a `/metrics` page in vLLM's dialect, as vLLM does.
+async fn vllm_with_metrics() -> upstream::Upstream {
+    upstream::spawn(|req| {
+        if req.path == "/metrics" {
+            return Reply {
+                head_delay: Duration::ZERO,
+                status: 200,
+                headers: vec![("content-type".into(), "text/plain".into())],
+                steps: vec![Step::Send(Bytes::from_static(
+                    b"vllm:num_requests_running{model_name=\"m\"} 0\nvllm:num_requests_waiting{model_name=\"m\"} 0\n",
+                ))],
+            };
+        }
+        Reply {
+            head_delay: Duration::ZERO,
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            steps: vec![Step::Send(Bytes::from(body(asks_for_usage(req), "\n")))],
+        }
+    })
+    .await
+}
+
+/// The proxy's scrape once it has read the engine's page at least once.
+async fn engine_read(proxy: &crate::support::Proxy) -> String {
+    proxy
+        .eventually(|s| {
+            metric("tokenmeter_engine_metrics_scrapes_total")
+                .label("result", "ok")
+                .sum(s)
+                >= 1.0
+        })
+        .await
+}
+
+#[tokio::test]
+async fn by_default_usage_is_asked_for_once_the_upstream_is_known_to_be_vllm() {
+    let up = vllm_with_metrics().await;
+    let page = format!("{}/metrics", up.url());
+    let request = chat_request(true, false);
+    for (flags, injects) in [
+        (vec!["--engine-metrics", page.as_str()], true),
+        (
+            vec!["--engine-metrics", page.as_str(), "--inject-usage", "off"],
+            false,
+        ),
+    ] {
+        let proxy = spawn_proxy(&up.url(), &flags).await;
+        let s = engine_read(&proxy).await;
+        assert_eq!(
+            metric("tokenmeter_engine_metrics_scrapes_total")
+                .label("result", "ok")
+                .sum(&s)
+                .min(1.0),
+            1.0,
+            "{flags:?}: the engine's page was read"
+        );
+        let seen = client::post(&format!("{}/v1/chat/completions", proxy.url()), &request).await;
+        assert_eq!(
+            seen.body,
+            body(false, "\n"),
+            "{flags:?}: the client's bytes"
+        );
+        let last = up
+            .received
+            .lock()
+            .expect("lock")
+            .iter()
+            .rfind(|r| r.path == "/v1/chat/completions")
+            .cloned()
+            .expect("the request reached the upstream");
+        assert_eq!(asks_for_usage(&last), injects, "{flags:?}");
+        let s = proxy.settled(1.0).await;
+        let (source, output) = if injects {
+            ("usage", OUTPUT)
+        } else {
+            ("counted", CHUNK_TOKENS.len())
+        };
+        assert_eq!(
+            metric("tokenmeter_token_count_source_total")
+                .label("source", source)
+                .sum(&s),
+            1.0,
+            "{flags:?}"
+        );
+        assert_eq!(
+            metric("tokenmeter_output_tokens_total").sum(&s),
+            output as f64,
+            "{flags:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn openais_own_headers_stop_auto_for_good() {
+    // An upstream that answers in OpenAI's API's manner: its headers, and no page of metrics.
+    let up = upstream::spawn(|req| Reply {
+        head_delay: Duration::ZERO,
+        status: 200,
+        headers: vec![
+            ("content-type".into(), "text/event-stream".into()),
+            ("openai-version".into(), "2020-10-01".into()),
+            ("openai-processing-ms".into(), "12".into()),
+        ],
+        steps: vec![Step::Send(Bytes::from(body(asks_for_usage(req), "\n")))],
+    })
+    .await;
+    let request = chat_request(true, false);
+    for flags in [vec![], vec!["--inject-usage", "on"]] {
+        let proxy = spawn_proxy(&up.url(), &flags).await;
+        for _ in 0..2 {
+            client::post(&format!("{}/v1/chat/completions", proxy.url()), &request).await;
+        }
+        let received = up.received.lock().expect("lock").clone();
+        let asked: Vec<bool> = received.iter().rev().take(2).map(asks_for_usage).collect();
+        // `auto` knows nothing of this upstream and never learns it is an engine; `on` asks
+        // whatever the headers say.
+        assert_eq!(asked, vec![!flags.is_empty(); 2], "{flags:?}");
+    }
+}

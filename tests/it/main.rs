@@ -32,6 +32,8 @@ mod slo;
 mod tenant;
 mod timings;
 mod tls;
+mod tokenizer;
+mod tokens_per_event;
 mod tracing;
 mod traffic_capacity;
 mod ui;

@@ -16,6 +16,7 @@ use http::Uri;
 use tokenmeter::config::Config;
 use tokenmeter::gpus::GpuError;
 use tokenmeter::host::{Host, System};
+use tokenmeter::inject;
 use tokenmeter::metrics::buckets::{Overrides, UnknownPreset};
 use tokenmeter::metrics::{self, Buckets, Compat, MetricsConfig};
 use tokenmeter::otlp::{self, TracingConfig};
@@ -183,9 +184,35 @@ pub struct ProxyArgs {
 
     /// For streaming OpenAI-compatible requests that did not ask for usage, add
     /// stream_options.include_usage and remove the extra usage chunk from the response: exact
-    /// token counts, same bytes for the client. Only bodies up to --max-request-body are rewritten.
-    #[arg(long, env = "TOKENMETER_INJECT_USAGE")]
-    pub inject_usage: bool,
+    /// token counts, same bytes for the client. `auto` does so once the upstream is known to be
+    /// an engine that adds nothing else (vLLM, SGLang, TGI, llama.cpp, from its metrics), never
+    /// for OpenAI's own API; `on` always, `off` never (a bare `--inject-usage` is `on`). Only
+    /// bodies up to --max-request-body are rewritten.
+    #[arg(
+        long,
+        env = "TOKENMETER_INJECT_USAGE",
+        default_value = inject::Setting::default().to_string(),
+        num_args = 0..=1,
+        require_equals = false,
+        default_missing_value = "on",
+        value_name = "auto|on|off",
+        value_parser = parse_inject
+    )]
+    pub inject_usage: inject::Setting,
+
+    /// The model's tokenizer, for what no usage report gives: a tokenizer.json, or the model's
+    /// directory holding it with its chat template. Prompts are counted as they are sent (so the
+    /// TTFT has its prompt band at once), requests that end without usage (a client that left)
+    /// are counted from their text, and the server's usage is checked against it. Repeat as
+    /// MODEL=PATH for several models; a bare PATH serves every other model. Read at start: a bad
+    /// file fails the start.
+    #[arg(
+        long,
+        env = "TOKENMETER_TOKENIZER",
+        value_name = "PATH|MODEL=PATH",
+        value_delimiter = ','
+    )]
+    pub tokenizer: Vec<String>,
 
     /// The upstream's wire format; "auto" recognises it per response from the first event (the
     /// request path breaks ties). Pin it when auto-detection guesses wrong.
@@ -425,6 +452,12 @@ fn parse_compat(values: &[String]) -> Result<Compat, ConfigError> {
         }
     }
     Ok(c)
+}
+
+/// `--inject-usage`'s value, as clap wants a parser.
+fn parse_inject(s: &str) -> Result<inject::Setting, String> {
+    s.parse()
+        .map_err(|e: inject::policy::BadSetting| e.to_string())
 }
 
 /// The values `--api` accepts: `auto` and every format's label value.
@@ -670,6 +703,7 @@ impl ProxyArgs {
             engine_metrics_interval: self.engine_metrics_interval,
             tenants,
             request_log: self.request_log.clone(),
+            tokenizers: self.tokenizer.clone(),
             tracing: TracingConfig::from_flags(
                 otlp::settings::Flags {
                     endpoint: self.otlp_endpoint.as_deref(),

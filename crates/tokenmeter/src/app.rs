@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::context::Identify;
 use crate::drain::Connections;
 use crate::engine;
+use crate::inject;
 use crate::meter::Recorder;
 use crate::metrics::Metrics;
 use crate::otlp::Exporter;
@@ -28,6 +29,7 @@ use crate::server::{Background, BindError, Parts, Server};
 use crate::tenant::Tenants;
 use crate::tls::listener::ServerTls;
 use crate::tls::TlsError;
+use crate::tokenize::{self, Tokenizers};
 use crate::ui::Ui;
 
 /// Why the process could not start.
@@ -44,12 +46,17 @@ pub enum StartError {
         path: String,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Tokenizer(#[from] tokenize::LoadError),
 }
 
 impl StartError {
     /// A configuration the user must fix (exit 64), not a failure of the machine.
     pub fn is_usage(&self) -> bool {
-        matches!(self, StartError::Tls(_) | StartError::RequestLog { .. })
+        matches!(
+            self,
+            StartError::Tls(_) | StartError::RequestLog { .. } | StartError::Tokenizer(_)
+        )
     }
 }
 
@@ -99,6 +106,7 @@ fn engine_reader(
     client_tls: &crate::tls::client::ClientTls,
     metrics: &Metrics,
     capacity: &Arc<Capacity>,
+    inject: &Arc<inject::Policy>,
 ) -> Result<Option<Background>, StartError> {
     let Some(url) = cfg.engine_metrics.url(&cfg.proxy.upstream.origin) else {
         return Ok(None);
@@ -113,7 +121,22 @@ fn engine_reader(
         Arc::clone(capacity),
         cfg.engine_metrics_interval,
     );
+    let inject = Arc::clone(inject);
+    let reader = reader.on_recognised(move |d| inject.engine_recognised(d.as_str()));
     Ok(Some(Box::pin(reader.run())))
+}
+
+/// `--tokenizer`'s files, read and checked now: a bad one fails the start, naming its path.
+fn tokenizers(cfg: &Config) -> Result<Option<Arc<Tokenizers>>, StartError> {
+    if cfg.tokenizers.is_empty() {
+        return Ok(None);
+    }
+    let loaded = Tokenizers::load(&cfg.tokenizers)?;
+    tracing::info!(
+        tokenizers = cfg.tokenizers.len(),
+        "counting prompts and answers with the model's tokenizer (--tokenizer)"
+    );
+    Ok(Some(Arc::new(loaded)))
 }
 
 /// With `--replicas auto`: the upstream's addresses, counted for the capacity model.
@@ -154,6 +177,8 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
             .with_sinks(identify, sinks),
     );
     let limiter = Arc::new(Limiter::new(cfg.proxy.admission.max_in_flight));
+    let inject = Arc::new(inject::Policy::new(cfg.proxy.inject_usage));
+    let tokenizers = tokenizers(cfg)?;
     let conns = Arc::new(Connections::with_cap(cfg.server.max_connections));
     metrics.set_limits(
         cfg.proxy.admission.max_in_flight,
@@ -169,14 +194,21 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
     });
     let background: Vec<Background> = [
         ui.as_ref().map(|ui| Box::pin(ui.sampler()) as Background),
-        engine_reader(cfg, &client_tls, &metrics, &capacity)?,
+        engine_reader(cfg, &client_tls, &metrics, &capacity, &inject)?,
         replica_watch(cfg, &capacity),
     ]
     .into_iter()
     .flatten()
     .collect();
     let parts = Parts {
-        proxy: proxy::stack(&cfg.proxy, recorder, &client_tls, Arc::clone(&limiter)),
+        proxy: proxy::stack(
+            &cfg.proxy,
+            recorder,
+            &client_tls,
+            Arc::clone(&limiter),
+            inject,
+            tokenizers,
+        ),
         tls,
         metrics_tls,
         metrics: Arc::clone(&metrics),

@@ -55,6 +55,8 @@ pub struct Config {
     pub tenants: Option<TenantConfig>,
     /// `--request-log`: a file, or `-` for standard output.
     pub request_log: Option<PathBuf>,
+    /// `--tokenizer`, each `PATH` or `MODEL=PATH`, loaded at start (`crate::tokenize`).
+    pub tokenizers: Vec<String>,
     /// Span export (`--otlp-endpoint` or the `OTEL_*` variables); `None`: no spans.
     pub tracing: Option<TracingConfig>,
 }
@@ -79,6 +81,7 @@ impl Config {
             engine_metrics_interval: engine::DEFAULT_INTERVAL.get(),
             tenants: None,
             request_log: None,
+            tokenizers: Vec::new(),
             tracing: None,
         }
     }

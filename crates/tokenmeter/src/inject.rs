@@ -1,5 +1,8 @@
 //! `--inject-usage`: exact token counts from OpenAI-compatible streams whose clients did not ask.
 //!
+//! When it applies is [`policy`]'s: `auto` (the default) once the upstream is known to be an
+//! engine that adds nothing but the usage chunk.
+//!
 //! Without `stream_options.include_usage`, an OpenAI-compatible server sends no usage report and
 //! tokenmeter can only count token-bearing chunks, which undercounts wherever a chunk carries
 //! several tokens (speculative decoding, stream intervals, detokenizer batching). With the flag,
@@ -37,6 +40,10 @@ use serde::Deserialize;
 use crate::protocol::request::Layout;
 use crate::protocol::{detect, Api};
 use crate::read::sse::{self, frame::Framer, frame::Segment};
+
+pub mod policy;
+
+pub use self::policy::{Policy, Setting};
 
 /// The longest event the filter holds back. A usage chunk is well under 1 KiB; an event longer
 /// than this is not one, and is forwarded as it comes.

@@ -25,6 +25,8 @@
 //! - [`read`]: the body reader: sans-IO framing (SSE, NDJSON, a JSON document) and the choice of
 //!   extractor; takes bytes, returns the token-bearing events they completed.
 //! - [`protocol`]: one extractor per wire format; turns messages into token counts and usage.
+//! - [`tokenize`]: `--tokenizer`, the model's own tokenizer and chat template: prompt and output
+//!   tokens counted as the engine counts them.
 //!
 //! **What is made of it**:
 //!
@@ -73,6 +75,7 @@ pub mod read;
 pub mod server;
 pub mod tap;
 pub mod tls;
+pub mod tokenize;
 pub mod upgrade;
 
 // What is made of it.

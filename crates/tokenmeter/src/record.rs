@@ -171,18 +171,57 @@ pub struct ParseErrors {
     pub content_encoding: u64,
 }
 
+/// The least decode time per token read as a speed: 50 µs, 20,000 tokens/s for one stream.
+/// The fastest serving stacks publish about 2,000 tokens/s per stream; ten times that is no
+/// decode but a burst: tokens the engine made earlier and its front end flushed at once (a
+/// starved API server on a busy host does that), whose arrival says nothing of how fast they
+/// were made.
+pub const MIN_DECODE_PER_TOKEN: Duration = Duration::from_micros(50);
+
+/// The decode window a request's speed is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decode {
+    /// First to last token on the wire.
+    Wire(Duration),
+    /// The wire's window was a burst; the engine stated its own generation time (vLLM's
+    /// per-request metrics, llama.cpp's and Ollama's timings), at least the floor per token.
+    Engine(Duration),
+    /// All tokens came faster than [`MIN_DECODE_PER_TOKEN`] each and the engine stated
+    /// nothing better: no speed.
+    Burst,
+}
+
 impl Finished {
     /// From the first to the last token, when both were seen.
     pub fn decode_time(&self) -> Option<Duration> {
         Some(self.last_token?.saturating_sub(self.first_token?))
     }
 
+    /// The window a decode speed is read from, for a read stream of at least two tokens over a
+    /// decode window: the wire's, unless it is shorter than [`MIN_DECODE_PER_TOKEN`] per token.
+    pub fn decode(&self) -> Option<Decode> {
+        let wire = self.decode_time()?;
+        if self.api == Api::Unknown || self.output_tokens < 2 || wire.is_zero() {
+            return None;
+        }
+        let floor = MIN_DECODE_PER_TOKEN.saturating_mul((self.output_tokens - 1) as u32);
+        if wire >= floor {
+            return Some(Decode::Wire(wire));
+        }
+        match self.engine.as_ref().and_then(|e| e.generation) {
+            Some(stated) if stated >= floor => Some(Decode::Engine(stated)),
+            _ => Some(Decode::Burst),
+        }
+    }
+
     /// Decode speed as `tokenmeter_request_tokens_per_second` observes it: (output - 1) /
-    /// decode time, for a read stream of at least two tokens over a decode window.
+    /// the decode window ([`Finished::decode`]); `None` for a burst.
     pub fn tokens_per_second(&self) -> Option<f64> {
-        let decode = self.decode_time()?.as_secs_f64();
-        (self.api != Api::Unknown && self.output_tokens >= 2 && decode > 0.0)
-            .then(|| (self.output_tokens - 1) as f64 / decode)
+        let window = match self.decode()? {
+            Decode::Wire(d) | Decode::Engine(d) => d,
+            Decode::Burst => return None,
+        };
+        Some((self.output_tokens - 1) as f64 / window.as_secs_f64())
     }
 
     /// The concurrency band of the decode window (our own request was in flight throughout:
@@ -231,6 +270,51 @@ pub(crate) mod tests {
             ident: None,
             gpu_seconds: None,
         }
+    }
+
+    #[test]
+    fn a_burst_is_no_speed_unless_the_engine_states_its_own_window() {
+        use crate::protocol::timings::{EngineTimings, TimingSource};
+        let f = finished();
+        assert_eq!(f.decode(), Some(Decode::Wire(Duration::from_millis(200))));
+        assert_eq!(f.tokens_per_second(), Some(4.0 / 0.2));
+        // 58 tokens within 0.15 ms of the first: 2.6 µs each.
+        let burst = Finished {
+            output_tokens: 58,
+            last_token: Some(Duration::from_millis(100) + Duration::from_micros(150)),
+            ..finished()
+        };
+        assert_eq!(burst.decode(), Some(Decode::Burst));
+        assert_eq!(burst.tokens_per_second(), None);
+        // Exactly the floor per token is a speed.
+        let edge = Finished {
+            output_tokens: 11,
+            last_token: Some(Duration::from_millis(100) + MIN_DECODE_PER_TOKEN * 10),
+            ..finished()
+        };
+        assert_eq!(edge.decode(), Some(Decode::Wire(MIN_DECODE_PER_TOKEN * 10)));
+        // The engine's stated generation time is used where the wire's is a burst, if it is
+        // no burst itself.
+        let stated = |ms: u64| {
+            let mut t = EngineTimings::empty(TimingSource::Vllm);
+            t.generation = Some(Duration::from_millis(ms));
+            Finished {
+                engine: Some(t),
+                ..burst.clone()
+            }
+        };
+        assert_eq!(
+            stated(114).decode(),
+            Some(Decode::Engine(Duration::from_millis(114)))
+        );
+        assert_eq!(stated(114).tokens_per_second(), Some(57.0 / 0.114));
+        assert_eq!(stated(0).decode(), Some(Decode::Burst));
+        // One token, or no window: nothing to read.
+        let one = Finished {
+            output_tokens: 1,
+            ..finished()
+        };
+        assert_eq!(one.decode(), None);
     }
 
     #[test]

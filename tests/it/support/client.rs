@@ -66,6 +66,31 @@ pub async fn send(method: http::Method, url: &str, body: &str) -> Seen {
     seen
 }
 
+/// POSTs a JSON body, reads at least `bytes` bytes of the response (or all of it, if shorter)
+/// and goes away, closing the connection; returns what it read.
+pub async fn post_read_then_drop(url: &str, json: &str, bytes: usize) -> Vec<u8> {
+    let req = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(json.to_string())))
+        .expect("request");
+    let resp = client().request(req).await.expect("response");
+    let mut body = resp.into_body();
+    let mut read = Vec::new();
+    while read.len() < bytes {
+        match body.frame().await {
+            Some(Ok(f)) => {
+                if let Ok(data) = f.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
+            _ => break,
+        }
+    }
+    read
+}
+
 /// GETs a URL and returns its body as text.
 pub async fn get_text(url: &str) -> String {
     let seen = send(http::Method::GET, url, "").await;

@@ -120,13 +120,19 @@ pub async fn spawn_proxy(upstream: &str, extra: &[&str]) -> Proxy {
     if extra.is_empty() {
         return spawn(config(upstream)).await;
     }
+    spawn(config_of(upstream, extra)).await
+}
+
+/// The configuration `tokenmeter` with `extra` flags would run with in front of `upstream`, on
+/// loopback ports the system picks (the engine's metrics not read unless `extra` says so).
+pub fn config_of(upstream: &str, extra: &[&str]) -> Config {
     let extra = with_engine_metrics_off(extra);
     let argv = std::iter::once("tokenmeter").chain(extra.iter().copied());
     let mut flags = Args::try_parse_from(argv).expect("flags parse").proxy;
     flags.upstream = Some(upstream.to_string());
     flags.listeners.listen = "127.0.0.1:0".to_string();
     flags.listeners.metrics_listen = "127.0.0.1:0".to_string();
-    spawn(flags.validate().expect("valid config")).await
+    flags.validate().expect("valid config")
 }
 
 /// Starts a proxy with `cfg`, built directly (`Config { .., ..config(upstream) }`).

@@ -56,6 +56,8 @@ pub struct Reader {
     capacity: Arc<Capacity>,
     interval: Duration,
     log: RateLimited<ScrapeResult>,
+    /// Told the dialect of every good read: which engine the upstream is.
+    recognised: Option<Box<dyn Fn(Dialect) + Send + Sync>>,
 }
 
 impl Reader {
@@ -79,7 +81,14 @@ impl Reader {
             capacity,
             interval: interval.max(Duration::from_millis(100)),
             log: RateLimited::new(LOG_PERIOD),
+            recognised: None,
         }
+    }
+
+    /// Tells `f` the dialect of every good read (`--inject-usage auto` learns the engine so).
+    pub fn on_recognised(mut self, f: impl Fn(Dialect) + Send + Sync + 'static) -> Self {
+        self.recognised = Some(Box::new(f));
+        self
     }
 
     /// One GET of `url`, its body cut at [`MAX_BYTES`]; no time limit of its own.
@@ -132,7 +141,7 @@ impl Reader {
     }
 
     /// One read of the page, and of the document beside it where the dialect has one.
-    pub async fn read_once(&self) -> Result<EngineView, ScrapeResult> {
+    pub async fn read_once(&self) -> Result<(Dialect, EngineView), ScrapeResult> {
         let exchange = async {
             match self.fetch(self.url.clone(), "text/plain").await {
                 Ok(body) => {
@@ -140,7 +149,7 @@ impl Reader {
                     let (dialect, mut view) = view::read(&crate::exposition::Scrape::parse(&text))
                         .ok_or(ScrapeResult::UnknownDialect)?;
                     self.read_stated(dialect, &mut view).await;
-                    Ok(view.with_reserved_usage())
+                    Ok((dialect, view.with_reserved_usage()))
                 }
                 // llama.cpp serves `/metrics` only with `--metrics`, but always `/props`: with
                 // `auto`, its slots are still worth knowing.
@@ -148,7 +157,7 @@ impl Reader {
                     let mut view = EngineView::default();
                     self.read_stated(Dialect::LlamaCpp, &mut view).await;
                     if view.max_num_seqs.is_some() {
-                        Ok(view)
+                        Ok((Dialect::LlamaCpp, view))
                     } else {
                         Err(ScrapeResult::HttpError)
                     }
@@ -166,7 +175,10 @@ impl Reader {
         let mut last_ok: Option<Instant> = None;
         loop {
             let wait = match self.read_once().await {
-                Ok(view) => {
+                Ok((dialect, view)) => {
+                    if let Some(tell) = &self.recognised {
+                        tell(dialect);
+                    }
                     self.observed.scraped(ScrapeResult::Ok);
                     self.observed.saw(view);
                     self.capacity.set_engine_memory(Stated {

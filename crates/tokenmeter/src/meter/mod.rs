@@ -20,12 +20,15 @@
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
 
 pub mod concurrency;
+pub mod counting;
 pub mod settings;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
+pub use self::counting::Counting;
+use self::counting::{Mismatches, Settled};
 pub use self::settings::{Settings, DEFAULT_MAX_LINE_BYTES};
 use crate::capacity::{intake, Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
@@ -62,6 +65,8 @@ pub struct Recorder {
     /// What takes each finished record, in order: the metrics, the capacity model, the request
     /// log, the spans. The meter's work ends in one loop over them.
     sinks: Vec<Arc<dyn Sink>>,
+    /// With `--tokenizer`: the warning that its counts differ from the server's, rate-limited.
+    mismatches: Mismatches,
 }
 
 impl Recorder {
@@ -85,6 +90,7 @@ impl Recorder {
             tenants: None,
             identify: None,
             sinks,
+            mismatches: Mismatches::default(),
         }
     }
 
@@ -198,6 +204,7 @@ impl Recorder {
                 route: Route::default(),
                 model_from_response: false,
                 ident: None,
+                counting: None,
             },
         }
     }
@@ -292,6 +299,8 @@ struct Clock {
     model_from_response: bool,
     /// What the head said of the request, for the sinks.
     ident: Option<Arc<Ident>>,
+    /// With `--tokenizer`: the request's tokenizer and its prompt's count.
+    counting: Option<Counting>,
 }
 
 // === impl Head ===
@@ -333,6 +342,14 @@ impl Meter {
         let mut state = h.send(request, slo);
         state.clock.route = route(path);
         self.stage = Some(Stage::Sent(state));
+    }
+
+    /// Counts the request with a tokenizer too (`--tokenizer`): its prompt now, its output at
+    /// its end. For a request that was sent; set before its response head.
+    pub fn count_with(&mut self, counting: Counting) {
+        if let Some(Stage::Sent(s)) = &mut self.stage {
+            s.clock.counting = Some(counting);
+        }
     }
 
     /// The `traceparent` the upstream gets: tokenmeter's span as the parent, in the caller's
@@ -391,6 +408,9 @@ impl Meter {
             rec.reading.api,
             rec.reading.max_line_bytes,
         );
+        if s.clock.counting.is_some() {
+            s.reader.transcribe();
+        }
     }
 
     /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
@@ -460,7 +480,7 @@ impl Meter {
             clock.leave(now);
         }
         if clock.ttft_pending.is_some() {
-            if let Some(input) = reader.summary().input_tokens {
+            if let Some(input) = reader.summary().input_tokens.or(clock.prompt_tokens()) {
                 clock.observe_ttft(Some(input));
             }
         }
@@ -504,7 +524,8 @@ impl State {
             .recorder
             .metrics
             .tokens(u64::from(chunk.document), now);
-        clock.observe_ttft(reader.summary().input_tokens);
+        let input = reader.summary().input_tokens.or(clock.prompt_tokens());
+        clock.observe_ttft(input);
         // Leave the in-flight gauges first: nothing below may return before this.
         clock.leave(now);
         let s = &self.clock;
@@ -516,7 +537,6 @@ impl State {
         } else {
             outcome
         };
-        let m = &s.recorder.metrics;
         let api = self.reader.api();
         let (model, model_from_response) = match &s.model {
             Some(h) => (h.label().to_owned(), s.model_from_response),
@@ -527,11 +547,6 @@ impl State {
         };
         let code = if s.status == 0 { 502 } else { s.status };
         let (output, token_source) = self.reader.output();
-        let counted = self.reader.counted();
-        if api != Api::Unknown && output > counted {
-            // The usage report corrects the windowed rate for tokens no event showed.
-            m.tokens(output - counted, now);
-        }
         let since = |t: Instant| t.saturating_duration_since(s.start);
         let f = Finished {
             model,
@@ -572,9 +587,60 @@ impl State {
             ident: s.ident.clone(),
             gpu_seconds: None,
         };
+        let Some(counting) = self.clock.counting.take() else {
+            self.record(f, Settled::default(), None, now, wall);
+            return;
+        };
+        // With a tokenizer the counts are settled first, on the blocking pool: tokenizing the
+        // answer never holds up the connection's task. The request has left the gauges above.
+        let token_ids = summary.token_id_tokens.is_some();
+        let transcript = self.reader.take_transcript();
+        let job = move || {
+            let mut f = f;
+            let mismatches = &self.clock.recorder.mismatches;
+            let settled = counting.settle(&mut f, transcript.as_deref(), token_ids, mismatches);
+            self.record(f, settled, transcript, now, wall);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(job)),
+            Err(_) => job(),
+        }
+    }
+
+    /// Records `f`, finished at `now`: judged, charged, and handed to every sink. `settled` is
+    /// what a tokenizer learnt of it, `transcript` the text it was counted from.
+    fn record(
+        self,
+        f: Finished,
+        settled: Settled,
+        transcript: Option<Box<crate::read::Transcript>>,
+        now: Instant,
+        wall: Option<SystemTime>,
+    ) {
+        let s = &self.clock;
+        let m = &s.recorder.metrics;
+        let counted = self.reader.counted();
+        if f.api != Api::Unknown && f.output_tokens > counted {
+            // The usage report (or the tokenizer) corrects the windowed rate for tokens no
+            // event showed.
+            m.tokens(f.output_tokens - counted, now);
+        }
+        if let Some(h) = &s.model {
+            // Sizes were held back while a tokenizer counts: its sizes where they are the best
+            // known, else the stream's own.
+            match (&settled.per_event, &transcript) {
+                (Some(sizes), _) => h.event_sizes(sizes),
+                (None, Some(t)) => h.event_sizes(&t.sizes),
+                (None, None) => {}
+            }
+        }
+        for c in &settled.checks {
+            m.tokenizer_check(c.direction.as_str(), c.equal);
+        }
+        drop(transcript);
         let f = Finished {
             slo: s.judge(&f),
-            gpu_seconds: Some(s.charge(&f, now)),
+            gpu_seconds: Some(s.charge(&f, Instant::now().max(now))),
             ..f
         };
         debug_lines(&f, now, wall, s.last_token);
@@ -652,13 +718,8 @@ impl Clock {
             // Upstream errors, timeouts, refusals and every non-2xx answer.
             _ => slo::End::Failed,
         };
-        let decode_tps = match (f.api, f.decode_time()) {
-            (Api::Unknown, _) | (_, None) => None,
-            (_, Some(d)) if f.output_tokens >= 2 && !d.is_zero() => {
-                Some((f.output_tokens - 1) as f64 / d.as_secs_f64())
-            }
-            _ => None,
-        };
+        // A burst has no speed to judge: its tokens/s target is not missed, nor met by it.
+        let decode_tps = f.tokens_per_second();
         let obs = slo::Observation {
             ttft: f.first_token,
             decode_tps,
@@ -735,7 +796,12 @@ impl Clock {
             }
         }
         if let Some(h) = &self.model {
-            h.event(tokens);
+            if self.counting.is_some() {
+                // Its size is observed at the end, when the tokenizer knows it.
+                h.event_unsized(tokens);
+            } else {
+                h.event(tokens);
+            }
             self.streamed += u64::from(tokens);
         }
         let rec = &self.recorder;
@@ -784,6 +850,11 @@ impl Clock {
         };
         rec.ledger
             .charge(price, time_share, &rec.concurrency.snapshot(now).clock())
+    }
+
+    /// The prompt's tokens as the tokenizer counted them, once it has (`--tokenizer`).
+    fn prompt_tokens(&self) -> Option<u64> {
+        self.counting.as_ref()?.prompt().map(|c| c.tokens)
     }
 
     /// Observes the pending TTFT in the band of `input_tokens` (once: it is taken).

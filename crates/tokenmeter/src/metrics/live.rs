@@ -78,6 +78,21 @@ impl ModelMetrics {
         }
     }
 
+    /// [`ModelMetrics::event`] without the size: a tokenizer will say it at the end.
+    pub fn event_unsized(&self, tokens: u32) {
+        self.output_total.inc_by(u64::from(tokens));
+        if let Some(v) = &self.vllm {
+            v.generation.inc_by(u64::from(tokens));
+        }
+    }
+
+    /// The sizes of a request's events, observed at its end (after [`ModelMetrics::event_unsized`]).
+    pub fn event_sizes(&self, sizes: &[u32]) {
+        for &n in sizes {
+            self.per_event.observe(f64::from(n));
+        }
+    }
+
     /// An event carried `tokens` tokens, `gap` after the previous token-bearing event: the gap
     /// is spread over its tokens and observed once per token.
     pub fn inter_token(&self, gap: Duration, tokens: u32) {

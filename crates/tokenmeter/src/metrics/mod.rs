@@ -96,6 +96,8 @@ pub struct Metrics {
     input_tokens_total: IntCounterVec,
     tokens_per_event: HistogramVec,
     max_stall: HistogramVec,
+    bursts: IntCounterVec,
+    tokenizer_checks: IntCounterVec,
     first_output: HistogramVec,
     reasoning_tokens_total: IntCounterVec,
     cached_input_tokens_total: IntCounterVec,
@@ -440,6 +442,18 @@ impl Metrics {
                 &m,
                 &b.stall,
             )?,
+            bursts: counter(
+                &r,
+                names::REQUEST_BURSTS_TOTAL,
+                "Requests whose tokens all arrived faster than 50 us each with no engine-stated decode time: a burst, not a speed, left out of the tokens/s and TPOT histograms.",
+                &m,
+            )?,
+            tokenizer_checks: counter(
+                &r,
+                names::TOKENIZER_CHECKS_TOTAL,
+                "Requests whose --tokenizer count was checked against the server's usage, by direction (input, output) and result (equal, differs).",
+                &["direction", "result"],
+            )?,
             first_output: histogram(
                 &r,
                 names::TIME_TO_FIRST_OUTPUT_SECONDS,
@@ -579,6 +593,14 @@ impl Metrics {
     /// hold by the wire's count. One atomic add: called on every token-bearing event.
     pub fn wire_streamed(&self, delta: i64) {
         self.wire_streamed.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// A request's `direction` count by `--tokenizer` was checked against the server's usage.
+    pub fn tokenizer_check(&self, direction: &str, equal: bool) {
+        let result = if equal { "equal" } else { "differs" };
+        self.tokenizer_checks
+            .with_label_values(&[direction, result])
+            .inc();
     }
 
     /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).

@@ -13,7 +13,7 @@ use super::goodput::goodput_tokens;
 use super::labels::{child, ParseError, NO_TENANT};
 use super::Metrics;
 use crate::protocol::{Api, OutputKind};
-use crate::record::Finished;
+use crate::record::{Decode, Finished};
 
 /// Records `f` in `m`: every end-of-request family, once.
 pub(super) fn observe(m: &Metrics, f: &Finished) {
@@ -96,12 +96,16 @@ pub(super) fn observe(m: &Metrics, f: &Finished) {
             .with_label_values(&[model])
             .observe(stall.as_secs_f64());
     }
-    let decode = f.decode_time().map_or(0.0, |d| d.as_secs_f64());
-    if output >= 2 && decode > 0.0 {
-        m.tpot
-            .with_label_values(&[model])
-            .observe(decode / (output - 1) as f64);
-        child(&m.request_tps, &[model, f.band()], tenant).observe((output - 1) as f64 / decode);
+    match f.decode() {
+        Some(Decode::Wire(d) | Decode::Engine(d)) => {
+            let decode = d.as_secs_f64();
+            m.tpot
+                .with_label_values(&[model])
+                .observe(decode / (output - 1) as f64);
+            child(&m.request_tps, &[model, f.band()], tenant).observe((output - 1) as f64 / decode);
+        }
+        Some(Decode::Burst) => m.bursts.with_label_values(&[model]).inc(),
+        None => {}
     }
 }
 

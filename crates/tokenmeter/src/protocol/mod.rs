@@ -25,6 +25,7 @@ pub mod replicate;
 pub mod request;
 pub mod responses;
 pub mod sglang;
+pub mod text;
 pub mod tgi;
 pub mod timings;
 pub mod triton;
@@ -120,14 +121,18 @@ pub enum TokenSource {
     TokenIds,
     /// Counting token-bearing events.
     Counted,
+    /// The model's tokenizer over the text the response streamed (`--tokenizer`), where the
+    /// stream gave no usage.
+    Tokenizer,
 }
 
 impl TokenSource {
     /// Every variant, in exposition order.
-    pub const ALL: [TokenSource; 3] = [
+    pub const ALL: [TokenSource; 4] = [
         TokenSource::Usage,
         TokenSource::TokenIds,
         TokenSource::Counted,
+        TokenSource::Tokenizer,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -135,6 +140,7 @@ impl TokenSource {
             TokenSource::Usage => "usage",
             TokenSource::TokenIds => "token_ids",
             TokenSource::Counted => "counted",
+            TokenSource::Tokenizer => "tokenizer",
         }
     }
 }

@@ -96,7 +96,7 @@ pub struct EngineTimings {
 }
 
 impl EngineTimings {
-    fn empty(source: TimingSource) -> Self {
+    pub(crate) fn empty(source: TimingSource) -> Self {
         EngineTimings {
             source,
             queue: None,

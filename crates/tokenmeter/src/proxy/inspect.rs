@@ -2,8 +2,12 @@
 //!
 //! A JSON body up to `--max-request-body` is read whole, to learn the model (an inference server
 //! needs the whole body before it starts, so this costs no latency); `--inject-usage` rewrites it
-//! here ([`crate::inject::add_usage`]). Anything else, and anything larger, streams through as it
+//! here ([`crate::inject::add_usage`]) when its [`Policy`] says so, and learns from each response
+//! head whether the upstream is OpenAI's own API, where it must not. Anything else, and anything larger, streams through as it
 //! comes ([`Prefixed`] forwards what was read before the limit was crossed).
+//!
+//! With `--tokenizer`, the request's prompt is counted too: on the blocking pool, from the body
+//! read whole, while the request is already on its way ([`Counting`]).
 //!
 //! What was learnt is handed to the request's meter as the request is sent
 //! ([`Meter::send`](crate::meter::Meter::send)): from then on the request is in flight. A body
@@ -13,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
@@ -27,14 +32,18 @@ use super::metering::{Answer, Metered};
 use super::resend::Replayable;
 use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
-use crate::inject;
+use crate::inject::{self, Policy};
+use crate::meter::Counting;
 use crate::protocol::request::{self, RequestInfo};
+use crate::protocol::{detect, Api};
+use crate::tokenize::Tokenizers;
 
 /// Builds [`Inspect`] services.
 #[derive(Clone)]
 pub struct InspectLayer {
     max_request_body: usize,
-    inject_usage: bool,
+    inject: Arc<Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 }
 
 /// Reads the request, sends its meter, then calls the stack below.
@@ -42,18 +51,26 @@ pub struct InspectLayer {
 pub struct Inspect<S> {
     inner: S,
     max_request_body: usize,
-    inject_usage: bool,
+    inject: Arc<Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 }
 
 // === impl InspectLayer ===
 
 impl InspectLayer {
-    /// `max_request_body` is `--max-request-body`; `inject_usage`, `--inject-usage`.
-    pub fn new(max_request_body: usize, inject_usage: bool) -> Self {
+    /// `max_request_body` is `--max-request-body`; `inject`, `--inject-usage` and what it knows.
+    pub fn new(max_request_body: usize, inject: Arc<Policy>) -> Self {
         InspectLayer {
             max_request_body,
-            inject_usage,
+            inject,
+            tokenizers: None,
         }
+    }
+
+    /// Counts prompts (and, through the meter, answers) with these tokenizers (`--tokenizer`).
+    pub fn with_tokenizers(mut self, tokenizers: Option<Arc<Tokenizers>>) -> Self {
+        self.tokenizers = tokenizers;
+        self
     }
 }
 
@@ -64,7 +81,8 @@ impl<S> Layer<S> for InspectLayer {
         Inspect {
             inner,
             max_request_body: self.max_request_body,
-            inject_usage: self.inject_usage,
+            inject: Arc::clone(&self.inject),
+            tokenizers: self.tokenizers.clone(),
         }
     }
 }
@@ -97,7 +115,8 @@ where
         // The clone that was made ready is the one that is called (tower's contract).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let (max, inject_usage) = (self.max_request_body, self.inject_usage);
+        let (max, policy) = (self.max_request_body, Arc::clone(&self.inject));
+        let tokenizers = self.tokenizers.clone();
         let Metered {
             mut meter,
             inner: req,
@@ -105,6 +124,7 @@ where
         Box::pin(async move {
             let (mut parts, body) = req.into_parts();
             let path = parts.uri.path();
+            let inject_usage = policy.rewrites();
             let read = read_body(&mut parts.headers, path, body, max, inject_usage).await;
             let (body, info, whole) = match read {
                 Ok(read) => read,
@@ -114,15 +134,38 @@ where
                     return Ok(Metered { meter, inner });
                 }
             };
+            let counting = counting(tokenizers.as_deref(), path, &info, whole.as_ref());
             meter.send(&parts, info);
+            if let Some(c) = counting {
+                meter.count_with(c);
+            }
             if let Some(whole) = whole {
                 parts.extensions.insert(Replayable(whole));
             }
             let sent: BoxFuture<_> = Box::pin(inner.call(Request::from_parts(parts, body)));
             let inner = sent.await;
+            if let Ok(resp) = &inner {
+                policy.response_head(resp.headers());
+            }
             Ok(Metered { meter, inner })
         })
     }
+}
+
+/// The counting of a request an OpenAI-compatible path sends with a body read whole, when a
+/// tokenizer is given for its model; its prompt's count starts now.
+fn counting(
+    tokenizers: Option<&Tokenizers>,
+    path: &str,
+    info: &RequestInfo,
+    whole: Option<&Bytes>,
+) -> Option<Counting> {
+    let body = whole.filter(|b| !b.is_empty())?;
+    if detect::path_hint(path) != Some(Api::OpenAi) {
+        return None;
+    }
+    let tokenizer = tokenizers?.for_model(info.model.as_deref())?;
+    Some(Counting::start(Arc::clone(tokenizer), path, body.clone()))
 }
 
 /// Reads a JSON body up to `max`; anything else, or anything larger, streams through. The body
@@ -265,7 +308,12 @@ mod tests {
             })
         };
         let (_, rec) = recorder();
-        let svc = InspectLayer::new(max, inject).layer(stub);
+        let setting = if inject {
+            inject::Setting::On
+        } else {
+            inject::Setting::Off
+        };
+        let svc = InspectLayer::new(max, Arc::new(Policy::new(setting))).layer(stub);
         let answer = svc.oneshot(metered(&rec, req)).await.expect("infallible");
         let mut seen = std::mem::take(&mut *seen.lock().expect("lock"));
         // What the meter was sent with.
@@ -376,7 +424,10 @@ mod tests {
         ServiceBuilder::new()
             .layer(MeteringLayer::new(rec, None))
             .layer(UpgradesLayer)
-            .layer(InspectLayer::new(1024, false))
+            .layer(InspectLayer::new(
+                1024,
+                Arc::new(Policy::new(inject::Setting::Off)),
+            ))
             .service(stub)
     }
 

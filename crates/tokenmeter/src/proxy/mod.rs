@@ -58,10 +58,12 @@ use http_body_util::{BodyExt, Full};
 use tower::ServiceBuilder;
 
 use crate::error::BoxError;
+use crate::inject;
 use crate::meter::Recorder;
 use crate::overload::Limiter;
 use crate::record::Outcome;
 use crate::tls::client::{self as tls_client, ClientTls, Failure};
+use crate::tokenize::Tokenizers;
 
 pub mod admission;
 pub mod inspect;
@@ -106,6 +108,8 @@ pub fn stack(
     recorder: Arc<Recorder>,
     tls: &ClientTls,
     limiter: Arc<Limiter>,
+    inject: Arc<inject::Policy>,
+    tokenizers: Option<Arc<Tokenizers>>,
 ) -> Proxy {
     ServiceBuilder::new()
         .layer(metering::MeteringLayer::new(recorder, cfg.idle_timeout))
@@ -115,10 +119,7 @@ pub fn stack(
             cfg.admission.retry_after,
         ))
         // Above: `Metered<Request>`. Inspect sends the meter; below: `Request<ProxyBody>`.
-        .layer(inspect::InspectLayer::new(
-            cfg.max_request_body,
-            cfg.inject_usage,
-        ))
+        .layer(inspect::InspectLayer::new(cfg.max_request_body, inject).with_tokenizers(tokenizers))
         .layer(timeout::TimeoutLayer::new(cfg.upstream_timeout))
         .service(upstream::Upstream::new(cfg, tls))
 }

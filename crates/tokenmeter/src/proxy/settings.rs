@@ -88,8 +88,8 @@ pub struct Settings {
     pub admission: Admission,
     /// Inspection: `--max-request-body`, the largest JSON body read whole for its model.
     pub max_request_body: usize,
-    /// Inspection: `--inject-usage`.
-    pub inject_usage: bool,
+    /// Inspection: `--inject-usage` (`auto`: once the upstream is known, [`crate::inject::policy`]).
+    pub inject_usage: crate::inject::Setting,
     /// Metering: `--idle-timeout`, the longest silence between body frames; `None`: no limit.
     pub idle_timeout: Option<Duration>,
     /// `--upstream-timeout`: the longest wait for the response head (then 504); `None`: no limit.
@@ -111,7 +111,7 @@ impl Settings {
         Settings {
             admission: Admission::default(),
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
-            inject_usage: false,
+            inject_usage: crate::inject::Setting::default(),
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT.get()),
             upstream_timeout: Some(DEFAULT_UPSTREAM_TIMEOUT.get()),
             upstream,

@@ -13,6 +13,9 @@
 
 pub mod ndjson;
 pub mod sse;
+pub mod transcript;
+
+pub use self::transcript::Transcript;
 
 pub use crate::protocol::Message;
 use crate::protocol::{self, detect, Api, Extractor, Kinds, OutputKind, Summary, TokenSource};
@@ -150,6 +153,8 @@ struct Tally {
     counted_reasoning: u64,
     /// The model the stream had named when its first token-bearing event came.
     first_model: Option<String>,
+    /// The events' text, for a tokenizer to count (`None`: nobody counts it).
+    transcript: Option<Box<Transcript>>,
 }
 
 impl Reader {
@@ -185,6 +190,7 @@ impl Reader {
                 counted: 0,
                 counted_reasoning: 0,
                 first_model: None,
+                transcript: None,
             },
         }
     }
@@ -241,6 +247,17 @@ impl Reader {
             Decoder::Opaque => {}
         }
         self.tally.chunk(document)
+    }
+
+    /// Keeps the text of every token-bearing event from now on, for a tokenizer (bounded:
+    /// [`transcript::MAX_TEXT_BYTES`]).
+    pub fn transcribe(&mut self) {
+        self.tally.transcript.get_or_insert_with(Box::default);
+    }
+
+    /// The text kept since [`Reader::transcribe`], handed over once.
+    pub fn take_transcript(&mut self) -> Option<Box<Transcript>> {
+        self.tally.transcript.take()
     }
 
     /// Which parser reads this body (after detection, for an auto-detecting extractor).
@@ -307,6 +324,9 @@ impl Tally {
         }
         self.events.push(Event { tokens, kinds });
         self.counted += u64::from(tokens);
+        if let Some(t) = &mut self.transcript {
+            t.on_event(self.extractor.api(), m.data, tokens);
+        }
     }
 
     fn chunk(&self, document: u32) -> Chunk<'_> {

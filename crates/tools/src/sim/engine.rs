@@ -1,7 +1,8 @@
 //! The continuous-batching model: one decode loop for every sequence, as an inference server runs
 //! one forward pass for its whole batch.
 //!
-//! Each step emits one token for every running sequence and takes
+//! Each step emits one token for every running sequence (or several: [`super::decoding`]) and
+//! takes
 //! `step_base + step_per_seq x batch + prefill_per_token x (uncached prompt tokens admitted this
 //! step) + step_per_1k_kv_tokens x (context the running sequences hold) / 1000`: the share of a prompt the prefix cache serves ([`PrefixCache`]) costs nothing, as a
 //! cached block's KV is read rather than computed.
@@ -29,6 +30,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::account;
+use super::decoding::{Decoding, SpecCounts, Steps};
 use super::kv::{KvCache, KvConfig};
 use super::model::Model;
 use super::stall::Stall;
@@ -171,6 +173,9 @@ pub struct Ticket {
     /// (or the engine stopped). Dropping it cancels the sequence.
     pub wake: mpsc::Receiver<()>,
     pub progress: Arc<Progress>,
+    /// The sizes of its steps, in the state the engine's copy starts from: replayed by the
+    /// body to cut the emitted tokens into one event per step.
+    pub steps: Steps,
 }
 
 /// The engine stopped: no new job can be submitted.
@@ -186,6 +191,7 @@ pub struct Engine {
     stats: Arc<Stats>,
     model: Model,
     stall: Option<Stall>,
+    decoding: Decoding,
 }
 
 impl Engine {
@@ -209,8 +215,20 @@ impl Engine {
         stall: Option<Stall>,
         kv: Option<KvConfig>,
     ) -> Self {
+        Engine::start_decoding(model, keep_records, stall, kv, Decoding::PLAIN)
+    }
+
+    /// [`Engine::start_with`], each step making the tokens `decoding` says
+    /// (`--tokens-per-event`, `--spec-acceptance`).
+    pub fn start_decoding(
+        model: Model,
+        keep_records: usize,
+        stall: Option<Stall>,
+        kv: Option<KvConfig>,
+        decoding: Decoding,
+    ) -> Self {
         let (submit, rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(Stats::new(keep_records));
+        let stats = Arc::new(Stats::new(keep_records, decoding.is_speculative()));
         tokio::spawn(decode_loop(model, rx, Arc::clone(&stats), kv));
         Engine {
             submit,
@@ -218,6 +236,7 @@ impl Engine {
             stats,
             model,
             stall,
+            decoding,
         }
     }
 
@@ -229,6 +248,18 @@ impl Engine {
     /// Queues a job for a tenant ([`Stats::accounts`]): its share of every step it is in is
     /// accounted to that tenant.
     pub fn submit_for(&self, job: Job, tenant: account::TenantId) -> Result<Ticket, Stopped> {
+        self.submit_seeded(job, tenant, 0)
+    }
+
+    /// [`Engine::submit_for`], the sizes of its steps drawn from `seed` (they matter only under
+    /// speculative decoding: the same seed gives the same sizes).
+    pub fn submit_seeded(
+        &self,
+        job: Job,
+        tenant: account::TenantId,
+        seed: u64,
+    ) -> Result<Ticket, Stopped> {
+        let steps = Steps::new(self.decoding, seed);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // Capacity 1: a pending wake-up already tells the body to look at the counter, so further
         // ones can be dropped (that is the coalescing).
@@ -256,9 +287,15 @@ impl Engine {
                 preemptions: 0,
                 tenant,
                 step_prefill: 0,
+                steps: steps.clone(),
             })
             .map_err(|_| Stopped)?;
-        Ok(Ticket { id, wake, progress })
+        Ok(Ticket {
+            id,
+            wake,
+            progress,
+            steps,
+        })
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
@@ -267,6 +304,11 @@ impl Engine {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// The tokens each step makes (`--tokens-per-event`, `--spec-acceptance`).
+    pub fn decoding(&self) -> Decoding {
+        self.decoding
     }
 }
 
@@ -295,6 +337,8 @@ struct Seq {
     tenant: account::TenantId,
     /// Prompt tokens (or recomputed ones) the coming step prefills for it.
     step_prefill: u64,
+    /// How many tokens each of its steps makes.
+    steps: Steps,
 }
 
 impl Seq {
@@ -458,10 +502,14 @@ async fn decode_loop(
         clock = Some(end);
         let t = Instant::now();
         let mut emitted = 0u64;
+        let mut spec = SpecCounts::default();
         let mut pausing = Vec::new();
         running.retain_mut(|s| {
-            s.emitted += 1;
-            emitted += 1;
+            let made = s.steps.next(s.job.output_tokens.saturating_sub(s.emitted));
+            let before = s.emitted;
+            s.emitted += made.tokens;
+            emitted += u64::from(made.tokens);
+            spec.add(made);
             if s.first_token.is_none() {
                 s.first_token = Some(t);
                 let admitted = s.admitted.unwrap_or(t);
@@ -492,7 +540,10 @@ async fn decode_loop(
             }
             // Full: a wake-up is already pending. Closed: seen at the next step.
             let _ = s.wake.try_send(());
-            if let Some((_, pause)) = s.stall.filter(|(after, _)| !done && s.emitted == *after) {
+            // The step that reaches its stall point (with several tokens a step, the one that
+            // passes it).
+            let reached = |after: u32| before < after && s.emitted >= after;
+            if let Some((_, pause)) = s.stall.filter(|(after, _)| !done && reached(*after)) {
                 pausing.push((s.id, t + pause));
             }
             // Dropping a finished sequence (and its sender) tells the body it is complete.
@@ -506,7 +557,7 @@ async fn decode_loop(
         if let Some(cache) = &kv {
             stats.set_kv(cache.used(), cache.total(), cache.block_size());
         }
-        stats.step(emitted);
+        stats.step(emitted, spec);
     }
 }
 
@@ -570,6 +621,10 @@ pub struct Counters {
     /// With a KV cache: its blocks taken, its blocks in all and their size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_blocks: Option<KvBlocks>,
+    /// Under speculative decoding (`--spec-acceptance`): drafts, draft tokens proposed and
+    /// accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecCounts>,
 }
 
 /// The KV cache's blocks at the last step.
@@ -599,12 +654,15 @@ pub struct StatsReport {
 }
 
 impl Stats {
-    fn new(keep: usize) -> Self {
+    fn new(keep: usize, speculative: bool) -> Self {
         Stats {
             origin: Instant::now(),
             accounts: account::Accounts::default(),
             inner: Mutex::new(StatsInner {
-                counters: Counters::default(),
+                counters: Counters {
+                    spec: speculative.then(SpecCounts::default),
+                    ..Counters::default()
+                },
                 keep,
                 records: VecDeque::new(),
             }),
@@ -650,10 +708,17 @@ impl Stats {
         self.lock().counters.preemptions += 1;
     }
 
-    fn step(&self, tokens: u64) {
+    /// A step made `tokens` tokens (over all its sequences), and under speculative decoding
+    /// drafted and accepted `spec`.
+    fn step(&self, tokens: u64, spec: SpecCounts) {
         let mut s = self.lock();
         s.counters.steps += 1;
         s.counters.output_tokens += tokens;
+        if let Some(c) = s.counters.spec.as_mut() {
+            c.drafts += spec.drafts;
+            c.draft_tokens += spec.draft_tokens;
+            c.accepted_tokens += spec.accepted_tokens;
+        }
     }
 
     fn finish(&self, seq: &Seq, outcome: SeqOutcome) {
@@ -761,6 +826,109 @@ mod tests {
         assert!((r.model_decode_s - 9.0 * 0.0162).abs() < 1e-9);
         let ttft = r.ttft_s.expect("ttft");
         assert!((0.0212..0.0222).contains(&ttft), "{r:?}");
+    }
+
+    /// Three tokens a step: 10 tokens come in 4 steps (3, 3, 3, 1), each the model's step
+    /// duration, and every count is of tokens. The body sees whole steps only.
+    #[tokio::test(start_paused = true)]
+    async fn several_tokens_a_step_finish_in_fewer_steps() {
+        let e = Engine::start_decoding(model(), 10, None, None, Decoding::Fixed(3));
+        let t0 = Instant::now();
+        let mut t = e
+            .submit(Job {
+                prompt_tokens: 100,
+                cached_tokens: 0,
+                output_tokens: 10,
+            })
+            .expect("running");
+        let mut seen = Vec::new();
+        while t.wake.recv().await.is_some() {
+            seen.push(t.progress.emitted());
+        }
+        assert_eq!(seen, [3, 6, 9, 10]);
+        let expect = Duration::from_micros(16_200 + 5_000 + 3 * 16_200);
+        let grid = Duration::from_millis(1);
+        assert!(t0.elapsed() >= expect && t0.elapsed() < expect + grid);
+        let snap = e.stats().report();
+        assert_eq!((snap.counters.output_tokens, snap.counters.steps), (10, 4));
+        assert_eq!(snap.requests[0].output_tokens, 10);
+        assert!(snap.counters.spec.is_none());
+        // The ticket's copy of the steps replays the engine's sizes.
+        let mut replay = t.steps.clone();
+        let sizes: Vec<u32> = [10, 7, 4, 1].map(|left| replay.next(left).tokens).into();
+        assert_eq!(sizes, [3, 3, 3, 1]);
+    }
+
+    /// A stall point inside a step of several tokens: the step that passes it pauses the
+    /// sequence (5 tokens, at three a step: after the sixth).
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_point_inside_a_step_pauses_after_it() {
+        let stall = Stall {
+            every: 1,
+            after_tokens: 5,
+            pause: Duration::from_secs(1),
+        };
+        let m = Model {
+            prefill_per_token: Duration::ZERO,
+            ..model()
+        };
+        let e = Engine::start_decoding(m, 10, Some(stall), None, Decoding::Fixed(3));
+        let t0 = Instant::now();
+        let mut t = e
+            .submit(Job {
+                prompt_tokens: 1,
+                cached_tokens: 0,
+                output_tokens: 12,
+            })
+            .expect("running");
+        let mut seen = Vec::new();
+        while t.wake.recv().await.is_some() {
+            seen.push((t.progress.emitted(), t0.elapsed()));
+        }
+        let tokens: Vec<u32> = seen.iter().map(|(n, _)| *n).collect();
+        assert_eq!(tokens, [3, 6, 9, 12]);
+        let gap = seen[2].1 - seen[1].1;
+        assert!(gap >= Duration::from_secs(1), "{seen:?}");
+        assert!(
+            seen[1].1 - seen[0].1 < Duration::from_millis(20),
+            "{seen:?}"
+        );
+    }
+
+    /// Speculative decoding: the engine's draft tallies add up to what the steps made, and a
+    /// ticket's steps replay the same sizes the engine drew for it.
+    #[tokio::test(start_paused = true)]
+    async fn speculative_steps_are_tallied_and_replayable() {
+        let d = Decoding::Speculative {
+            acceptance: 0.7,
+            draft: 4,
+        };
+        let e = Engine::start_decoding(model(), 10, None, None, d);
+        let job = Job {
+            prompt_tokens: 1,
+            cached_tokens: 0,
+            output_tokens: 200,
+        };
+        let mut t = e.submit_seeded(job, account::NONE, 99).expect("running");
+        let mut seen = vec![0];
+        while t.wake.recv().await.is_some() {
+            seen.push(t.progress.emitted());
+        }
+        let mut replay = t.steps.clone();
+        let mut drafted = SpecCounts::default();
+        for w in seen.windows(2) {
+            let step = replay.next(200 - w[0]);
+            assert_eq!(step.tokens, w[1] - w[0], "{seen:?}");
+            drafted.add(step);
+        }
+        assert_eq!(*seen.last().expect("tokens"), 200);
+        let snap = e.stats().report();
+        let spec = snap.counters.spec.expect("speculative");
+        assert_eq!(spec, drafted);
+        assert_eq!(snap.counters.steps, seen.len() as u64 - 1);
+        // Every step but the last drafted: its tokens are 1 + accepted.
+        assert_eq!(spec.accepted_tokens + snap.counters.steps, 200);
+        assert!(spec.drafts + 1 >= snap.counters.steps);
     }
 
     /// A cache of 4 blocks of 16 tokens and two sequences of a 16-token prompt and 40 tokens:

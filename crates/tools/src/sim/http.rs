@@ -28,8 +28,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use super::account::TenantId;
+use super::decoding::{Decoding, SpecCounts, Step};
 use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
-use super::text::{estimate_tokens, Lengths, Rng, Words};
+use super::text::{estimate_tokens, Lengths, Rng, Token, Words};
 use super::wire::{self, BodyError, Dialect, Handler, Parsed, Reply, Timings};
 
 /// Request bodies larger than this are refused (413): far above any real prompt we simulate, and
@@ -196,12 +197,24 @@ struct StatsBody<'a> {
     step_per_1k_kv_tokens_s: f64,
     prefix_cache_hit_rate: f64,
     max_batch: usize,
+    /// `--tokens-per-event` (absent under speculative decoding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_event: Option<u32>,
+    /// `--spec-acceptance` and `--spec-tokens` (absent without speculative decoding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_acceptance: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spec_tokens: Option<u32>,
     #[serde(flatten)]
     report: StatsReport,
 }
 
 fn stats(state: &State) -> StatsBody<'_> {
     let m = state.engine.model();
+    let (tokens_per_event, spec_acceptance, spec_tokens) = match state.engine.decoding() {
+        Decoding::Fixed(n) => (Some(n), None, None),
+        Decoding::Speculative { acceptance, draft } => (None, Some(acceptance), Some(draft)),
+    };
     StatsBody {
         api: state.dialect.name(),
         model: &state.model,
@@ -212,6 +225,9 @@ fn stats(state: &State) -> StatsBody<'_> {
         step_per_1k_kv_tokens_s: m.step_per_1k_kv_tokens.as_secs_f64(),
         prefix_cache_hit_rate: state.prefix_cache.rate(),
         max_batch: m.max_batch,
+        tokens_per_event,
+        spec_acceptance,
+        spec_tokens,
         report: state.engine.stats().report(),
     }
 }
@@ -220,12 +236,16 @@ async fn generate(state: &State, route: Handler, p: Parsed, tenant: TenantId) ->
     let received = Instant::now();
     // Length first, then the words, from one stream: a request's text is the same whatever its
     // limit, only cut shorter.
-    let mut rng = Rng::new(state.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ p.prompt_hash);
+    let seed = state.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ p.prompt_hash;
+    let mut rng = Rng::new(seed);
     let natural = state.lengths.sample(&mut rng);
     let output_tokens = p.max_tokens.unwrap_or(natural);
     let prompt_tokens = estimate_tokens(p.prompt_chars);
     let job = state.prefix_cache.job(prompt_tokens, output_tokens);
-    let Ok(ticket) = state.engine.submit_for(job, tenant) else {
+    // The step sizes (under speculative decoding) from a stream of their own, so they leave the
+    // words and the length as they are without it.
+    let steps_seed = Rng::new(seed ^ 0x5350_4543_4445_434F).next_u64();
+    let Ok(ticket) = state.engine.submit_seeded(job, tenant, steps_seed) else {
         return error(
             Some(route),
             StatusCode::SERVICE_UNAVAILABLE,
@@ -257,6 +277,9 @@ async fn generate(state: &State, route: Handler, p: Parsed, tenant: TenantId) ->
         words: Words::new(rng),
         ticket,
         rendered: 0,
+        pending: None,
+        event: Vec::new(),
+        spec: SpecCounts::default(),
         keep_text: !p.stream || route == Handler::TgiGenerateStream,
         text: String::new(),
         buf: String::new(),
@@ -300,6 +323,13 @@ struct TokenBody {
     ticket: Ticket,
     /// Tokens written so far.
     rendered: u32,
+    /// The size of the next event, once drawn from the ticket's steps (the engine drew the same
+    /// for the step that makes it).
+    pending: Option<Step>,
+    /// The tokens of the event being written (one buffer, reused).
+    event: Vec<Token>,
+    /// This request's drafts so far, under speculative decoding.
+    spec: SpecCounts,
     /// The whole output so far, kept only where the format needs it (TGI repeats it at the end;
     /// a non-streaming response is it), so a long stream holds no more memory than a short one.
     keep_text: bool,
@@ -321,11 +351,17 @@ impl TokenBody {
             decode: now.saturating_duration_since(first),
             engine_queue: progress.queue(),
             engine_prefill: progress.prefill(),
+            spec: self
+                .ticket
+                .steps
+                .decoding()
+                .is_speculative()
+                .then_some(self.spec),
         }
     }
 
-    /// Writes the tokens emitted since the last call into `buf` (with the tail after the last
-    /// one, when streaming).
+    /// Writes the tokens emitted since the last call into `buf`, one event per engine step
+    /// (with the tail after the last one, when streaming).
     fn render_new(&mut self) {
         let emitted = self
             .ticket
@@ -342,15 +378,29 @@ impl TokenBody {
             }
         }
         while self.rendered < emitted {
-            let tok = self.words.next_token();
-            if self.keep_text {
-                self.text.push_str(tok.text);
+            let left = self.response.output_tokens - self.rendered;
+            let step = *self
+                .pending
+                .get_or_insert_with(|| self.ticket.steps.next(left));
+            // The engine emits whole steps; a part of one would wait for the rest.
+            if step.tokens == 0 || emitted - self.rendered < step.tokens {
+                break;
+            }
+            self.pending = None;
+            self.spec.add(step);
+            self.event.clear();
+            for _ in 0..step.tokens {
+                let tok = self.words.next_token();
+                if self.keep_text {
+                    self.text.push_str(tok.text);
+                }
+                self.event.push(tok);
             }
             if self.response.stream {
                 self.response
-                    .token(self.rendered, tok, &self.text, &mut self.buf);
+                    .event(self.rendered, &self.event, &self.text, &mut self.buf);
             }
-            self.rendered += 1;
+            self.rendered += step.tokens;
         }
         if self.rendered == self.response.output_tokens && !self.done {
             self.done = true;

@@ -2,10 +2,14 @@
 //! engine is tested against.
 //!
 //! The series are vLLM's (0.32, V1 engine) for the scheduler and the KV cache:
-//! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:num_preemptions_total`, and
-//! with `--kv-cache-tokens` `vllm:kv_cache_usage_perc` (a ratio, 0 to 1, as vLLM's is) and
+//! `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:num_preemptions_total`,
+//! `vllm:generation_tokens_total` (tokens, however many an event carries), with
+//! `--kv-cache-tokens` `vllm:kv_cache_usage_perc` (a ratio, 0 to 1, as vLLM's is) and
 //! `vllm:cache_config_info` (an info gauge whose labels state the cache: `block_size`,
-//! `num_gpu_blocks`, and the size in tokens). Each carries `model_name`, as vLLM's do.
+//! `num_gpu_blocks`, and the size in tokens), and with `--spec-acceptance` the speculative
+//! decoding counters `vllm:spec_decode_num_drafts_total`,
+//! `vllm:spec_decode_num_draft_tokens_total` and `vllm:spec_decode_num_accepted_tokens_total`.
+//! Each carries `model_name`, as vLLM's do.
 
 use std::fmt::Write as _;
 
@@ -80,6 +84,36 @@ pub fn render(model: &str, c: &Counters) -> String {
         "",
         c.preemptions as f64,
     );
+    series(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        "",
+        c.output_tokens as f64,
+    );
+    if let Some(spec) = c.spec {
+        series(
+            "vllm:spec_decode_num_drafts_total",
+            "counter",
+            "Number of spec decoding drafts.",
+            "",
+            spec.drafts as f64,
+        );
+        series(
+            "vllm:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Number of draft tokens.",
+            "",
+            spec.draft_tokens as f64,
+        );
+        series(
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Number of accepted tokens.",
+            "",
+            spec.accepted_tokens as f64,
+        );
+    }
     if let Some(kv) = c.kv_blocks {
         let usage = if kv.total == 0 {
             0.0
@@ -121,6 +155,7 @@ fn escape(v: &str) -> String {
 mod tests {
     use super::*;
     use crate::sim::account::{Part, Phase};
+    use crate::sim::decoding::SpecCounts;
     use crate::sim::engine::KvBlocks;
     use std::time::Duration;
 
@@ -162,6 +197,7 @@ mod tests {
         assert!(text.contains("vllm:num_requests_waiting{model_name=\"m\\\"1\"} 2\n"));
         assert!(text.contains("vllm:num_preemptions_total{model_name=\"m\\\"1\"} 5\n"));
         assert!(!text.contains("kv_cache"), "{text}");
+        assert!(!text.contains("spec_decode"), "{text}");
         c.kv_blocks = Some(KvBlocks {
             used: 12,
             total: 16,
@@ -176,5 +212,33 @@ mod tests {
         assert!(text.contains(
             "vllm:cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"16\",kv_cache_size_tokens=\"256\"} 1\n"
         ));
+    }
+
+    #[test]
+    fn tokens_and_speculative_drafts_are_counted_with_vllms_names() {
+        let mut c = Counters {
+            output_tokens: 200,
+            steps: 67,
+            ..Counters::default()
+        };
+        let text = render("m", &c);
+        assert!(
+            text.contains("vllm:generation_tokens_total{model_name=\"m\"} 200\n"),
+            "{text}"
+        );
+        c.spec = Some(SpecCounts {
+            drafts: 10,
+            draft_tokens: 40,
+            accepted_tokens: 25,
+        });
+        let text = render("m", &c);
+        for line in [
+            "# TYPE vllm:spec_decode_num_drafts_total counter\n",
+            "vllm:spec_decode_num_drafts_total{model_name=\"m\"} 10\n",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 40\n",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 25\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 }

@@ -3,19 +3,22 @@
 //!
 //! It serves an OpenAI-compatible API (and, with `--api`, Anthropic's, Ollama's or TGI's) and
 //! behaves like continuous batching on a GPU ([`engine`]): every decode step emits one token for
-//! each running request and takes `step_base + step_per_seq x batch`, prefill costs time per
+//! each running request (or several, [`decoding`]) and takes `step_base + step_per_seq x batch`, prefill costs time per
 //! prompt token (less the share `--prefix-cache-hit-rate` serves from the cache), and past
 //! `--max-batch` requests queue. It is deterministic given `--seed` (the
 //! tokens and lengths depend only on the seed and the request, see [`text`]) and exact about what
 //! it sent: `GET /sim/stats` reports its own per-request timestamps. The modules:
 //!
 //! - [`engine`]: the decode loop and its performance [`Model`].
+//! - [`decoding`]: `--tokens-per-event` and `--spec-acceptance`, the tokens one step (and one
+//!   event) carries.
 //! - [`http`]: routes, request handling, the streaming body.
 //! - [`wire`]: reading requests and writing responses, one file per [`Dialect`].
 //! - [`text`]: the seeded generator, vocabulary and length distribution.
 //! - [`stall`]: `--stall-every`, a few responses pausing mid-stream (for the capacity fit's tests).
 
 pub mod account;
+pub mod decoding;
 pub mod engine;
 pub mod http;
 pub mod kv;
@@ -33,6 +36,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio::net::TcpListener;
 
+pub use decoding::Decoding;
 pub use engine::PrefixCache;
 use engine::{parse_hit_rate, Engine, Stats};
 pub use model::Model;
@@ -105,6 +109,34 @@ pub struct SimArgs {
     #[arg(long, env = "TOKENMETER_SIM_OUTPUT_TOKENS", default_value = "32-512")]
     pub output_tokens: Lengths,
 
+    /// Tokens every decode step makes for a request, so every token-bearing event carries (the
+    /// last one of a request the rest): as vLLM's --stream-interval, or an engine that sends
+    /// several tokens at once. A request of L tokens finishes in ceil(L / N) steps; the usage
+    /// states the true count. Not with --spec-acceptance.
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_TOKENS_PER_EVENT",
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub tokens_per_event: u32,
+
+    /// Speculative decoding: each step drafts --spec-tokens tokens, each accepted with
+    /// probability R (0 to 1) until the first rejection, and the step's event carries 1 +
+    /// accepted tokens ((1 - R^(K+1)) / (1 - R) on average), seeded by --seed. /metrics adds
+    /// vLLM's vllm:spec_decode_* counters. Not with --tokens-per-event above 1.
+    #[arg(long, env = "TOKENMETER_SIM_SPEC_ACCEPTANCE", value_name = "R", value_parser = decoding::parse_acceptance)]
+    pub spec_acceptance: Option<f64>,
+
+    /// Draft tokens proposed per step under --spec-acceptance (vLLM's num_speculative_tokens).
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_SPEC_TOKENS",
+        default_value_t = 4,
+        value_name = "K"
+    )]
+    pub spec_tokens: u32,
+
     /// Seed of everything generated: the same seed and request give the same tokens.
     #[arg(long, env = "TOKENMETER_SIM_SEED", default_value_t = 0)]
     pub seed: u64,
@@ -141,8 +173,8 @@ pub struct SimArgs {
     pub stall_for: Duration,
 
     /// Put vLLM's per-request `metrics` object (queue, prefill and generation time, as the
-    /// simulated engine timed them) on the usage chunk of OpenAI streams, as vLLM does with the
-    /// same flag.
+    /// simulated engine timed them, and under --spec-acceptance the request's drafts) on the
+    /// usage chunk of OpenAI streams, as vLLM does with the same flag.
     #[arg(long, env = "TOKENMETER_SIM_ENABLE_PER_REQUEST_METRICS")]
     pub enable_per_request_metrics: bool,
 
@@ -179,6 +211,8 @@ pub struct SimConfig {
     pub kv: Option<kv::KvConfig>,
     /// `--tenant-header`.
     pub tenant_header: hyper::header::HeaderName,
+    /// `--tokens-per-event` or `--spec-acceptance`: the tokens each step makes.
+    pub decoding: Decoding,
 }
 
 /// Why the simulator could not start.
@@ -190,6 +224,10 @@ pub enum SimError {
     StepTooShort(Duration),
     #[error("--{0} must be at least 1")]
     Zero(&'static str),
+    #[error(
+        "--spec-acceptance and --tokens-per-event {0} are two ways of sizing an event: give one"
+    )]
+    SpecWithFixed(u32),
     #[error("--kv-cache-tokens {tokens} holds no whole block of --block-size {block_size}")]
     NoBlock { tokens: u32, block_size: u32 },
     #[error("cannot listen on {addr}: {source}")]
@@ -209,6 +247,7 @@ impl SimError {
             SimError::BadAddress(_)
                 | SimError::StepTooShort(_)
                 | SimError::Zero(_)
+                | SimError::SpecWithFixed(_)
                 | SimError::NoBlock { .. }
         )
     }
@@ -237,6 +276,7 @@ impl Default for SimConfig {
             per_request_metrics: false,
             kv: None,
             tenant_header: hyper::header::HeaderName::from_static("x-tenant"),
+            decoding: Decoding::PLAIN,
         }
     }
 }
@@ -262,6 +302,22 @@ impl SimArgs {
         if self.block_size == 0 {
             return Err(SimError::Zero("block-size"));
         }
+        if self.tokens_per_event == 0 {
+            return Err(SimError::Zero("tokens-per-event"));
+        }
+        if self.spec_tokens == 0 {
+            return Err(SimError::Zero("spec-tokens"));
+        }
+        let decoding = match self.spec_acceptance {
+            Some(_) if self.tokens_per_event > 1 => {
+                return Err(SimError::SpecWithFixed(self.tokens_per_event))
+            }
+            Some(acceptance) => Decoding::Speculative {
+                acceptance,
+                draft: self.spec_tokens,
+            },
+            None => Decoding::Fixed(self.tokens_per_event),
+        };
         let kv = self.kv_cache_tokens.map(|tokens| kv::KvConfig {
             tokens,
             block_size: self.block_size,
@@ -296,6 +352,7 @@ impl SimArgs {
             per_request_metrics: self.enable_per_request_metrics,
             kv,
             tenant_header: self.tenant_header.clone(),
+            decoding,
         })
     }
 }
@@ -318,7 +375,13 @@ impl Sim {
         Ok(Sim {
             listener,
             state: Arc::new(http::State {
-                engine: Engine::start_with(cfg.model, cfg.stats_keep, cfg.stall, cfg.kv),
+                engine: Engine::start_decoding(
+                    cfg.model,
+                    cfg.stats_keep,
+                    cfg.stall,
+                    cfg.kv,
+                    cfg.decoding,
+                ),
                 dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
@@ -366,6 +429,7 @@ pub fn run(args: &SimArgs) -> Result<(), SimError> {
             aggregate_tps_at_128 = format!("{:.0}", m.aggregate_tps(128)),
             max_batch = m.max_batch,
             prefix_cache_hit_rate = cfg.prefix_cache.rate(),
+            tokens_per_event = format!("{:.2}", cfg.decoding.mean_tokens()),
             "simulator started"
         );
         sim.serve(tokenmeter::signal::shutdown()).await;
@@ -396,6 +460,7 @@ mod tests {
         assert_eq!(cfg.lengths, d.lengths);
         assert_eq!(cfg.prefix_cache, d.prefix_cache);
         assert_eq!((cfg.api, cfg.seed), (d.api, d.seed));
+        assert_eq!(cfg.decoding, d.decoding);
     }
 
     #[test]
@@ -433,6 +498,56 @@ mod tests {
             bad(&["--block-size", "0"]),
             Some(SimError::Zero("block-size"))
         ));
+        assert!(matches!(
+            bad(&["--tokens-per-event", "0"]),
+            Some(SimError::Zero("tokens-per-event"))
+        ));
+        assert!(matches!(
+            bad(&["--spec-acceptance", "0.5", "--spec-tokens", "0"]),
+            Some(SimError::Zero("spec-tokens"))
+        ));
+        let both = bad(&["--spec-acceptance", "0.5", "--tokens-per-event", "3"]);
+        assert!(matches!(both, Some(SimError::SpecWithFixed(3))), "{both:?}");
+        assert!(both.is_some_and(|e| e.is_usage()));
+        assert!(T::try_parse_from(["t", "--spec-acceptance", "1.5"]).is_err());
+    }
+
+    #[test]
+    fn the_event_size_flags() {
+        let cfg = |extra: &[&str]| {
+            let mut v = vec!["t", "--listen", "127.0.0.1:0"];
+            v.extend_from_slice(extra);
+            T::try_parse_from(v)
+                .expect("parse")
+                .a
+                .validate()
+                .expect("valid")
+                .decoding
+        };
+        assert_eq!(cfg(&[]), Decoding::PLAIN);
+        assert_eq!(cfg(&["--tokens-per-event", "3"]), Decoding::Fixed(3));
+        assert_eq!(
+            cfg(&["--spec-acceptance", "0.7"]),
+            Decoding::Speculative {
+                acceptance: 0.7,
+                draft: 4
+            }
+        );
+        // One token per event is plain decoding, so it goes with speculation.
+        assert_eq!(
+            cfg(&[
+                "--spec-acceptance",
+                "0.7",
+                "--spec-tokens",
+                "2",
+                "--tokens-per-event",
+                "1"
+            ]),
+            Decoding::Speculative {
+                acceptance: 0.7,
+                draft: 2
+            }
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Anthropic's Messages API (`/v1/messages`): `message_start`, `content_block_start`, `ping`,
-//! one `content_block_delta` per token, `content_block_stop`, `message_delta` with the output
+//! one `content_block_delta` per step (with every token the step made), `content_block_stop`, `message_delta` with the output
 //! count, `message_stop`. With the prefix cache on, the usage splits the prompt as Anthropic's
 //! does: `input_tokens` the uncached part, `cache_read_input_tokens` the cached one.
 
@@ -56,8 +56,10 @@ pub(super) fn head(r: &Reply, out: &mut String) {
     out.push_str("event: ping\ndata: {\"type\": \"ping\"}\n\n");
 }
 
-pub(super) fn token(tok: Token, out: &mut String) {
-    let _ = write!(out, "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{}\"}}}}\n\n", tok.text);
+pub(super) fn event(tokens: &[Token], out: &mut String) {
+    out.push_str("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"");
+    tokens.iter().for_each(|t| out.push_str(t.text));
+    out.push_str("\"}}\n\n");
 }
 
 pub(super) fn tail(r: &Reply, out: &mut String) {

@@ -17,8 +17,13 @@
 //! format's writers. Adding a format takes a file here and, in this one, a `Dialect` variant, its
 //! `Handler`s and an arm in each dispatching `match` (the compiler lists the ones missing).
 //!
-//! One token is one event (one NDJSON line), so a client can count tokens by counting events. The
-//! writers append to a `String` the body reuses, so a token costs no allocation.
+//! One engine step is one event (one NDJSON line), carrying the tokens the step made: one by
+//! default, so a client can count tokens by counting events; several with `--tokens-per-event`
+//! or `--spec-acceptance` ([`super::decoding`]), their texts concatenated in the one event as
+//! vLLM sends them, while every usage report states the true count. TGI is the exception: its
+//! event holds one `token` object, so a step of several tokens is as many events, sent
+//! together, as TGI streams speculative tokens. The writers append to a `String` the body reuses,
+//! so a token costs no allocation.
 
 mod anthropic;
 mod ollama;
@@ -31,6 +36,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::decoding::SpecCounts;
 use super::text::{Fnv, Token};
 
 /// The API family the simulator imitates (`--api`). OpenAI's endpoints are served in every mode,
@@ -234,6 +240,9 @@ pub struct Timings {
     /// As the engine timed them: waiting in its queue, and from admission to the first token.
     pub engine_queue: Option<Duration>,
     pub engine_prefill: Option<Duration>,
+    /// Under speculative decoding, this request's drafts (vLLM's `speculative_decoding` in the
+    /// per-request `metrics`).
+    pub spec: Option<SpecCounts>,
 }
 
 /// Everything needed to write one response.
@@ -298,14 +307,22 @@ impl Reply {
         }
     }
 
-    /// The event for token number `index` (0-based). `text` is the whole output so far, this
-    /// token included; only TGI reads it (it repeats the text on the last token).
-    pub fn token(&self, index: u32, tok: Token, text: &str, out: &mut String) {
+    /// The event of one step: `tokens`, the first of them number `index` (0-based), at least
+    /// one. `text` is the whole output so far, these tokens included; only TGI reads it (it
+    /// repeats the text on the last token), and writes one event per token.
+    pub fn event(&self, index: u32, tokens: &[Token], text: &str, out: &mut String) {
+        if tokens.is_empty() {
+            return;
+        }
         match self.route.dialect() {
-            Dialect::Openai => openai::token(self, index, tok, out),
-            Dialect::Anthropic => anthropic::token(tok, out),
-            Dialect::Ollama => ollama::token(self, tok, out),
-            Dialect::Tgi => tgi::token(self, index, tok, text, out),
+            Dialect::Openai => openai::event(self, index, tokens, out),
+            Dialect::Anthropic => anthropic::event(tokens, out),
+            Dialect::Ollama => ollama::event(self, tokens, out),
+            Dialect::Tgi => {
+                for (i, tok) in (index..).zip(tokens) {
+                    tgi::token(self, i, *tok, text, out);
+                }
+            }
         }
     }
 

@@ -1,4 +1,5 @@
-//! Ollama's native API (`/api/chat`, `/api/generate`): NDJSON, one line per token with
+//! Ollama's native API (`/api/chat`, `/api/generate`): NDJSON, one line per step (with every
+//! token the step made) with
 //! `created_at`, and a final `done: true` line with `eval_count` and durations in nanoseconds.
 //! Ollama streams unless the request says `"stream": false`.
 
@@ -93,17 +94,21 @@ fn done(r: &Reply, t: &Timings, out: &mut String) {
     );
 }
 
-pub(super) fn token(r: &Reply, tok: Token, out: &mut String) {
+pub(super) fn event(r: &Reply, tokens: &[Token], out: &mut String) {
     line_start(r, out);
     if r.route == Handler::OllamaChat {
-        let _ = writeln!(
-            out,
-            "\"message\":{{\"role\":\"assistant\",\"content\":\"{}\"}},\"done\":false}}",
-            tok.text
-        );
+        out.push_str("\"message\":{\"role\":\"assistant\",\"content\":\"");
     } else {
-        let _ = writeln!(out, "\"response\":\"{}\",\"done\":false}}", tok.text);
+        out.push_str("\"response\":\"");
     }
+    tokens.iter().for_each(|t| out.push_str(t.text));
+    if r.route == Handler::OllamaChat {
+        out.push('"');
+        out.push('}');
+    } else {
+        out.push('"');
+    }
+    out.push_str(",\"done\":false}\n");
 }
 
 pub(super) fn tail(r: &Reply, t: &Timings, out: &mut String) {

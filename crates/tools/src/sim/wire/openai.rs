@@ -2,8 +2,12 @@
 //! them: a role chunk first (written with the first token, after prefill), `finish_reason` on
 //! the last token's chunk, a `choices: []` usage chunk when `stream_options.include_usage` is
 //! set (with vLLM's per-request `metrics` object under `--enable-per-request-metrics`), then
-//! `data: [DONE]`. With the prefix cache on, the
-//! usage states its share as `prompt_tokens_details.cached_tokens`, as vLLM does.
+//! `data: [DONE]`. The other chunks carry no `"usage": null` whether usage is asked for or not,
+//! as vLLM's chat stream writes them (OpenAI's own API adds it to every chunk when asked), so
+//! asking for usage adds the usage chunk and changes nothing else. With the prefix cache on, the
+//! usage states its share as `prompt_tokens_details.cached_tokens`, as vLLM does. A chunk carries
+//! the text of every token its step made (several under `--tokens-per-event` or speculative
+//! decoding, as vLLM sends them).
 
 use std::fmt::Write as _;
 
@@ -74,38 +78,49 @@ pub(super) fn head(r: &Reply, out: &mut String) {
     }
     prefix(r, out);
     out.push_str("\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]");
-    if r.include_usage {
-        out.push_str(",\"usage\":null");
-    }
     out.push_str("}\n\n");
 }
 
-pub(super) fn token(r: &Reply, index: u32, tok: Token, out: &mut String) {
+pub(super) fn event(r: &Reply, index: u32, tokens: &[Token], out: &mut String) {
     prefix(r, out);
-    let finish = if r.is_last(index) {
-        format!("\"{}\"", finish_reason(r))
-    } else {
-        "null".to_string()
-    };
+    let last = index + tokens.len() as u32 - 1;
     if r.route == Handler::Chat {
-        let _ = write!(out, "\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
+        out.push_str("\"choices\":[{\"index\":0,\"delta\":{\"content\":\"");
     } else {
-        let _ = write!(out, "\"choices\":[{{\"index\":0,\"text\":\"{}\",\"logprobs\":null,\"finish_reason\":{finish}}}]", tok.text);
+        out.push_str("\"choices\":[{\"index\":0,\"text\":\"");
     }
-    if r.include_usage {
-        out.push_str(",\"usage\":null");
+    tokens.iter().for_each(|t| out.push_str(t.text));
+    out.push('"');
+    if r.route == Handler::Chat {
+        out.push('}');
+    }
+    out.push_str(",\"logprobs\":null,\"finish_reason\":");
+    if r.is_last(last) {
+        let _ = write!(out, "\"{}\"}}]", finish_reason(r));
+    } else {
+        out.push_str("null}]");
     }
     out.push_str("}\n\n");
 }
 
-/// vLLM's per-request `metrics` object: milliseconds, as vLLM 0.32 writes them.
+/// vLLM's per-request `metrics` object: milliseconds, as vLLM 0.32 writes them, and under
+/// speculative decoding (once a draft was made) its `speculative_decoding` object.
 fn metrics_json(t: &Timings) -> String {
     let ms = |d: Option<std::time::Duration>| d.unwrap_or_default().as_secs_f64() * 1e3;
+    let spec = t.spec.and_then(|s| {
+        Some(format!(
+            ",\"speculative_decoding\":{{\"draft_acceptance_rate\":{},\"mean_acceptance_length\":{},\"num_drafts\":{}}}",
+            s.acceptance_rate()?,
+            s.mean_acceptance_length()?,
+            s.drafts
+        ))
+    });
     format!(
-        ",\"metrics\":{{\"time_to_first_token_ms\":{},\"generation_time_ms\":{},\"queue_time_ms\":{}}}",
+        ",\"metrics\":{{\"time_to_first_token_ms\":{},\"generation_time_ms\":{},\"queue_time_ms\":{}{}}}",
         ms(t.engine_prefill),
         ms(Some(t.decode)),
-        ms(t.engine_queue)
+        ms(t.engine_queue),
+        spec.unwrap_or_default()
     )
 }
 

@@ -34,7 +34,7 @@ fn stream(route: Handler, n: u32) -> String {
     for i in 0..n {
         let t = w.next_token();
         text.push_str(t.text);
-        r.token(i, t, &text, &mut out);
+        r.event(i, &[t], &text, &mut out);
     }
     r.tail(&Timings::default(), &mut out);
     out
@@ -242,6 +242,7 @@ fn per_request_metrics_ride_on_the_usage_chunk_as_vllm_writes_them() {
         decode: Duration::from_millis(40),
         engine_queue: Some(Duration::from_millis(12)),
         engine_prefill: Some(Duration::from_millis(18)),
+        spec: None,
     };
     let mut out = String::new();
     r.tail(&t, &mut out);
@@ -309,4 +310,199 @@ fn the_cached_share_is_stated_in_each_formats_usage() {
     let mut tail = String::new();
     response(Handler::Chat, true, 2).tail(&Timings::default(), &mut tail);
     assert!(!tail.contains("prompt_tokens_details"));
+}
+
+/// Renders a whole stream of `n` tokens, `per_event` to an event (the last the rest); returns it
+/// with the text of all the tokens.
+fn stream_by(route: Handler, n: u32, per_event: u32) -> (String, String) {
+    let r = response(route, true, n);
+    let mut out = String::new();
+    let mut text = String::new();
+    let mut w = Words::new(Rng::new(1));
+    r.head(&mut out);
+    let mut i = 0;
+    while i < n {
+        let k = per_event.min(n - i);
+        let toks: Vec<_> = (0..k).map(|_| w.next_token()).collect();
+        toks.iter().for_each(|t| text.push_str(t.text));
+        r.event(i, &toks, &text, &mut out);
+        i += k;
+    }
+    r.tail(&Timings::default(), &mut out);
+    (out, text)
+}
+
+/// The JSON of every `data:` line but `[DONE]`.
+fn data_lines(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim_start)
+        .filter(|l| *l != "[DONE]")
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// Seven tokens three to an event: OpenAI, Anthropic and Ollama send three events (3, 3, 1
+/// tokens) whose texts are the tokens' texts concatenated, the last with the finish reason, and
+/// every usage report states 7; TGI, whose event holds one token, sends seven.
+#[test]
+fn several_tokens_ride_in_one_event_and_the_usage_states_them_all() {
+    use tokenmeter::protocol::{extractor, Api, Message};
+    for route in [Handler::Chat, Handler::Completions] {
+        let (body, text) = stream_by(route, 7, 3);
+        let v = data_lines(&body);
+        let tokens: Vec<&Value> = v
+            .iter()
+            .filter(|e| e["choices"].as_array().is_some_and(|c| !c.is_empty()))
+            .filter(|e| e["choices"][0]["delta"].get("role").is_none())
+            .collect();
+        assert_eq!(tokens.len(), 3, "{route:?}: {body}");
+        let piece = |e: &Value| {
+            let c = &e["choices"][0];
+            c["delta"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .expect("text")
+                .to_string()
+        };
+        let got: String = tokens.iter().map(|e| piece(e)).collect();
+        assert_eq!(got, text);
+        assert!(tokens[..2]
+            .iter()
+            .all(|e| e["choices"][0]["finish_reason"].is_null()));
+        assert_eq!(tokens[2]["choices"][0]["finish_reason"], "length");
+        let usage = v.last().expect("usage chunk");
+        assert_eq!(usage["usage"]["completion_tokens"], 7);
+        // tokenmeter counts one per event, then takes the usage's 7.
+        let mut x = extractor(Api::OpenAi);
+        let counted: u32 = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|l| {
+                x.on_message(&Message {
+                    event: "",
+                    data: l.as_bytes(),
+                })
+            })
+            .sum();
+        assert_eq!(counted, 3, "{route:?}");
+        assert_eq!(x.summary().output_tokens, Some(7));
+    }
+
+    let (body, text) = stream_by(Handler::Messages, 7, 3);
+    let v = data_lines(&body);
+    let deltas: Vec<&str> = v
+        .iter()
+        .filter(|e| e["type"] == "content_block_delta")
+        .map(|e| e["delta"]["text"].as_str().expect("text"))
+        .collect();
+    assert_eq!(deltas.len(), 3);
+    assert_eq!(deltas.concat(), text);
+    let end = v
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .expect("message_delta");
+    assert_eq!(end["usage"]["output_tokens"], 7);
+
+    for route in [Handler::OllamaChat, Handler::OllamaGenerate] {
+        let (body, text) = stream_by(route, 7, 3);
+        let lines: Vec<Value> = body
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(lines.len(), 4, "{body}");
+        let got: String = lines[..3]
+            .iter()
+            .map(|l| {
+                l["message"]["content"]
+                    .as_str()
+                    .or(l["response"].as_str())
+                    .expect("text")
+            })
+            .collect();
+        assert_eq!(got, text);
+        assert_eq!(lines[3]["eval_count"], 7);
+    }
+
+    let (body, text) = stream_by(Handler::TgiGenerateStream, 7, 3);
+    let v = data_lines(&body);
+    assert_eq!(v.len(), 7, "one event per token");
+    let idx: Vec<u64> = v.iter().filter_map(|e| e["index"].as_u64()).collect();
+    assert_eq!(idx, [1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(v[6]["generated_text"], text.as_str());
+    assert_eq!(v[6]["details"]["generated_tokens"], 7);
+    assert!(v[5]["details"].is_null());
+}
+
+/// Under speculative decoding the per-request `metrics` carries vLLM's `speculative_decoding`
+/// object, and tokenmeter reads its acceptance rate back; before any draft it is left out.
+#[test]
+fn the_request_s_drafts_ride_on_the_usage_chunk() {
+    use crate::sim::decoding::SpecCounts;
+    use tokenmeter::protocol::{extractor, Api, Message};
+    let mut r = response(Handler::Chat, true, 3);
+    r.per_request_metrics = true;
+    let t = Timings {
+        spec: Some(SpecCounts {
+            drafts: 4,
+            draft_tokens: 16,
+            accepted_tokens: 10,
+        }),
+        ..Timings::default()
+    };
+    let mut out = String::new();
+    r.tail(&t, &mut out);
+    assert!(
+        out.contains("\"speculative_decoding\":{\"draft_acceptance_rate\":0.625,\"mean_acceptance_length\":3.5,\"num_drafts\":4}"),
+        "{out}"
+    );
+    let mut x = extractor(Api::OpenAi);
+    for line in out.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        x.on_message(&Message {
+            event: "",
+            data: line.as_bytes(),
+        });
+    }
+    let stated = x.summary().engine.expect("metrics stated");
+    assert_eq!(stated.spec_acceptance, Some(0.625));
+    let none = Timings {
+        spec: Some(SpecCounts::default()),
+        ..Timings::default()
+    };
+    let mut out = String::new();
+    r.tail(&none, &mut out);
+    assert!(out.contains("\"metrics\""), "{out}");
+    assert!(!out.contains("speculative_decoding"), "{out}");
+}
+
+/// Asking for usage adds the usage chunk and nothing else, as vLLM's chat stream does: what a
+/// proxy that asks on a client's behalf (`--inject-usage`) removes again leaves the bytes the
+/// client would have had.
+#[test]
+fn asking_for_usage_adds_the_usage_chunk_only() {
+    for route in [Handler::Chat, Handler::Completions] {
+        let with = stream(route, 3);
+        let without = {
+            let r = Reply {
+                include_usage: false,
+                ..response(route, true, 3)
+            };
+            let mut out = String::new();
+            let mut text = String::new();
+            let mut w = Words::new(Rng::new(1));
+            r.head(&mut out);
+            for i in 0..3 {
+                let t = w.next_token();
+                text.push_str(t.text);
+                r.event(i, &[t], &text, &mut out);
+            }
+            r.tail(&Timings::default(), &mut out);
+            out
+        };
+        let usage_chunk = with
+            .split_inclusive("\n\n")
+            .find(|e| e.contains("\"choices\":[],\"usage\":{"))
+            .expect("a usage chunk");
+        assert_eq!(with.replacen(usage_chunk, "", 1), without, "{route:?}");
+    }
 }

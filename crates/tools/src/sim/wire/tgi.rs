@@ -1,6 +1,7 @@
 //! Hugging Face TGI's native API: `/generate_stream` sends `data:` (without a space) events, one
 //! per token, the last carrying `generated_text` and `details`; `/generate` answers with one
-//! JSON document.
+//! JSON document. An event's `token` is one token, so a step that made several sends as many
+//! events at once, as TGI streams speculative tokens.
 
 use std::fmt::Write as _;
 

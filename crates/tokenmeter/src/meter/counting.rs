@@ -1,0 +1,181 @@
+//! A request counted with the model's tokenizer (`--tokenizer`), for what no usage report gives.
+//!
+//! Inspection starts a [`Counting`] as the request is sent: the model's tokenizer and a slot
+//! the prompt's count lands in. The prompt is tokenized on the blocking pool while the body is
+//! already on its way, so tokenizing never delays a byte; its count is there long before the
+//! first token in practice, and gives the TTFT its prompt band then. As the response streams,
+//! the reader keeps the text of its token-bearing events (bounded,
+//! [`crate::read::transcript`]). When the request ends, [`Counting::settle`] runs on the
+//! blocking pool before the request is recorded:
+//!
+//! - the prompt: the stream's usage stands where it came, and is checked against the count
+//!   here; where it did not (the client left, the upstream failed, a server that never reports),
+//!   the count here is the request's input tokens;
+//! - the output: the same, by the text the response streamed. Counted events are replaced by
+//!   the tokenizer's count (`source="tokenizer"`); usage and per-event token ids stand;
+//! - tokens per event: each event's tokens by where its text ends, unless the stream's own
+//!   count per event is exact (token ids).
+//!
+//! The text is dropped once counted; nothing of it is logged.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::protocol::TokenSource;
+use crate::ratelog::{RateLimited, LOG_PERIOD};
+use crate::read::Transcript;
+use crate::record::Finished;
+use crate::tokenize::{Count, Tokenizer};
+
+/// Where a check's two counts stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub direction: Direction,
+    pub equal: bool,
+}
+
+/// Which count was checked: `direction` of `tokenmeter_tokenizer_checks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    Input,
+    Output,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Input => "input",
+            Direction::Output => "output",
+        }
+    }
+}
+
+/// An output count off by more than this share of the usage report is worth a warning; less
+/// is what re-encoding the text costs (a split the model sampled that is not the canonical
+/// one; the random-weight e2e model is off by a few percent), no sign of a wrong tokenizer.
+const OUTPUT_WARN_SHARE: f64 = 0.10;
+
+/// The warning that a tokenizer's counts differ from the engine's, at most once a minute per
+/// direction.
+pub struct Mismatches(Mutex<RateLimited<Direction>>);
+
+impl Default for Mismatches {
+    fn default() -> Self {
+        Mismatches(Mutex::new(RateLimited::new(LOG_PERIOD)))
+    }
+}
+
+impl Mismatches {
+    fn warn(&self, direction: Direction, model: &str, ours: u64, stated: u64) {
+        let held_back = {
+            let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            log.check(direction, Instant::now())
+        };
+        if let Some(held_back) = held_back {
+            tracing::warn!(
+                direction = direction.as_str(),
+                model,
+                tokenizer = ours,
+                usage = stated,
+                held_back,
+                "the tokenizer's count differs from the server's usage: is --tokenizer the model's own?"
+            );
+        }
+    }
+}
+
+/// One request's counting: its tokenizer and its prompt's count, once known.
+pub struct Counting {
+    tokenizer: Arc<Tokenizer>,
+    prompt: Arc<OnceLock<Option<Count>>>,
+}
+
+/// What settling a request learnt, for the meter to record with it.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// The counts checked against the stream's usage.
+    pub checks: Vec<Check>,
+    /// Tokens per event to observe, when the tokenizer's are the best known.
+    pub per_event: Option<Vec<u32>>,
+}
+
+impl Counting {
+    /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
+    /// blocking pool (inline where there is no runtime, as in a unit test).
+    pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
+        let prompt = Arc::new(OnceLock::new());
+        let job = {
+            let (tokenizer, prompt, path) =
+                (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
+            move || {
+                let _ = prompt.set(tokenizer.prompt_tokens(&path, &body));
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(job)),
+            Err(_) => job(),
+        }
+        Counting { tokenizer, prompt }
+    }
+
+    /// The prompt's tokens, once counted (`None` before, or for a body that has none).
+    pub fn prompt(&self) -> Option<Count> {
+        self.prompt.get().copied().flatten()
+    }
+
+    /// Settles `f`'s counts with the tokenizer's (see the module doc); `transcript` is the text
+    /// its response streamed, `token_ids` whether the stream gave exact counts per event.
+    pub fn settle(
+        &self,
+        f: &mut Finished,
+        transcript: Option<&Transcript>,
+        token_ids: bool,
+        mismatches: &Mismatches,
+    ) -> Settled {
+        let mut settled = Settled::default();
+        match (f.input_tokens, self.prompt()) {
+            (Some(stated), Some(ours)) if ours.exact => {
+                settled.checks.push(Check {
+                    direction: Direction::Input,
+                    equal: stated == ours.tokens,
+                });
+                if stated != ours.tokens {
+                    mismatches.warn(Direction::Input, &f.model, ours.tokens, stated);
+                }
+            }
+            (None, Some(ours)) => f.input_tokens = Some(ours.tokens),
+            _ => {}
+        }
+        let Some(t) = transcript.filter(|t| !t.incomplete && !t.ends.is_empty()) else {
+            return settled;
+        };
+        let out = self.tokenizer.output_tokens(&t.text, &t.ends);
+        if !out.exact {
+            return settled;
+        }
+        match f.token_source {
+            TokenSource::Usage => {
+                let stated = f.output_tokens;
+                settled.checks.push(Check {
+                    direction: Direction::Output,
+                    equal: stated == out.tokens,
+                });
+                let off = out.tokens.abs_diff(stated) as f64;
+                if off > OUTPUT_WARN_SHARE * stated.max(1) as f64 {
+                    mismatches.warn(Direction::Output, &f.model, out.tokens, stated);
+                }
+            }
+            TokenSource::Counted => {
+                f.output_tokens = out.tokens;
+                f.token_source = TokenSource::Tokenizer;
+            }
+            TokenSource::TokenIds | TokenSource::Tokenizer => {}
+        }
+        if !token_ids {
+            settled.per_event = Some(out.per_event);
+        }
+        settled
+    }
+}
