@@ -149,11 +149,23 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
     )
 
 
-# The product's default flags, as this build of tokenmeter spells them. `--inject-usage auto`
-# (ask the upstream for usage on the client's behalf once it is known to be vLLM, SGLang, TGI or
-# llama.cpp, and strip the report from what the client sees) becomes the default; until this build
-# has it, the bare flag (on from the start) stands in for it. Every tokenmeter here gets them.
-DEFAULT_FLAGS = ["--inject-usage"]
+def wait_engine_read(metrics_url, timeout=30):
+    """Waits until tokenmeter has read the upstream's /metrics once: from then on it knows the
+    upstream is vLLM, and `--inject-usage auto` asks for usage where a client did not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as r:
+                text = r.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if line.startswith("tokenmeter_engine_metrics_scrapes_total{") and 'result="ok"' in line:
+                if float(line.rsplit(" ", 1)[1]) >= 1:
+                    return
+        if time.monotonic() > deadline:
+            raise Failed(f"tokenmeter ({metrics_url}) did not read the upstream's /metrics within {timeout} s")
+        time.sleep(0.2)
 
 
 def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
@@ -185,7 +197,7 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         argv += ["--otlp-endpoint", otlp]
     if request_log:
         argv += ["--request-log", request_log]
-    argv += DEFAULT_FLAGS + list(extra)
+    argv += list(extra)
     return Server(
         "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30
     )

@@ -338,10 +338,8 @@ def _exact(w, ex):
         f"makes the model loop, the drafts are accepted, and an event carries up to "
         f"{sc['num_speculative_tokens'] + 1} tokens: counting events undercounts. Two tokenmeters "
         "in front of it: one with the default flags (it asks vLLM for usage on the client's behalf "
-        "and strips it again), one with `--tokenizer` too"
-        + ("" if ex["tokenizer_flag"] else " (not in this build yet: its checks are pending, "
-           "figures shown)")
-        + f". Completed rows: completions and chat, with and without `include_usage`, "
+        "and strips it again), one with `--tokenizer` too. "
+        f"Completed rows: completions and chat, with and without `include_usage`, "
         f"{ex['max_tokens']} tokens each (`ignore_eos`); left rows: clients that closed the stream "
         f"after {ex['aborted_after']:,} bytes.\n"
     )
@@ -368,11 +366,6 @@ def _exact(w, ex):
             + ", ".join(f"{k} {_n(v)}" for k, v in (tk.get("checks") or {}).items())
             + ".\n"
         )
-    if ex.get("pending"):
-        w("\nPending until this build has `--tokenizer` (not counted in the result):\n")
-        for phase, what, ok, detail in ex["pending"]:
-            w(f"- {phase}: {what}: {detail} ({'would pass' if ok else 'would fail'})")
-        w("")
 
 
 def _split(w, rows, checks):

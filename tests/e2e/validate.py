@@ -691,9 +691,8 @@ SDK_CASES = [
 ]
 BYTES_CASES = SDK_CASES + [("completions", "json"), ("chat", "token_ids"), ("completions", "token_ids")]
 # Where tokenmeter's count comes from, by what the client asked. With the default flags
-# tokenmeter asks vLLM for usage on the client's behalf (`--inject-usage`, procs.DEFAULT_FLAGS),
-# so a stream the client did not ask usage for is counted from usage too, and the client still
-# sees none.
+# tokenmeter asks vLLM for usage on the client's behalf (`--inject-usage auto`), so a stream the
+# client did not ask usage for is counted from usage too, and the client still sees none.
 SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "usage", "token_ids": "usage"}
 
 
@@ -909,6 +908,7 @@ def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None, vllm_args=(), slo
         slos=slos,
     )  # fmt: skip
     stack.append(tm)
+    procs.wait_engine_read(f"http://127.0.0.1:{mport}/metrics")
     urls = {
         "vllm": f"http://127.0.0.1:{vport}",
         "vllm_metrics": f"http://127.0.0.1:{vport}/metrics",
