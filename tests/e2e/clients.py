@@ -211,6 +211,61 @@ def curl_stream(url, model, max_tokens, log_path):
     return {"events": events, "usage": usage, "done": done, "bytes": len(raw)}
 
 
+# === raw SSE streams, read to the end or left after a set number of bytes ===
+
+
+def sse_stream(url, path, body, close_after=None, timeout=120):
+    """POSTs `body` (a dict, sent with `"stream": true`) to `url + path` and reads the SSE
+    response as a plain HTTP client would. With `close_after`, the client closes the connection
+    as soon as it holds that many body bytes (a client that leaves mid-stream); otherwise it reads
+    to the end. Returns the status, the bytes read, the content-bearing events (`text` or
+    `delta.content` not empty) and their text, the usage chunk if one came, whether `[DONE]`
+    came, and whether the client left early."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    rec = {"status": None, "bytes": 0, "events": 0, "text": "", "usage": None, "done": False, "left": False}
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        rec["status"] = resp.status
+        raw = b""
+        while True:
+            if close_after is not None and len(raw) >= close_after:
+                rec["left"] = True
+                break
+            chunk = resp.read1(4096)
+            if not chunk:
+                break
+            raw += chunk
+    finally:
+        # Closing with response bytes unread: the proxy sees the connection go (a reset).
+        conn.close()
+    rec["bytes"] = len(raw)
+    text = raw.decode("utf-8", "replace")
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            rec["done"] = True
+            continue
+        try:
+            chunk = json.loads(data)
+        except ValueError:  # the last line of a stream left mid-event
+            continue
+        for c in chunk.get("choices") or []:
+            text = c.get("text") or (c.get("delta") or {}).get("content")
+            if text:
+                rec["events"] += 1
+                rec["text"] += text
+        if chunk.get("usage"):
+            rec["usage"] = chunk["usage"]
+    return rec
+
+
 # === in-flight sampling ===
 
 

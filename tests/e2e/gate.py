@@ -7,7 +7,8 @@ now and then, and at 16 streams the median TTFT difference it shows has ranged 2
 against a 5 ms tolerance from one run to the next. Those are reported, with their figures, and
 everything else (tokens and requests exact, vLLM <= tokenmeter <= client at every percentile,
 the in-flight gauge, the bands' log against /metrics, the SDK and curl counts, the byte
-alphabet, each request's stated queue + prefill within its TTFT) decides. Two checks of vLLM's
+alphabet, the exact counts under speculative decoding, each request's stated queue + prefill
+within its TTFT) decides. Two checks of vLLM's
 own per-request timings are reported too (ENGINE_STATED below).
 
     gate.py RESULTS_JSON STARTED_UNIX

@@ -149,8 +149,27 @@ def start_vllm(python, model_dir, name, port, log, ttft_buckets, itl_buckets, ti
     )
 
 
+def wait_engine_read(metrics_url, timeout=30):
+    """Waits until tokenmeter has read the upstream's /metrics once: from then on it knows the
+    upstream is vLLM, and `--inject-usage auto` asks for usage where a client did not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=5) as r:
+                text = r.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        for line in text.splitlines():
+            if line.startswith("tokenmeter_engine_metrics_scrapes_total{") and 'result="ok"' in line:
+                if float(line.rsplit(" ", 1)[1]) >= 1:
+                    return
+        if time.monotonic() > deadline:
+            raise Failed(f"tokenmeter ({metrics_url}) did not read the upstream's /metrics within {timeout} s")
+        time.sleep(0.2)
+
+
 def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tps_buckets,
-                     capacity_class, otlp=None, request_log=None, slos=()):
+                     capacity_class, otlp=None, request_log=None, slos=(), extra=()):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMETER_")}
     # One debug line per request (outcome, tokens, decode time, mean in flight, band; never
     # content) so a disagreement can be traced to the requests behind it.
@@ -178,6 +197,7 @@ def start_tokenmeter(binary, upstream, port, metrics_port, log, ttft_buckets, tp
         argv += ["--otlp-endpoint", otlp]
     if request_log:
         argv += ["--request-log", request_log]
+    argv += list(extra)
     return Server(
         "tokenmeter", argv, env, log, f"http://127.0.0.1:{metrics_port}/readyz", 30
     )

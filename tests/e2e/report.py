@@ -60,6 +60,9 @@ def render(meta, results, checks):
         f"{meta['prompt_tokens']} tokens, {meta['output_tokens']} output tokens (`ignore_eos`) |"
     )
     w(f"| wall time | {meta['elapsed']:.0f} s for the whole check (after install and build) |")
+    starts = results.get("startup") or {}
+    if starts:
+        w("| vLLM ready after | " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()) + " |")
     w("")
     if meta.get("error"):
         w("The run stopped early:\n\n```\n" + meta["error"].strip() + "\n```\n")
@@ -199,7 +202,9 @@ def render(meta, results, checks):
         w(
             "Each row is its own phase: 3 requests of 64 tokens (`ignore_eos`), a new prompt "
             "each. `usage` streams ask for `stream_options.include_usage`, `plain` streams do "
-            "not, `json` is not streamed.\n"
+            "not, `json` is not streamed. With its default flags tokenmeter asks vLLM for usage "
+            "where the client did not and strips the report from the stream, so every row must be "
+            "exact and a `plain` client still sees no usage.\n"
         )
         _token_table(w, results["sdk"])
         cu = results.get("curl")
@@ -232,6 +237,9 @@ def render(meta, results, checks):
                 "(vLLM closed it: a new connection).\n"
             )
 
+    if results.get("exact"):
+        _exact(w, results["exact"])
+
     if results["bytes"]:
         w("## Counting events where there is no usage: a full byte alphabet\n")
         w(
@@ -241,10 +249,11 @@ def render(meta, results, checks):
             "than tokens. (A stream can also carry fewer events than tokens for another reason: "
             "when vLLM's HTTP side falls behind its engine, it merges the tokens waiting for a "
             "request into one chunk; on a busy machine this happens with the default model too, "
-            "so the error below mixes both.) Each row: 4 requests of 256 tokens. Where the stream reports `usage` "
-            "(or vLLM's `token_ids`, on request) tokenmeter's count must be exact; where it "
-            "does not, tokenmeter can only count token-bearing events, and the last column is "
-            "the error of doing so against vLLM's own count.\n"
+            "so the error below mixes both.) Each row: 4 requests of 256 tokens. With its default "
+            "flags tokenmeter asks vLLM for usage where the client did not (and strips it from "
+            "what the client sees), so its count must be exact in every row; the last column is "
+            "the error a meter that counts the client's token-bearing events would make against "
+            "vLLM's own count.\n"
         )
         _token_table(w, results["bytes"], error=True)
     if results.get("memory"):
@@ -316,6 +325,47 @@ def render(meta, results, checks):
         w(f"| {phase} | {what} | {'pass' if ok else '**FAIL**'} | {detail} |")
     w("")
     return "\n".join(out) + "\n"
+
+
+def _exact(w, ex):
+    """Exact counts under speculative decoding: the default flags, then `--tokenizer`."""
+    w("## Exact counts where one event carries several tokens: speculative decoding\n")
+    sc = ex["spec_config"]
+    w(
+        f"A vLLM of its own, of the main model, runs n-gram speculative decoding (`{sc['method']}`, "
+        f"up to {sc['num_speculative_tokens']} drafted tokens a step; ready in {ex['ready_s']:.0f} s). "
+        "A repetitive prompt at temperature 0 "
+        f"makes the model loop, the drafts are accepted, and an event carries up to "
+        f"{sc['num_speculative_tokens'] + 1} tokens: counting events undercounts. Two tokenmeters "
+        "in front of it: one with the default flags (it asks vLLM for usage on the client's behalf "
+        "and strips it again), one with `--tokenizer` too. "
+        f"Completed rows: completions and chat, with and without `include_usage`, "
+        f"{ex['max_tokens']} tokens each (`ignore_eos`); left rows: clients that closed the stream "
+        f"after {ex['aborted_after']:,} bytes.\n"
+    )
+    w("| sub-phase | requests | vLLM output | tokenmeter output | vLLM input | tokenmeter input | "
+      "client events | drafted / accepted | token source |")
+    w("|---|---:|---:|---:|---:|---:|---:|---|---|")
+    for key, label in (("default", "completed, default flags"), ("tokenizer", "completed, `--tokenizer`"),
+                       ("aborted_default", "left, default flags"), ("aborted_tokenizer", "left, `--tokenizer`")):
+        r = ex.get(key)
+        if not r:
+            continue
+        sp = r["spec"]
+        w(
+            f"| {label} | {r['requests']} | {_n(r['vllm_out'])} | {_n(r['tm_out'])} | {_n(r['vllm_in'])} | "
+            f"{_n(r['tm_in'])} | {_n(r['events'])} | {_n(sp['draft_tokens'])} / {_n(sp['accepted'])} | "
+            f"{_labels(r['sources'])} |"
+        )
+    tk = ex.get("tokenizer") or {}
+    if tk.get("per_event"):
+        count, total = tk["per_event"]
+        w(
+            f"\n`tokenmeter_tokens_per_event` with `--tokenizer`: {_n(total)} tokens in {_n(count)} "
+            f"events (mean {total / count if count else 0:.2f}); the tokenizer against usage: "
+            + ", ".join(f"{k} {_n(v)}" for k, v in (tk.get("checks") or {}).items())
+            + ".\n"
+        )
 
 
 def _split(w, rows, checks):

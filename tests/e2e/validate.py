@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bands as bandcheck  # noqa: E402
 import clients  # noqa: E402
+import exact  # noqa: E402
 import memory  # noqa: E402
 import procs  # noqa: E402
 import prom  # noqa: E402
@@ -689,7 +690,10 @@ SDK_CASES = [
     ("chat", "json"),
 ]
 BYTES_CASES = SDK_CASES + [("completions", "json"), ("chat", "token_ids"), ("completions", "token_ids")]
-SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "counted", "token_ids": "token_ids"}
+# Where tokenmeter's count comes from, by what the client asked. With the default flags
+# tokenmeter asks vLLM for usage on the client's behalf (`--inject-usage auto`), so a stream the
+# client did not ask usage for is counted from usage too, and the client still sees none.
+SOURCE_OF = {"usage": "usage", "json": "usage", "plain": "usage", "token_ids": "usage"}
 
 
 def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
@@ -706,6 +710,7 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
         usage = sum(r["usage_out"] for r in recs) if mode in ("usage", "json") else None
         sources = t.by_label("tokenmeter_token_count_source_total", "source")
         outcomes = t.by_label("tokenmeter_requests_total", "outcome")
+        tm_events = t.histogram("tokenmeter_tokens_per_event").count
         row = {
             "endpoint": endpoint,
             "mode": mode,
@@ -714,6 +719,7 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
             "events": events,
             "usage": usage,
             "tm": tm_out,
+            "tm_events": tm_events,
             "sources": sources,
         }
         rows.append(row)
@@ -721,23 +727,25 @@ def sdk_phase(cfg, checks, urls, label, model, cases, n, max_tokens):
                      tokenmeter_complete=outcomes.get("complete", 0), client=len(recs))
         checks.equal(name, "vLLM generated what was asked (ignore_eos)", vllm=truth, asked=n * max_tokens)
         checks.equal(name, "token count source", tokenmeter=sources.get(SOURCE_OF[mode], 0), expected=n)
-        if mode in ("usage", "json", "token_ids"):
-            views = {"vllm": truth, "tokenmeter": tm_out}
-            if usage is not None:
-                views["client_usage"] = usage
-            checks.equal(name, "output tokens exact", **views)
-            if mode != "token_ids":
-                checks.equal(
-                    name,
-                    "input tokens exact",
-                    vllm=v.value("vllm:prompt_tokens_total"),
-                    tokenmeter=t.value("tokenmeter_input_tokens_total"),
-                    client_usage=sum(r["usage_in"] for r in recs),
-                )
-        else:
-            # No usage in the stream: tokenmeter can only count token-bearing events, and must
-            # count exactly the ones the client saw.
-            checks.equal(name, "tokenmeter counts the events the client saw", tokenmeter=tm_out, client_events=events)
+        # Exact with the default flags, whatever the client asked: usage where it asked, usage
+        # tokenmeter asked for where it did not.
+        views = {"vllm": truth, "tokenmeter": tm_out}
+        if usage is not None:
+            views["client_usage"] = usage
+        checks.equal(name, "output tokens exact", **views)
+        views = {"vllm": v.value("vllm:prompt_tokens_total"), "tokenmeter": t.value("tokenmeter_input_tokens_total")}
+        if mode in ("usage", "json"):
+            views["client_usage"] = sum(r["usage_in"] for r in recs)
+        checks.equal(name, "input tokens exact", **views)
+        if mode in ("plain", "token_ids"):
+            # The usage tokenmeter asked for is its own: the client gets the stream it asked for.
+            got = sum(1 for r in recs if r["usage_out"] is not None)
+            checks.add(name, "the client, which did not ask for usage, got none", got == 0,
+                       f"{got} of {len(recs)} streams carried a usage report")
+        if mode in ("usage", "plain"):
+            # Every token-bearing event the client saw passed tokenmeter's meter as one. (With
+            # `return_token_ids` vLLM also sends events whose bytes it holds back: ids, no text.)
+            checks.equal(name, "tokenmeter saw every event the client saw", tokenmeter=tm_events, client_events=events)
     return rows
 
 
@@ -900,6 +908,7 @@ def serve(cfg, stack, model_dir, name, tag, bounds, otlp=None, vllm_args=(), slo
         slos=slos,
     )  # fmt: skip
     stack.append(tm)
+    procs.wait_engine_read(f"http://127.0.0.1:{mport}/metrics")
     urls = {
         "vllm": f"http://127.0.0.1:{vport}",
         "vllm_metrics": f"http://127.0.0.1:{vport}/metrics",
@@ -941,6 +950,11 @@ def describe_model(path):
     )
 
 
+MAIN_PHASES = ("guidellm", "capacity", "control", "sdk", "curl", "keepalive")
+BYTES_PHASES = ("bytes", "trace", "memory")
+PHASES = MAIN_PHASES + ("exact",) + BYTES_PHASES
+
+
 def main():
     p = argparse.ArgumentParser(description="tokenmeter against a real vLLM and real clients")
     p.add_argument("--tokenmeter", required=True)
@@ -957,7 +971,16 @@ def main():
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--control", default="1,16", help="levels also run straight to vLLM")
+    p.add_argument(
+        "--only", default="",
+        help="for development: run only these phases (comma-separated, of " + ", ".join(PHASES)
+        + "), starting only the servers they need; the report then has only those",
+    )
     cfg = p.parse_args()
+    only = {x for x in cfg.only.split(",") if x}
+    if only - set(PHASES):
+        p.error(f"--only: unknown phase(s) {', '.join(sorted(only - set(PHASES)))}; phases: {', '.join(PHASES)}")
+    run = lambda phase: not only or phase in only  # noqa: E731
     os.makedirs(cfg.out_dir, exist_ok=True)
 
     started = time.monotonic()
@@ -965,50 +988,66 @@ def main():
     tps = tps_bounds()
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
-    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None, "keepalive": None, "startup": {}}
+    results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None,
+               "keepalive": None, "exact": None, "startup": {}}
     error = None
     stack = []
     try:
-        vllm, tm, urls = serve(cfg, stack, cfg.model, MODEL_NAME, "main", bounds)
-        results["startup"]["main"] = vllm.ready_after
-        for c in [int(x) for x in cfg.concurrency.split(",")]:
-            results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
-        results["capacity"] = capacity_phase(cfg, urls)
-        for c in [int(x) for x in cfg.control.split(",") if x]:
-            results["control"].append(control_phase(cfg, urls, c))
-        results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
-        results["curl"] = curl_phase(cfg, checks, urls, 64)
-        results["keepalive"] = keepalive_phase(cfg, checks, urls)
-        for s in reversed(stack):
-            s.stop()
-        stack.clear()
-
-        # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
-        # latency phases above run without an exporter beside them.
-        rport = procs.free_port()
-        receiver = procs.Receiver(
-            cfg.vllm_python, os.path.join(cfg.repo, "tests", "otlp", "receiver.py"), rport,
-            os.path.join(cfg.out_dir, "otlp-spans.jsonl"),
-        )  # fmt: skip
-        stack.append(receiver)
-        otlp = f"http://127.0.0.1:{rport}"
-        # Its KV cache is 16 blocks, for the memory case after the byte and trace phases (whose
-        # requests run one at a time and fit it many times over).
-        vllm, tm, urls = serve(
-            cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp,
-            vllm_args=memory.MEMORY_VLLM_ARGS, slos=[memory.MEMORY_CLASS],
-        )  # fmt: skip
-        results["startup"]["bytes"] = vllm.ready_after
-        results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
-        plain = [r for r in results["bytes"] if r["mode"] == "plain"]
-        checks.add(
-            "bytes",
-            "the byte-alphabet model really sends fewer events than tokens",
-            any(r["events"] < r["truth"] for r in plain),
-            "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
-        )
-        results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
-        results["memory"] = memory.phase(cfg, checks, urls, BYTES_MODEL_NAME, settle)
+        if any(run(x) for x in MAIN_PHASES):
+            vllm, tm, urls = serve(cfg, stack, cfg.model, MODEL_NAME, "main", bounds)
+            results["startup"]["main"] = vllm.ready_after
+            if run("guidellm"):
+                for c in [int(x) for x in cfg.concurrency.split(",")]:
+                    results["guidellm"].append(guidellm_phase(cfg, checks, urls, c))
+            if run("capacity"):
+                results["capacity"] = capacity_phase(cfg, urls)
+            if run("control"):
+                for c in [int(x) for x in cfg.control.split(",") if x]:
+                    results["control"].append(control_phase(cfg, urls, c))
+            if run("sdk"):
+                results["sdk"] = sdk_phase(cfg, checks, urls, "SDK", MODEL_NAME, SDK_CASES, 3, 64)
+            if run("curl"):
+                results["curl"] = curl_phase(cfg, checks, urls, 64)
+            if run("keepalive"):
+                results["keepalive"] = keepalive_phase(cfg, checks, urls)
+            for s in reversed(stack):
+                s.stop()
+            stack.clear()
+        if run("exact"):
+            # Its own server, of the main model, with speculative decoding (exact.py says why).
+            results["exact"] = exact.phase(cfg, checks, cfg.model, MODEL_NAME, bounds, CAPACITY_CLASS,
+                                           stack, settle)
+            results["startup"]["spec"] = results["exact"]["ready_s"]
+        if any(run(x) for x in BYTES_PHASES):
+            # The second server traces (vLLM's own OTLP spans, tokenmeter's): only here, so the
+            # latency phases above run without an exporter beside them.
+            rport = procs.free_port()
+            receiver = procs.Receiver(
+                cfg.vllm_python, os.path.join(cfg.repo, "tests", "otlp", "receiver.py"), rport,
+                os.path.join(cfg.out_dir, "otlp-spans.jsonl"),
+            )  # fmt: skip
+            stack.append(receiver)
+            otlp = f"http://127.0.0.1:{rport}"
+            # Its KV cache is 16 blocks, for the memory case after the byte and trace phases (whose
+            # requests run one at a time and fit it many times over).
+            vllm, tm, urls = serve(
+                cfg, stack, cfg.bytes_model, BYTES_MODEL_NAME, "bytes", bounds, otlp=otlp,
+                vllm_args=memory.MEMORY_VLLM_ARGS, slos=[memory.MEMORY_CLASS],
+            )  # fmt: skip
+            results["startup"]["bytes"] = vllm.ready_after
+            if run("bytes"):
+                results["bytes"] = sdk_phase(cfg, checks, urls, "bytes", BYTES_MODEL_NAME, BYTES_CASES, 4, 256)
+                plain = [r for r in results["bytes"] if r["mode"] == "plain"]
+                checks.add(
+                    "bytes",
+                    "the byte-alphabet model really sends fewer events than tokens",
+                    any(r["events"] < r["truth"] for r in plain),
+                    "; ".join(f"{r['endpoint']}: {_num(r['events'])} events for {_num(r['truth'])} tokens" for r in plain),
+                )
+            if run("trace"):
+                results["trace"] = trace_phase(cfg, checks, urls, receiver, BYTES_MODEL_NAME)
+            if run("memory"):
+                results["memory"] = memory.phase(cfg, checks, urls, BYTES_MODEL_NAME, settle)
     except Exception as e:  # reported loudly below, and the run fails
         error = "".join(traceback.format_exception(e))
         print(f"[e2e] FAIL: the run stopped early:\n{error}", file=sys.stderr, flush=True)
