@@ -22,13 +22,16 @@ const CLASS: &str = "floor40";
 const FLOOR: f64 = 40.0;
 
 /// What the proxy's `/metrics` said at the end of a run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Fitted {
     base: f64,
     per_seq: f64,
     r2: f64,
     samples: f64,
     max_concurrency: f64,
+    /// The scrape's lines that say why the answer is what it is: each bound's limit, how the
+    /// requests arrived, the self-check (shown when an assertion fails).
+    why: Vec<String>,
 }
 
 impl Fitted {
@@ -45,6 +48,13 @@ impl Fitted {
 const LEVELS: [usize; 17] = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 56, 64];
 const HOLD: Duration = Duration::from_millis(1000);
 
+/// Tokens per answer. 40: a closed-loop client spends about 1 step in 40 waiting for its next
+/// first token, so the decoding count follows the target closely, and each client sends
+/// several requests a level. With 100-token answers most clients sent one or two in all, so
+/// their first requests (joins, which follow no end) were half of the window's arrivals and
+/// the window could read as open arrivals (`capacity::arrivals`), its limit then 24 for 32.
+const ANSWER: u64 = 40;
+
 async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
     let sim = Sim::bind(&SimConfig {
         model,
@@ -56,10 +66,8 @@ async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
     let upstream = format!("http://{}", sim.local_addr());
     let sim_task = tokio::spawn(sim.serve(std::future::pending()));
     let proxy = spawn_proxy(&upstream, &["--slo", &format!("{CLASS}:tps={FLOOR}")]).await;
-    let driver = levels::driver(&proxy.url(), "capacity-test", 0, 100, 7);
-    // 100-token answers: a closed-loop client spends about 1 step in 100 waiting for its next
-    // first token, so the decoding count follows the target closely.
-    let ramp = driver.ramp(64, Arc::new(|_| (0, 100)), Arc::new(|_| {}));
+    let driver = levels::driver(&proxy.url(), "capacity-test", 0, ANSWER, 7);
+    let ramp = driver.ramp(64, Arc::new(|_| (0, ANSWER)), Arc::new(|_| {}));
     for level in LEVELS {
         ramp.set_target(level);
         tokio::time::sleep(HOLD).await;
@@ -95,6 +103,20 @@ async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
         r2: one("tokenmeter_capacity_fit_r2", &[]),
         samples: one("tokenmeter_capacity_fit_samples", &[]),
         max_concurrency: one("tokenmeter_capacity_max_concurrency", &[("class", CLASS)]),
+        why: text
+            .lines()
+            .filter(|l| {
+                [
+                    "tokenmeter_capacity_limit_concurrency",
+                    "tokenmeter_capacity_arrivals",
+                    "tokenmeter_capacity_check_",
+                    "tokenmeter_capacity_observed_concurrency",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+            })
+            .map(str::to_owned)
+            .collect(),
     }
 }
 
