@@ -139,7 +139,10 @@ async fn check_pair(base_us: u64, per_seq_us: u64) {
     let (base, per_seq) = (base_us as f64 * 1e-6, per_seq_us as f64 * 1e-6);
     let truth = ((1.0 / FLOOR - base) / per_seq).floor();
     let clean = fitted(model(base_us, per_seq_us), None).await;
-    let why = format!("{base_us} us + {per_seq_us} us x b: {clean:?}");
+    let why = format!(
+        "{base_us} us + {per_seq_us} us x b: {clean:?}\n{}",
+        clean.why.join("\n")
+    );
     assert!(off(clean.base, base) < 0.15, "base: {why}");
     assert!(off(clean.per_seq, per_seq) < 0.15, "per_sequence: {why}");
     assert!(

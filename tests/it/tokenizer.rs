@@ -8,13 +8,11 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
 use serde_json::json;
-use tokenmeter_tools::sim::{SimArgs, SimConfig};
 
 use crate::support::client;
 use crate::support::metrics::metric;
-use crate::support::{spawn_proxy, start_sim, Proxy};
+use crate::support::{sim_flags, spawn_proxy, start_sim, Proxy};
 
 const OUTPUT: u64 = 200;
 /// ceil(200 / 3): 66 events of 3 tokens and one of 2.
@@ -56,32 +54,9 @@ fn model_dir(tag: &str) -> PathBuf {
     dir
 }
 
-#[derive(Parser)]
-struct SimCli {
-    #[command(flatten)]
-    sim: SimArgs,
-}
-
 /// The simulator with 1 ms steps, three tokens an event (a test of counts, not of speed).
 async fn sim() -> String {
-    let argv = [
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--step-base",
-        "1ms",
-        "--step-per-seq",
-        "0ms",
-        "--prefill-per-token",
-        "0ms",
-        "--tokens-per-event",
-        "3",
-    ];
-    let cfg: SimConfig = SimCli::try_parse_from(argv)
-        .expect("the simulator's flags parse")
-        .sim
-        .validate()
-        .expect("valid simulator flags");
+    let cfg = sim_flags(&["--tokens-per-event", "3"]);
     format!("http://{}", start_sim(cfg).await)
 }
 

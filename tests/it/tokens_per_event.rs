@@ -7,46 +7,16 @@
 //! undercount the flag exists for; with it, the exact 200, while the client's bytes stay what the
 //! simulator sends without it.
 
-use clap::Parser;
 use serde_json::Value;
-use tokenmeter_tools::sim::{SimArgs, SimConfig};
 
 use crate::support::client::{self, Seen};
 use crate::support::metrics::metric;
-use crate::support::{spawn_proxy, start_sim, Proxy};
+use crate::support::{sim_flags, spawn_proxy, start_sim, Proxy};
 
 const OUTPUT: u32 = 200;
 const PER_EVENT: u32 = 3;
 /// ceil(200 / 3): 66 events of 3 tokens and one of 2.
 const EVENTS: u32 = 67;
-
-#[derive(Parser)]
-struct SimCli {
-    #[command(flatten)]
-    sim: SimArgs,
-}
-
-/// The simulator as `tokenmeter sim` would run with `flags`, on a free port, with 1 ms steps
-/// (this is a test of counts, not of speed).
-fn sim_flags(flags: &[&str]) -> SimConfig {
-    let mut argv = vec![
-        "sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--step-base",
-        "1ms",
-        "--step-per-seq",
-        "0ms",
-        "--prefill-per-token",
-        "0ms",
-    ];
-    argv.extend_from_slice(flags);
-    SimCli::try_parse_from(argv)
-        .expect("the simulator's flags parse")
-        .sim
-        .validate()
-        .expect("valid simulator flags")
-}
 
 /// A streaming chat and a streaming completions request for exactly [`OUTPUT`] tokens, neither
 /// asking for usage.

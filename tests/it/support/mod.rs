@@ -186,6 +186,34 @@ pub async fn stream_once(steps: Vec<Step>, flags: &[&str]) -> Streamed {
     }
 }
 
+#[derive(Parser)]
+struct SimCli {
+    #[command(flatten)]
+    sim: tokenmeter_tools::sim::SimArgs,
+}
+
+/// The simulator as `tokenmeter sim` would run with `flags`, on a free port, with 1 ms steps
+/// and nothing else timed (for tests of counts, not of speed).
+pub fn sim_flags(flags: &[&str]) -> SimConfig {
+    let mut argv = vec![
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--step-base",
+        "1ms",
+        "--step-per-seq",
+        "0ms",
+        "--prefill-per-token",
+        "0ms",
+    ];
+    argv.extend_from_slice(flags);
+    SimCli::try_parse_from(argv)
+        .expect("the simulator's flags parse")
+        .sim
+        .validate()
+        .expect("valid simulator flags")
+}
+
 /// Starts the simulator in this process (on the port `cfg` names; 0 by default).
 pub async fn start_sim(cfg: SimConfig) -> SocketAddr {
     let sim = Sim::bind(&cfg).await.expect("bind the simulator");
