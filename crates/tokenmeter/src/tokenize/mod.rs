@@ -5,20 +5,20 @@
 //! and the per-token timing are only as good as a guess; with the model's own tokenizer the
 //! proxy counts what the engine counts. That means doing what vLLM (0.32, on HF transformers
 //! 5) does before its tokenizer runs, not just running the tokenizer: a chat request's messages
-//! are reshaped as vLLM reshapes them ([`messages`]), rendered through the model's chat
-//! template as HF renders it ([`template`], with Python's spelling of values from [`python`]
-//! and what vLLM reads from the template's source from [`source`]), and the text encoded
-//! without added special tokens; a completion prompt is encoded with them ([`prompt`]). A
+//! are reshaped as vLLM reshapes them (`messages`), rendered through the model's chat
+//! template as HF renders it (`template`, with Python's spelling of values from `python`
+//! and what vLLM reads from the template's source from `source`), and the text encoded
+//! without added special tokens; a completion prompt is encoded with them (`prompt`). A
 //! response's text is encoded once and each token attributed to the event its last byte arrived
-//! in ([`output`]).
+//! in (`output`).
 //!
-//! The files are the model directory's, as HF loads them ([`load`]): `tokenizer.json`,
+//! The files are the model directory's, as HF loads them (`load`): `tokenizer.json`,
 //! `tokenizer_config.json` and `chat_template.jinja`. Everything is checked at start (the
 //! template is compiled and renders a probe conversation), so a bad `--tokenizer` fails the
 //! start, not a request.
 //!
 //! Cost is bounded: no text over [`MAX_TOKENIZED_BYTES`] is tokenized, and a body over it is
-//! not parsed into values ([`estimate`]); such counts are estimates and say so
+//! not parsed into values (`estimate`); such counts are estimates and say so
 //! ([`Count::exact`]). Nothing here logs, and no text leaves it but as a count.
 //!
 //! What differs from the engine, known:
