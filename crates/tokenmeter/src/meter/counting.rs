@@ -1,12 +1,12 @@
 //! A request counted with the model's tokenizer (`--tokenizer`), for what no usage report gives.
 //!
 //! Inspection starts a [`Counting`] as the request is sent: the model's tokenizer and a slot
-//! the prompt's count lands in. The prompt is tokenized on the blocking pool while the body is
+//! the prompt's count lands in. The prompt is tokenized on threads of its own while the body is
 //! already on its way, so tokenizing never delays a byte; its count is there long before the
 //! first token in practice, and gives the TTFT its prompt band then. As the response streams,
 //! the reader keeps the text of its token-bearing events (bounded,
 //! [`crate::read::transcript`]). When the request ends, [`Counting::settle`] runs on the
-//! blocking pool before the request is recorded:
+//! tokenizing threads before the request is recorded:
 //!
 //! - the prompt: the stream's usage stands where it came, and is checked against the count
 //!   here; where it did not (the client left, the upstream failed, a server that never reports),

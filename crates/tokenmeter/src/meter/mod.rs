@@ -591,7 +591,7 @@ impl State {
             self.record(f, Settled::default(), None, now, wall);
             return;
         };
-        // With a tokenizer the counts are settled first, on the blocking pool: tokenizing the
+        // With a tokenizer the counts are settled first, on the tokenizing threads: tokenizing the
         // answer never holds up the connection's task. The request has left the gauges above.
         let token_ids = summary.token_id_tokens.is_some();
         let transcript = self.reader.take_transcript();

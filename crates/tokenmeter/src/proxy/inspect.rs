@@ -6,7 +6,7 @@
 //! head whether the upstream is OpenAI's own API, where it must not. Anything else, and anything larger, streams through as it
 //! comes ([`Prefixed`] forwards what was read before the limit was crossed).
 //!
-//! With `--tokenizer`, the request's prompt is counted too: on the blocking pool, from the body
+//! With `--tokenizer`, the request's prompt is counted too: on the tokenizing threads, from the body
 //! read whole, while the request is already on its way ([`Counting`]).
 //!
 //! What was learnt is handed to the request's meter as the request is sent
