@@ -18,7 +18,8 @@
 //!
 //! The text is dropped once counted; nothing of it is logged.
 
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -30,28 +31,70 @@ use crate::read::Transcript;
 use crate::record::Finished;
 use crate::tokenize::{Count, Tokenizer};
 
-/// The most tokenizing jobs waiting at once, over the whole process: a prompt or an answer past
-/// this is not counted by the tokenizer (its request keeps what the stream says), so a burst of
-/// long prompts cannot queue without bound, each holding its body. 256 jobs of a few
+/// The most tokenizing jobs queued or running at once, over the whole process: a prompt or an
+/// answer past this is not counted by the tokenizer (its request keeps what the stream says), so
+/// a burst of long prompts cannot queue without bound, each holding its body. 256 jobs of a few
 /// milliseconds each are a second of work for a core: far beyond what a steady load needs, and
 /// bounded in memory by 256 bodies.
 pub const MAX_JOBS: usize = 256;
 
-/// Threads that tokenize: as many as the machine has cores, at most this many. A thread of its
+/// Threads that tokenize: as many as the machine has cores, at most this many. Threads of their
 /// own, not tokio's blocking pool: that pool starts a thread for every job it cannot hand to an
 /// idle one (up to 512), and a burst of 8,000 streams left hundreds of threads' stacks resident
 /// (4 KiB more per open stream in the loopback benchmark). Tokenizing is CPU-bound: more
 /// threads than cores only queue in the kernel instead of here.
 pub const MAX_THREADS: usize = 4;
 
+static JOBS: AtomicUsize = AtomicUsize::new(0);
+
+/// A place among [`MAX_JOBS`], taken before a job is built and given back when the job is done:
+/// a request that finds none keeps what it has, and is recorded where it is.
+pub struct Place(());
+
+impl Place {
+    /// A place, if one is free.
+    pub fn take() -> Option<Place> {
+        JOBS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < MAX_JOBS).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Place(()))
+    }
+
+    /// Runs `job` on the tokenizing threads (inline where none could be started), then gives
+    /// the place back.
+    pub fn run(self, job: impl FnOnce() + Send + 'static) {
+        let work: Work = Box::new(move || {
+            job();
+            drop(self);
+        });
+        if let Some(tx) = queue() {
+            // The places bound the queue: a send never waits for room, and only fails with
+            // every thread gone, when the job is run here instead.
+            match tx.send(work) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::SendError(work)) => work(),
+            }
+        } else {
+            work();
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        JOBS.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 type Work = Box<dyn FnOnce() + Send>;
 
-/// The tokenizing threads' queue, started with the first job.
-fn queue() -> Option<&'static SyncSender<Work>> {
-    static QUEUE: OnceLock<Option<SyncSender<Work>>> = OnceLock::new();
+/// The tokenizing threads' queue, started with the first job; `None` if no thread could be.
+fn queue() -> Option<&'static Sender<Work>> {
+    static QUEUE: OnceLock<Option<Sender<Work>>> = OnceLock::new();
     QUEUE
         .get_or_init(|| {
-            let (tx, rx) = sync_channel::<Work>(MAX_JOBS);
+            let (tx, rx) = channel::<Work>();
             let rx = Arc::new(Mutex::new(rx));
             let threads = std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
@@ -74,18 +117,6 @@ fn queue() -> Option<&'static SyncSender<Work>> {
             (started > 0).then_some(tx)
         })
         .as_ref()
-}
-
-/// Queues `job` for the tokenizing threads; false when [`MAX_JOBS`] are waiting (or no thread
-/// could be started), and `job` is dropped.
-pub fn run_blocking(job: impl FnOnce() + Send + 'static) -> bool {
-    match queue() {
-        Some(tx) => match tx.try_send(Box::new(job)) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-        },
-        None => false,
-    }
 }
 
 /// Where a check's two counts stand.
@@ -118,21 +149,17 @@ const OUTPUT_WARN_SHARE: f64 = 0.10;
 
 /// The warning that a tokenizer's counts differ from the engine's, at most once a minute per
 /// direction.
-pub struct Mismatches(Mutex<RateLimited<Direction>>);
+pub struct Mismatches(RateLimited<Direction>);
 
 impl Default for Mismatches {
     fn default() -> Self {
-        Mismatches(Mutex::new(RateLimited::new(LOG_PERIOD)))
+        Mismatches(RateLimited::new(LOG_PERIOD))
     }
 }
 
 impl Mismatches {
     fn warn(&self, direction: Direction, model: &str, ours: u64, stated: u64) {
-        let held_back = {
-            let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            log.check(direction, Instant::now())
-        };
-        if let Some(held_back) = held_back {
+        if let Some(held_back) = self.0.check(direction, Instant::now()) {
             tracing::warn!(
                 direction = direction.as_str(),
                 model,
@@ -162,13 +189,15 @@ pub struct Settled {
 
 impl Counting {
     /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
-    /// tokenizing threads, unless [`MAX_JOBS`] are waiting (then it is not counted).
+    /// tokenizing threads, unless [`MAX_JOBS`] are queued or running (then it is not counted).
     pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
         let prompt = Arc::new(OnceLock::new());
-        let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
-        run_blocking(move || {
-            let _ = slot.set(tok.prompt_tokens(&path, &body));
-        });
+        if let Some(place) = Place::take() {
+            let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
+            place.run(move || {
+                let _ = slot.set(tok.prompt_tokens(&path, &body));
+            });
+        }
         Counting { tokenizer, prompt }
     }
 

@@ -23,7 +23,7 @@ pub mod concurrency;
 pub mod counting;
 pub mod settings;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub use self::concurrency::{Concurrency, Snapshot};
@@ -587,32 +587,24 @@ impl State {
             ident: s.ident.clone(),
             gpu_seconds: None,
         };
-        let Some(counting) = self.clock.counting.take() else {
-            self.record(f, Settled::default(), None, now, wall);
+        // A place among the tokenizing jobs; without one the request keeps the stream's counts
+        // (and its event sizes as the stream gave them).
+        let Some((counting, place)) = self.clock.counting.take().zip(counting::Place::take())
+        else {
+            let transcript = self.reader.take_transcript();
+            self.record(f, Settled::default(), transcript, now, wall);
             return;
         };
         // With a tokenizer the counts are settled first, on the tokenizing threads: tokenizing the
         // answer never holds up the connection's task. The request has left the gauges above.
         let token_ids = summary.token_id_tokens.is_some();
         let transcript = self.reader.take_transcript();
-        // Handed over through a slot, so that a full queue gives the request back to be recorded
-        // here with the stream's own counts (and its event sizes as the stream gave them).
-        let parts = Arc::new(Mutex::new(Some((self, f, transcript))));
-        let queued = Arc::clone(&parts);
-        let job = move || {
-            let taken = queued.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((state, mut f, transcript)) = taken {
-                let mismatches = &state.clock.recorder.mismatches;
-                let settled = counting.settle(&mut f, transcript.as_deref(), token_ids, mismatches);
-                state.record(f, settled, transcript, now, wall);
-            }
-        };
-        if !counting::run_blocking(job) {
-            let taken = parts.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some((state, f, transcript)) = taken {
-                state.record(f, Settled::default(), transcript, now, wall);
-            }
-        }
+        place.run(move || {
+            let mut f = f;
+            let mismatches = &self.clock.recorder.mismatches;
+            let settled = counting.settle(&mut f, transcript.as_deref(), token_ids, mismatches);
+            self.record(f, settled, transcript, now, wall);
+        });
     }
 
     /// Records `f`, finished at `now`: judged, charged, and handed to every sink. `settled` is

@@ -14,8 +14,9 @@ use serde::Deserialize;
 
 #[derive(Deserialize)]
 struct Chunk<'a> {
+    // `Option`: a `null` (some servers send `"tool_calls": null` in every delta) is none.
     #[serde(default, borrow)]
-    choices: Vec<Choice<'a>>,
+    choices: Option<Vec<Choice<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -37,7 +38,7 @@ struct Delta<'a> {
     #[serde(default, borrow)]
     refusal: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
-    tool_calls: Vec<ToolCall<'a>>,
+    tool_calls: Option<Vec<ToolCall<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -58,7 +59,7 @@ pub fn openai(data: &[u8], out: &mut String) -> bool {
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
         return false;
     };
-    for choice in chunk.choices {
+    for choice in chunk.choices.into_iter().flatten() {
         if let Some(t) = choice.text {
             out.push_str(&t);
         }
@@ -70,7 +71,7 @@ pub fn openai(data: &[u8], out: &mut String) -> bool {
         {
             out.push_str(&t);
         }
-        for call in d.tool_calls {
+        for call in d.tool_calls.into_iter().flatten() {
             if let Some(a) = call.function.and_then(|f| f.arguments) {
                 out.push_str(&a);
             }
@@ -112,6 +113,13 @@ mod tests {
         assert_eq!(
             text(r#"{"choices":[{"delta":{"content":"a"}},{"delta":{"content":"b"}}]}"#),
             (true, "ab".into())
+        );
+        // SGLang's deltas name every field, the absent ones `null`.
+        assert_eq!(
+            text(
+                r#"{"choices":[{"delta":{"role":null,"content":"c","reasoning_content":null,"tool_calls":null}}]}"#
+            ),
+            (true, "c".into())
         );
         // Escapes decode, including a lone replacement character a byte tokenizer streams.
         assert_eq!(
