@@ -145,14 +145,15 @@ impl Policy {
 
     /// A response head arrived: OpenAI's own headers veto `auto` for good.
     pub fn response_head(&self, headers: &HeaderMap) {
-        if self.upstream() == Upstream::OpenAi {
+        // Only `auto` listens, and only until it is vetoed.
+        if self.setting != Setting::Auto || self.upstream() == Upstream::OpenAi {
             return;
         }
         if OPENAI_HEADERS.iter().any(|h| headers.contains_key(*h)) {
             let was = self
                 .upstream
                 .swap(Upstream::OpenAi as u8, Ordering::Relaxed);
-            if was != Upstream::OpenAi as u8 && self.setting == Setting::Auto {
+            if was != Upstream::OpenAi as u8 {
                 tracing::info!(
                     "the upstream answers with OpenAI's headers: usage is not asked for on clients' behalf (--inject-usage auto)"
                 );

@@ -34,6 +34,7 @@ use super::{full, BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::inject::{self, Policy};
 use crate::meter::Counting;
+use crate::protocol::operation::Operation;
 use crate::protocol::request::{self, RequestInfo};
 use crate::protocol::{detect, Api};
 use crate::tokenize::Tokenizers;
@@ -152,8 +153,8 @@ where
     }
 }
 
-/// The counting of a request an OpenAI-compatible path sends with a body read whole, when a
-/// tokenizer is given for its model; its prompt's count starts now.
+/// The counting of a chat or completions request to an OpenAI-compatible path with a body read
+/// whole, when a tokenizer is given for its model; its prompt's count starts now.
 fn counting(
     tokenizers: Option<&Tokenizers>,
     path: &str,
@@ -161,7 +162,13 @@ fn counting(
     whole: Option<&Bytes>,
 ) -> Option<Counting> {
     let body = whole.filter(|b| !b.is_empty())?;
-    if detect::path_hint(path) != Some(Api::OpenAi) {
+    // Chat and completions only: an embeddings request has no answer to count, and its input
+    // is not a prompt the tokenizer reads.
+    let generates = matches!(
+        Operation::of_path(path),
+        Some(Operation::Chat | Operation::TextCompletion)
+    );
+    if !generates || detect::path_hint(path) != Some(Api::OpenAi) {
         return None;
     }
     let tokenizer = tokenizers?.for_model(info.model.as_deref())?;
