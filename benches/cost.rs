@@ -1,44 +1,43 @@
-//! What charging a request its GPU time costs: pricing it by the rule and drawing the charge
-//! from the ledger, once per request when it ends (never per chunk). The whole request through
-//! the meter, charge included, is `cargo bench --bench tenant`'s `request` group.
+//! What charging a request its GPU time costs: its four visits to the books (sent, first token,
+//! left, charged), each a short lock and a few multiplications, with eight other requests in
+//! flight and a prefill budget running. Never per chunk. The whole request through the meter,
+//! charge included, is `cargo bench --bench tenant`'s `request` group.
 //!
 //! `cargo bench --bench cost`
 
+use std::time::{Duration, Instant};
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use tokenmeter::cost::{Clock, Facts, Ledger, Prices};
+use tokenmeter::cost::{Ledger, Prompt, Rates, Step};
 
 fn bench(c: &mut Criterion) {
-    let prices = Prices {
-        base: 0.016,
-        per_seq: 0.0002,
+    let ledger = Ledger::new(8.0);
+    let t0 = Instant::now();
+    let rates = Rates {
+        step: Step::Line {
+            base: 0.016,
+            per_seq: 0.0002,
+        },
         prefill_per_token: 0.00005,
     };
-    let facts = Facts {
-        share: 1.2,
-        share_prefill: 0.1,
-        first_token: true,
-        output_tokens: 256,
-        uncached_prompt: Some(1500),
-        mean_in_flight: Some(8.0),
+    ledger.set_terms(Some(rates), 1, t0);
+    // Eight requests in flight beside the one measured.
+    for _ in 0..8 {
+        ledger.enter(t0, 6000, None);
+    }
+    let mut at = t0;
+    let prompt = Prompt {
+        tokens: 1500,
+        uncached: 1500,
     };
-    let ledger = Ledger::new(8.0);
-    let mut age = 0.0;
     let mut g = c.benchmark_group("cost");
-    g.bench_function("price_and_charge", |b| {
+    g.bench_function("request", |b| {
         b.iter(|| {
-            age += 0.01;
-            let price = black_box(&facts).price(&prices, 8.0, 1.0);
-            let share = facts.time_share(8.0);
-            ledger.left();
-            ledger.charge(
-                price,
-                share,
-                &Clock {
-                    age,
-                    idle: 0.0,
-                    in_flight: 4,
-                },
-            )
+            at += Duration::from_micros(10);
+            let t = ledger.enter(at, black_box(6000), None);
+            ledger.first_token(t, at + Duration::from_micros(3));
+            let held = ledger.leave(t, at + Duration::from_micros(6));
+            held.map(|h| ledger.charge(h, Some(prompt), at + Duration::from_micros(7)))
         })
     });
     g.finish();

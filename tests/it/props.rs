@@ -464,6 +464,7 @@ proptest! {
             stream: true,
             include_usage: usage.is_some(),
             usage_injected: false,
+            body_bytes: 0,
         });
         meter.on_response(200, "/v1/chat/completions", "text/event-stream", false);
         let body = openai_stream(&chunks, usage, eol);

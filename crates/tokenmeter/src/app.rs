@@ -155,6 +155,35 @@ fn replica_watch(cfg: &Config, capacity: &Arc<Capacity>) -> Option<Background> {
     )))
 }
 
+/// Until the first refit that gives the GPU-time split both its costs, how often to try: a refit
+/// of a window with little in it takes microseconds, and until then every request is split
+/// by the equal share alone.
+const FIRST_RATES_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Refits the capacity model every [`crate::capacity::REFIT_INTERVAL`] whether or not anything
+/// reads it (and more often until it has rates): the GPU-time split weighs requests by the
+/// costs a refit publishes, and cannot wait for a scrape that may be a minute away.
+fn refits(capacity: &Arc<Capacity>) -> Background {
+    let capacity = Arc::clone(capacity);
+    Box::pin(async move {
+        let mut known = false;
+        loop {
+            let every = if known {
+                crate::capacity::REFIT_INTERVAL
+            } else {
+                FIRST_RATES_EVERY
+            };
+            tokio::time::sleep(every).await;
+            // A refit of its own, not the one `/metrics` reads (`Capacity::report`): a scrape
+            // still refits what it shows when its last is older than the interval.
+            let report = capacity.refit(Instant::now());
+            // Known once both the step and the prefill are (or prompts are too short to
+            // cost anything).
+            known = capacity.rates().is_some() && report.prefill.is_some();
+        }
+    })
+}
+
 /// Builds the process from `cfg` and binds its listeners.
 pub async fn build(cfg: &Config) -> Result<App, StartError> {
     let tls = cfg.server.tls.clone().map(ServerTls::load).transpose()?;
@@ -196,6 +225,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
         ui.as_ref().map(|ui| Box::pin(ui.sampler()) as Background),
         engine_reader(cfg, &client_tls, &metrics, &capacity, &inject)?,
         replica_watch(cfg, &capacity),
+        Some(refits(&capacity)),
     ]
     .into_iter()
     .flatten()

@@ -48,7 +48,7 @@ fn request(f: &Finished, at: Instant, replicas: u32) -> Option<Request> {
 /// The whole prompt of `f`, whose usage counted `prompt` input tokens: Anthropic's
 /// `input_tokens` leaves out the tokens read from and written to the cache; the others count
 /// the whole prompt.
-fn whole_prompt(f: &Finished, prompt: u64) -> u64 {
+pub fn whole_prompt(f: &Finished, prompt: u64) -> u64 {
     match f.api {
         Api::Anthropic => prompt
             .saturating_add(f.cached_input.read.unwrap_or(0))

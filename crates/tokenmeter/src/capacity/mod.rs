@@ -62,10 +62,10 @@ pub mod support;
 pub mod workload;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::cost::Prices;
+use crate::cost::{Ledger, Rates, Step};
 use crate::units::HumanDuration;
 pub use fit::Fit;
 pub use limits::TtftPoint;
@@ -74,6 +74,10 @@ pub use plan::{Answer, Bound, ClassTargets, Fleet, TradeoffPoint};
 pub use prefill::PrefillFit;
 pub use stream::StreamGaps;
 pub use workload::{Mix, Request};
+
+/// Groups of first tokens the GPU-time split's first prefill reading needs
+/// ([`prefill::fit_at_least`]): two, so one odd group does not set it alone.
+const FIRST_PREFILL: usize = 2;
 
 /// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
 /// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
@@ -189,9 +193,11 @@ pub struct Capacity {
     /// What the engine last stated of its memory (`--engine-metrics`).
     engine_memory: Mutex<memory::Stated>,
     last: Mutex<Option<(Instant, Report)>>,
-    /// The last refit's step and prefill costs, for the GPU-time ledger (`crate::cost`): read
-    /// as each request ends, so apart from `last`, which a refit holds while it runs.
-    prices: Mutex<Option<Prices>>,
+    /// The GPU-time books the step and prefill costs are published to at each refit, with the
+    /// replicas whenever they change (`crate::cost`).
+    books: OnceLock<Arc<Ledger>>,
+    /// What was last published: kept for the replicas' changes, and for tests.
+    rates: Mutex<Option<Rates>>,
 }
 
 impl Capacity {
@@ -205,7 +211,8 @@ impl Capacity {
             engine_memory: Mutex::new(memory::Stated::default()),
             config,
             last: Mutex::new(None),
-            prices: Mutex::new(None),
+            books: OnceLock::new(),
+            rates: Mutex::new(None),
         }
     }
 
@@ -220,7 +227,27 @@ impl Capacity {
 
     /// Sets the replicas (`--replicas auto` after each lookup); 0 is taken as 1.
     pub fn set_replicas(&self, n: u32) {
-        self.replicas.store(n.max(1), Ordering::Relaxed);
+        let before = self.replicas.swap(n.max(1), Ordering::Relaxed);
+        if before != n.max(1) {
+            self.publish();
+        }
+    }
+
+    /// Publishes the step and prefill costs to `books` at every refit from now on (the first
+    /// call wins: one ledger per process).
+    pub fn publish_rates(&self, books: Arc<Ledger>) {
+        if self.books.set(books).is_ok() {
+            self.publish();
+        }
+    }
+
+    /// Hands the books the rates last fitted and the replicas now.
+    fn publish(&self) {
+        // Now, not a refit's own instant (tests refit at instants of their choosing): the
+        // books run on the wall clock.
+        if let Some(books) = self.books.get() {
+            books.set_terms(self.rates(), self.replicas(), Instant::now());
+        }
     }
 
     /// Sets what the engine states of its memory (its cache size, block size and sequence
@@ -260,9 +287,10 @@ impl Capacity {
         self.workload.push(r);
     }
 
-    /// The step and prefill costs of the last refit that had both (`None` before one).
-    pub fn prices(&self) -> Option<Prices> {
-        *self.prices.lock().unwrap_or_else(|e| e.into_inner())
+    /// The step and prefill costs the last refit published (`None` before any level had
+    /// enough samples).
+    pub fn rates(&self) -> Option<Rates> {
+        self.rates.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
@@ -326,12 +354,33 @@ impl Capacity {
             _ => None,
         };
         let jobs = workload::jobs(&recent);
-        if let (Some(f), Some(p)) = (&fit, &prefill) {
-            *self.prices.lock().unwrap_or_else(|e| e.into_inner()) = Some(Prices {
+        // The split of GPU time needs the step where the traffic is, not a line through it:
+        // the levels' medians do until there is one.
+        let step = match &fit {
+            Some(f) => Some(Step::Line {
                 base: f.base,
                 per_seq: f.per_seq,
-                prefill_per_token: p.per_token,
+            }),
+            None => {
+                let levels: Arc<[(f64, f64)]> = usable()
+                    .map(|c| (f64::from(c.concurrency), c.median))
+                    .collect();
+                (!levels.is_empty()).then_some(Step::Levels(levels))
+            }
+        };
+        // Before the prefill fit is believed, a first reading from fewer groups: every second
+        // without one splits long prompts' prefill over the requests beside them.
+        let first_prefill = || match step_at(1.0) {
+            Some(_) => prefill::fit_at_least(&recent, |b| step_at(b).unwrap_or(0.0), FIRST_PREFILL),
+            None => None,
+        };
+        if let Some(step) = step {
+            let per_token = prefill.or_else(first_prefill).map_or(0.0, |p| p.per_token);
+            *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Some(Rates {
+                step,
+                prefill_per_token: per_token,
             });
+            self.publish();
         }
         let memory = self.memory();
         let context = fit.as_ref().and_then(|f| context::fit(&recent, f));

@@ -104,6 +104,16 @@ pub fn steps(requests: &[Request], tolerance: f64) -> Vec<Vec<usize>> {
 /// (`step(b)`, seconds); `None` while fewer than [`MIN_SAMPLES`] groups with long enough
 /// prompts have been seen but some have.
 pub fn fit(requests: &[Request], step: impl Fn(f64) -> f64) -> Option<PrefillFit> {
+    fit_at_least(requests, step, MIN_SAMPLES)
+}
+
+/// [`fit`], believed from `min` groups: the GPU-time split takes a first reading from two, as
+/// it must weigh prompts from the first seconds (a capacity answer waits for [`MIN_SAMPLES`]).
+pub fn fit_at_least(
+    requests: &[Request],
+    step: impl Fn(f64) -> f64,
+    min: usize,
+) -> Option<PrefillFit> {
     let tolerance = group_tolerance(step(1.0));
     let long: Vec<Vec<usize>> = steps(requests, tolerance)
         .into_iter()
@@ -156,7 +166,7 @@ pub fn fit(requests: &[Request], step: impl Fn(f64) -> f64) -> Option<PrefillFit
                 .then(|| (wait - step(batch)).max(0.0) / f64::from(uncached))
         })
         .collect();
-    if per_token.len() < MIN_SAMPLES {
+    if per_token.len() < min.max(1) {
         return None;
     }
     per_token.sort_by(f64::total_cmp);

@@ -1,64 +1,82 @@
-//! The books: every GPU-second behind the proxy is idle, charged to a finished request, or
-//! unassigned (held by requests still in flight), and the three add up to `--gpus` x the wall
-//! time since the proxy started, exactly, whatever the prices' error.
+//! The books: every GPU-second behind the proxy is idle, or split among the requests in flight
+//! the moment it is spent, and the two add up to `--gpus` x the wall time since the proxy
+//! started, exactly, whatever the engine's costs are thought to be.
 //!
-//! The concurrency tracker (`meter::concurrency`) already divides time exactly: into idle, and
-//! each request's equal share of the time it was in flight. The busy time is the pool. A
-//! finished request draws its price from it, scaled by `kappa`: how the time shares of the
-//! requests charged recently compared with their prices (over the last minute, or the busy
-//! period since the last moment of quiet), so a fit that prices the whole too low or too high
-//! still hands out the time there was, in the proportions it says. The last request out of a
-//! busy period takes what is left: errors never pile up past a moment of quiet, and at such a
-//! moment the charges are exactly the busy time.
+//! # The split
 //!
-//! Why not split each moment among the requests in flight by their prices as they go? A
-//! request's price is known only when it ends (its prompt's length comes with the usage at the
-//! end of the stream), and the time shares of the requests still in flight overstate the
-//! engine's work for them whenever a long prefill stretched their steps; scaling by them
-//! undercharged long prompts by 15% against the simulator's truth (tests/it/cost.rs).
+//! Between two events (a request enters, makes its first token, leaves, or its prompt is
+//! counted) nothing the split depends on changes, so it is integrated there, not per chunk.
+//! With `k` requests in flight on `R` replicas (`--replicas`), `min(k, R)` engines are busy and
+//! the rest idle. A busy engine's time goes to its batch as its steps are spent:
+//!
+//! - every request in flight is a member of a batch of `N = max(k / R, 1)` and weighs `u =
+//!   step(N) / N`: the step's fixed part shared, its own part;
+//! - a request whose prompt is being prefilled weighs its prefill `P = prefill_per_token x
+//!   prompt` on top, for as long as the model says that step lasts: until the budget clock
+//!   below has run one engine's GPUs (`--gpus / R`), which is one step of `W` seconds, so it is
+//!   charged exactly `P` of one engine. The clock starts when it is sent: the engine prefills
+//!   a prompt at its next step unless its batch is full. It ends early at the first token.
+//!
+//! Each request's share of the busy GPUs is its weight over the total `W = k u + sum(P)`. Every
+//! share is the same for every request but the prefill part, so three integrals carry every
+//! request's account: the share one weight-`u` request grew by (`common`), the GPU-seconds per
+//! second of prefill weight (`extra`; the budget clock runs at the same rate), and the
+//! settlements spread over whoever was in flight (`lump`). A request's charge is their
+//! difference between its ends plus its prefill's part. So a request is never charged more than
+//! the GPUs while it was in flight, and two requests in the same batches with the same prompt
+//! are charged the same.
+//!
+//! With fewer requests than replicas each is alone on its engine and takes `--gpus / R`.
+//!
+//! # What is estimated, and settled
+//!
+//! A prompt's length is what the tokenizer counted, or its body's size ([`Estimate`]) until a
+//! count or the usage report comes. When it does, the prefill charged so far is scaled to the
+//! count, and the difference moves between the request and the requests in flight then, in
+//! equal parts (or not at all if none are): the only time that moves after it was spent.
+//! Before the capacity model has published [`Rates`], prompts weigh nothing and the split is
+//! the equal share of the time in flight.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Instant;
 
+use super::estimate::Estimate;
+use super::rates::Rates;
 use super::seconds::GpuSeconds;
 
-/// The time the books divide, at one instant: what the concurrency tracker
-/// (`meter::concurrency`) reads, in seconds since it started.
+/// A request's place in the books, from [`Ledger::enter`] to [`Ledger::leave`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// What a prompt was found to be: its tokens, and of those the ones the engine computed (not
+/// read from its prefix cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prompt {
+    pub tokens: u64,
+    pub uncached: u64,
+}
+
+/// A request that has left, with its share of the time while it was in flight; its charge is
+/// booked by [`Ledger::charge`] once its prompt is settled.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Clock {
-    /// Seconds since the tracker started.
-    pub age: f64,
-    /// Of those, seconds with nothing in flight.
-    pub idle: f64,
-    /// Requests in flight now.
-    pub in_flight: u64,
+pub struct Held {
+    share: GpuSeconds,
+    /// Prefill charged, and the prefill (engine-seconds) it was charged for.
+    prefill_charged: f64,
+    prefill_for: f64,
+    /// Its body's bytes were matched with a count, for the estimate.
+    learned: bool,
+    body_bytes: u64,
+    /// `--gpus` x its time in flight: its charge's ceiling.
+    ceiling: f64,
 }
 
-/// How far back prices are compared with time shares: long enough to hold many requests,
-/// short enough to follow a refit or a change of traffic within minutes.
-const RATIO_WINDOW_SECS: f64 = 60.0;
-
-/// The ratio of time shares to prices is taken within this factor of 1: beyond it the fit is
-/// wrong, and the pool, not one request's charge, absorbs it.
-const RATIO_LIMIT: f64 = 4.0;
-
-/// The GPUs' time, kept as a pool the finished requests are charged from.
-#[derive(Debug)]
-pub struct Ledger {
-    gpus: f64,
-    pool: Mutex<Pool>,
-}
-
-#[derive(Debug, Default)]
-struct Pool {
-    /// GPU-seconds charged to finished requests.
-    charged: f64,
-    /// Requests that left the in-flight count and are not charged yet.
-    pending: u64,
-    /// Over the recent window (weights decaying with age): the time shares and the prices of
-    /// the requests charged, and when they were last decayed (tracker seconds).
-    window_shares: f64,
-    window_prices: f64,
-    window_at: f64,
+impl Held {
+    /// Its share before settlement.
+    pub fn share(&self) -> GpuSeconds {
+        self.share
+    }
 }
 
 /// The books at one instant, in GPU-seconds since the proxy started.
@@ -66,19 +84,115 @@ struct Pool {
 pub struct Totals {
     /// `--gpus` x the wall time.
     pub wall: f64,
-    /// Time with nothing in flight.
+    /// Time with no request in flight on an engine.
     pub idle: f64,
     /// Charged to finished requests.
     pub charged: f64,
-    /// Busy time not charged yet: held by the requests in flight (never below 0).
+    /// The rest: held by the requests in flight, or left and not yet charged.
     pub unassigned: f64,
+}
+
+/// The GPUs' time, split among the requests in flight as it is spent.
+#[derive(Debug)]
+pub struct Ledger {
+    gpus: f64,
+    origin: Instant,
+    books: Mutex<Books>,
+}
+
+#[derive(Debug)]
+struct Books {
+    /// Seconds since the origin the integrals run to.
+    at: f64,
+    idle: f64,
+    /// GPU-seconds a request of weight `u` was given, summed.
+    common: f64,
+    /// GPU-seconds per engine-second of prefill weight, summed: both a prefill's charge and
+    /// its budget clock.
+    extra: f64,
+    /// The budget clock: GPU-seconds per engine-second of prefill weight, summed at the pooled
+    /// rate (which `extra` is, but for requests alone on an engine, who take it all anyway).
+    clock: f64,
+    /// Settlements, GPU-seconds per request in flight, summed.
+    lump: f64,
+    charged: f64,
+    in_flight: u64,
+    /// Sum of `P` over the budgets running.
+    running: f64,
+    /// `u`, engine-seconds (1 while there are no rates: any unit gives the equal share).
+    unit: f64,
+    replicas: f64,
+    rates: Option<Rates>,
+    /// Running budgets in the order they end (a budget ends a fixed distance along the clock
+    /// from where it began, so first in is first out), with the clock reading they end at.
+    /// An entry whose request ended its budget early stays until it reaches the front.
+    budgets: VecDeque<(f64, Ticket)>,
+    accounts: HashMap<Ticket, Account>,
+    next: u64,
+    /// `common` when the last request entered, and what settlements took from each request
+    /// in flight since: every request in flight was given at least the difference, which
+    /// bounds what a settlement may take from each.
+    common_at_entry: f64,
+    taken: f64,
+    /// `common` when the one before the last entered: the bound when the last is the request
+    /// settled, who takes nothing from itself.
+    common_at_prev_entry: f64,
+    estimate: Estimate,
+}
+
+/// One request in flight.
+#[derive(Debug, Clone, Copy)]
+struct Account {
+    entered: f64,
+    common0: f64,
+    lump0: f64,
+    /// `extra` when its current budget segment began.
+    extra0: f64,
+    /// Its prefill, engine-seconds, as now known.
+    prefill: f64,
+    /// Prefill charged in closed segments, GPU-seconds.
+    accrued: f64,
+    running: bool,
+    /// Settlements to itself, with what it gave back as one of the requests in flight.
+    own: f64,
+    /// Of `own`, the settlements of its prefill.
+    settled: f64,
+    /// Its share up to its first token, once it came, and of that its prefill's part.
+    before_first: Option<f64>,
+    prefill_before_first: f64,
+    /// The budget clock's reading its prefill's budget ends at.
+    budget_end: f64,
+    /// Its body's bytes were matched with a count, for the estimate.
+    learned: bool,
+    body_bytes: u64,
 }
 
 impl Ledger {
     pub fn new(gpus: f64) -> Self {
         Ledger {
-            gpus: gpus.max(0.0),
-            pool: Mutex::new(Pool::default()),
+            gpus: if gpus.is_finite() { gpus.max(0.0) } else { 0.0 },
+            origin: Instant::now(),
+            books: Mutex::new(Books {
+                at: 0.0,
+                idle: 0.0,
+                common: 0.0,
+                extra: 0.0,
+                clock: 0.0,
+                lump: 0.0,
+                charged: 0.0,
+                in_flight: 0,
+                running: 0.0,
+                unit: 1.0,
+                replicas: 1.0,
+                rates: None,
+                budgets: VecDeque::new(),
+                accounts: HashMap::new(),
+                next: 0,
+                common_at_entry: 0.0,
+                taken: 0.0,
+                common_at_prev_entry: 0.0,
+                estimate: Estimate::default(),
+            }),
         }
     }
 
@@ -86,135 +200,624 @@ impl Ledger {
         self.gpus
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    fn books(&self) -> std::sync::MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A request left the in-flight count; its charge follows ([`Ledger::charge`]). Until
-    /// then the pool is not handed to anyone as the last one out.
-    pub fn left(&self) {
-        self.pool().pending += 1;
+    fn secs(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
-    /// Charges a request that has left: `price` by the rule, `share` its time share, `now` the
-    /// tracker read after it left. Returns the charge.
-    pub fn charge(&self, price: GpuSeconds, share: GpuSeconds, now: &Clock) -> GpuSeconds {
-        let busy = self.gpus * (now.age - now.idle).max(0.0);
-        let mut p = self.pool();
-        p.pending = p.pending.saturating_sub(1);
-        let decay = (-(now.age - p.window_at).max(0.0) / RATIO_WINDOW_SECS).exp();
-        p.window_shares = p.window_shares * decay + share.total();
-        p.window_prices = p.window_prices * decay + price.total();
-        p.window_at = p.window_at.max(now.age);
-        let available = (busy - p.charged).max(0.0);
-        let amount = if now.in_flight == 0 && p.pending == 0 {
-            // The last one out: the pool is closed.
-            available
-        } else {
-            let kappa = if p.window_prices > 0.0 {
-                (p.window_shares / p.window_prices).clamp(1.0 / RATIO_LIMIT, RATIO_LIMIT)
-            } else {
-                1.0
-            };
-            (price.total() * kappa).min(available)
+    /// The engine's costs from now on (the capacity model's refit), and the replicas behind
+    /// the proxy.
+    pub fn set_terms(&self, rates: Option<Rates>, replicas: u32, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        b.rates = rates;
+        b.replicas = f64::from(replicas.max(1));
+        b.reweigh();
+    }
+
+    /// A request was sent at `now`, its body `body_bytes` long, its prompt `prompt` where
+    /// already counted.
+    pub fn enter(&self, now: Instant, body_bytes: u64, prompt: Option<Prompt>) -> Ticket {
+        let at = self.secs(now);
+        let g = self.gpus;
+        let mut b = self.books();
+        b.advance(g, at);
+        let ticket = Ticket(b.next);
+        b.next += 1;
+        let tokens = match prompt {
+            Some(p) => p.uncached as f64,
+            None => b.estimate.tokens(body_bytes),
         };
-        p.charged += amount;
-        drop(p);
-        split(amount, price, share)
+        let prefill = b.rates.as_ref().map_or(0.0, |r| r.prefill(tokens));
+        let account = Account {
+            entered: at,
+            common0: b.common,
+            lump0: b.lump,
+            extra0: b.extra,
+            prefill,
+            accrued: 0.0,
+            running: prefill > 0.0,
+            own: 0.0,
+            settled: 0.0,
+            before_first: None,
+            prefill_before_first: 0.0,
+            budget_end: 0.0,
+            learned: prompt.is_some(),
+            body_bytes,
+        };
+        let mut account = account;
+        if account.running {
+            let end = b.clock + g / b.replicas;
+            b.budgets.push_back((end, ticket));
+            b.running += prefill;
+            account.budget_end = end;
+        }
+        b.accounts.insert(ticket, account);
+        b.common_at_prev_entry = b.common_at_entry;
+        (b.common_at_entry, b.taken) = (b.common, 0.0);
+        b.in_flight += 1;
+        b.reweigh();
+        ticket
     }
 
-    /// The books at `now` (a tracker read).
-    pub fn totals(&self, now: &Clock) -> Totals {
-        let wall = self.gpus * now.age;
-        let idle = self.gpus * now.idle;
-        let charged = self.pool().charged;
+    /// The request's prompt was counted (the tokenizer, or a usage report while it streams).
+    pub fn prompt(&self, ticket: Ticket, prompt: Prompt, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        b.settle_in_flight(self.gpus, ticket, prompt, at);
+    }
+
+    /// The request's first token passed at `now`: what it was given since it was sent is its
+    /// `prefill` phase. Its prefill's budget runs on if the model's step has not ended: an
+    /// engine that prefills prompts one after the other makes the first of them before the
+    /// step the model sees, and the prefill is no less its cost.
+    pub fn first_token(&self, ticket: Ticket, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        let (common, lump, extra) = (b.common, b.lump, b.extra);
+        if let Some(a) = b.accounts.get_mut(&ticket) {
+            if a.before_first.is_none() {
+                let running = if a.running {
+                    a.prefill * (extra - a.extra0)
+                } else {
+                    0.0
+                };
+                a.prefill_before_first = a.accrued + running;
+                a.before_first =
+                    Some(common - a.common0 + a.accrued + running + a.own + lump - a.lump0);
+            }
+        }
+    }
+
+    /// The request left the in-flight count at `now`: its share is fixed (`None` for a ticket
+    /// already left).
+    pub fn leave(&self, ticket: Ticket, now: Instant) -> Option<Held> {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        // What its prefill's budget has still to run, in GPU-seconds.
+        let unpaid = match b.accounts.get(&ticket) {
+            Some(a) if a.running => a.prefill * (a.budget_end - b.clock).max(0.0),
+            _ => 0.0,
+        };
+        b.stop_budget(ticket);
+        let a = b.accounts.remove(&ticket)?;
+        b.in_flight = b.in_flight.saturating_sub(1);
+        if b.in_flight == 0 {
+            b.budgets.clear();
+            b.running = 0.0;
+        }
+        b.reweigh();
+        let mut total = (b.common - a.common0 + a.accrued + a.own + b.lump - a.lump0).max(0.0);
+        let ceiling = self.gpus * (at - a.entered).max(0.0);
+        if total > ceiling {
+            // Settlements handed it more than its GPUs' time: the rest goes to those in flight,
+            // or, with none, to idle, which is what the time was to nobody's account.
+            let excess = total - ceiling;
+            match b.in_flight {
+                0 => b.idle += excess,
+                k => b.lump += excess / k as f64,
+            }
+            total = ceiling;
+        }
+        // It leaves before its prefill's budget ran out (a short answer): the rest of its
+        // prefill is taken from those in flight now, as a settlement.
+        let others = b.in_flight as f64;
+        let mut paid = 0.0;
+        if unpaid > 0.0 && others > 0.0 {
+            paid = unpaid
+                .min(ceiling - total)
+                .min(b.takeable() * others)
+                .max(0.0);
+            b.take_from_others(paid, others);
+            total += paid;
+        }
+        let prefill = match a.before_first {
+            // Its prefill's part after the first token was still prefill.
+            Some(before) => before + a.accrued + paid - a.prefill_before_first,
+            None => total,
+        }
+        .clamp(0.0, total);
+        Some(Held {
+            share: GpuSeconds {
+                prefill,
+                decode: total - prefill,
+            },
+            prefill_charged: a.accrued + a.settled + paid,
+            prefill_for: a.prefill,
+            learned: a.learned,
+            body_bytes: a.body_bytes,
+            ceiling,
+        })
+    }
+
+    /// Books a request that has left: its share, with its prefill settled to `prompt` where
+    /// that is known now. Returns its charge.
+    pub fn charge(&self, held: Held, prompt: Option<Prompt>, now: Instant) -> GpuSeconds {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        let mut share = held.share;
+        if let Some(p) = prompt {
+            if !held.learned {
+                b.estimate.learn(held.body_bytes, p.tokens);
+            }
+            let wanted = b
+                .rates
+                .as_ref()
+                .map_or(0.0, |r| r.prefill(p.uncached as f64));
+            let others = b.in_flight as f64;
+            if others > 0.0 {
+                let diff = settlement(held.prefill_charged, held.prefill_for, wanted);
+                let most = (held.ceiling - share.total()).min(b.takeable() * others);
+                let diff = diff.clamp(-share.total(), most.max(0.0));
+                b.take_from_others(diff, others);
+                // Given back from its prefill first.
+                let prefill = share.prefill + diff;
+                share = GpuSeconds {
+                    prefill: prefill.max(0.0),
+                    decode: share.decode + prefill.min(0.0),
+                };
+            }
+        }
+        b.charged += share.total();
+        share
+    }
+
+    /// The books at `now`.
+    pub fn totals(&self, now: Instant) -> Totals {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        let wall = self.gpus * b.at;
         Totals {
             wall,
-            idle,
-            charged,
-            unassigned: (wall - idle - charged).max(0.0),
+            idle: b.idle,
+            charged: b.charged,
+            unassigned: (wall - b.idle - b.charged).max(0.0),
         }
     }
 }
 
-/// `amount` in the proportions of `price`, or of `share` where the price is nothing.
-fn split(amount: f64, price: GpuSeconds, share: GpuSeconds) -> GpuSeconds {
-    let by = if price.total() > 0.0 { price } else { share };
-    if by.total() > 0.0 {
-        by.scaled(amount / by.total())
+/// What settling a prefill charged `charged` GPU-seconds for `was` engine-seconds, found to be
+/// `is`, moves to its request: the charge scaled to the count, less the charge.
+fn settlement(charged: f64, was: f64, is: f64) -> f64 {
+    if was > 0.0 && charged > 0.0 {
+        charged * (is / was - 1.0)
     } else {
-        GpuSeconds {
-            prefill: amount,
-            decode: 0.0,
+        0.0
+    }
+}
+
+impl Books {
+    /// The most a settlement may take from each request in flight: what the newest of them
+    /// was given, less what settlements took since. (What they are handed beyond their own
+    /// time is passed on when they leave, [`Ledger::leave`].)
+    fn takeable(&self) -> f64 {
+        (self.common - self.common_at_entry - self.taken).max(0.0)
+    }
+
+    /// [`Books::takeable`] from the others than `ticket`, in flight.
+    fn takeable_beside(&self, ticket: Ticket) -> f64 {
+        if ticket.0 + 1 == self.next {
+            (self.common - self.common_at_prev_entry - self.taken).max(0.0)
+        } else {
+            self.takeable()
+        }
+    }
+
+    /// Moves `diff` GPU-seconds to a request from the `others` in flight (from it to them,
+    /// when negative), in equal parts.
+    fn take_from_others(&mut self, diff: f64, others: f64) {
+        self.lump -= diff / others;
+        if diff > 0.0 {
+            self.taken += diff / others;
+        }
+    }
+
+    /// Recomputes the weight of a batch member after the number in flight or the rates changed.
+    fn reweigh(&mut self) {
+        let k = self.in_flight as f64;
+        self.unit = match &self.rates {
+            Some(r) if k > 0.0 => {
+                let batch = (k / self.replicas).max(1.0);
+                r.step(batch) / batch
+            }
+            _ => 1.0,
+        };
+    }
+
+    /// Integrates the split from `self.at` to `to`, ending each budget where its clock runs
+    /// out on the way.
+    fn advance(&mut self, gpus: f64, to: f64) {
+        while to > self.at {
+            let k = self.in_flight as f64;
+            if k == 0.0 {
+                self.idle += gpus * (to - self.at);
+                self.at = to;
+                return;
+            }
+            let r = self.replicas;
+            let busy = gpus * k.min(r) / r;
+            let whole = k * self.unit + self.running;
+            // Alone on its engine, a request takes the engine: prefill gets nothing on top.
+            let (common_rate, extra_rate) = if k < r {
+                (gpus / r, 0.0)
+            } else {
+                (busy * self.unit / whole, busy / whole)
+            };
+            // The budget clock runs at the pooled rate either way.
+            let clock_rate = busy / whole;
+            let mut until = to;
+            let mut ends = None;
+            if let Some(end) = self.next_budget_end() {
+                let cross = self.at + (end - self.clock).max(0.0) / clock_rate;
+                if cross < to {
+                    (until, ends) = (cross, Some(end));
+                }
+            }
+            let dt = (until - self.at).max(0.0);
+            self.idle += (gpus - busy) * dt;
+            self.common += common_rate * dt;
+            self.extra += extra_rate * dt;
+            self.clock += clock_rate * dt;
+            self.at = self.at.max(until);
+            if let Some(end) = ends {
+                // Exactly at its end, whatever the rounding: each pass ends one budget, so
+                // the loop always moves on.
+                self.clock = self.clock.max(end);
+                if let Some((_, t)) = self.budgets.pop_front() {
+                    self.stop_budget(t);
+                }
+            }
+        }
+    }
+
+    /// The clock reading at which the first running budget ends, after dropping the entries of
+    /// budgets already ended.
+    fn next_budget_end(&mut self) -> Option<f64> {
+        while let Some(&(end, t)) = self.budgets.front() {
+            match self.accounts.get(&t) {
+                Some(a) if a.running => return Some(end),
+                _ => {
+                    self.budgets.pop_front();
+                }
+            }
+        }
+        None
+    }
+
+    /// Ends the request's prefill budget, if it runs: its prefill so far is accrued.
+    fn stop_budget(&mut self, ticket: Ticket) {
+        let extra = self.extra;
+        let Some(a) = self.accounts.get_mut(&ticket) else {
+            return;
+        };
+        if !a.running {
+            return;
+        }
+        a.accrued += a.prefill * (extra - a.extra0);
+        a.running = false;
+        self.running = (self.running - a.prefill).max(0.0);
+        if self.running < 1e-15 {
+            self.running = 0.0;
+        }
+    }
+
+    /// Settles a request still in flight to its counted prompt.
+    fn settle_in_flight(&mut self, gpus: f64, ticket: Ticket, prompt: Prompt, at: f64) {
+        let wanted = self
+            .rates
+            .as_ref()
+            .map_or(0.0, |r| r.prefill(prompt.uncached as f64));
+        let (extra, common, lump) = (self.extra, self.common, self.lump);
+        let others = self.in_flight.saturating_sub(1) as f64;
+        let takeable = self.takeable_beside(ticket);
+        let Some(a) = self.accounts.get_mut(&ticket) else {
+            return;
+        };
+        if !std::mem::replace(&mut a.learned, true) {
+            self.estimate.learn(a.body_bytes, prompt.tokens);
+        }
+        // What it was charged for its prefill so far, and what that would have been.
+        let running = if a.running {
+            a.prefill * (extra - a.extra0)
+        } else {
+            0.0
+        };
+        let so_far = a.accrued + a.settled + running;
+        let mut diff = settlement(so_far, a.prefill, wanted);
+        let held = common - a.common0 + a.accrued + a.own + lump - a.lump0;
+        let ceiling = gpus * (at - a.entered).max(0.0);
+        let most = (ceiling - held).min(takeable * others);
+        diff = diff.clamp(-held.max(0.0), most.max(0.0));
+        if others == 0.0 {
+            diff = 0.0;
+        }
+        if a.running {
+            // The rest of its budget runs at the counted prefill.
+            a.accrued += a.prefill * (extra - a.extra0);
+            a.extra0 = extra;
+            self.running = (self.running - a.prefill + wanted).max(0.0);
+            a.prefill = wanted;
+            if wanted <= 0.0 {
+                a.running = false;
+            }
+        } else {
+            a.prefill = wanted;
+        }
+        if diff != 0.0 {
+            // Every request in flight, this one too, gives diff / others; this one is given
+            // that back and diff.
+            a.own += diff + diff / others;
+            a.settled += diff;
+            self.take_from_others(diff, others);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
-    fn gs(prefill: f64, decode: f64) -> GpuSeconds {
-        GpuSeconds { prefill, decode }
-    }
-
-    fn clock(age: f64, idle: f64, in_flight: u64) -> Clock {
-        Clock {
-            age,
-            idle,
-            in_flight,
+    /// 10 ms steps and 0.1 ms of prefill a token, on a line flat enough that a step's cost
+    /// hardly depends on the batch.
+    fn rates() -> Rates {
+        Rates {
+            step: super::super::Step::Line {
+                base: 0.010,
+                per_seq: 0.0,
+            },
+            prefill_per_token: 0.0001,
         }
     }
 
-    /// Two overlapping requests on 2 GPUs whose prices add up to less than the time: the
-    /// charges plus idle are the wall time, in the prices' proportions. a is in flight from
-    /// 0.1 s to 0.7 s, b from 0.2 s to 1.0 s; a's time share is 0.1 + 0.5 / 2 = 0.35 s.
+    fn prompt(tokens: u64) -> Option<Prompt> {
+        Some(Prompt {
+            tokens,
+            uncached: tokens,
+        })
+    }
+
+    struct Rig {
+        ledger: Ledger,
+        t0: Instant,
+    }
+
+    impl Rig {
+        fn new(gpus: f64, replicas: u32, rates: Option<Rates>) -> Rig {
+            let ledger = Ledger::new(gpus);
+            let t0 = ledger.origin;
+            ledger.set_terms(rates, replicas, t0);
+            Rig { ledger, t0 }
+        }
+
+        fn at(&self, ms: u64) -> Instant {
+            self.t0 + Duration::from_millis(ms)
+        }
+
+        fn charge(&self, t: Ticket, ms: u64, p: Option<Prompt>) -> GpuSeconds {
+            let held = self.ledger.leave(t, self.at(ms)).expect("in flight");
+            self.ledger.charge(held, p, self.at(ms))
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    /// Without rates the split is the equal share of the time in flight, and the books add up:
+    /// a alone 1 s, a and b 2 s, b alone 1 s, idle 1 s before and 2 s after, on 2 GPUs.
     #[test]
-    fn the_books_balance_whatever_the_prices() {
-        let l = Ledger::new(2.0);
-        l.left();
-        let ca = l.charge(gs(0.1, 0.2), gs(0.0, 0.7), &clock(0.7, 0.1, 1));
-        l.left();
-        let cb = l.charge(gs(0.0, 0.3), gs(0.0, 1.1), &clock(1.0, 0.1, 0));
-        let t = l.totals(&clock(1.5, 0.6, 0));
-        assert!((t.charged + t.idle - t.wall).abs() < 1e-9, "{t:?}");
-        assert!((ca.total() + cb.total() - t.charged).abs() < 1e-9);
-        // a's charge is its price scaled by its own share over its price, 0.7 / 0.3, in its
-        // price's phases.
-        assert!((ca.total() - 0.7).abs() < 1e-9, "{ca:?}");
-        assert!((ca.decode / ca.prefill - 2.0).abs() < 1e-9, "{ca:?}");
-        // b, last out, took what was left: the 0.9 s busy on 2 GPUs less a's charge.
-        assert!((cb.total() - (1.8 - ca.total())).abs() < 1e-9, "{cb:?}");
+    fn without_rates_the_time_is_shared_equally() {
+        let r = Rig::new(2.0, 1, None);
+        let a = r.ledger.enter(r.at(1000), 0, None);
+        let b = r.ledger.enter(r.at(2000), 0, None);
+        let ca = r.charge(a, 4000, None);
+        let cb = r.charge(b, 5000, None);
+        assert!(close(ca.total(), 2.0 * 2.0) && close(cb.total(), 2.0 * 2.0));
+        assert!(close(ca.prefill, ca.total()), "no first token: all prefill");
+        let t = r.ledger.totals(r.at(7000));
+        assert!(
+            close(t.wall, 14.0) && close(t.idle, 6.0) && close(t.charged, 8.0),
+            "{t:?}"
+        );
         assert_eq!(t.unassigned, 0.0);
     }
 
-    /// Charged while another request is in flight, a request's charge is its price scaled by
-    /// the recent ratio of time shares to prices; the rest stays unassigned.
+    /// A long prompt is charged its prefill while it runs, out of the time of the request
+    /// decoding beside it, which is left its part of the steps. b decodes from 0; a, 1,000
+    /// tokens (100 ms of prefill), is sent at 1 s and makes its first token 110 ms later (the
+    /// step with its prefill), then both decode until 2 s.
     #[test]
-    fn a_charge_mid_flight_is_its_scaled_price() {
-        let l = Ledger::new(1.0);
-        l.left();
-        // The first charge: kappa is its own share over its price, 0.5 / 0.25.
-        let first = l.charge(gs(0.05, 0.2), gs(0.0, 0.5), &clock(1.0, 0.0, 1));
-        assert!((first.total() - 0.5).abs() < 1e-9, "{first:?}");
-        let t = l.totals(&clock(1.0, 0.0, 1));
-        assert!((t.unassigned - 0.5).abs() < 1e-9, "{t:?}");
-        // Never more than the pool holds: a price ten times the time there was.
-        l.left();
-        let greedy = l.charge(gs(0.0, 5.0), gs(0.0, 0.5), &clock(1.0, 0.0, 1));
-        assert!((greedy.total() - 0.5).abs() < 1e-9, "{greedy:?}");
+    fn a_prompt_pays_its_prefill_as_it_runs() {
+        let r = Rig::new(1.0, 1, Some(rates()));
+        let b = r.ledger.enter(r.at(0), 0, prompt(10));
+        r.ledger.first_token(b, r.at(10));
+        // 4,000 bytes at the prior's 4 a token: 1,000 tokens.
+        let a = r.ledger.enter(r.at(1000), 4000, None);
+        r.ledger.first_token(a, r.at(1110));
+        let ca = r.charge(a, 2000, prompt(1000));
+        let cb = r.charge(b, 2000, prompt(10));
+        // Its step: 10 ms shared by two, and its 100 ms prefill: 105 ms of a's, 5 ms of b's.
+        // The prefill ends with the modeled step, 110 ms, before a's first token.
+        assert!(close(ca.prefill, 0.105), "{ca:?}");
+        // Then halves: 0.89 s.
+        assert!(close(ca.decode, 0.445), "{ca:?}");
+        assert!(close(cb.total(), 1.0 + 0.005 + 0.445), "{cb:?}");
+        let t = r.ledger.totals(r.at(2000));
+        assert!(close(t.charged, 2.0) && t.idle == 0.0, "{t:?}");
     }
 
-    /// Two requests leave at once: the first charged is not the last out, though the tracker
-    /// says nothing is in flight, so it does not take the other's time.
+    /// Two requests of the same shape sent together, beside a third: the same charge.
     #[test]
-    fn requests_leaving_together_do_not_take_each_others_time() {
-        let l = Ledger::new(1.0);
-        l.left();
-        l.left();
-        let now = clock(1.0, 0.0, 0);
-        let a = l.charge(gs(0.0, 0.5), gs(0.0, 0.5), &now);
-        let b = l.charge(gs(0.0, 0.5), gs(0.0, 0.5), &now);
-        assert!((a.total() - 0.5).abs() < 1e-9 && (b.total() - 0.5).abs() < 1e-9);
+    fn the_same_shape_in_the_same_batches_pays_the_same() {
+        let r = Rig::new(4.0, 1, Some(rates()));
+        let other = r.ledger.enter(r.at(0), 100, None);
+        let x = r.ledger.enter(r.at(5), 8000, None);
+        let y = r.ledger.enter(r.at(5), 8000, None);
+        r.ledger.first_token(x, r.at(300));
+        r.ledger.first_token(y, r.at(300));
+        let cx = r.charge(x, 900, prompt(2000));
+        let cy = r.charge(y, 900, prompt(2000));
+        assert!(close(cx.prefill, cy.prefill) && close(cx.decode, cy.decode));
+        let co = r.charge(other, 1000, None);
+        let t = r.ledger.totals(r.at(1000));
+        assert!(close(cx.total() + cy.total() + co.total(), t.charged));
+        assert!(close(t.charged, 4.0), "{t:?}");
+    }
+
+    /// With two replicas, one request leaves one idle: half the GPUs are idle, and a request
+    /// alone on its engine takes that engine, whatever its prompt.
+    #[test]
+    fn idle_is_counted_per_replica() {
+        let r = Rig::new(8.0, 2, Some(rates()));
+        let a = r.ledger.enter(r.at(0), 40_000, None);
+        let ca = r.charge(a, 1000, prompt(10_000));
+        assert!(close(ca.total(), 4.0), "{ca:?}");
+        let t = r.ledger.totals(r.at(1000));
+        assert!(close(t.idle, 4.0) && close(t.charged, 4.0), "{t:?}");
+        // Three on two engines: all busy, no request over its engine's four GPUs.
+        let xs: Vec<_> = (0..3)
+            .map(|_| r.ledger.enter(r.at(1000), 400, None))
+            .collect();
+        let cs: Vec<_> = xs.into_iter().map(|x| r.charge(x, 2000, None)).collect();
+        let t = r.ledger.totals(r.at(2000));
+        assert!(close(t.idle, 4.0), "{t:?}");
+        assert!(cs.iter().all(|c| c.total() <= 4.0 + 1e-9), "{cs:?}");
+        assert!(close(t.charged, 12.0), "{t:?}");
+    }
+
+    /// A prompt estimated at half its length is settled when its count comes: the prefill
+    /// charged is scaled to the count, and the difference is taken from the request in flight
+    /// then. The books still add up.
+    #[test]
+    fn an_estimate_is_settled_by_the_count() {
+        let r = Rig::new(1.0, 1, Some(rates()));
+        let long = r.ledger.enter(r.at(0), 100, prompt(10));
+        r.ledger.first_token(long, r.at(10));
+        // 2,000 bytes: 500 tokens at the prior's ratio; it is 1,000.
+        let a = r.ledger.enter(r.at(100), 2000, None);
+        r.ledger.first_token(a, r.at(210));
+        let ca = r.charge(a, 500, prompt(1000));
+        // Estimated: 50 ms of prefill; counted, 100 ms: 50 ms more, from `long`.
+        let exact = {
+            let r = Rig::new(1.0, 1, Some(rates()));
+            let long = r.ledger.enter(r.at(0), 100, prompt(10));
+            r.ledger.first_token(long, r.at(10));
+            let a = r.ledger.enter(r.at(100), 4000, prompt(1000));
+            r.ledger.first_token(a, r.at(210));
+            r.charge(a, 500, prompt(1000))
+        };
+        // The prefill charged is the counted one's: 105 ms, where the estimate gave 55 ms. The
+        // estimate's shorter step ended 50 ms early, and the time until the first token was
+        // then shared as if both decoded: 25 ms more than the engine spent on it, which no
+        // settlement can see.
+        assert!(
+            (ca.total() - exact.total() - 0.025).abs() < 1e-6,
+            "{ca:?} {exact:?}"
+        );
+        let cl = r.charge(long, 1000, prompt(10));
+        let t = r.ledger.totals(r.at(1000));
+        assert!(close(ca.total() + cl.total(), 1.0), "{ca:?} {cl:?} {t:?}");
+        assert!(close(t.charged, 1.0) && t.unassigned == 0.0, "{t:?}");
+        // The ratio is being learnt: the next body of 2,000 bytes is most of 1,000 tokens.
+        assert!(r.ledger.books().estimate.tokens(2000) > 800.0);
+    }
+
+    /// A count that comes while the prefill runs (the tokenizer's) changes what it is charged
+    /// from then on, and what it was charged so far.
+    #[test]
+    fn a_count_in_flight_settles_the_prefill() {
+        let r = Rig::new(1.0, 1, Some(rates()));
+        let other = r.ledger.enter(r.at(0), 100, prompt(10));
+        r.ledger.first_token(other, r.at(10));
+        let a = r.ledger.enter(r.at(100), 400, None);
+        r.ledger
+            .prompt(a, prompt(1000).expect("a prompt"), r.at(101));
+        r.ledger.first_token(a, r.at(210));
+        let ca = r.charge(a, 210, None);
+        // 100 ms of prefill and half of its 10 ms step, as if counted from the start.
+        assert!((ca.total() - 0.105).abs() < 0.002, "{ca:?}");
+        let co = r.charge(other, 210, None);
+        assert!(close(ca.total() + co.total(), 0.21), "{ca:?} {co:?}");
+    }
+
+    /// However the events fall, no request is charged more than the GPUs while it was in
+    /// flight, and charges, idle and unassigned are the wall time.
+    #[test]
+    fn no_request_takes_more_than_its_time_and_the_books_balance() {
+        let r = Rig::new(2.0, 1, Some(rates()));
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut live: Vec<(Ticket, u64, bool)> = Vec::new();
+        let mut charged = 0.0;
+        for ms in (0..20_000).step_by(7) {
+            match next(4) {
+                0 => {
+                    let bytes = next(40_000);
+                    live.push((r.ledger.enter(r.at(ms), bytes, None), ms, false));
+                }
+                1 if !live.is_empty() => {
+                    let i = next(live.len() as u64) as usize;
+                    r.ledger.first_token(live[i].0, r.at(ms));
+                    live[i].2 = true;
+                }
+                2 if !live.is_empty() => {
+                    let (t, from, _) = live.swap_remove(next(live.len() as u64) as usize);
+                    // Counts between a third and three times the prior's estimate, which
+                    // settlements then move time for.
+                    let c = r.charge(t, ms, prompt(next(30_000)));
+                    assert!(c.prefill >= 0.0 && c.decode >= 0.0, "{c:?}");
+                    let most = 2.0 * (ms - from) as f64 / 1000.0;
+                    assert!(c.total() <= most + 1e-9, "{c:?} over {most}");
+                    charged += c.total();
+                }
+                _ => {}
+            }
+        }
+        for (t, _, _) in live.drain(..) {
+            charged += r.charge(t, 20_000, None).total();
+        }
+        let t = r.ledger.totals(r.at(20_000));
+        assert!((t.charged - charged).abs() < 1e-6, "{t:?} {charged}");
+        assert!(
+            (t.charged + t.idle + t.unassigned - t.wall).abs() < 1e-6 * t.wall,
+            "{t:?}"
+        );
+        assert!(t.unassigned < 1e-6, "{t:?}");
     }
 }

@@ -7,9 +7,8 @@
 //! behind a mutex taken once per request boundary) makes the sequence odd, stores, and makes it
 //! even again; a reader retries in the rare case a writer ran while it read.
 //!
-//! Two more integrals ride along for the GPU-time ledger (`crate::cost`): each request's equal
-//! share of the time it was in flight (the integral of `1 / in_flight` while any is), and the
-//! time nothing was in flight. Between them they divide every second since the tracker began.
+//! The GPU-time split (`crate::cost::Ledger`) keeps its own integrals: it changes at a request's
+//! first token too, and its reads are rare, so it takes a lock where this takes none.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -28,11 +27,6 @@ pub struct Concurrency {
     in_flight: AtomicU64,
     /// Sum of in_flight x seconds since `origin`, up to `last_ns` (an `f64`'s bits).
     integral: AtomicU64,
-    /// Sum of seconds / in_flight while any request was in flight (an `f64`'s bits): what one
-    /// request's equal share of the time grew by.
-    share: AtomicU64,
-    /// Seconds with nothing in flight (an `f64`'s bits).
-    idle: AtomicU64,
 }
 
 impl Default for Concurrency {
@@ -44,8 +38,6 @@ impl Default for Concurrency {
             last_ns: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             integral: AtomicU64::new(0f64.to_bits()),
-            share: AtomicU64::new(0f64.to_bits()),
-            idle: AtomicU64::new(0f64.to_bits()),
         }
     }
 }
@@ -60,26 +52,9 @@ pub struct Snapshot {
     pub integral: f64,
     /// Requests in flight at `at`.
     pub in_flight: u64,
-    /// One request's equal share of the time up to `at`: seconds / in_flight, summed while any
-    /// request was in flight. A request's share of its own life is the difference of this
-    /// between the snapshots at its ends.
-    pub share: f64,
-    /// Seconds up to `at` with nothing in flight.
-    pub idle: f64,
-    /// Seconds from the tracker's start to `at`.
-    pub age: f64,
 }
 
 impl Snapshot {
-    /// The time the GPU-time ledger divides, at this instant.
-    pub fn clock(&self) -> crate::cost::Clock {
-        crate::cost::Clock {
-            age: self.age,
-            idle: self.idle,
-            in_flight: self.in_flight,
-        }
-    }
-
     /// The time-weighted mean number of requests in flight from `self` to `later`. Both ends
     /// use the tracker's own instants: mixing the caller's clock readings with integrals that
     /// ran to a later instant made short (bursty) windows look idle. A window of no length has
@@ -100,8 +75,6 @@ struct State {
     last_ns: u64,
     in_flight: u64,
     integral: f64,
-    share: f64,
-    idle: f64,
 }
 
 impl State {
@@ -109,16 +82,10 @@ impl State {
     fn at(self, now_ns: u64) -> State {
         let at = now_ns.max(self.last_ns);
         let secs = (at - self.last_ns) as f64 / 1e9;
-        let (share, idle) = match self.in_flight {
-            0 => (self.share, self.idle + secs),
-            n => (self.share + secs / n as f64, self.idle),
-        };
         State {
             last_ns: at,
             in_flight: self.in_flight,
             integral: self.integral + self.in_flight as f64 * secs,
-            share,
-            idle,
         }
     }
 }
@@ -133,9 +100,6 @@ impl Concurrency {
             at: self.origin + Duration::from_nanos(s.last_ns),
             integral: s.integral,
             in_flight: s.in_flight,
-            share: s.share,
-            idle: s.idle,
-            age: s.last_ns as f64 / 1e9,
         }
     }
 
@@ -148,8 +112,6 @@ impl Concurrency {
                     last_ns: self.last_ns.load(Ordering::Relaxed),
                     in_flight: self.in_flight.load(Ordering::Relaxed),
                     integral: f64::from_bits(self.integral.load(Ordering::Relaxed)),
-                    share: f64::from_bits(self.share.load(Ordering::Relaxed)),
-                    idle: f64::from_bits(self.idle.load(Ordering::Relaxed)),
                 };
                 fence(Ordering::Acquire);
                 if self.seq.load(Ordering::Relaxed) == seq {
@@ -176,8 +138,6 @@ impl Concurrency {
         self.last_ns.store(s.last_ns, Ordering::Relaxed);
         self.in_flight.store(s.in_flight, Ordering::Relaxed);
         self.integral.store(s.integral.to_bits(), Ordering::Relaxed);
-        self.share.store(s.share.to_bits(), Ordering::Relaxed);
-        self.idle.store(s.idle.to_bits(), Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
         self.snapshot_of(s)
     }
@@ -216,26 +176,6 @@ mod tests {
         let i = c.snapshot(t0 + Duration::from_secs(10)).integral;
         assert!((i - 5.0).abs() < 1e-9, "{i}");
         assert_eq!(c.current(), 0);
-    }
-
-    #[test]
-    fn shares_and_idle_divide_every_second() {
-        let c = Concurrency::default();
-        let t0 = c.origin;
-        let s = |secs: u64| t0 + Duration::from_secs(secs);
-        // Idle 1 s; a alone 1 s; a and b 2 s; b alone 1 s; idle 2 s.
-        let a0 = c.update(s(1), 1);
-        let b0 = c.update(s(2), 1);
-        let a1 = c.update(s(4), -1);
-        let b1 = c.update(s(5), -1);
-        let end = c.snapshot(s(7));
-        assert!((a1.share - a0.share - 2.0).abs() < 1e-9);
-        assert!((b1.share - b0.share - 2.0).abs() < 1e-9);
-        assert!((end.idle - 3.0).abs() < 1e-9, "{}", end.idle);
-        assert!((end.age - 7.0).abs() < 1e-9);
-        // The shares of a and b, and idle, are the whole 7 s.
-        let shares = (a1.share - a0.share) + (b1.share - b0.share);
-        assert!((shares + end.idle - end.age).abs() < 1e-9);
     }
 
     // Regression: behind a real vLLM at concurrency 16, a response whose tokens arrived in a

@@ -175,7 +175,30 @@ impl Mismatches {
 /// One request's counting: its tokenizer and its prompt's count, once known.
 pub struct Counting {
     tokenizer: Arc<Tokenizer>,
-    prompt: Arc<OnceLock<Option<Count>>>,
+    prompt: Arc<PromptSlot>,
+}
+
+/// What is done with a prompt's count as soon as it is known.
+type OnPrompt = Box<dyn FnOnce(Count) + Send>;
+
+/// A prompt's count, once the job set it, and who waits for it.
+#[derive(Default)]
+struct PromptSlot {
+    count: OnceLock<Option<Count>>,
+    then: Mutex<Option<OnPrompt>>,
+}
+
+impl PromptSlot {
+    /// Hands the count to whoever waits, once: the job and the waiter may come in either order.
+    fn deliver(&self) {
+        let Some(Some(count)) = self.count.get().copied() else {
+            return;
+        };
+        let then = self.then.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = then {
+            f(count);
+        }
+    }
 }
 
 /// What settling a request learnt, for the meter to record with it.
@@ -191,11 +214,12 @@ impl Counting {
     /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
     /// tokenizing threads, unless [`MAX_JOBS`] are queued or running (then it is not counted).
     pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
-        let prompt = Arc::new(OnceLock::new());
+        let prompt = Arc::new(PromptSlot::default());
         if let Some(place) = Place::take() {
             let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
             place.run(move || {
-                let _ = slot.set(tok.prompt_tokens(&path, &body));
+                let _ = slot.count.set(tok.prompt_tokens(&path, &body));
+                slot.deliver();
             });
         }
         Counting { tokenizer, prompt }
@@ -203,7 +227,14 @@ impl Counting {
 
     /// The prompt's tokens, once counted (`None` before, or for a body that has none).
     pub fn prompt(&self) -> Option<Count> {
-        self.prompt.get().copied().flatten()
+        self.prompt.count.get().copied().flatten()
+    }
+
+    /// Calls `f` with the prompt's count as soon as it is known (now, if it is), on whichever
+    /// thread knows it first; never, for a prompt not counted.
+    pub fn on_prompt(&self, f: impl FnOnce(Count) + Send + 'static) {
+        *self.prompt.then.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+        self.prompt.deliver();
     }
 
     /// Settles `f`'s counts with the tokenizer's (see the module doc); `transcript` is the text

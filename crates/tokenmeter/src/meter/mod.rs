@@ -32,7 +32,7 @@ use self::counting::{Mismatches, Settled};
 pub use self::settings::{Settings, DEFAULT_MAX_LINE_BYTES};
 use crate::capacity::{intake, Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
-use crate::cost::{Facts, GpuSeconds, Ledger};
+use crate::cost::{GpuSeconds, Held, Ledger, Prompt, Ticket};
 use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
 use crate::protocol::detect;
 use crate::protocol::operation::{Operation, Route};
@@ -51,7 +51,7 @@ pub struct Recorder {
     /// The live capacity model the meter feeds (the server's); `None`: nothing is modelled.
     capacity: Option<Arc<Capacity>>,
     concurrency: Arc<Concurrency>,
-    /// The GPUs' time, charged to each request as it ends (`crate::cost`).
+    /// The GPUs' time, split among the requests in flight as it is spent (`crate::cost`).
     ledger: Arc<Ledger>,
     /// `--max-line-bytes` and `--api`: how responses are read.
     reading: Settings,
@@ -74,11 +74,7 @@ impl Recorder {
     pub fn new(metrics: Arc<Metrics>, reading: Settings) -> Self {
         let concurrency = Arc::new(Concurrency::default());
         let ledger = Arc::new(Ledger::new(metrics.gpus()));
-        let tracker = Arc::clone(&concurrency);
-        metrics.export_books(
-            Arc::clone(&ledger),
-            Box::new(move || tracker.snapshot(std::time::Instant::now()).clock()),
-        );
+        metrics.export_books(Arc::clone(&ledger));
         let sinks: Vec<Arc<dyn Sink>> = vec![Arc::clone(&metrics) as Arc<dyn Sink>];
         Recorder {
             metrics,
@@ -106,6 +102,7 @@ impl Recorder {
     /// after the metrics).
     pub fn with_capacity(mut self, capacity: Arc<Capacity>) -> Self {
         self.sinks.insert(1, Arc::clone(&capacity) as Arc<dyn Sink>);
+        capacity.publish_rates(Arc::clone(&self.ledger));
         self.capacity = Some(capacity);
         self
     }
@@ -175,6 +172,7 @@ impl Recorder {
         let in_flight = self.metrics.in_flight(request.model.as_deref());
         in_flight.add(Phase::Prefill, 1);
         let at_start = self.concurrency.update(now, 1);
+        let ticket = self.ledger.enter(now, request.body_bytes, None);
         State {
             reader: Reader::opaque(),
             clock: Clock {
@@ -198,6 +196,8 @@ impl Recorder {
                 held: 0,
                 at_start,
                 at_leave: None,
+                ticket,
+                share: None,
                 slo: Some(self.classes.default_choice()),
                 tenant: None,
                 left: false,
@@ -287,6 +287,9 @@ struct Clock {
     /// a request without a decode window.
     at_start: Snapshot,
     at_leave: Option<Snapshot>,
+    /// Its account in the GPU-time books while in flight, and its share once it has left.
+    ticket: Ticket,
+    share: Option<Held>,
     /// The SLO class and targets the request is judged against (`None`: not judged).
     slo: Option<Choice>,
     /// The `tenant` label value, resolved once by inspection (`None`: `none`, or no label).
@@ -348,6 +351,15 @@ impl Meter {
     /// its end. For a request that was sent; set before its response head.
     pub fn count_with(&mut self, counting: Counting) {
         if let Some(Stage::Sent(s)) = &mut self.stage {
+            // The prompt's prefill is charged at its count as soon as it is known.
+            let (ledger, ticket) = (Arc::clone(&s.clock.recorder.ledger), s.clock.ticket);
+            counting.on_prompt(move |c| {
+                let prompt = Prompt {
+                    tokens: c.tokens,
+                    uncached: c.tokens,
+                };
+                ledger.prompt(ticket, prompt, Instant::now());
+            });
             s.clock.counting = Some(counting);
         }
     }
@@ -610,13 +622,14 @@ impl State {
     /// Records `f`, finished at `now`: judged, charged, and handed to every sink. `settled` is
     /// what a tokenizer learnt of it, `transcript` the text it was counted from.
     fn record(
-        self,
+        mut self,
         f: Finished,
         settled: Settled,
         transcript: Option<Box<crate::read::Transcript>>,
         now: Instant,
         wall: Option<SystemTime>,
     ) {
+        let gpu_seconds = self.clock.charge(&f, Instant::now().max(now));
         let s = &self.clock;
         let m = &s.recorder.metrics;
         let counted = self.reader.counted();
@@ -640,7 +653,7 @@ impl State {
         drop(transcript);
         let f = Finished {
             slo: s.judge(&f),
-            gpu_seconds: Some(s.charge(&f, Instant::now().max(now))),
+            gpu_seconds: Some(gpu_seconds),
             ..f
         };
         debug_lines(&f, now, wall, s.last_token);
@@ -776,6 +789,7 @@ impl Clock {
                 self.first_token = Some(now);
                 let rec = &self.recorder;
                 self.at_first = Some(rec.concurrency.snapshot(now));
+                rec.ledger.first_token(self.ticket, now);
                 // A token after the end marker (a broken upstream) must not re-enter the gauges.
                 if !self.left {
                     if let Some(h) = &self.model {
@@ -820,36 +834,17 @@ impl Clock {
         }
     }
 
-    /// The request's charge of GPU time, once it has left (`crate::cost`): its price by the
-    /// capacity model's fit where there is one, its time share otherwise.
-    fn charge(&self, f: &Finished, now: Instant) -> GpuSeconds {
-        let rec = &self.recorder;
-        let start = &self.at_start;
-        let leave = self
-            .at_leave
-            .unwrap_or_else(|| rec.concurrency.snapshot(now));
-        let share = (leave.share - start.share).max(0.0);
-        let facts = Facts {
-            share,
-            share_prefill: self
-                .at_first
-                .map_or(share, |a| (a.share - start.share).clamp(0.0, share)),
-            first_token: self.first_token.is_some(),
-            output_tokens: f.output_tokens,
-            uncached_prompt: intake::uncached_prompt(f),
-            mean_in_flight: f.mean_in_flight,
+    /// The request's charge of GPU time, once it has left (`crate::cost`): its share of the
+    /// time it was in flight, its prefill settled to the prompt its record states.
+    fn charge(&mut self, f: &Finished, now: Instant) -> GpuSeconds {
+        let Some(held) = self.share.take() else {
+            return GpuSeconds::default();
         };
-        let gpus = rec.ledger.gpus();
-        let time_share = facts.time_share(gpus);
-        let price = match rec.capacity.as_deref() {
-            Some(c) => match c.prices() {
-                Some(p) => facts.price(&p, gpus, f64::from(c.replicas())),
-                None => time_share,
-            },
-            None => time_share,
-        };
-        rec.ledger
-            .charge(price, time_share, &rec.concurrency.snapshot(now).clock())
+        let prompt = f.input_tokens.map(|input| Prompt {
+            tokens: intake::whole_prompt(f, input),
+            uncached: intake::uncached_prompt(f).unwrap_or(input),
+        });
+        self.recorder.ledger.charge(held, prompt, now)
     }
 
     /// The prompt's tokens as the tokenizer counted them, once it has (`--tokenizer`).
@@ -887,7 +882,7 @@ impl Clock {
             .metrics
             .wire_streamed(-std::mem::take(&mut self.held));
         self.at_leave = Some(self.recorder.concurrency.update(now, -1));
-        self.recorder.ledger.left();
+        self.share = self.recorder.ledger.leave(self.ticket, now);
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::{Counter, CounterVec, Gauge, Opts, Registry};
 
 use super::labels::{child, tenanted};
-use crate::cost::{Clock, GpuSeconds, Ledger};
+use crate::cost::{GpuSeconds, Ledger};
 
 pub mod names {
     pub const GPU_SECONDS: &str = "tokenmeter_gpu_seconds_total";
@@ -119,7 +119,7 @@ impl CostMetrics {
     }
 
     /// Refreshes idle and unassigned from the books, at the scrape.
-    pub fn update(&self, ledger: &Ledger, now: &Clock) {
+    pub fn update(&self, ledger: &Ledger, now: std::time::Instant) {
         let t = ledger.totals(now);
         let mut shown = self.idle_shown.lock().unwrap_or_else(|e| e.into_inner());
         let idle = (t.idle - *shown).max(0.0);
@@ -155,11 +155,8 @@ impl Usd {
     }
 }
 
-/// Reads the time the books divide now (the meter's concurrency tracker).
-pub type ReadClock = Box<dyn Fn() -> Clock + Send + Sync>;
-
-/// The ledger and the clock its books are read against, as the metrics hold them.
-pub type Books = (Arc<Ledger>, ReadClock);
+/// The ledger, as the metrics hold it to read its books at each scrape.
+pub type Books = Arc<Ledger>;
 
 #[cfg(test)]
 mod tests {

@@ -639,8 +639,8 @@ impl Metrics {
 
     /// Reads idle and unassigned GPU time from `ledger` at each scrape (the first call wins:
     /// one ledger per process).
-    pub fn export_books(&self, ledger: Arc<Ledger>, clock: cost::ReadClock) {
-        let _ = self.books.set((ledger, clock));
+    pub fn export_books(&self, ledger: Arc<Ledger>) {
+        let _ = self.books.set(ledger);
     }
 
     /// Counts `n` output tokens produced at `at` in the aggregate rate.
@@ -684,8 +684,8 @@ impl Metrics {
                 v.kv_usage(wire.zip(cache).map(|(w, c)| w / c));
             }
         }
-        if let Some((ledger, clock)) = self.books.get() {
-            self.cost.update(ledger, &clock());
+        if let Some(ledger) = self.books.get() {
+            self.cost.update(ledger, now);
         }
         if let Some((observed, families)) = self.engine_view.get() {
             families.update(observed);

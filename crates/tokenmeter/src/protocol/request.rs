@@ -22,6 +22,9 @@ pub struct RequestInfo {
     /// `--inject-usage` asked for usage on the client's behalf: the usage-only chunk of the
     /// response is ours to remove.
     pub usage_injected: bool,
+    /// The body's length as sent, when it was read whole (0 otherwise): the GPU-time split's
+    /// first measure of the prompt (`crate::cost::estimate`).
+    pub body_bytes: u64,
 }
 
 /// Where a streaming request's members are, for a rewrite that changes no other byte.
@@ -128,6 +131,7 @@ fn info(
         stream: stream.unwrap_or(false),
         include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
         usage_injected: false,
+        body_bytes: 0,
     }
 }
 
@@ -154,6 +158,7 @@ mod tests {
                 stream: true,
                 include_usage: true,
                 usage_injected: false,
+                body_bytes: 0,
             }
         );
         assert_eq!(inspect(b"\xff\x00"), RequestInfo::default());

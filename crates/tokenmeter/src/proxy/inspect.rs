@@ -222,6 +222,7 @@ where
             info.usage_injected = true;
         }
     }
+    info.body_bytes = bytes.len() as u64;
     Ok((full(bytes.clone()), info, Some(bytes)))
 }
 

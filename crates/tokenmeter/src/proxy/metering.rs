@@ -225,6 +225,7 @@ mod tests {
             stream: true,
             include_usage: false,
             usage_injected,
+            body_bytes: 0,
         };
         let (parts, _) = Request::post(req.inner.uri().clone())
             .body(())
