@@ -74,7 +74,7 @@ async fn rig(extra: &[&str]) -> Rig {
     proxy.settled(1.0).await;
     proxy.capacity.refresh(Instant::now());
     assert!(
-        proxy.capacity.prices().is_some(),
+        proxy.capacity.rates().is_some(),
         "the ramp gave the capacity model no fit"
     );
     Rig { sim, proxy, born }
@@ -192,80 +192,6 @@ fn within(got: f64, want: f64, rel: f64) -> bool {
     (got - want).abs() <= rel * want.abs()
 }
 
-/// Two tenants at mixed concurrency: one with long prompts and short answers, one with short
-/// prompts and long answers. Each tenant's share of the GPU within 5% of the engine's truth,
-/// their GPU-seconds per million output tokens in the truth's order and ratio (within 5%), and
-/// the books balanced: charges plus idle are `--gpus` x the proxy's uptime (within 1%).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_tenant_pays_its_share_of_the_engine() {
-    let _turn = serial().await;
-    let rig = rig(&[]).await;
-    let loads = [
-        Load {
-            tenant: "retrieval",
-            workers: 3,
-            prompt_words: 1000,
-            output_tokens: 16,
-        },
-        Load {
-            tenant: "writer",
-            workers: 4,
-            prompt_words: 20,
-            output_tokens: 120,
-        },
-    ];
-    // Long enough that both tenants' requests end many times over: the charges scale prices by
-    // the last minute's ratio of time shares to prices, which leans toward the requests that
-    // end first while a mix starts (docs/cost.md); in steady traffic it does not.
-    let (seen, _) = measure(&rig, &loads, Duration::from_secs(16)).await;
-    let (r, w) = (seen["retrieval"], seen["writer"]);
-    let why = format!("{seen:#?}\nprices {:?}", rig.proxy.capacity.prices());
-    assert!(
-        r.requests >= 10 && w.requests >= 4,
-        "too little load: {why}"
-    );
-    eprintln!("{why}");
-    let share = |x: Seen, field: fn(&Seen) -> f64| field(&x) / (field(&r) + field(&w));
-    for t in [r, w] {
-        let (got, want) = (share(t, |s| s.charged), share(t, |s| s.truth));
-        eprintln!("share {got:.4}, truth {want:.4}");
-        assert!(
-            within(got, want, 0.05),
-            "share {got:.4} against the truth's {want:.4}: {why}"
-        );
-    }
-    // GPU-seconds per million output tokens: the long-prompt tenant's are dearer, by the truth's
-    // ratio.
-    let per_m = |x: Seen, v: f64| v / x.output_tokens * 1e6;
-    let got = per_m(r, r.charged) / per_m(w, w.charged);
-    let want = per_m(r, r.truth) / per_m(w, w.truth);
-    eprintln!("GPU-seconds per million output tokens, ratio {got:.3}, truth {want:.3}");
-    assert!(
-        want > 1.5,
-        "the case should make prompts dear: {want} {why}"
-    );
-    assert!(
-        within(got, want, 0.05),
-        "ratio {got:.3} against {want:.3}: {why}"
-    );
-    // The books: everything charged plus idle is the GPU's time since the proxy started (a
-    // scrape with nothing in flight, so nothing unassigned).
-    let before = Instant::now();
-    let scrape = rig.proxy.scrape().await;
-    let after = Instant::now();
-    let s = Scrape::parse(&scrape);
-    let charged = s.sum("tokenmeter_gpu_seconds_total", &[]);
-    let idle = s.sum("tokenmeter_gpu_idle_seconds_total", &[]);
-    let unassigned = s.sum("tokenmeter_gpu_unassigned_seconds", &[]);
-    let shortest = (before - rig.born.1).as_secs_f64();
-    let longest = (after - rig.born.0).as_secs_f64();
-    let books = charged + idle + unassigned;
-    assert!(
-        books >= shortest * 0.99 && books <= longest * 1.01 && unassigned < 0.01 * books,
-        "charged {charged} + idle {idle} + unassigned {unassigned} against {shortest}-{longest} s of 1 GPU"
-    );
-}
-
 /// The same requests from two tenants, one at twice the rate of the other: each request is
 /// charged the same (within 5%), so the first tenant pays twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,4 +272,235 @@ async fn the_request_log_adds_up_to_the_counters() {
             "{key}: the log's {sum} against the counter's {counter}"
         );
     }
+}
+
+/// A fresh proxy, no ramp first: the mix the charges have to follow as it changes. Two tenants
+/// with long prompts and short answers beside short prompts and long answers; then two sending
+/// identical requests at 4 and 2 streams; then bursts with idle gaps beside one stream of long
+/// prompts. Every tenant within 5% of the engine's truth, the identical pair's ratio within 5%
+/// of the truth's, no request in the log charged more than `--gpus` x its duration, and the
+/// books balanced at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charges_follow_a_changing_mix() {
+    let _turn = serial().await;
+    let sim = start_sim(SimConfig {
+        model: Model {
+            step_base: Duration::from_millis(10),
+            step_per_seq: Duration::from_micros(500),
+            prefill_per_token: Duration::from_micros(100),
+            step_per_1k_kv_tokens: Duration::ZERO,
+            max_batch: 256,
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let sim = format!("http://{sim}");
+    let dir = std::env::temp_dir().join(format!("tokenmeter-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("requests.jsonl");
+    let _ = std::fs::remove_file(&log);
+    let log_flag = log.to_string_lossy().to_string();
+    let flags = [
+        "--tenant-header",
+        "x-tenant",
+        "--gpus",
+        "1",
+        "--request-log",
+        &log_flag,
+    ];
+    let before = Instant::now();
+    let proxy = spawn_proxy(&sim, &flags).await;
+    let born = (before, Instant::now());
+    let rig = Rig { sim, proxy, born };
+    // The first phase is the proxy's first traffic: its first seconds are split before the
+    // capacity model has read a prompt's cost (docs/cost.md), which a longer phase dilutes.
+    let hold = Duration::from_secs(10);
+    let load = |tenant, workers, prompt_words, output_tokens| Load {
+        tenant,
+        workers,
+        prompt_words,
+        output_tokens,
+    };
+    let first = Duration::from_secs(20);
+    let mut seen = measure(
+        &rig,
+        &[load("a", 3, 1500, 16), load("b", 3, 30, 300)],
+        first,
+    )
+    .await
+    .0;
+    seen.extend(
+        measure(
+            &rig,
+            &[load("c", 4, 100, 100), load("d", 2, 100, 100)],
+            hold,
+        )
+        .await
+        .0,
+    );
+    seen.extend(bursts(&rig, hold).await);
+    let why = format!("{seen:#?}\nrates {:?}", rig.proxy.capacity.rates());
+    eprintln!("{why}");
+    for (tenant, s) in &seen {
+        assert!(s.requests >= 4, "too little load for {tenant}: {why}");
+        eprintln!(
+            "{tenant}: charged {:.3}, truth {:.3}, {:+.1}%; {:.0} GPU-seconds per million output tokens",
+            s.charged,
+            s.truth,
+            (s.charged / s.truth - 1.0) * 100.0,
+            s.charged / s.output_tokens * 1e6
+        );
+        assert!(
+            within(s.charged, s.truth, 0.05),
+            "{tenant}: {} GPU-seconds against the truth's {}: {why}",
+            s.charged,
+            s.truth
+        );
+    }
+    let (c, d) = (seen["c"], seen["d"]);
+    let (got, want) = (c.charged / d.charged, c.truth / d.truth);
+    assert!(
+        within(got, want, 0.05),
+        "c/d {got:.3} against {want:.3}: {why}"
+    );
+    // The request log: no request charged more than the GPU over its life.
+    let counted = metric("tokenmeter_requests_total").sum(&rig.proxy.scrape().await);
+    let text = wait_for_lines(&log, counted).await;
+    let mut lines = 0;
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+        let gpu = v["gpu_prefill_seconds"].as_f64().unwrap_or(0.0)
+            + v["gpu_decode_seconds"].as_f64().unwrap_or(0.0);
+        let duration = v["duration_seconds"].as_f64().expect("duration_seconds");
+        assert!(
+            gpu <= 1.0 * duration + 1e-9,
+            "a request charged {gpu} GPU-seconds in {duration} s on 1 GPU: {l}"
+        );
+        lines += 1;
+    }
+    assert!(
+        lines as f64 >= counted,
+        "{lines} lines for {counted} requests"
+    );
+    books_balance(&rig).await;
+}
+
+/// Phase three: tenant `e` sends bursts of six at once, idle between; `f` one stream of long
+/// prompts with pauses. Returns both tenants' charges and truth over the phase.
+async fn bursts(rig: &Rig, hold: Duration) -> BTreeMap<&'static str, Seen> {
+    let before = rig.proxy.scrape().await;
+    let truth_before = sim_metrics(&rig.sim).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = format!("{}/v1/chat/completions", rig.proxy.url());
+    let send = move |tenant: &'static str, prompt: usize, output: u64, n: u64| {
+        let url = url.clone();
+        async move {
+            let builder = RequestBuilder {
+                endpoint: Endpoint::Chat,
+                model: "cost-test".into(),
+                prompt_tokens: prompt,
+                output_tokens: output,
+                seed: n,
+            };
+            let req = http::Request::post(&url)
+                .header("content-type", "application/json")
+                .header("x-tenant", tenant)
+                .body(Full::new(Bytes::from(builder.body(n, output))))
+                .expect("request");
+            let resp = client::client().request(req).await.expect("response");
+            assert_eq!(resp.status(), 200);
+            let _ = resp.into_body().collect().await.expect("body");
+        }
+    };
+    let e_count = Arc::new(AtomicU64::new(0));
+    let f_count = Arc::new(AtomicU64::new(0));
+    let e = {
+        let (stop, count, send) = (stop.clone(), e_count.clone(), send.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let burst: Vec<_> = (0..6)
+                    .map(|i| tokio::spawn(send("e", 200, 60, n * 10 + i)))
+                    .collect();
+                for b in burst {
+                    b.await.expect("burst request");
+                }
+                count.fetch_add(6, Ordering::Relaxed);
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            }
+        })
+    };
+    let f = {
+        let (stop, count) = (stop.clone(), f_count.clone());
+        tokio::spawn(async move {
+            let mut n = 1000;
+            while !stop.load(Ordering::Relaxed) {
+                send("f", 800, 30, n).await;
+                count.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(150 + (n % 4) * 100)).await;
+            }
+        })
+    };
+    tokio::time::sleep(hold).await;
+    stop.store(true, Ordering::Relaxed);
+    e.await.expect("bursts");
+    f.await.expect("stream");
+    let total = e_count.load(Ordering::Relaxed) + f_count.load(Ordering::Relaxed);
+    let after = rig
+        .proxy
+        .eventually(|s| {
+            metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+                && metric("tokenmeter_gpu_unassigned_seconds").sum(s) < 1e-9
+                && metric("tokenmeter_requests_total").sum(s)
+                    >= metric("tokenmeter_requests_total").sum(&before) + total as f64
+        })
+        .await;
+    let truth_after = sim_metrics(&rig.sim).await;
+    [("e", e_count), ("f", f_count)]
+        .into_iter()
+        .map(|(tenant, count)| {
+            let (g0, o0) = charged(&before, tenant);
+            let (g1, o1) = charged(&after, tenant);
+            let seen = Seen {
+                requests: count.load(Ordering::Relaxed),
+                output_tokens: o1 - o0,
+                charged: g1 - g0,
+                truth: truth(&truth_after, tenant) - truth(&truth_before, tenant),
+            };
+            (tenant, seen)
+        })
+        .collect()
+}
+
+/// Waits for the request log to hold `lines` lines (it is written behind the requests).
+async fn wait_for_lines(log: &std::path::Path, lines: f64) -> String {
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.lines().count() as f64 >= lines {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// With nothing in flight, everything charged plus idle is the GPU's time since the proxy
+/// started (within 1%: the test's clock brackets the proxy's start), nothing unassigned.
+async fn books_balance(rig: &Rig) {
+    let before = Instant::now();
+    let scrape = rig.proxy.scrape().await;
+    let after = Instant::now();
+    let s = Scrape::parse(&scrape);
+    let charged = s.sum("tokenmeter_gpu_seconds_total", &[]);
+    let idle = s.sum("tokenmeter_gpu_idle_seconds_total", &[]);
+    let unassigned = s.sum("tokenmeter_gpu_unassigned_seconds", &[]);
+    let shortest = (before - rig.born.1).as_secs_f64();
+    let longest = (after - rig.born.0).as_secs_f64();
+    let books = charged + idle + unassigned;
+    assert!(
+        books >= shortest * 0.99 && books <= longest * 1.01 && unassigned < 0.01 * books,
+        "charged {charged} + idle {idle} + unassigned {unassigned} against {shortest}-{longest} s of 1 GPU"
+    );
 }
