@@ -351,7 +351,7 @@ async fn charges_follow_a_changing_mix() {
             s.charged / s.output_tokens * 1e6
         );
         assert!(
-            within(s.charged, s.truth, 0.05),
+            within(s.charged, s.truth, MIX_TOLERANCE),
             "{tenant}: {} GPU-seconds against the truth's {}: {why}",
             s.charged,
             s.truth
