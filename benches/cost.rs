@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use tokenmeter::cost::{Ledger, Prompt, Rates, Step};
+use tokenmeter::cost::{Labels, Ledger, Prompt, Rates, Step};
 
 fn bench(c: &mut Criterion) {
     let ledger = Ledger::new(8.0);
@@ -19,6 +19,7 @@ fn bench(c: &mut Criterion) {
             per_seq: 0.0002,
         },
         prefill_per_token: 0.00005,
+        prefill_known: true,
     };
     ledger.set_terms(Some(rates), 1, t0);
     // Eight requests in flight beside the one measured.
@@ -37,7 +38,13 @@ fn bench(c: &mut Criterion) {
             let t = ledger.enter(at, black_box(6000), None);
             ledger.first_token(t, at + Duration::from_micros(3));
             let held = ledger.leave(t, at + Duration::from_micros(6));
-            held.map(|h| ledger.charge(h, Some(prompt), at + Duration::from_micros(7)))
+            held.map(|h| {
+                let labels = || Labels {
+                    model: "m".into(),
+                    tenant: None,
+                };
+                ledger.charge(h, Some(prompt), at + Duration::from_micros(7), labels)
+            })
         })
     });
     g.finish();

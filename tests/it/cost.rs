@@ -74,7 +74,7 @@ async fn rig(extra: &[&str]) -> Rig {
     proxy.settled(1.0).await;
     proxy.capacity.refresh(Instant::now());
     assert!(
-        proxy.capacity.rates().is_some(),
+        proxy.capacity.rates().is_some_and(|r| r.prefill_known),
         "the ramp gave the capacity model no fit"
     );
     Rig { sim, proxy, born }
@@ -242,42 +242,46 @@ async fn the_request_log_adds_up_to_the_counters() {
         prompt_words: 300,
         output_tokens: 40,
     }];
-    let (_, scrape) = measure(&rig, &loads, Duration::from_secs(3)).await;
+    // The ramp's lines, all of them: the log is written behind the requests. The charges of
+    // requests that ended before the capacity model's first rates were settled into the
+    // counters after their lines were written (docs/cost.md), so the load is compared alone.
+    let before = rig.proxy.scrape().await;
+    let ramp = wait_for_lines(&log, metric("tokenmeter_requests_total").sum(&before))
+        .await
+        .lines()
+        .count();
+    let (_, after) = measure(&rig, &loads, Duration::from_secs(3)).await;
+    let text = wait_for_lines(&log, metric("tokenmeter_requests_total").sum(&after)).await;
     let logged = |key: &str| -> f64 {
-        let text = std::fs::read_to_string(&log).expect("the request log");
         text.lines()
+            .skip(ramp)
             .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON line"))
             .filter_map(|v| v[key].as_f64())
             .sum()
     };
-    // The log is written behind the request; wait for every line.
-    let counted = metric("tokenmeter_requests_total").sum(&scrape);
-    for _ in 0..100 {
-        let lines = std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
-        if lines as f64 >= counted {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     for (key, phase) in [
         ("gpu_prefill_seconds", "prefill"),
         ("gpu_decode_seconds", "decode"),
     ] {
-        let counter = metric("tokenmeter_gpu_seconds_total")
-            .label("phase", phase)
-            .sum(&scrape);
-        let sum = logged(key);
+        let counter = |s: &str| {
+            metric("tokenmeter_gpu_seconds_total")
+                .label("phase", phase)
+                .sum(s)
+        };
+        let (sum, increase) = (logged(key), counter(&after) - counter(&before));
         assert!(
-            (sum - counter).abs() < 1e-6 * counter.max(1.0),
-            "{key}: the log's {sum} against the counter's {counter}"
+            increase > 0.0 && (sum - increase).abs() < 1e-6 * increase.max(1.0),
+            "{key}: the log's {sum} against the counter's increase {increase}"
         );
     }
 }
 
-/// How far from the truth a tenant's charge may be in the changing mix. Alone, every tenant
-/// reads within 5% (-1.2% to +4.6% and -0.5% to +2.0% in two runs); inside the whole suite,
-/// with other tests loading both cores, one run missed 5%. The bar is 10% until the proxy's
-/// own timing under a starved CPU is understood.
+/// How far from the truth a tenant's charge may be in the changing mix. Over eight runs every
+/// tenant but one read within 3.2%; `b`, the long answers beside long prompts, read -1.0% to
+/// -8.7%, what `a` is charged too much. A request is in flight at the proxy from before the
+/// engine's step that admits it to after the one that ends it, a millisecond or two of a
+/// 17-step request's share that no wire event marks, and `b`'s total is a quarter of `a`'s.
+/// The bar is 10% until that is measured away.
 const MIX_TOLERANCE: f64 = 0.10;
 
 /// A fresh proxy, no ramp first: the mix the charges have to follow as it changes. Two tenants

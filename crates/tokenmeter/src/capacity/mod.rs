@@ -370,15 +370,20 @@ impl Capacity {
         };
         // Before the prefill fit is believed, a first reading from fewer groups: every second
         // without one splits long prompts' prefill over the requests beside them.
+        // (Only a reading from prompts: that prompts cost nothing takes the full fit's
+        // evidence.)
         let first_prefill = || match step_at(1.0) {
-            Some(_) => prefill::fit_at_least(&recent, |b| step_at(b).unwrap_or(0.0), FIRST_PREFILL),
+            Some(_) => prefill::fit_at_least(&recent, |b| step_at(b).unwrap_or(0.0), FIRST_PREFILL)
+                .filter(|p| p.samples >= FIRST_PREFILL),
             None => None,
         };
         if let Some(step) = step {
-            let per_token = prefill.or_else(first_prefill).map_or(0.0, |p| p.per_token);
+            let reading = prefill.or_else(first_prefill);
             *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Some(Rates {
                 step,
-                prefill_per_token: per_token,
+                prefill_per_token: reading.map_or(0.0, |p| p.per_token),
+                // The first seconds are settled by the believed fit, not the first reading.
+                prefill_known: prefill.is_some(),
             });
             self.publish();
         }

@@ -38,7 +38,7 @@
 //! the equal share of the time in flight.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::estimate::Estimate;
@@ -61,6 +61,7 @@ pub struct Prompt {
 /// booked by [`Ledger::charge`] once its prompt is settled.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Held {
+    ticket: Ticket,
     share: GpuSeconds,
     /// Prefill charged, and the prefill (engine-seconds) it was charged for.
     prefill_charged: f64,
@@ -93,11 +94,70 @@ pub struct Totals {
 }
 
 /// The GPUs' time, split among the requests in flight as it is spent.
-#[derive(Debug)]
 pub struct Ledger {
     gpus: f64,
     origin: Instant,
     books: Mutex<Books>,
+    /// Where the settlements of provisional charges are counted.
+    book: OnceLock<Book>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger").field("gpus", &self.gpus).finish()
+    }
+}
+
+/// Counts a settlement: model, tenant, GPU-seconds.
+pub type Book = Box<dyn Fn(&str, Option<&str>, &GpuSeconds) + Send + Sync>;
+
+/// The series a request's charge is counted in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Labels {
+    pub model: String,
+    pub tenant: Option<Arc<str>>,
+}
+
+/// Until the capacity model first publishes rates, every event is kept, and every charge
+/// booked with its labels: the first rates replay them, and what each finished request should
+/// have been charged is settled ([`Books::settle_provisional`]). A proxy's first seconds (two,
+/// in the tests) would otherwise split long prompts' prefill over everyone.
+#[derive(Debug, Default)]
+struct Provisional {
+    events: Vec<Event>,
+    booked: Vec<(Ticket, GpuSeconds, Labels)>,
+}
+
+/// Events kept before the first rates: at most this many (about 5 MiB), a few minutes of a
+/// busy proxy. Past it, the charges made stand as they were.
+const MAX_PROVISIONAL_EVENTS: usize = 100_000;
+
+/// One call on the books, as [`Provisional`] keeps it.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Enter {
+        at: f64,
+        body_bytes: u64,
+        prompt: Option<Prompt>,
+    },
+    Prompt {
+        at: f64,
+        ticket: Ticket,
+        prompt: Prompt,
+    },
+    First {
+        at: f64,
+        ticket: Ticket,
+    },
+    Leave {
+        at: f64,
+        ticket: Ticket,
+    },
+    Charge {
+        at: f64,
+        ticket: Ticket,
+        prompt: Option<Prompt>,
+    },
 }
 
 #[derive(Debug)]
@@ -129,6 +189,10 @@ struct Books {
     budgets: VecDeque<(f64, Ticket)>,
     accounts: HashMap<Ticket, Account>,
     next: u64,
+    /// Kept until the first rates.
+    provisional: Option<Provisional>,
+    /// Shares of requests that had left, not yet charged, when the first rates replayed them.
+    replayed: HashMap<Ticket, Held>,
     /// `common` when the last request entered, and what settlements took from each request
     /// in flight since: every request in flight was given at least the difference, which
     /// bounds what a settlement may take from each.
@@ -172,27 +236,8 @@ impl Ledger {
         Ledger {
             gpus: if gpus.is_finite() { gpus.max(0.0) } else { 0.0 },
             origin: Instant::now(),
-            books: Mutex::new(Books {
-                at: 0.0,
-                idle: 0.0,
-                common: 0.0,
-                extra: 0.0,
-                clock: 0.0,
-                lump: 0.0,
-                charged: 0.0,
-                in_flight: 0,
-                running: 0.0,
-                unit: 1.0,
-                replicas: 1.0,
-                rates: None,
-                budgets: VecDeque::new(),
-                accounts: HashMap::new(),
-                next: 0,
-                common_at_entry: 0.0,
-                taken: 0.0,
-                common_at_prev_entry: 0.0,
-                estimate: Estimate::default(),
-            }),
+            books: Mutex::new(Books::new(Some(Provisional::default()))),
+            book: OnceLock::new(),
         }
     }
 
@@ -208,14 +253,33 @@ impl Ledger {
         t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
+    /// Hands the settlements of the charges booked before the first rates to `book` (the
+    /// metrics' counters): model, tenant, GPU-seconds. The first call wins.
+    pub fn settle_into(&self, book: Book) {
+        let _ = self.book.set(book);
+    }
+
     /// The engine's costs from now on (the capacity model's refit), and the replicas behind
-    /// the proxy.
+    /// the proxy. The first rates with a prefill reading settle what was charged before them
+    /// ([`Provisional`]).
     pub fn set_terms(&self, rates: Option<Rates>, replicas: u32, now: Instant) {
         let at = self.secs(now);
         let mut b = self.books();
         b.advance(self.gpus, at);
-        b.rates = rates;
         b.replicas = f64::from(replicas.max(1));
+        if rates.as_ref().is_some_and(|r| r.prefill_known) {
+            if let Some(log) = b.provisional.take() {
+                let corrections = b.settle_provisional(self.gpus, log, rates.clone(), at);
+                drop(b);
+                if let Some(book) = self.book.get() {
+                    for (labels, g) in &corrections {
+                        book(&labels.model, labels.tenant.as_deref(), g);
+                    }
+                }
+                b = self.books();
+            }
+        }
+        b.rates = rates;
         b.reweigh();
     }
 
@@ -223,8 +287,221 @@ impl Ledger {
     /// already counted.
     pub fn enter(&self, now: Instant, body_bytes: u64, prompt: Option<Prompt>) -> Ticket {
         let at = self.secs(now);
-        let g = self.gpus;
         let mut b = self.books();
+        b.log(Event::Enter {
+            at,
+            body_bytes,
+            prompt,
+        });
+        b.enter(self.gpus, at, body_bytes, prompt)
+    }
+
+    /// The request's prompt was counted (the tokenizer, or a usage report while it streams).
+    pub fn prompt(&self, ticket: Ticket, prompt: Prompt, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.log(Event::Prompt { at, ticket, prompt });
+        b.advance(self.gpus, at);
+        b.settle_in_flight(self.gpus, ticket, prompt, at);
+    }
+
+    /// The request's first token passed at `now`: what it was given since it was sent is its
+    /// `prefill` phase. Its prefill's budget runs on if the model's step has not ended: an
+    /// engine that prefills prompts one after the other makes the first of them before the
+    /// step the model sees, and the prefill is no less its cost.
+    pub fn first_token(&self, ticket: Ticket, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.log(Event::First { at, ticket });
+        b.first_token(self.gpus, ticket, at);
+    }
+
+    /// The request left the in-flight count at `now`: its share is fixed (`None` for a ticket
+    /// already left).
+    pub fn leave(&self, ticket: Ticket, now: Instant) -> Option<Held> {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.log(Event::Leave { at, ticket });
+        b.leave(self.gpus, ticket, at)
+    }
+
+    /// Books a request that has left: its share, with its prefill settled to `prompt` where
+    /// that is known now. Returns its charge. `labels` are the series it is counted in, kept
+    /// only while the first rates are awaited (its charge is then settled later).
+    pub fn charge(
+        &self,
+        held: Held,
+        prompt: Option<Prompt>,
+        now: Instant,
+        labels: impl FnOnce() -> Labels,
+    ) -> GpuSeconds {
+        let at = self.secs(now);
+        let mut b = self.books();
+        // A request that left before the first rates is charged as they would have split it.
+        let held = b.replayed.remove(&held.ticket).unwrap_or(held);
+        let charge = b.charge(self.gpus, held, prompt, at);
+        if b.provisional.is_some() {
+            b.log(Event::Charge {
+                at,
+                ticket: held.ticket,
+                prompt,
+            });
+            if let Some(p) = b.provisional.as_mut() {
+                p.booked.push((held.ticket, charge, labels()));
+            }
+        }
+        charge
+    }
+
+    /// The books at `now`.
+    pub fn totals(&self, now: Instant) -> Totals {
+        let at = self.secs(now);
+        let mut b = self.books();
+        b.advance(self.gpus, at);
+        let wall = self.gpus * b.at;
+        Totals {
+            wall,
+            idle: b.idle,
+            charged: b.charged,
+            unassigned: (wall - b.idle - b.charged).max(0.0),
+        }
+    }
+}
+
+/// What settling a prefill charged `charged` GPU-seconds for `was` engine-seconds, found to be
+/// `is`, moves to its request: the charge scaled to the count, less the charge.
+fn settlement(charged: f64, was: f64, is: f64) -> f64 {
+    if was > 0.0 && charged > 0.0 {
+        charged * (is / was - 1.0)
+    } else {
+        0.0
+    }
+}
+
+impl Books {
+    fn new(provisional: Option<Provisional>) -> Books {
+        Books {
+            at: 0.0,
+            idle: 0.0,
+            common: 0.0,
+            extra: 0.0,
+            clock: 0.0,
+            lump: 0.0,
+            charged: 0.0,
+            in_flight: 0,
+            running: 0.0,
+            unit: 1.0,
+            replicas: 1.0,
+            rates: None,
+            budgets: VecDeque::new(),
+            accounts: HashMap::new(),
+            next: 0,
+            provisional,
+            replayed: HashMap::new(),
+            common_at_entry: 0.0,
+            taken: 0.0,
+            common_at_prev_entry: 0.0,
+            estimate: Estimate::default(),
+        }
+    }
+
+    /// Keeps `e` for the first rates' replay, while they are awaited and there is room.
+    fn log(&mut self, e: Event) {
+        let full = match &mut self.provisional {
+            Some(p) if p.events.len() < MAX_PROVISIONAL_EVENTS => {
+                p.events.push(e);
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if full {
+            // The charges made so far stand.
+            self.provisional = None;
+        }
+    }
+
+    /// The first rates have come: replays every event since the start with them, takes the
+    /// replayed books as its own, and returns what each charge already booked must have added
+    /// (the ones it lacked; what others were overcharged is taken from the requests in flight
+    /// now, which are mostly the ones that were overcharged beside them).
+    fn settle_provisional(
+        &mut self,
+        gpus: f64,
+        log: Provisional,
+        rates: Option<Rates>,
+        at: f64,
+    ) -> Vec<(Labels, GpuSeconds)> {
+        let mut fresh = Books::new(None);
+        fresh.rates = rates;
+        fresh.replicas = self.replicas;
+        let mut held = HashMap::new();
+        let mut charges = HashMap::new();
+        for e in log.events {
+            match e {
+                Event::Enter {
+                    at,
+                    body_bytes,
+                    prompt,
+                } => {
+                    fresh.enter(gpus, at, body_bytes, prompt);
+                }
+                Event::Prompt { at, ticket, prompt } => {
+                    fresh.advance(gpus, at);
+                    fresh.settle_in_flight(gpus, ticket, prompt, at);
+                }
+                Event::First { at, ticket } => fresh.first_token(gpus, ticket, at),
+                Event::Leave { at, ticket } => {
+                    if let Some(h) = fresh.leave(gpus, ticket, at) {
+                        held.insert(ticket, h);
+                    }
+                }
+                Event::Charge { at, ticket, prompt } => {
+                    if let Some(h) = held.remove(&ticket) {
+                        charges.insert(ticket, fresh.charge(gpus, h, prompt, at));
+                    }
+                }
+            }
+        }
+        fresh.advance(gpus, at);
+        let (mut more, mut less) = (Vec::new(), 0.0);
+        let mut booked = 0.0;
+        for (ticket, was, labels) in log.booked {
+            booked += was.total();
+            let Some(is) = charges.get(&ticket) else {
+                continue;
+            };
+            let diff = GpuSeconds {
+                prefill: is.prefill - was.prefill,
+                decode: is.decode - was.decode,
+            };
+            if diff.total() > 0.0 {
+                more.push((labels, diff));
+            } else {
+                less -= diff.total();
+            }
+        }
+        let added: f64 = more.iter().map(|(_, d)| d.total()).sum();
+        if fresh.in_flight > 0 {
+            // The requests in flight give back what the finished ones were overcharged.
+            fresh.lump -= less / fresh.in_flight as f64;
+        } else if added > 0.0 {
+            // Nobody to take it from: the additions shrink to what the books hold.
+            let keep = ((added - less) / added).max(0.0);
+            for (_, d) in &mut more {
+                *d = d.scaled(keep);
+            }
+        }
+        let added: f64 = more.iter().map(|(_, d)| d.total()).sum();
+        fresh.charged = booked + added;
+        fresh.replayed = held;
+        // The estimate keeps what the live books learnt (the same counts, in the same order).
+        *self = fresh;
+        more
+    }
+
+    fn enter(&mut self, g: f64, at: f64, body_bytes: u64, prompt: Option<Prompt>) -> Ticket {
+        let b = self;
         b.advance(g, at);
         let ticket = Ticket(b.next);
         b.next += 1;
@@ -264,22 +541,9 @@ impl Ledger {
         ticket
     }
 
-    /// The request's prompt was counted (the tokenizer, or a usage report while it streams).
-    pub fn prompt(&self, ticket: Ticket, prompt: Prompt, now: Instant) {
-        let at = self.secs(now);
-        let mut b = self.books();
-        b.advance(self.gpus, at);
-        b.settle_in_flight(self.gpus, ticket, prompt, at);
-    }
-
-    /// The request's first token passed at `now`: what it was given since it was sent is its
-    /// `prefill` phase. Its prefill's budget runs on if the model's step has not ended: an
-    /// engine that prefills prompts one after the other makes the first of them before the
-    /// step the model sees, and the prefill is no less its cost.
-    pub fn first_token(&self, ticket: Ticket, now: Instant) {
-        let at = self.secs(now);
-        let mut b = self.books();
-        b.advance(self.gpus, at);
+    fn first_token(&mut self, g: f64, ticket: Ticket, at: f64) {
+        let b = self;
+        b.advance(g, at);
         let (common, lump, extra) = (b.common, b.lump, b.extra);
         if let Some(a) = b.accounts.get_mut(&ticket) {
             if a.before_first.is_none() {
@@ -295,12 +559,9 @@ impl Ledger {
         }
     }
 
-    /// The request left the in-flight count at `now`: its share is fixed (`None` for a ticket
-    /// already left).
-    pub fn leave(&self, ticket: Ticket, now: Instant) -> Option<Held> {
-        let at = self.secs(now);
-        let mut b = self.books();
-        b.advance(self.gpus, at);
+    fn leave(&mut self, g: f64, ticket: Ticket, at: f64) -> Option<Held> {
+        let b = self;
+        b.advance(g, at);
         // What its prefill's budget has still to run, in GPU-seconds.
         let unpaid = match b.accounts.get(&ticket) {
             Some(a) if a.running => a.prefill * (a.budget_end - b.clock).max(0.0),
@@ -314,8 +575,17 @@ impl Ledger {
             b.running = 0.0;
         }
         b.reweigh();
-        let mut total = (b.common - a.common0 + a.accrued + a.own + b.lump - a.lump0).max(0.0);
-        let ceiling = self.gpus * (at - a.entered).max(0.0);
+        let mut total = b.common - a.common0 + a.accrued + a.own + b.lump - a.lump0;
+        if total < 0.0 {
+            // Settlements took more than it was given: the rest is taken from those in flight,
+            // or, with none, from idle.
+            match b.in_flight {
+                0 => b.idle += total,
+                k => b.lump += total / k as f64,
+            }
+            total = 0.0;
+        }
+        let ceiling = g * (at - a.entered).max(0.0);
         if total > ceiling {
             // Settlements handed it more than its GPUs' time: the rest goes to those in flight,
             // or, with none, to idle, which is what the time was to nobody's account.
@@ -345,6 +615,7 @@ impl Ledger {
         }
         .clamp(0.0, total);
         Some(Held {
+            ticket,
             share: GpuSeconds {
                 prefill,
                 decode: total - prefill,
@@ -357,12 +628,9 @@ impl Ledger {
         })
     }
 
-    /// Books a request that has left: its share, with its prefill settled to `prompt` where
-    /// that is known now. Returns its charge.
-    pub fn charge(&self, held: Held, prompt: Option<Prompt>, now: Instant) -> GpuSeconds {
-        let at = self.secs(now);
-        let mut b = self.books();
-        b.advance(self.gpus, at);
+    fn charge(&mut self, g: f64, held: Held, prompt: Option<Prompt>, at: f64) -> GpuSeconds {
+        let b = self;
+        b.advance(g, at);
         let mut share = held.share;
         if let Some(p) = prompt {
             if !held.learned {
@@ -390,32 +658,6 @@ impl Ledger {
         share
     }
 
-    /// The books at `now`.
-    pub fn totals(&self, now: Instant) -> Totals {
-        let at = self.secs(now);
-        let mut b = self.books();
-        b.advance(self.gpus, at);
-        let wall = self.gpus * b.at;
-        Totals {
-            wall,
-            idle: b.idle,
-            charged: b.charged,
-            unassigned: (wall - b.idle - b.charged).max(0.0),
-        }
-    }
-}
-
-/// What settling a prefill charged `charged` GPU-seconds for `was` engine-seconds, found to be
-/// `is`, moves to its request: the charge scaled to the count, less the charge.
-fn settlement(charged: f64, was: f64, is: f64) -> f64 {
-    if was > 0.0 && charged > 0.0 {
-        charged * (is / was - 1.0)
-    } else {
-        0.0
-    }
-}
-
-impl Books {
     /// The most a settlement may take from each request in flight: what the newest of them
     /// was given, less what settlements took since. (What they are handed beyond their own
     /// time is passed on when they leave, [`Ledger::leave`].)
@@ -597,6 +839,7 @@ mod tests {
                 per_seq: 0.0,
             },
             prefill_per_token: 0.0001,
+            prefill_known: true,
         }
     }
 
@@ -626,7 +869,10 @@ mod tests {
 
         fn charge(&self, t: Ticket, ms: u64, p: Option<Prompt>) -> GpuSeconds {
             let held = self.ledger.leave(t, self.at(ms)).expect("in flight");
-            self.ledger.charge(held, p, self.at(ms))
+            self.ledger.charge(held, p, self.at(ms), || Labels {
+                model: "m".into(),
+                tenant: None,
+            })
         }
     }
 
@@ -769,6 +1015,65 @@ mod tests {
         assert!((ca.total() - 0.105).abs() < 0.002, "{ca:?}");
         let co = r.charge(other, 210, None);
         assert!(close(ca.total() + co.total(), 0.21), "{ca:?} {co:?}");
+    }
+
+    /// Charges made before the first rates are settled when they come: what the finished
+    /// requests lacked is counted then, what they had too much is taken from the requests in
+    /// flight, and every request ends as charged as if the rates had been known from the start.
+    #[test]
+    fn the_first_rates_settle_what_was_charged_before_them() {
+        let settled = Arc::new(Mutex::new(Vec::new()));
+        let run = |rates_from_start: bool| {
+            let ledger = Ledger::new(1.0);
+            let seen = Arc::clone(&settled);
+            ledger.settle_into(Box::new(move |model, _, g| {
+                seen.lock().expect("lock").push((model.to_owned(), *g));
+            }));
+            let t0 = ledger.origin;
+            let at = |ms: u64| t0 + Duration::from_millis(ms);
+            if rates_from_start {
+                ledger.set_terms(Some(rates()), 1, t0);
+            }
+            let labels = |m: &str| {
+                let model = m.to_owned();
+                move || Labels {
+                    model,
+                    tenant: None,
+                }
+            };
+            let long = ledger.enter(at(0), 100, prompt(10));
+            ledger.first_token(long, at(10));
+            let a = ledger.enter(at(100), 4000, None);
+            ledger.first_token(a, at(210));
+            let held = ledger.leave(a, at(300)).expect("in flight");
+            let ca = ledger.charge(held, prompt(1000), at(300), labels("a"));
+            if !rates_from_start {
+                ledger.set_terms(Some(rates()), 1, at(400));
+            }
+            let held = ledger.leave(long, at(1000)).expect("in flight");
+            let cl = ledger.charge(held, prompt(10), at(1000), labels("long"));
+            (ca, cl, ledger.totals(at(1000)))
+        };
+        let (a_exact, long_exact, _) = run(true);
+        assert!(settled.lock().expect("lock").is_empty());
+        let (a_was, long_is, t) = run(false);
+        // Charged before the rates: the equal share, half of the 200 ms it was in flight.
+        assert!(close(a_was.total(), 0.1), "{a_was:?}");
+        let added: Vec<_> = settled.lock().expect("lock").clone();
+        assert_eq!(added.len(), 1, "{added:?}");
+        assert_eq!(added[0].0, "a");
+        assert!(
+            close(a_was.total() + added[0].1.total(), a_exact.total()),
+            "{a_was:?} + {added:?} against {a_exact:?}"
+        );
+        assert!(
+            close(long_is.total(), long_exact.total()),
+            "{long_is:?} {long_exact:?}"
+        );
+        assert!(
+            close(t.charged + t.idle, t.wall) && t.unassigned == 0.0,
+            "{t:?}"
+        );
     }
 
     /// However the events fall, no request is charged more than the GPUs while it was in

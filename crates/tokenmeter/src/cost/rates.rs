@@ -26,6 +26,10 @@ pub struct Rates {
     /// Prefill, seconds per uncached prompt token (0 while unknown: prompts then weigh nothing
     /// beyond their share of the steps).
     pub prefill_per_token: f64,
+    /// The prefill cost is the capacity model's believed fit (0 included: prompts too short to
+    /// cost anything), not a first reading or unknown. The books settle their first seconds
+    /// once it is.
+    pub prefill_known: bool,
 }
 
 /// No step is taken as shorter than this: a microsecond is far below any engine's, and it
@@ -72,18 +76,21 @@ mod tests {
                 per_seq: 0.0002,
             },
             prefill_per_token: 5e-5,
+            prefill_known: true,
         };
         assert!((line.step(8.0) - 0.0176).abs() < 1e-12);
         assert!((line.prefill(2000.0) - 0.1).abs() < 1e-12);
         let levels = Rates {
             step: Step::Levels(Arc::from([(4.0, 0.02), (6.0, 0.03)])),
             prefill_per_token: 0.0,
+            prefill_known: false,
         };
         assert_eq!(levels.step(1.0), 0.02);
         assert_eq!(levels.step(5.6), 0.03);
         let none = Rates {
             step: Step::Levels(Arc::from([])),
             prefill_per_token: f64::NAN,
+            prefill_known: false,
         };
         assert_eq!(none.step(3.0), MIN_STEP_SECS);
         assert_eq!(none.prefill(10.0), 0.0);

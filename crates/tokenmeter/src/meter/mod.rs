@@ -32,7 +32,7 @@ use self::counting::{Mismatches, Settled};
 pub use self::settings::{Settings, DEFAULT_MAX_LINE_BYTES};
 use crate::capacity::{intake, Capacity, StreamGaps};
 use crate::context::{Ident, Identify};
-use crate::cost::{GpuSeconds, Held, Ledger, Prompt, Ticket};
+use crate::cost::{GpuSeconds, Held, Labels, Ledger, Prompt, Ticket};
 use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
 use crate::protocol::detect;
 use crate::protocol::operation::{Operation, Route};
@@ -75,6 +75,13 @@ impl Recorder {
         let concurrency = Arc::new(Concurrency::default());
         let ledger = Arc::new(Ledger::new(metrics.gpus()));
         metrics.export_books(Arc::clone(&ledger));
+        // Charges made before the first rates are settled into the same counters.
+        let weak = Arc::downgrade(&metrics);
+        ledger.settle_into(Box::new(move |model, tenant, g| {
+            if let Some(m) = weak.upgrade() {
+                m.charge_settled(model, tenant, g);
+            }
+        }));
         let sinks: Vec<Arc<dyn Sink>> = vec![Arc::clone(&metrics) as Arc<dyn Sink>];
         Recorder {
             metrics,
@@ -844,7 +851,11 @@ impl Clock {
             tokens: intake::whole_prompt(f, input),
             uncached: intake::uncached_prompt(f).unwrap_or(input),
         });
-        self.recorder.ledger.charge(held, prompt, now)
+        let labels = || Labels {
+            model: f.model.clone(),
+            tenant: f.tenant.clone(),
+        };
+        self.recorder.ledger.charge(held, prompt, now, labels)
     }
 
     /// The prompt's tokens as the tokenizer counted them, once it has (`--tokenizer`).

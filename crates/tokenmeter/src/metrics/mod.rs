@@ -62,7 +62,7 @@ use self::otel::Otel;
 use self::rate::RateWindow;
 use self::vllm::Vllm;
 use crate::capacity::Capacity;
-use crate::cost::Ledger;
+use crate::cost::{GpuSeconds, Ledger};
 use crate::engine::observed::Observed;
 use crate::gpus;
 use crate::protocol::TokenSource;
@@ -653,6 +653,13 @@ impl Metrics {
     /// Aggregate output tokens per second over the window ending at `now`.
     pub fn output_rate(&self, now: Instant) -> f64 {
         self.rate.rate(now)
+    }
+
+    /// Counts the settlement of a charge booked before the GPU-time split had its rates
+    /// (`crate::cost::Ledger::settle_into`), in the series the request was counted in.
+    pub fn charge_settled(&self, model: &str, tenant: Option<&str>, g: &GpuSeconds) {
+        let tenant = self.tenant.then(|| tenant.unwrap_or(labels::NO_TENANT));
+        self.cost.charged(model, tenant, g);
     }
 
     /// Records one finished request: every end-of-request family, once.
