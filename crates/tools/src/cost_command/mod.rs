@@ -7,10 +7,12 @@
 //! cost its dollars on both bases; then idle and what is still in flight. Every figure is a
 //! difference of tokenmeter's own counters (docs/cost.md says how they are made).
 //!
+//! `--format csv` or `json` prints the same figures for a finance team to load.
+//!
 //! - [`split`]: the figures, made from two scrapes;
-//! - [`format`]: the table they are printed as.
+//! - [`format`]: the table, csv or json they are printed as.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::Args;
 
@@ -22,6 +24,7 @@ use tokenmeter::units::parse_duration;
 pub mod format;
 pub mod split;
 
+use format::{Format, Period};
 use split::Split;
 
 /// The command's flags.
@@ -35,6 +38,11 @@ pub struct CostArgs {
     /// started (one scrape).
     #[arg(long, env = "TOKENMETER_COST_WINDOW", default_value = "60s", value_parser = parse_duration)]
     pub window: Duration,
+
+    /// How the figures are printed: a table to read, csv (a header, one row per tenant and
+    /// model) or json (the period, the rows and the totals) to load.
+    #[arg(long, env = "TOKENMETER_COST_FORMAT", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 /// Why the command failed.
@@ -69,16 +77,18 @@ pub fn run(args: &CostArgs) -> Result<(), CostError> {
             other => CostError::Fetch(other),
         })
     };
+    let first_at = SystemTime::now();
     let first = fetch(&args.metrics)?;
     if !first.contains(names::GPU_IDLE_SECONDS) {
         return Err(CostError::NotCost(args.metrics.clone()));
     }
-    let (before, after, over) = if args.window.is_zero() {
-        (
-            Scrape::parse(""),
-            first,
-            "since the proxy started".to_string(),
-        )
+    let (before, after, period) = if args.window.is_zero() {
+        let period = Period {
+            start: None,
+            end: first_at,
+            words: "since the proxy started".to_string(),
+        };
+        (Scrape::parse(""), first, period)
     } else {
         eprintln!(
             "reading {} again in {} s ...",
@@ -86,13 +96,16 @@ pub fn run(args: &CostArgs) -> Result<(), CostError> {
             args.window.as_secs_f64()
         );
         std::thread::sleep(args.window);
+        let second_at = SystemTime::now();
         let second = fetch(&args.metrics)?;
-        (
-            first,
-            second,
-            format!("over the last {} s", args.window.as_secs_f64()),
-        )
+        let period = Period {
+            start: Some(first_at),
+            end: second_at,
+            words: format!("over the last {} s", args.window.as_secs_f64()),
+        };
+        (first, second, period)
     };
-    print!("{}", format::table(&Split::between(&before, &after), &over));
+    let split = Split::between(&before, &after);
+    print!("{}", format::render(args.format, &split, &period));
     Ok(())
 }

@@ -29,8 +29,10 @@ pub struct Split {
     pub idle: f64,
     /// Busy time held by the requests in flight at the end.
     pub unassigned: f64,
-    pub gpus: f64,
-    pub gpu_hour_cost: Option<f64>,
+    /// The GPUs at the end, where one source states them (a store's fleet changes over a range).
+    pub gpus: Option<f64>,
+    /// True when dollars were counted (`--gpu-hour-cost`); else the USD figures are not shown.
+    pub usd: bool,
 }
 
 /// The row key of a sample: its tenant (`all` without the label) and model.
@@ -69,9 +71,47 @@ impl Split {
             idle: after.sum(names::GPU_IDLE_SECONDS, &[])
                 - before.sum(names::GPU_IDLE_SECONDS, &[]),
             unassigned: after.sum(names::GPU_UNASSIGNED_SECONDS, &[]),
-            gpus: after.sum(GPUS, &[]),
-            gpu_hour_cost: after.select(GPU_HOUR_COST, &[]).next().map(|s| s.value),
+            gpus: Some(after.sum(GPUS, &[])),
+            usd: after.contains(GPU_HOUR_COST),
         }
+    }
+
+    /// GPU-seconds charged to the rows.
+    pub fn charged(&self) -> f64 {
+        self.rows.values().map(|r| r.prefill + r.decode).sum()
+    }
+
+    /// A row's (or the total's) share of all the GPU time: charged and idle.
+    pub fn share(&self, gpu_seconds: f64) -> f64 {
+        let total = self.charged() + self.idle;
+        if total > 0.0 {
+            gpu_seconds / total
+        } else {
+            0.0
+        }
+    }
+
+    /// Every row added up.
+    pub fn totals(&self) -> Row {
+        self.rows.values().fold(Row::default(), |t, r| Row {
+            prefill: t.prefill + r.prefill,
+            decode: t.decode + r.decode,
+            output_tokens: t.output_tokens + r.output_tokens,
+            usage_usd: t.usage_usd + r.usage_usd,
+            allocation_usd: t.allocation_usd + r.allocation_usd,
+        })
+    }
+}
+
+impl Row {
+    /// Prefill and decode.
+    pub fn gpu_seconds(&self) -> f64 {
+        self.prefill + self.decode
+    }
+
+    /// GPU-seconds per million output tokens; none without output tokens.
+    pub fn per_million(&self) -> Option<f64> {
+        (self.output_tokens > 0.0).then(|| self.gpu_seconds() / self.output_tokens * 1e6)
     }
 }
 
@@ -109,6 +149,13 @@ tokenmeter_output_tokens_total{model=\"m\",tenant=\"b\"} 1000
         assert_eq!((a.prefill, a.decode, a.output_tokens), (3.0, 6.0, 3000.0));
         let b = s.rows[&("b".to_string(), "m".to_string())];
         assert_eq!((b.decode, b.output_tokens), (3.0, 1000.0));
-        assert_eq!((s.idle, s.unassigned, s.gpus), (5.0, 0.5, 2.0));
+        assert_eq!((s.idle, s.unassigned, s.gpus), (5.0, 0.5, Some(2.0)));
+        assert!(!s.usd, "no tokenmeter_gpu_hour_cost, no dollars");
+        // 9 + 3 charged, 5 idle.
+        assert_eq!((s.charged(), s.share(5.0)), (12.0, 5.0 / 17.0));
+        let t = s.totals();
+        assert_eq!((t.gpu_seconds(), t.output_tokens), (12.0, 4000.0));
+        assert_eq!(a.per_million(), Some(3000.0));
+        assert_eq!(Row::default().per_million(), None);
     }
 }
