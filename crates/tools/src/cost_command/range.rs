@@ -117,12 +117,7 @@ pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
         )
     };
     let ms = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let secs: f64 = t.parse().map_err(|_| bad())?;
-        // Past the year 9999 is a typo (milliseconds given as seconds, say), not a bill.
-        if !(0.0..=253_402_300_799.0).contains(&secs) {
-            return Err(bad());
-        }
-        (secs * 1000.0).floor() as i64
+        unix_millis(t).ok_or_else(bad)?
     } else {
         rfc3339_millis(t).ok_or_else(bad)?
     };
@@ -130,6 +125,27 @@ pub fn parse_instant(s: &str) -> Result<SystemTime, String> {
         .ok()
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
         .ok_or_else(|| format!("{s:?} is before 1970"))
+}
+
+/// Milliseconds since the epoch of unix seconds with an optional fraction (`1748736000.5`),
+/// read as decimal digits: through a float, `.123` could come out as 122 ms.
+fn unix_millis(s: &str) -> Option<i64> {
+    let (whole, frac) = s.split_once('.').unwrap_or((s, "000"));
+    let digits = |d: &str| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !digits(frac) {
+        return None;
+    }
+    let secs: i64 = whole.parse().ok()?;
+    // Past the year 9999 is a typo (milliseconds given as seconds, say), not a bill.
+    if secs > 253_402_300_799 {
+        return None;
+    }
+    let millis = frac
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(3)
+        .fold(0, |n, d| n * 10 + i64::from(d - b'0'));
+    Some(secs * 1000 + millis)
 }
 
 /// Milliseconds since the epoch of an RFC 3339 date-time (`T`, `t` or a space between date and
@@ -234,6 +250,15 @@ mod tests {
             parse_instant("1751328000.5"),
             Ok(at(1_751_328_000) + Duration::from_millis(500))
         );
+        // 1751328000.123 is 1751328000.12299990654 as a float: read as digits, 123 ms.
+        assert_eq!(
+            parse_instant("1751328000.123"),
+            Ok(at(1_751_328_000) + Duration::from_millis(123))
+        );
+        assert_eq!(
+            parse_instant("1751328000.1239"),
+            Ok(at(1_751_328_000) + Duration::from_millis(123))
+        );
         assert_eq!(parse_instant("1970-01-01T00:00:00Z"), Ok(UNIX_EPOCH));
         assert_eq!(parse_instant("2024-02-29T00:00:00Z"), Ok(at(1_709_164_800)));
         for bad in [
@@ -250,6 +275,9 @@ mod tests {
             "2025-07-01T00:00:00+2:00",
             "2025-07-01T00:00:00Z trailing",
             "1.2.3",
+            ".5",
+            "1751328000.",
+            "99999999999999999999999",
             "-5",
             "1751328000000",
             "1969-12-31T23:59:59Z",
