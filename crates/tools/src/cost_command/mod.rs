@@ -222,7 +222,7 @@ fn from_store(
     let period = Period {
         start: Some(range.start),
         end: range.end,
-        words: format!("from {}, every tokenmeter in {url},", range.words()),
+        words: format!("from {} over every tokenmeter in {url}", range.words()),
     };
     Ok((split, period))
 }
