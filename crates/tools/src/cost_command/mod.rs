@@ -17,6 +17,7 @@
 //! - [`range`]: the range a store's bill covers, from the flags;
 //! - [`format`]: the table, csv or json they are printed as.
 
+use std::io::Write as _;
 use std::time::{Duration, SystemTime};
 
 use clap::Args;
@@ -133,6 +134,8 @@ pub enum CostError {
     Query(QueryError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("cannot print the figures: {0}")]
+    Print(std::io::Error),
     #[error("{0} has no tokenmeter GPU-time metrics (is it tokenmeter's /metrics, a version that charges GPU time?)")]
     NotCost(String),
     #[error("{url} holds no {} from {range} (is it the store the tokenmeters are scraped into? did they run then?)", names::GPU_IDLE_SECONDS)]
@@ -161,8 +164,12 @@ pub fn run(args: &CostArgs) -> Result<(), CostError> {
         Source::Metrics { url, window } => from_metrics(&runtime, &url, window)?,
         Source::Prometheus { url, range } => from_store(&runtime, &url, &range)?,
     };
-    print!("{}", format::render(args.format, &split, &period));
-    Ok(())
+    // Not print!, which panics when the reader has gone (`| head`, a closed pipe): a failed
+    // write is one line and exit 1, as every other failure.
+    let mut out = std::io::stdout().lock();
+    out.write_all(format::render(args.format, &split, &period).as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CostError::Print)
 }
 
 /// Two scrapes of one tokenmeter, `window` apart (one with a zero window).
