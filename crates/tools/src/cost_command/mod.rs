@@ -15,7 +15,7 @@
 //! - [`split`]: the figures, made from two scrapes;
 //! - [`query`]: the same figures from a store's query API;
 //! - [`range`]: the range a store's bill covers, from the flags;
-//! - [`format`]: the table, csv or json they are printed as.
+//! - [`format`](mod@format): the table, csv or json they are printed as.
 
 use std::io::Write as _;
 use std::time::{Duration, SystemTime};
