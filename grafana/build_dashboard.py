@@ -10,7 +10,8 @@ this script writes. Usage:
     python3 grafana/build_dashboard.py --check  # exit 1 if the committed JSON is stale
 
 Standard library only. Metric names come from crates/tokenmeter/src/metrics/mod.rs (the contract); the checks verify
-that every name used here exists there.
+that every name used here exists there, and that every recorded series a panel reads is recorded by
+deploy/prometheus/rules.yml.
 """
 
 import json
@@ -24,6 +25,10 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 F = 'namespace=~"$namespace", pod=~"$pod"'
 FM = F + ', model=~"$model"'
 RI = "$__rate_interval"
+# Recorded series (deploy/prometheus/rules.yml) carry namespace and the labels they keep, never
+# pod: they are filtered by namespace and model only.
+FN = 'namespace=~"$namespace", model=~"$model"'
+GPU_S_PER_M_TOKENS = "namespace_tenant_model:tokenmeter_gpu_seconds_per_million_output_tokens:rate5m"
 FAILED = 'outcome=~"upstream_error|timeout"'
 ALLOCATION = ', basis="allocation"'
 USAGE = ', basis="usage"'
@@ -549,12 +554,19 @@ def layout():
                     targets((f"3600 * sum by (tenant) ({rate('tokenmeter_gpu_cost_usd_total', FM + ALLOCATION)})",
                              "{{tenant}} allocation"),
                             (f"3600 * sum by (tenant) ({rate('tokenmeter_gpu_cost_usd_total', FM + USAGE)})",
-                             "{{tenant}} usage")), "currencyUSD"), 12, 8),
+                             "{{tenant}} usage")), "currencyUSD"), 8, 8),
         (timeseries("Idle share of the GPUs", "The share of GPU time with no request in flight. Idle is paid for too: "
                     "the allocation basis spreads it over the tenants.",
                     targets((f"sum({rate('tokenmeter_gpu_idle_seconds_total', F)}) / "
                              f"(sum({rate('tokenmeter_gpu_idle_seconds_total', F)}) + sum({rate('tokenmeter_gpu_seconds_total', F)}))",
-                             "idle")), "percentunit"), 12, 8),
+                             "idle")), "percentunit"), 8, 8),
+        (timeseries("GPU-seconds per million output tokens by tenant and model (recorded)",
+                    "What each tenant's tokens cost the GPUs on each model, summed over the pods of a namespace: "
+                    f"the recording rule {GPU_S_PER_M_TOKENS} of deploy/prometheus/rules.yml, over 5 minutes, "
+                    "so it costs the same to draw for one pod or five hundred. Empty where the rules are not "
+                    "loaded; the Pod variable does not apply (the recording sums the pods). A tenant with GPU "
+                    "time and no output tokens has no line; without a tenant flag a model's line has no tenant.",
+                    targets((f"{GPU_S_PER_M_TOKENS}{{{FN}}}", "{{tenant}} {{model}} ({{namespace}})")), "s"), 8, 8),
 
         (row("Requests and errors"), 24, 1),
         (timeseries("Requests/s by outcome", "complete, client_disconnect (the client went away), upstream_error "

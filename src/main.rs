@@ -40,8 +40,9 @@ enum Command {
     /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
     /// curve, and the chart as SVG.
     Capacity(tokenmeter_tools::capacity_command::CapacityArgs),
-    /// Read who used the GPUs from a running tokenmeter: GPU time by tenant and model, prefill
-    /// and decode, share, per million output tokens, dollars, and idle, over a window.
+    /// Read who used the GPUs: GPU time by tenant and model, prefill and decode, share, per
+    /// million output tokens, dollars, and idle, from a running tokenmeter over a window, or
+    /// from Prometheus over a range, summed over the fleet.
     Cost(tokenmeter_tools::cost_command::CostArgs),
 }
 

@@ -7,7 +7,10 @@
   hold no query, excepted), unique panel ids, every query target with a unique refId, a datasource
   and an expression, panels inside the 24-column grid and not overlapping;
 - every metric name used in a panel, a variable or a rule is one that crates/tokenmeter/src/metrics/mod.rs registers
-  (the metric contract), so a renamed metric cannot leave a panel silently empty;
+  (the metric contract), so a renamed metric cannot leave a panel silently empty; every recorded
+  series a panel reads (level:metric:operations) is one deploy/prometheus/rules.yml records, so a
+  renamed rule cannot either (live_test.py then runs that panel's query against Prometheus with the
+  rules loaded, as every other);
 - grafana/provisioning points at the folder the dashboard is in.
 
 Standard library only. Exits 1 listing every problem found.
@@ -45,6 +48,17 @@ def names_in(expr):
     return set(re.findall(r"(?<![:\w])(tokenmeter_[a-z0-9_]+)(?![:\w])", expr))
 
 
+def recorded_in(expr):
+    """Recorded series named in an expression: level:metric:operations (the level may be empty)."""
+    return set(re.findall(r"(?<![:\w])([a-z_]*:tokenmeter_[a-z0-9_]+:[a-z0-9_]+)(?![:\w])", expr))
+
+
+def recorded_series():
+    """The series deploy/prometheus/rules.yml records (read as text: standard library only)."""
+    text = (REPO / "deploy" / "prometheus" / "rules.yml").read_text()
+    return set(re.findall(r"^\s*-?\s*record:\s*(\S+)\s*$", text, re.M))
+
+
 def check_generated():
     r = subprocess.run([sys.executable, str(REPO / "grafana" / "build_dashboard.py"), "--check"],
                        capture_output=True, text=True)
@@ -52,7 +66,7 @@ def check_generated():
         problem("dashboard JSON is stale: " + r.stderr.strip())
 
 
-def check_structure(d, known):
+def check_structure(d, known, records):
     for key in ("uid", "title", "schemaVersion", "panels", "templating", "time", "refresh"):
         if key not in d:
             problem(f"dashboard has no {key!r}")
@@ -130,10 +144,13 @@ def check_structure(d, known):
                     problem(f"panel {title!r} target {t.get('refId')}: range window [{window}] "
                             "(use $__rate_interval or $__range)")
             used = names_in(expr)
-            if not used:
-                problem(f"panel {title!r} target {t.get('refId')}: uses no tokenmeter metric")
+            recorded = recorded_in(expr)
+            if not used and not recorded:
+                problem(f"panel {title!r} target {t.get('refId')}: uses no tokenmeter metric or recorded series")
             for n in used - known:
                 problem(f"panel {title!r} uses {n}, which crates/tokenmeter/src/metrics/mod.rs does not register")
+            for n in recorded - records:
+                problem(f"panel {title!r} reads {n}, which deploy/prometheus/rules.yml does not record")
         if not p.get("description"):
             problem(f"panel {title!r} has no description")
 
@@ -156,7 +173,10 @@ def main():
     known = contract_metrics()
     check_generated()
     d = dash.load()
-    check_structure(d, known)
+    records = recorded_series()
+    if not records:
+        problem("found no recording rule in deploy/prometheus/rules.yml")
+    check_structure(d, known, records)
     check_rules(known)
     check_provisioning()
     n_panels = sum(1 for p in dash.panels(d) if p.get("type") != "row")

@@ -42,8 +42,13 @@ Then, against VictoriaMetrics' Prometheus-compatible API (and vmalert's for the 
   9. capacity: a short ramp through every pod (RAMP) gives each pod's capacity model the three
      concurrencies it fits from; once every pod exports tokenmeter_capacity_utilization, the
      capacity recordings (the mean and its 30-minute prediction) must reach the store, and then
-     every rule vmalert loaded is healthy with every recorded series in the store (2).
-Each of 6, 8 and 9 waits for its condition (a scrape, a remote write, a rule's evaluation, a
+     every rule vmalert loaded is healthy with every recorded series in the store (2);
+ 10. the bill for a range: from an instant at rest before the ramp to one at rest after it,
+     `tokenmeter cost --prometheus` against VictoriaMetrics and against the cluster's Prometheus
+     must give the GPU-seconds, output tokens and dollars both pods' own counters moved, summed
+     over the pods: exactly from VictoriaMetrics, within Prometheus's extrapolation of
+     increase() from Prometheus (tests/deploy/bill.py says why).
+Each of 6, 8, 9 and 10 waits for its condition (a scrape, a remote write, a rule's evaluation, a
 refit), up to a deadline said at its constant, never for a fixed time.
 Exits 1 listing each failure. Environment: TOKENMETER_BIN (default target/release/tokenmeter),
 PROMETHEUS, VICTORIA_METRICS, VMALERT (default: on PATH), FLEET_TRAFFIC_SECONDS (default 20: the
@@ -61,6 +66,7 @@ import tempfile
 import threading
 import time
 
+import bill
 import dashboard as dash
 import live_test as lt
 
@@ -97,6 +103,10 @@ TOTALS_DEADLINE_S = 60
 #   capacity::REFIT_INTERVAL, 5 s, after a scrape), a scrape and remote write, vmalert's
 #   mean, then its prediction over at least two of the mean's samples: some 20 s.
 CAPACITY_DEADLINE_S = 120
+# - the bill's last samples at rest reach VictoriaMetrics with the next remote_write batch (1 s):
+#   the bill is asked for REMOTE_WRITE_S after its range ends, and again until BILL_DEADLINE_S.
+REMOTE_WRITE_S = 2
+BILL_DEADLINE_S = 30
 # The capacity model fits a line through at least three concurrencies (crates/tokenmeter/src/capacity/fit.rs,
 # MIN_POINTS, 20 token samples each). The steady load holds CONCURRENCY streams in lockstep:
 # it gives one, and others only as its streams start and end, by chance. The ramp gives three,
@@ -528,10 +538,13 @@ def main():
         if lt.until_passes("federated total", lambda problem: said.append(check_federated_total(glob, sims, problem)),
                            TOTALS_DEADLINE_S) is not None:
             print(f"  {said[-1]}", flush=True)
-        # Last, as it adds tokens: the ramp that gives each pod's capacity model its fit.
+        # Last, as it adds tokens: the ramp that gives each pod's capacity model its fit. It is
+        # the bill's traffic too: the range starts at rest before it and ends at rest after it.
+        pods = {pod: m for pod, _, m in targets}
+        bill_start = bill.mark(pods)
+        time.sleep(bill.QUIET_S)
         print(f"fleet_test: capacity (a ramp of {RAMP} streams through every pod)", flush=True)
-        for pod, listen, _ in targets:
-            bench(pod, listen, "load-ramp", RAMP, f"{RAMP_LEVEL_S}s")
+        ramps = [bench(pod, listen, "load-ramp", RAMP, f"{RAMP_LEVEL_S}s")[0] for pod, listen, _ in targets]
         took = lt.until_passes("capacity recordings", lambda problem: said.append(check_capacity(vm, problem)),
                                CAPACITY_DEADLINE_S)
         if took is not None:
@@ -541,6 +554,21 @@ def main():
         if lt.until_passes("vmalert's rules", lambda problem: said.append(check_rules(vm, vmalert, problem)),
                            TOTALS_DEADLINE_S) is not None:
             print(f"  vmalert: {said[-1]}", flush=True)
+        print("fleet_test: the bill for the ramp's range (tokenmeter cost --prometheus)", flush=True)
+        for p in ramps:
+            p.wait(timeout=60)
+        bill_end = bill.mark(pods)
+        time.sleep(REMOTE_WRITE_S)
+        for kind, url, extrapolates in [("VictoriaMetrics", vm.base, False),
+                                        ("the cluster's Prometheus", f"http://127.0.0.1:{cluster_port}", True)]:
+            def check(problem, kind=kind, url=url, extrapolates=extrapolates):
+                flush(vm)
+                problems, line = bill.check_store(kind, tm_bin, url, bill_start, bill_end, pods, extrapolates)
+                for msg in problems:
+                    problem(msg)
+                said.append(line)
+            if lt.until_passes(f"the bill from {kind}", check, BILL_DEADLINE_S) is not None:
+                print(f"  {said[-1]}", flush=True)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")
     finally:

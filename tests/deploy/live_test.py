@@ -27,7 +27,11 @@ or CHECKS_DEADLINE_S):
      objectives as declared, and each pod's GPU count with its source (check_slo_and_gpus);
      the tenants the load names on the pod with --tenant-header, none on the other
      (check_tenants);
-  5. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
+  5. the bill for a range: the load stopped, a short burst through both pods between two
+     instants at rest, and `tokenmeter cost --prometheus` over them must give each tenant and
+     model the GPU-seconds, output tokens and dollars the two proxies' own counters moved,
+     within what Prometheus's extrapolation of increase() allows (check_bill, tests/deploy/bill.py);
+  6. the vLLM preStop drain hook of deploy/overlays/sidecar-vllm returns only after the streams
      open through tokenmeter have finished (check_drain_hook).
 Everything started is stopped at the end, also on failure. Exits 1 listing each failure.
 
@@ -52,6 +56,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import bill
 import dashboard as dash
 
 REPO = dash.REPO
@@ -80,10 +85,16 @@ LOAD_TENANTS = "team-a,team-b,"
 
 # The load clients' --duration: only a bound, the test stops them.
 LOAD_BOUND_S = 600
+# The bill's traffic: a few seconds of 4 streams a pod, the same models and tenants as the load
+# (so every series it moves existed before the range began), only successful requests.
+BILL_BURST_S = 4
 # How long the checks may keep failing after the least traffic: what they wait for takes a few
 # seconds here (a refit every 5 s, 1 s scrapes and rule evaluations); 120 s is for a loaded
 # machine, and only a failure waits for it.
 CHECKS_DEADLINE_S = 120
+# The bill's edges are at rest before it is asked for, so it holds at once; the deadline is for
+# a Prometheus slow to commit its last scrape on a loaded machine.
+BILL_DEADLINE_S = 30
 
 failures = []
 # While a check runs under until_passes, what it fails on is collected here instead.
@@ -445,6 +456,44 @@ def check_tenants(prom):
         fail(f"vllm-qwen-0 has tenant labels {got.get('vllm-qwen-0')} without --tenant-header")
 
 
+def stop(p):
+    """Stops a load client (its own process group) if it still runs."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait()
+
+
+def check_bill(procs, prom, tm_bin, targets, loads):
+    """5: the bill for a range from Prometheus against the two proxies' counters. The load is
+    stopped so the range's edges are at rest (bill.py says why that makes the figures exact up
+    to Prometheus's extrapolation); between them, BILL_BURST_S of traffic through both pods."""
+    for p in loads.values():
+        stop(p)
+    pods = {pod: metrics for pod, _, metrics, _, _ in targets}
+    start = bill.mark(pods)
+    time.sleep(bill.QUIET_S)
+    bursts = [procs.start(f"load-bill-{pod}", [
+        sys.executable, str(HERE / "traffic.py"), "load", "--target", f"http://127.0.0.1:{listen}",
+        "--duration", str(BILL_BURST_S), "--concurrency", "4", "--mix", "ok", "--models", models,
+        "--tenants", LOAD_TENANTS, "--seed", str(100 + i),
+    ]) for i, (pod, listen, _, models, _) in enumerate(targets)]
+    for p in bursts:
+        p.wait(timeout=60)
+    end = bill.mark(pods)
+    said = []
+
+    def check(problem):
+        problems, line = bill.check_store("Prometheus", tm_bin, prom.base, start, end, pods, prometheus=True)
+        for msg in problems:
+            problem(msg)
+        said.append(line)
+
+    if until_passes("the bill", check, BILL_DEADLINE_S) is not None:
+        print(f"  {said[-1]}", flush=True)
+    code, out, err = bill.run_cost(tm_bin, prom.base, start.t, end.t, fmt="table")
+    print("\n".join("    " + line for line in (out or err).splitlines()), flush=True)
+
+
 def in_flight(metrics_port):
     _, body = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
@@ -588,10 +637,11 @@ def main():
         # and first-token replay, a rule over a recording, a 5m window's first rate): the
         # checks run again until they all pass, or CHECKS_DEADLINE_S.
         until_passes("the checks", collected(checks), CHECKS_DEADLINE_S)
+        print("live_test: the bill for a range from Prometheus (tokenmeter cost --prometheus)", flush=True)
+        check_bill(procs, prom, tm_bin, targets, loads)
         print("live_test: the sidecar's drain hook (vLLM preStop)", flush=True)
         pod, listen, metrics, _, _ = targets[0]
-        os.killpg(loads[pod].pid, signal.SIGTERM)
-        loads[pod].wait()
+        stop(loads[pod])
         check_drain_hook(procs, listen, metrics)
     except Exception as e:  # noqa: BLE001 - report any setup failure as a test failure
         fail(f"{type(e).__name__}: {e}")

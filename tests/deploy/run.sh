@@ -9,8 +9,10 @@
 #      schemas, wiring, runbook anchors, the plain scrape config (check_manifests.py); the
 #      Dockerfile and .dockerignore (check_dockerfile.py).
 #   3. live: `cargo build --release`, then a real Prometheus scrapes two tokenmeters carrying
-#      live traffic, and every dashboard query and recording rule must return data; the
-#      sidecar's drain hook must wait for open streams (live_test.py, about a minute); then
+#      live traffic, and every dashboard query and recording rule must return data; the bill
+#      for a range from it (`tokenmeter cost --prometheus`) must be what the two proxies'
+#      counters moved (bill.py); the sidecar's drain hook must wait for open streams
+#      (live_test.py, about a minute); then
 #      vLLM's own dashboard queries against tokenmeter --compat vllm in front of the simulator,
 #      and `promtool check metrics` on every mode's exposition, once each holds every capacity
 #      series (compat_test.py, ~15 s).
@@ -18,8 +20,9 @@
 #      family by family against the budget (series_budget.py, ~45 s); several pods scraped by
 #      Prometheus in agent mode, remote_write into VictoriaMetrics, the recording rules in
 #      vmalert, and the fleet's tokens/s, per GPU and percentiles checked there against the
-#      load; beside it, a cluster Prometheus with the rules federated by a global one
-#      (fleet_test.py, ~40 s).
+#      load; beside it, a cluster Prometheus with the rules federated by a global one; the
+#      bill for a range from VictoriaMetrics and from the cluster Prometheus, against the two
+#      pods' counters (fleet_test.py, ~60 s).
 # Each live check waits for what it checks (a fit, a scrape, a rule's evaluation, a remote
 # write) up to a deadline, never for a fixed time; a pass returns as soon as it holds.
 #
