@@ -160,9 +160,9 @@ fn replica_watch(cfg: &Config, capacity: &Arc<Capacity>) -> Option<Background> {
 /// by the equal share alone.
 const FIRST_RATES_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Refits the capacity model every [`crate::capacity::REFIT_INTERVAL`] whether or not anything
-/// reads it (and more often until it has rates): the GPU-time split weighs requests by the
-/// costs a refit publishes, and cannot wait for a scrape that may be a minute away.
+/// Reads the engine's costs for the GPU-time split every [`crate::capacity::REFIT_INTERVAL`]
+/// whether or not anything scrapes (and more often until the prefill fit is believed): the
+/// split weighs requests by them, and cannot wait for a scrape that may be a minute away.
 fn refits(capacity: &Arc<Capacity>) -> Background {
     let capacity = Arc::clone(capacity);
     Box::pin(async move {
@@ -174,12 +174,12 @@ fn refits(capacity: &Arc<Capacity>) -> Background {
                 FIRST_RATES_EVERY
             };
             tokio::time::sleep(every).await;
-            // A refit of its own, not the one `/metrics` reads (`Capacity::report`): a scrape
-            // still refits what it shows when its last is older than the interval.
-            let report = capacity.refit(Instant::now());
+            // The costs alone, not a refit: the answers' replays are a scrape's to pay for,
+            // and `/metrics` keeps refitting what it shows on its own interval.
+            let prefill = capacity.refresh_rates(Instant::now());
             // Known once both the step and the prefill are (or prompts are too short to
             // cost anything).
-            known = capacity.rates().is_some() && report.prefill.is_some();
+            known = capacity.rates().is_some() && prefill;
         }
     })
 }

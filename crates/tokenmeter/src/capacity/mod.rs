@@ -75,6 +75,14 @@ pub use prefill::PrefillFit;
 pub use stream::StreamGaps;
 pub use workload::{Mix, Request};
 
+/// What [`Capacity::costs`] reads of the window, for a refit to go on from.
+struct Costs {
+    columns: Vec<summary::Column>,
+    fit: Option<fit::Fit>,
+    recent: Vec<workload::Request>,
+    prefill: Option<prefill::PrefillFit>,
+}
+
 /// Groups of first tokens the GPU-time split's first prefill reading needs
 /// ([`prefill::fit_at_least`]): two, so one odd group does not set it alone.
 const FIRST_PREFILL: usize = 2;
@@ -315,25 +323,20 @@ impl Capacity {
         r
     }
 
-    /// Fits the window that ends at `now`, whatever the last refit's age.
-    pub fn refit(&self, now: Instant) -> Report {
+    /// Reads the engine's costs for the GPU-time split alone (`crate::cost`), and publishes
+    /// them: the step and the prefill, none of the capacity answers' replays. What a timer
+    /// calls between scrapes, as it costs a sort of the slopes and nothing more. Returns
+    /// whether the prefill fit is believed.
+    pub fn refresh_rates(&self, now: Instant) -> bool {
+        self.costs(now).prefill.is_some()
+    }
+
+    /// The window's step and prefill fits, published to the books as they are.
+    fn costs(&self, now: Instant) -> Costs {
         let columns = self.summary.columns(now);
         let usable = || columns.iter().filter(|c| c.samples >= fit::MIN_SAMPLES);
-        let observed = usable()
-            .map(|c| c.concurrency)
-            .min()
-            .zip(usable().map(|c| c.concurrency).max());
-        let samples = usable().map(|c| c.samples).sum();
-        let replicas = self.replicas();
-        let decoding = self.busy.mean(now) / f64::from(replicas);
-        let fleet = Fleet {
-            replicas,
-            ..self.config.fleet
-        };
-        let in_flight = (self.busy.mean(now) + self.waiting.mean(now)) / f64::from(replicas);
         let fit = fit::fit(&columns);
         let recent = self.workload.recent(now);
-        let mix = workload::mix(&recent);
         // A decode step at `b` sequences: the line's, or without one (traffic at one or two
         // levels), the median of the level seen nearest `b`, which is what such traffic's
         // steps cost: enough to read prefill from steady traffic.
@@ -353,7 +356,6 @@ impl Capacity {
             }
             _ => None,
         };
-        let jobs = workload::jobs(&recent);
         // The split of GPU time needs the step where the traffic is, not a line through it:
         // the levels' medians do until there is one.
         let step = match &fit {
@@ -369,9 +371,8 @@ impl Capacity {
             }
         };
         // Before the prefill fit is believed, a first reading from fewer groups: every second
-        // without one splits long prompts' prefill over the requests beside them.
-        // (Only a reading from prompts: that prompts cost nothing takes the full fit's
-        // evidence.)
+        // without one splits long prompts' prefill over the requests beside them. (Only a
+        // reading from prompts: that prompts cost nothing takes the full fit's evidence.)
         let first_prefill = || match step_at(1.0) {
             Some(_) => prefill::fit_at_least(&recent, |b| step_at(b).unwrap_or(0.0), FIRST_PREFILL)
                 .filter(|p| p.samples >= FIRST_PREFILL),
@@ -387,6 +388,37 @@ impl Capacity {
             });
             self.publish();
         }
+        Costs {
+            columns,
+            fit,
+            recent,
+            prefill,
+        }
+    }
+
+    /// Fits the window that ends at `now`, whatever the last refit's age.
+    pub fn refit(&self, now: Instant) -> Report {
+        let Costs {
+            columns,
+            fit,
+            recent,
+            prefill,
+        } = self.costs(now);
+        let usable = || columns.iter().filter(|c| c.samples >= fit::MIN_SAMPLES);
+        let observed = usable()
+            .map(|c| c.concurrency)
+            .min()
+            .zip(usable().map(|c| c.concurrency).max());
+        let samples = usable().map(|c| c.samples).sum();
+        let replicas = self.replicas();
+        let decoding = self.busy.mean(now) / f64::from(replicas);
+        let fleet = Fleet {
+            replicas,
+            ..self.config.fleet
+        };
+        let in_flight = (self.busy.mean(now) + self.waiting.mean(now)) / f64::from(replicas);
+        let mix = workload::mix(&recent);
+        let jobs = workload::jobs(&recent);
         let memory = self.memory();
         let context = fit.as_ref().and_then(|f| context::fit(&recent, f));
         let engine = match (&fit, &prefill) {

@@ -11,11 +11,13 @@
 //!
 //! - every request in flight is a member of a batch of `N = max(k / R, 1)` and weighs `u =
 //!   step(N) / N`: the step's fixed part shared, its own part;
+//! - a request sent while every engine computes a step for others joins the batch at the next
+//!   step, half a step later on average ([`ADMISSION_WAIT`]); until then it weighs nothing;
 //! - a request whose prompt is being prefilled weighs its prefill `P = prefill_per_token x
 //!   prompt` on top, for as long as the model says that step lasts: until the budget clock
 //!   below has run one engine's GPUs (`--gpus / R`), which is one step of `W` seconds, so it is
-//!   charged exactly `P` of one engine. The clock starts when it is sent: the engine prefills
-//!   a prompt at its next step unless its batch is full. It ends early at the first token.
+//!   charged exactly `P` of one engine. The clock starts when it joins. A request that leaves
+//!   before its clock ran out takes the rest from those in flight.
 //!
 //! Each request's share of the busy GPUs is its weight over the total `W = k u + sum(P)`. Every
 //! share is the same for every request but the prefill part, so three integrals carry every
@@ -128,6 +130,10 @@ struct Provisional {
     booked: Vec<(Ticket, GpuSeconds, Labels)>,
 }
 
+/// The part of a step a request waits for, on average, before the engine admits it, when
+/// every engine is computing one for others: the running step's remainder, uniform over it.
+const ADMISSION_WAIT: f64 = 0.5;
+
 /// Events kept before the first rates: at most this many (about 5 MiB), a few minutes of a
 /// busy proxy. Past it, the charges made stand as they were.
 const MAX_PROVISIONAL_EVENTS: usize = 100_000;
@@ -177,6 +183,10 @@ struct Books {
     lump: f64,
     charged: f64,
     in_flight: u64,
+    /// Of those, the ones in the engine's batch: the rest wait for the step they arrived in.
+    joined: u64,
+    /// Requests waiting to join, with when they do (in the order they came).
+    joins: VecDeque<(f64, Ticket)>,
     /// Sum of `P` over the budgets running.
     running: f64,
     /// `u`, engine-seconds (1 while there are no rates: any unit gives the equal share).
@@ -208,6 +218,9 @@ struct Books {
 #[derive(Debug, Clone, Copy)]
 struct Account {
     entered: f64,
+    /// In the engine's batch (its share runs from `common0`), or still waiting for the step it
+    /// arrived in to end.
+    joined: bool,
     common0: f64,
     lump0: f64,
     /// `extra` when its current budget segment began.
@@ -389,6 +402,8 @@ impl Books {
             lump: 0.0,
             charged: 0.0,
             in_flight: 0,
+            joined: 0,
+            joins: VecDeque::new(),
             running: 0.0,
             unit: 1.0,
             replicas: 1.0,
@@ -512,12 +527,13 @@ impl Books {
         let prefill = b.rates.as_ref().map_or(0.0, |r| r.prefill(tokens));
         let account = Account {
             entered: at,
+            joined: false,
             common0: b.common,
             lump0: b.lump,
             extra0: b.extra,
             prefill,
             accrued: 0.0,
-            running: prefill > 0.0,
+            running: false,
             own: 0.0,
             settled: 0.0,
             before_first: None,
@@ -526,24 +542,59 @@ impl Books {
             learned: prompt.is_some(),
             body_bytes,
         };
-        let mut account = account;
-        if account.running {
-            let end = b.clock + g / b.replicas;
-            b.budgets.push_back((end, ticket));
-            b.running += prefill;
-            account.budget_end = end;
-        }
         b.accounts.insert(ticket, account);
-        b.common_at_prev_entry = b.common_at_entry;
-        (b.common_at_entry, b.taken) = (b.common, 0.0);
         b.in_flight += 1;
-        b.reweigh();
+        // Every engine is computing a step for others: the request joins at the next one.
+        let wait = match &b.rates {
+            Some(r) if b.joined as f64 >= b.replicas => {
+                ADMISSION_WAIT * r.step(((b.joined + 1) as f64 / b.replicas).max(1.0))
+            }
+            _ => 0.0,
+        };
+        if wait > 0.0 {
+            b.joins.push_back((at + wait, ticket));
+        } else {
+            b.join(g, ticket);
+        }
         ticket
+    }
+
+    /// The request enters the engine's batch: its share of the steps, and its prefill's
+    /// budget, start now.
+    fn join(&mut self, g: f64, ticket: Ticket) {
+        let (common, extra, clock, r) = (self.common, self.extra, self.clock, self.replicas);
+        let Some(a) = self.accounts.get_mut(&ticket) else {
+            return;
+        };
+        if a.joined {
+            return;
+        }
+        a.joined = true;
+        (a.common0, a.extra0) = (common, extra);
+        if a.prefill > 0.0 {
+            a.running = true;
+            a.budget_end = clock + g / r;
+            self.budgets.push_back((a.budget_end, ticket));
+            self.running += a.prefill;
+        }
+        self.joined += 1;
+        self.common_at_prev_entry = self.common_at_entry;
+        (self.common_at_entry, self.taken) = (self.common, 0.0);
+        self.reweigh();
+    }
+
+    /// Everyone waiting joins now: the engine has nobody else to compute for.
+    fn join_all_waiting(&mut self, g: f64) {
+        while let Some((_, t)) = self.joins.pop_front() {
+            self.join(g, t);
+        }
     }
 
     fn first_token(&mut self, g: f64, ticket: Ticket, at: f64) {
         let b = self;
         b.advance(g, at);
+        // A first token means it was in the batch, whatever the wait was thought to be.
+        b.join(g, ticket);
         let (common, lump, extra) = (b.common, b.lump, b.extra);
         if let Some(a) = b.accounts.get_mut(&ticket) {
             if a.before_first.is_none() {
@@ -570,12 +621,19 @@ impl Books {
         b.stop_budget(ticket);
         let a = b.accounts.remove(&ticket)?;
         b.in_flight = b.in_flight.saturating_sub(1);
+        if a.joined {
+            b.joined = b.joined.saturating_sub(1);
+        }
         if b.in_flight == 0 {
             b.budgets.clear();
+            b.joins.clear();
             b.running = 0.0;
+        } else if b.joined == 0 {
+            b.join_all_waiting(g);
         }
         b.reweigh();
-        let mut total = b.common - a.common0 + a.accrued + a.own + b.lump - a.lump0;
+        let steps = if a.joined { b.common - a.common0 } else { 0.0 };
+        let mut total = steps + a.accrued + a.own + b.lump - a.lump0;
         if total < 0.0 {
             // Settlements took more than it was given: the rest is taken from those in flight,
             // or, with none, from idle.
@@ -685,7 +743,7 @@ impl Books {
 
     /// Recomputes the weight of a batch member after the number in flight or the rates changed.
     fn reweigh(&mut self) {
-        let k = self.in_flight as f64;
+        let k = self.joined as f64;
         self.unit = match &self.rates {
             Some(r) if k > 0.0 => {
                 let batch = (k / self.replicas).max(1.0);
@@ -699,12 +757,15 @@ impl Books {
     /// out on the way.
     fn advance(&mut self, gpus: f64, to: f64) {
         while to > self.at {
-            let k = self.in_flight as f64;
-            if k == 0.0 {
+            if self.in_flight == 0 {
                 self.idle += gpus * (to - self.at);
                 self.at = to;
                 return;
             }
+            if self.joined == 0 {
+                self.join_all_waiting(gpus);
+            }
+            let k = self.joined as f64;
             let r = self.replicas;
             let busy = gpus * k.min(r) / r;
             let whole = k * self.unit + self.running;
@@ -724,6 +785,12 @@ impl Books {
                     (until, ends) = (cross, Some(end));
                 }
             }
+            let mut joins = None;
+            if let Some(join) = self.next_join() {
+                if join < until {
+                    (until, ends, joins) = (join.max(self.at), None, Some(()));
+                }
+            }
             let dt = (until - self.at).max(0.0);
             self.idle += (gpus - busy) * dt;
             self.common += common_rate * dt;
@@ -738,7 +805,27 @@ impl Books {
                     self.stop_budget(t);
                 }
             }
+            if joins.is_some() {
+                // Likewise, each pass admits one.
+                if let Some((_, t)) = self.joins.pop_front() {
+                    self.join(gpus, t);
+                }
+            }
         }
+    }
+
+    /// When the first request waiting to join does, after dropping the ones that already did
+    /// or left.
+    fn next_join(&mut self) -> Option<f64> {
+        while let Some(&(at, t)) = self.joins.front() {
+            match self.accounts.get(&t) {
+                Some(a) if !a.joined => return Some(at),
+                _ => {
+                    self.joins.pop_front();
+                }
+            }
+        }
+        None
     }
 
     /// The clock reading at which the first running budget ends, after dropping the entries of
@@ -795,7 +882,8 @@ impl Books {
         };
         let so_far = a.accrued + a.settled + running;
         let mut diff = settlement(so_far, a.prefill, wanted);
-        let held = common - a.common0 + a.accrued + a.own + lump - a.lump0;
+        let steps = if a.joined { common - a.common0 } else { 0.0 };
+        let held = steps + a.accrued + a.own + lump - a.lump0;
         let ceiling = gpus * (at - a.entered).max(0.0);
         let most = (ceiling - held).min(takeable * others);
         diff = diff.clamp(-held.max(0.0), most.max(0.0));
@@ -901,8 +989,9 @@ mod tests {
 
     /// A long prompt is charged its prefill while it runs, out of the time of the request
     /// decoding beside it, which is left its part of the steps. b decodes from 0; a, 1,000
-    /// tokens (100 ms of prefill), is sent at 1 s and makes its first token 110 ms later (the
-    /// step with its prefill), then both decode until 2 s.
+    /// tokens (100 ms of prefill), is sent at 1 s, waits half of b's 10 ms step to be
+    /// admitted, and makes its first token 110 ms later (the step with its prefill), then both
+    /// decode until 2 s.
     #[test]
     fn a_prompt_pays_its_prefill_as_it_runs() {
         let r = Rig::new(1.0, 1, Some(rates()));
@@ -910,15 +999,16 @@ mod tests {
         r.ledger.first_token(b, r.at(10));
         // 4,000 bytes at the prior's 4 a token: 1,000 tokens.
         let a = r.ledger.enter(r.at(1000), 4000, None);
-        r.ledger.first_token(a, r.at(1110));
+        r.ledger.first_token(a, r.at(1115));
         let ca = r.charge(a, 2000, prompt(1000));
         let cb = r.charge(b, 2000, prompt(10));
         // Its step: 10 ms shared by two, and its 100 ms prefill: 105 ms of a's, 5 ms of b's.
-        // The prefill ends with the modeled step, 110 ms, before a's first token.
+        // The prefill ends with the modeled step, 110 ms, at a's first token.
         assert!(close(ca.prefill, 0.105), "{ca:?}");
-        // Then halves: 0.89 s.
-        assert!(close(ca.decode, 0.445), "{ca:?}");
-        assert!(close(cb.total(), 1.0 + 0.005 + 0.445), "{cb:?}");
+        // Then halves: 0.885 s.
+        assert!(close(ca.decode, 0.4425), "{ca:?}");
+        // b: alone 1 s and a's wait, its part of a's step, then half.
+        assert!(close(cb.total(), 1.0 + 0.005 + 0.005 + 0.4425), "{cb:?}");
         let t = r.ledger.totals(r.at(2000));
         assert!(close(t.charged, 2.0) && t.idle == 0.0, "{t:?}");
     }
