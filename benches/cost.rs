@@ -20,6 +20,7 @@ fn bench(c: &mut Criterion) {
         },
         prefill_per_token: 0.00005,
         prefill_known: true,
+        admission_wait: 0.5,
     };
     ledger.set_terms(Some(rates), 1, t0);
     // Eight requests in flight beside the one measured.

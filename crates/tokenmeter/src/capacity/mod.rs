@@ -65,6 +65,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::cost::rates::HALF_A_STEP;
 use crate::cost::{Ledger, Rates, Step};
 use crate::units::HumanDuration;
 pub use fit::Fit;
@@ -380,11 +381,17 @@ impl Capacity {
         };
         if let Some(step) = step {
             let reading = prefill.or_else(first_prefill);
+            // A closed loop's next request is sent as the step that ended the last one ends,
+            // and waits the whole of the next.
+            let closed = step_at(1.0)
+                .and_then(|one| arrivals::shape(&recent, one))
+                .is_some_and(|s| s != arrivals::Shape::Open);
             *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Some(Rates {
                 step,
                 prefill_per_token: reading.map_or(0.0, |p| p.per_token),
                 // The first seconds are settled by the believed fit, not the first reading.
                 prefill_known: prefill.is_some(),
+                admission_wait: if closed { 1.0 } else { HALF_A_STEP },
             });
             self.publish();
         }

@@ -12,7 +12,8 @@
 //! - every request in flight is a member of a batch of `N = max(k / R, 1)` and weighs `u =
 //!   step(N) / N`: the step's fixed part shared, its own part;
 //! - a request sent while every engine computes a step for others joins the batch at the next
-//!   step, half a step later on average ([`ADMISSION_WAIT`]); until then it weighs nothing;
+//!   step, half a step later on average, or a whole one after a closed loop's last answer
+//!   ([`Rates::admission_wait`]); until then it weighs nothing;
 //! - a request whose prompt is being prefilled weighs its prefill `P = prefill_per_token x
 //!   prompt` on top, for as long as the model says that step lasts: until the budget clock
 //!   below has run one engine's GPUs (`--gpus / R`), which is one step of `W` seconds, so it is
@@ -129,10 +130,6 @@ struct Provisional {
     events: Vec<Event>,
     booked: Vec<(Ticket, GpuSeconds, Labels)>,
 }
-
-/// The part of a step a request waits for, on average, before the engine admits it, when
-/// every engine is computing one for others: the running step's remainder, uniform over it.
-const ADMISSION_WAIT: f64 = 0.5;
 
 /// Events kept before the first rates: at most this many (about 5 MiB), a few minutes of a
 /// busy proxy. Past it, the charges made stand as they were.
@@ -547,7 +544,7 @@ impl Books {
         // Every engine is computing a step for others: the request joins at the next one.
         let wait = match &b.rates {
             Some(r) if b.joined as f64 >= b.replicas => {
-                ADMISSION_WAIT * r.step(((b.joined + 1) as f64 / b.replicas).max(1.0))
+                r.admission_wait * r.step(((b.joined + 1) as f64 / b.replicas).max(1.0))
             }
             _ => 0.0,
         };
@@ -928,6 +925,7 @@ mod tests {
             },
             prefill_per_token: 0.0001,
             prefill_known: true,
+            admission_wait: super::super::rates::HALF_A_STEP,
         }
     }
 

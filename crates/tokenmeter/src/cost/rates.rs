@@ -30,7 +30,14 @@ pub struct Rates {
     /// cost anything), not a first reading or unknown. The books settle their first seconds
     /// once it is.
     pub prefill_known: bool,
+    /// The part of a step a request sent while the engine computes one for others waits to
+    /// be admitted: half, for arrivals at any moment; all of it, for a closed loop's next
+    /// request, sent the moment the step that ended the last one ended.
+    pub admission_wait: f64,
 }
+
+/// [`Rates::admission_wait`] for arrivals at any moment: the running step's mean remainder.
+pub const HALF_A_STEP: f64 = 0.5;
 
 /// No step is taken as shorter than this: a microsecond is far below any engine's, and it
 /// keeps a degenerate fit (a line through zero) from dividing by nothing.
@@ -77,6 +84,7 @@ mod tests {
             },
             prefill_per_token: 5e-5,
             prefill_known: true,
+            admission_wait: HALF_A_STEP,
         };
         assert!((line.step(8.0) - 0.0176).abs() < 1e-12);
         assert!((line.prefill(2000.0) - 0.1).abs() < 1e-12);
@@ -84,6 +92,7 @@ mod tests {
             step: Step::Levels(Arc::from([(4.0, 0.02), (6.0, 0.03)])),
             prefill_per_token: 0.0,
             prefill_known: false,
+            admission_wait: HALF_A_STEP,
         };
         assert_eq!(levels.step(1.0), 0.02);
         assert_eq!(levels.step(5.6), 0.03);
@@ -91,6 +100,7 @@ mod tests {
             step: Step::Levels(Arc::from([])),
             prefill_per_token: f64::NAN,
             prefill_known: false,
+            admission_wait: HALF_A_STEP,
         };
         assert_eq!(none.step(3.0), MIN_STEP_SECS);
         assert_eq!(none.prefill(10.0), 0.0);
