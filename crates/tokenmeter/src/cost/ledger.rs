@@ -4,8 +4,9 @@
 //!
 //! # The split
 //!
-//! Between two events (a request enters, makes its first token, leaves, or its prompt is
-//! counted) nothing the split depends on changes, so it is integrated there, not per chunk.
+//! Between two events (a request enters, joins the batch, makes its first token, leaves, or its
+//! prompt is counted; a prefill's budget runs out) nothing the split depends on changes, so it
+//! is integrated there, not per chunk.
 //! With `k` requests in flight on `R` replicas (`--replicas`), `min(k, R)` engines are busy and
 //! the rest idle. A busy engine's time goes to its batch as its steps are spent:
 //!
@@ -36,9 +37,14 @@
 //! A prompt's length is what the tokenizer counted, or its body's size ([`Estimate`]) until a
 //! count or the usage report comes. When it does, the prefill charged so far is scaled to the
 //! count, and the difference moves between the request and the requests in flight then, in
-//! equal parts (or not at all if none are): the only time that moves after it was spent.
+//! equal parts (or not at all if none are).
+//!
 //! Before the capacity model has published [`Rates`], prompts weigh nothing and the split is
-//! the equal share of the time in flight.
+//! the equal share of the time in flight. Those first seconds are settled when the believed
+//! prefill fit comes: every event until then is kept (`Provisional`) and replayed with it,
+//! the replayed books become the live ones, and what the finished requests were charged is
+//! corrected in the counters ([`Ledger::settle_into`]). These two settlements are the only time
+//! that moves after it was spent.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -296,7 +302,7 @@ impl Ledger {
 
     /// The engine's costs from now on (the capacity model's refit), and the replicas behind
     /// the proxy. The first rates with a prefill reading settle what was charged before them
-    /// ([`Provisional`]).
+    /// (`Provisional`).
     pub fn set_terms(&self, rates: Option<Rates>, replicas: u32, now: Instant) {
         let at = self.secs(now);
         let mut b = self.books();
