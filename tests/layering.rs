@@ -41,7 +41,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("context", &[]),
     ("error", &[]),
     // The model's tokenizer and chat template: text in, counts out.
-    ("tokenize", &[]),
+    ("tokenize", &["units"]),
     // The Prometheus text reader: the engine's page, and the tools' scrapes of our own.
     ("exposition", &[]),
     // What the request path is made of, bottom up.
@@ -74,7 +74,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "capacity", "cost", "engine", "gpus", "protocol", "record", "slo", "units",
         ],
     ),
-    ("reqlog", &["context", "protocol", "ratelog", "record"]),
+    (
+        "reqlog",
+        &["context", "protocol", "ratelog", "record", "units"],
+    ),
     // Span export, with the OTEL_* variables' rules, read through `host`.
     (
         "otlp",

@@ -1,4 +1,5 @@
-//! Units the command line reads: durations. A leaf: it imports nothing of the crate, so the
+//! Units the command line reads: durations, and the calendar's day count behind the instants
+//! it reads and the logs write. A leaf: it imports nothing of the crate, so the
 //! proxy's configuration, the SLO grammar and the tools all parse a duration the same way
 //! without depending on each other.
 //!
@@ -85,6 +86,32 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         u => return Err(format!("unknown unit {u:?} in {s:?} (use ms, s, m or h)")),
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// The proleptic Gregorian date `(year, month, day)` of a day count from 1970-01-01 (Howard
+/// Hinnant's algorithm): no date crate for a dozen lines.
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The day count from 1970-01-01 of a proleptic Gregorian date: [`civil_from_days`]' inverse.
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

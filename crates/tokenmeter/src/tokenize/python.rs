@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 use minijinja::value::ValueKind;
 use minijinja::{Error, ErrorKind, Value};
 
+use crate::units::{civil_from_days, days_from_civil};
+
 /// The options of `json.dumps` that HF's `tojson` exposes:
 /// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
 pub(crate) struct Json {
@@ -436,31 +438,6 @@ pub(crate) fn strftime(format: &str, unix_seconds: i64) -> String {
         }
     }
     out
-}
-
-/// The proleptic Gregorian date of a day count from 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// The day count from 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

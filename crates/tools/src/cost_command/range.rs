@@ -5,13 +5,12 @@
 //! second kept to the millisecond) or unix seconds (`1748736000`, `1748736000.5`): what a person
 //! types and what a script has. A length takes the units of every duration flag (`ms`, `s`, `m`,
 //! `h`) and, since bills run over days and weeks, `d` and `w`. No crate for dates: a calendar
-//! date to a day count is a dozen lines (Howard Hinnant's `days_from_civil`, as the product's
-//! own request log uses the inverse).
+//! date to a day count is a dozen lines (`tokenmeter::units::days_from_civil`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokenmeter::reqlog::rfc3339;
-use tokenmeter::units::parse_duration;
+use tokenmeter::units::{days_from_civil, parse_duration};
 
 /// The instants a bill is taken between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,17 +211,6 @@ fn rfc3339_millis(s: &str) -> Option<i64> {
     let secs =
         days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second - offset;
     Some(secs * 1000 + millis)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

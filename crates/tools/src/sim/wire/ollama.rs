@@ -49,20 +49,11 @@ fn unix_now() -> Duration {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.ffffffZ` for a time since the Unix epoch (UTC), as Ollama writes
-/// `created_at`. Civil-from-days after Howard Hinnant's `chrono`-compatible algorithm.
+/// `created_at`.
 pub(super) fn rfc3339(t: Duration) -> String {
     let secs = t.as_secs();
-    let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = tokenmeter::units::civil_from_days((secs / 86_400) as i64);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
         rem / 3600,
