@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Uri;
-use http_body_util::{BodyExt, Empty, Limited};
+use http::{StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -34,9 +34,45 @@ pub enum ScrapeError {
     Fetch { url: String, reason: String },
 }
 
+/// A plain-HTTP client for GETs with no body: the scrape's, and the query API's.
+pub type Http = Client<HttpConnector, Empty<Bytes>>;
+
+/// Why a bounded GET failed.
+#[derive(Debug)]
+pub enum GetError {
+    /// The exchange failed; the reason, in one line.
+    Fetch(String),
+    /// The body was longer than the bound.
+    TooLarge,
+}
+
+/// GETs `uri` and reads at most `max` bytes of its body: its status and body, whatever the
+/// status (the caller decides what a failure status means). No timeout: the caller's covers
+/// the whole exchange.
+pub async fn get_bounded(
+    client: &Http,
+    uri: Uri,
+    max: usize,
+) -> Result<(StatusCode, Bytes), GetError> {
+    let resp = client
+        .get(uri)
+        .await
+        .map_err(|e| GetError::Fetch(e.to_string()))?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), max)
+        .collect()
+        .await
+        .map_err(|e| match e.downcast_ref::<LengthLimitError>() {
+            Some(_) => GetError::TooLarge,
+            None => GetError::Fetch(e.to_string()),
+        })?
+        .to_bytes();
+    Ok((status, body))
+}
+
 /// Scrapes one URL, again and again over one pooled client.
 pub struct Scraper {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Http,
     url: String,
     uri: Uri,
 }
@@ -69,19 +105,16 @@ impl Scraper {
     }
 
     async fn fetch(&self) -> Result<Scrape, ScrapeError> {
-        let resp = self
-            .client
-            .get(self.uri.clone())
+        let (status, body) = get_bounded(&self.client, self.uri.clone(), MAX_SCRAPE)
             .await
-            .map_err(|e| self.fail(e.to_string()))?;
-        if !resp.status().is_success() {
-            return Err(self.fail(format!("HTTP status {}", resp.status())));
+            .map_err(|e| match e {
+                GetError::Fetch(reason) => self.fail(reason),
+                // The bounded body's own words, as before.
+                GetError::TooLarge => self.fail("length limit exceeded".to_owned()),
+            })?;
+        if !status.is_success() {
+            return Err(self.fail(format!("HTTP status {status}")));
         }
-        let body = Limited::new(resp.into_body(), MAX_SCRAPE)
-            .collect()
-            .await
-            .map_err(|e| self.fail(e.to_string()))?
-            .to_bytes();
         Ok(Scrape::parse(&String::from_utf8_lossy(&body)))
     }
 

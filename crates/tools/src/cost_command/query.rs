@@ -20,10 +20,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{StatusCode, Uri};
-use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
@@ -31,7 +28,7 @@ use serde::Deserialize;
 use tokenmeter::metrics::cost::names;
 use tokenmeter::metrics::names::OUTPUT_TOKENS_TOTAL;
 
-use crate::scrape::MAX_SCRAPE;
+use crate::scrape::{get_bounded, GetError, Http, MAX_SCRAPE};
 
 use super::range::Range;
 use super::split::{Row, Split};
@@ -238,7 +235,7 @@ fn encode(s: &str) -> String {
 
 /// A query API, queried again and again over one pooled client.
 pub struct Store {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Http,
     base: String,
 }
 
@@ -273,23 +270,15 @@ impl Store {
         let uri: Uri = uri
             .parse()
             .map_err(|_| QueryError::BadUrl(self.base.clone()))?;
-        let resp = self
-            .client
-            .get(uri)
-            .await
-            .map_err(|e| self.fail(e.to_string()))?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.downcast_ref::<LengthLimitError>().is_some() {
-                    self.fail(format!("an answer over {} MiB", MAX_ANSWER >> 20))
-                } else {
-                    self.fail(e.to_string())
-                }
-            })?
-            .to_bytes();
+        let (status, body) =
+            get_bounded(&self.client, uri, MAX_ANSWER)
+                .await
+                .map_err(|e| match e {
+                    GetError::Fetch(reason) => self.fail(reason),
+                    GetError::TooLarge => {
+                        self.fail(format!("an answer over {} MiB", MAX_ANSWER >> 20))
+                    }
+                })?;
         parse_vector(&self.base, status, &body)
     }
 
