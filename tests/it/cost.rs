@@ -161,31 +161,54 @@ async fn measure(
     let truth_before = sim_metrics(&rig.sim).await;
     let counts = run(&rig.proxy, loads, hold).await;
     let total: u64 = counts.values().sum();
-    let after = rig
-        .proxy
+    let after = closed_books(rig, &before, total).await;
+    let truth_after = sim_metrics(&rig.sim).await;
+    let ends = Ends {
+        before: &before,
+        after: &after,
+        truth_before: &truth_before,
+        truth_after: &truth_after,
+    };
+    let out = loads
+        .iter()
+        .map(|l| (l.tenant, ends.seen(l.tenant, counts[l.tenant])))
+        .collect();
+    (out, after)
+}
+
+/// Waits until nothing is in flight, nothing unassigned, and `total` more requests than at
+/// `before` were counted: the books are closed, and the scrape it returns is the load's end.
+async fn closed_books(rig: &Rig, before: &str, total: u64) -> String {
+    rig.proxy
         .eventually(|s| {
             metric("tokenmeter_requests_in_flight").sum(s) == 0.0
                 && metric("tokenmeter_gpu_unassigned_seconds").sum(s) < 1e-9
                 && metric("tokenmeter_requests_total").sum(s)
-                    >= metric("tokenmeter_requests_total").sum(&before) + total as f64
+                    >= metric("tokenmeter_requests_total").sum(before) + total as f64
         })
-        .await;
-    let truth_after = sim_metrics(&rig.sim).await;
-    let mut out = BTreeMap::new();
-    for l in loads {
-        let (g0, o0) = charged(&before, l.tenant);
-        let (g1, o1) = charged(&after, l.tenant);
-        out.insert(
-            l.tenant,
-            Seen {
-                requests: counts[l.tenant],
-                output_tokens: o1 - o0,
-                charged: g1 - g0,
-                truth: truth(&truth_after, l.tenant) - truth(&truth_before, l.tenant),
-            },
-        );
+        .await
+}
+
+/// tokenmeter's scrapes and the simulator's pages at a load's two ends.
+struct Ends<'a> {
+    before: &'a str,
+    after: &'a str,
+    truth_before: &'a str,
+    truth_after: &'a str,
+}
+
+impl Ends<'_> {
+    /// What `tenant` was charged over the load, beside the engine's truth.
+    fn seen(&self, tenant: &str, requests: u64) -> Seen {
+        let (g0, o0) = charged(self.before, tenant);
+        let (g1, o1) = charged(self.after, tenant);
+        Seen {
+            requests,
+            output_tokens: o1 - o0,
+            charged: g1 - g0,
+            truth: truth(self.truth_after, tenant) - truth(self.truth_before, tenant),
+        }
     }
-    (out, after)
 }
 
 fn within(got: f64, want: f64, rel: f64) -> bool {
@@ -458,29 +481,17 @@ async fn bursts(rig: &Rig, hold: Duration) -> BTreeMap<&'static str, Seen> {
     e.await.expect("bursts");
     f.await.expect("stream");
     let total = e_count.load(Ordering::Relaxed) + f_count.load(Ordering::Relaxed);
-    let after = rig
-        .proxy
-        .eventually(|s| {
-            metric("tokenmeter_requests_in_flight").sum(s) == 0.0
-                && metric("tokenmeter_gpu_unassigned_seconds").sum(s) < 1e-9
-                && metric("tokenmeter_requests_total").sum(s)
-                    >= metric("tokenmeter_requests_total").sum(&before) + total as f64
-        })
-        .await;
+    let after = closed_books(rig, &before, total).await;
     let truth_after = sim_metrics(&rig.sim).await;
+    let ends = Ends {
+        before: &before,
+        after: &after,
+        truth_before: &truth_before,
+        truth_after: &truth_after,
+    };
     [("e", e_count), ("f", f_count)]
         .into_iter()
-        .map(|(tenant, count)| {
-            let (g0, o0) = charged(&before, tenant);
-            let (g1, o1) = charged(&after, tenant);
-            let seen = Seen {
-                requests: count.load(Ordering::Relaxed),
-                output_tokens: o1 - o0,
-                charged: g1 - g0,
-                truth: truth(&truth_after, tenant) - truth(&truth_before, tenant),
-            };
-            (tenant, seen)
-        })
+        .map(|(tenant, count)| (tenant, ends.seen(tenant, count.load(Ordering::Relaxed))))
         .collect()
 }
 

@@ -107,13 +107,6 @@ pub struct Held {
     ceiling: f64,
 }
 
-impl Held {
-    /// Its share before settlement.
-    pub fn share(&self) -> GpuSeconds {
-        self.share
-    }
-}
-
 /// The books at one instant, in GPU-seconds since the proxy started.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Totals {
@@ -280,10 +273,6 @@ impl Ledger {
             books: Mutex::new(Books::new(Some(Provisional::default()))),
             book: OnceLock::new(),
         }
-    }
-
-    pub fn gpus(&self) -> f64 {
-        self.gpus
     }
 
     fn books(&self) -> std::sync::MutexGuard<'_, Books> {
