@@ -12,6 +12,8 @@
 //!   `/metrics`, drawn with the bench's charts.
 //! - [`exposition`]: the product's reader of a `/metrics` text ([`tokenmeter::exposition`]), re-exported
 //!   under the tools for their callers; [`scrape`] fetches one.
+//! - [`trace`]: a workload trace read back (the Mooncake lines `--workload-log` writes), for the
+//!   bench's and the capacity command's `--trace`.
 
 pub mod bench;
 pub mod capacity_command;
@@ -20,3 +22,4 @@ pub mod demo;
 pub use tokenmeter::exposition;
 pub mod scrape;
 pub mod sim;
+pub mod trace;
