@@ -71,13 +71,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "metrics",
         &[
-            "capacity", "cost", "engine", "gpus", "protocol", "record", "slo", "units",
+            "capacity", "cost", "engine", "gpus", "protocol", "record", "slo", "units", "workload",
         ],
     ),
+    // Where the logs write: a file of lines, reopened on SIGHUP.
+    ("logfile", &["ratelog"]),
     (
         "reqlog",
-        &["context", "protocol", "ratelog", "record", "units"],
+        &["context", "logfile", "protocol", "record", "units"],
     ),
+    // The workload trace: a record's lengths and prefix blocks, as Mooncake lines.
+    ("workload", &["logfile", "protocol", "record"]),
     // Span export, with the OTEL_* variables' rules, read through `host`.
     (
         "otlp",
@@ -117,16 +121,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "config",
         &[
             "capacity", "engine", "gpus", "meter", "metrics", "otlp", "proxy", "replicas",
-            "server", "slo", "tenant", "tls", "ui",
+            "server", "slo", "tenant", "tls", "ui", "workload",
         ],
     ),
     // The composition root: builds every part from the settings and hands them to the server.
     (
         "app",
         &[
-            "admin", "capacity", "config", "context", "drain", "engine", "inject", "meter",
-            "metrics", "otlp", "overload", "proxy", "record", "replicas", "reqlog", "server",
-            "tenant", "tls", "tokenize", "ui",
+            "admin", "capacity", "config", "context", "drain", "engine", "inject", "logfile",
+            "meter", "metrics", "otlp", "overload", "proxy", "record", "replicas", "reqlog",
+            "server", "tenant", "tls", "tokenize", "ui", "workload",
         ],
     ),
 ];
@@ -204,6 +208,8 @@ const TOOLS_ALLOWED: &[(&str, &[&str])] = &[
     ("sim", &[]),
     // One GET of a `/metrics` page, parsed with the library's `exposition`.
     ("scrape", &[]),
+    // A workload trace read back, line by line: the bench's and the capacity command's input.
+    ("trace", &[]),
     // The load generator; its view of the proxy is a scrape.
     ("bench", &["scrape"]),
     // The live capacity model read back from `/metrics`, drawn with the bench's charts.

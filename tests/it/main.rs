@@ -40,3 +40,4 @@ mod ui;
 mod upgrade;
 mod wire;
 mod wire_kv;
+mod workload;

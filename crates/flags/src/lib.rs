@@ -17,6 +17,7 @@ use tokenmeter::config::Config;
 use tokenmeter::gpus::GpuError;
 use tokenmeter::host::{Host, System};
 use tokenmeter::inject;
+use tokenmeter::logfile::Destination;
 use tokenmeter::metrics::buckets::{Overrides, UnknownPreset};
 use tokenmeter::metrics::{self, Buckets, Compat, MetricsConfig};
 use tokenmeter::otlp::{self, TracingConfig};
@@ -28,6 +29,7 @@ use tokenmeter::tenant::{self, TenantError};
 use tokenmeter::tls::client::UpstreamTls;
 use tokenmeter::tls::KeyPair;
 use tokenmeter::units::parse_duration;
+use tokenmeter::workload::WorkloadConfig;
 use tokenmeter::{capacity, engine, meter, replicas, ui};
 
 /// Where the proxy and its metrics listen: flags `tokenmeter demo` shares with the proxy (it
@@ -388,6 +390,34 @@ pub struct ProxyArgs {
     #[arg(long, env = "TOKENMETER_REQUEST_LOG", value_name = "FILE|-")]
     pub request_log: Option<PathBuf>,
 
+    // --- recording the workload ---
+    /// Write one line per request for generation to FILE (appended), or standard output with
+    /// "-", in the Mooncake trace format replay tools read (vLLM's bench timed_trace,
+    /// GuideLLM's mooncake, tokenmeter bench --trace): arrival in ms, prompt and output tokens,
+    /// the prompt's blocks by shared prefix (with --tokenizer), duration, model, class, outcome.
+    /// No prompt text, no header value (README, "Record and replay the workload").
+    #[arg(long, env = "TOKENMETER_WORKLOAD_LOG", value_name = "FILE|-")]
+    pub workload_log: Option<PathBuf>,
+
+    /// Tokens a `hash_ids` entry of --workload-log stands for (the replay tools' block size).
+    #[arg(
+        long,
+        env = "TOKENMETER_WORKLOAD_BLOCK_TOKENS",
+        value_name = "N",
+        default_value_t = 512
+    )]
+    pub workload_block_tokens: usize,
+
+    /// A request header naming the conversation a request belongs to (e.g. x-session-id):
+    /// --workload-log numbers its values in order of first sight as `conversation_id`; the
+    /// value itself is never written.
+    #[arg(
+        long,
+        env = "TOKENMETER_WORKLOAD_CONVERSATION_HEADER",
+        value_name = "NAME"
+    )]
+    pub workload_conversation_header: Option<String>,
+
     /// Export one span per proxied request to this OpenTelemetry collector, OTLP over HTTP with
     /// protobuf (POSTed to URL/v1/traces; http:// only). Else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
     /// (as is) or OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/traces); none: no spans.
@@ -438,6 +468,10 @@ pub enum ConfigError {
     Tenant(#[from] TenantError),
     #[error(transparent)]
     Tracing(#[from] otlp::settings::BadSetting),
+    #[error("--workload-conversation-header {0:?} is not a valid header name")]
+    BadConversationHeader(String),
+    #[error("--{0} needs --workload-log")]
+    NeedsWorkloadLog(&'static str),
 }
 
 /// `--compat`'s values into the set of schemes.
@@ -703,6 +737,7 @@ impl ProxyArgs {
             engine_metrics_interval: self.engine_metrics_interval,
             tenants,
             request_log: self.request_log.clone(),
+            workload: self.workload()?,
             tokenizers: self.tokenizer.clone(),
             tracing: TracingConfig::from_flags(
                 otlp::settings::Flags {
@@ -712,6 +747,36 @@ impl ProxyArgs {
                 host,
             )?,
         })
+    }
+
+    /// `--workload-log` and its settings; `None` without it (its settings alone are an error:
+    /// they would do nothing).
+    fn workload(&self) -> Result<Option<WorkloadConfig>, ConfigError> {
+        if self.workload_block_tokens == 0 {
+            return Err(ConfigError::Zero("workload-block-tokens"));
+        }
+        let header = self
+            .workload_conversation_header
+            .as_deref()
+            .map(|h| {
+                http::HeaderName::from_bytes(h.trim().as_bytes())
+                    .map_err(|_| ConfigError::BadConversationHeader(h.to_string()))
+            })
+            .transpose()?;
+        let Some(path) = &self.workload_log else {
+            if header.is_some() {
+                return Err(ConfigError::NeedsWorkloadLog(
+                    "workload-conversation-header",
+                ));
+            }
+            return Ok(None);
+        };
+        Ok(Some(WorkloadConfig {
+            destination: Destination::of(path),
+            block_tokens: self.workload_block_tokens,
+            conversation_header: header,
+            hold: tokenmeter::workload::HOLD,
+        }))
     }
 
     /// The SLO class table from `--slo`, `--slo-file` and the class flags.

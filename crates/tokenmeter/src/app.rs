@@ -31,6 +31,7 @@ use crate::tls::listener::ServerTls;
 use crate::tls::TlsError;
 use crate::tokenize::{self, Tokenizers};
 use crate::ui::Ui;
+use crate::workload::WorkloadLog;
 
 /// Why the process could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,11 @@ pub enum StartError {
     },
     #[error("{0}")]
     Tokenizer(#[from] tokenize::LoadError),
+    #[error("--workload-log {path}: cannot open it: {source}")]
+    WorkloadLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl StartError {
@@ -55,7 +61,10 @@ impl StartError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            StartError::Tls(_) | StartError::RequestLog { .. } | StartError::Tokenizer(_)
+            StartError::Tls(_)
+                | StartError::RequestLog { .. }
+                | StartError::WorkloadLog { .. }
+                | StartError::Tokenizer(_)
         )
     }
 }
@@ -72,11 +81,21 @@ pub struct App {
 /// The sinks of finished records, in the order they are called.
 type Sinks = Vec<Arc<dyn Sink>>;
 
-/// What takes each finished request besides the metrics (the request log, the spans), and the
-/// reader of request heads they need; none of it exists, and no request pays for it, when it is
-/// off.
-fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), StartError> {
+/// What runs once the drain is over ([`Parts::on_exit`]).
+type OnExit = Vec<Box<dyn FnOnce() + Send>>;
+
+/// How long the workload trace may take to write what it holds once the drain is over.
+const WORKLOAD_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What takes each finished request besides the metrics (the request log, the spans, the
+/// workload trace), the reader of request heads they need, and what must run at exit; none of
+/// it exists, and no request pays for it, when it is off.
+fn sinks(
+    cfg: &Config,
+    metrics: &Metrics,
+) -> Result<(Option<Identify>, Sinks, OnExit), StartError> {
     let mut sinks: Sinks = Vec::new();
+    let mut on_exit: OnExit = Vec::new();
     if let Some(path) = &cfg.request_log {
         let log = RequestLog::open(
             &reqlog::Destination::of(path),
@@ -95,8 +114,27 @@ fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks), S
         }
         None => None,
     };
-    let identify = (!sinks.is_empty()).then(|| Identify::new(sampler));
-    Ok((identify, sinks))
+    if let Some(w) = &cfg.workload {
+        let log = WorkloadLog::open(w, metrics.workload_log_counters()?).map_err(|source| {
+            StartError::WorkloadLog {
+                path: match &w.destination {
+                    reqlog::Destination::File(p) => p.display().to_string(),
+                    reqlog::Destination::Stdout => "-".into(),
+                },
+                source,
+            }
+        })?;
+        let log = Arc::new(log);
+        sinks.push(Arc::clone(&log) as Arc<dyn Sink>);
+        on_exit.push(Box::new(move || log.close(WORKLOAD_CLOSE)));
+    }
+    let conversation = cfg
+        .workload
+        .as_ref()
+        .and_then(|w| w.conversation_header.clone());
+    let identify =
+        (!sinks.is_empty()).then(|| Identify::new(sampler).with_conversation(conversation));
+    Ok((identify, sinks, on_exit))
 }
 
 /// The engine's reader, unless `--engine-metrics off`: off the request path, one bounded read
@@ -131,7 +169,8 @@ fn tokenizers(cfg: &Config) -> Result<Option<Arc<Tokenizers>>, StartError> {
     if cfg.tokenizers.is_empty() {
         return Ok(None);
     }
-    let loaded = Tokenizers::load(&cfg.tokenizers)?;
+    let blocks = cfg.workload.as_ref().map(|w| w.block_tokens);
+    let loaded = Tokenizers::load(&cfg.tokenizers)?.with_blocks(blocks);
     tracing::info!(
         tokenizers = cfg.tokenizers.len(),
         "counting prompts and answers with the model's tokenizer (--tokenizer)"
@@ -197,7 +236,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
     let metrics = Arc::new(Metrics::new(&cfg.metrics)?);
     let capacity = Arc::new(Capacity::new(cfg.capacity_model(), Instant::now()));
     metrics.export_capacity(Arc::clone(&capacity))?;
-    let (identify, sinks) = sinks(cfg, &metrics)?;
+    let (identify, sinks, on_exit) = sinks(cfg, &metrics)?;
     let recorder = Arc::new(
         Recorder::new(Arc::clone(&metrics), cfg.meter)
             .with_capacity(Arc::clone(&capacity))
@@ -226,6 +265,9 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
         engine_reader(cfg, &client_tls, &metrics, &capacity, &inject)?,
         replica_watch(cfg, &capacity),
         Some(refits(&capacity)),
+        // SIGHUP reopens the log files; without one it keeps its default action.
+        (cfg.request_log.is_some() || cfg.workload.is_some())
+            .then(|| Box::pin(crate::logfile::hangups()) as Background),
     ]
     .into_iter()
     .flatten()
@@ -246,6 +288,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
         conns,
         ui,
         background,
+        on_exit,
     };
     Ok(App {
         server: Server::bind(&cfg.server, parts)?,

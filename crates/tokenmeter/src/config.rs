@@ -18,6 +18,7 @@ use crate::server::settings as server;
 use crate::slo::Classes;
 use crate::tenant::TenantConfig;
 use crate::tls::client::UpstreamTls;
+use crate::workload::WorkloadConfig;
 use crate::{engine, replicas, ui};
 
 /// The validated configuration of a proxy.
@@ -55,6 +56,8 @@ pub struct Config {
     pub tenants: Option<TenantConfig>,
     /// `--request-log`: a file, or `-` for standard output.
     pub request_log: Option<PathBuf>,
+    /// `--workload-log` and its block size and conversation header; `None`: no trace.
+    pub workload: Option<WorkloadConfig>,
     /// `--tokenizer`, each `PATH` or `MODEL=PATH`, loaded at start (`crate::tokenize`).
     pub tokenizers: Vec<String>,
     /// Span export (`--otlp-endpoint` or the `OTEL_*` variables); `None`: no spans.
@@ -81,6 +84,7 @@ impl Config {
             engine_metrics_interval: engine::DEFAULT_INTERVAL.get(),
             tenants: None,
             request_log: None,
+            workload: None,
             tokenizers: Vec::new(),
             tracing: None,
         }

@@ -209,6 +209,9 @@ pub struct Ident {
     pub trace: Option<Trace>,
     /// The `host` (or `:authority`) the client addressed, bounded as the path: `server.address`.
     pub server_address: Option<Box<str>>,
+    /// The value of `--workload-conversation-header`, hashed (the value itself is not kept):
+    /// the workload trace numbers conversations by it.
+    pub conversation: Option<u64>,
 }
 
 /// Reads an [`Ident`] off request heads, with the sampling rule of the process.
@@ -217,6 +220,8 @@ pub struct Identify {
     /// `None`: no exporter, so no span is recorded; trace ids are still read for the log.
     pub sampler: Option<Sampler>,
     rng: Arc<ring::rand::SystemRandom>,
+    /// `--workload-conversation-header`.
+    conversation: Option<http::HeaderName>,
 }
 
 impl Identify {
@@ -224,7 +229,14 @@ impl Identify {
         Identify {
             sampler,
             rng: Arc::new(ring::rand::SystemRandom::new()),
+            conversation: None,
         }
+    }
+
+    /// Reads `header`'s value as the request's conversation (hashed).
+    pub fn with_conversation(mut self, header: Option<http::HeaderName>) -> Self {
+        self.conversation = header;
+        self
     }
 
     /// The ident of a request whose head is `method`, `path` and `headers`, arrived now.
@@ -263,6 +275,13 @@ impl Identify {
                 .map(Into::into),
             trace,
             server_address: authority.map(Into::into),
+            conversation: self.conversation.as_ref().and_then(|h| {
+                use std::hash::{DefaultHasher, Hasher};
+                let v = headers.get(h)?.as_bytes();
+                let mut hasher = DefaultHasher::new();
+                hasher.write(v);
+                Some(hasher.finish())
+            }),
         })
     }
 

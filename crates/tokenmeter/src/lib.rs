@@ -44,7 +44,9 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener; [`ui`]: the page there.
 //! - [`context`]: who a request is (W3C trace context, `x-request-id`, path) and whether its span
 //!   is sampled; [`reqlog`]: one JSON line per finished request (`--request-log`); [`otlp`]:
-//!   one span per request, exported over OTLP/HTTP (`--otlp-endpoint`).
+//!   one span per request, exported over OTLP/HTTP (`--otlp-endpoint`); [`workload`]: the
+//!   workload trace, one Mooncake line per request for generation (`--workload-log`), to
+//!   replay; [`logfile`]: where both logs write, reopened on SIGHUP.
 //!
 //! **Settings and small shared pieces**:
 //!
@@ -92,12 +94,14 @@ pub mod replicas;
 pub mod slo;
 pub mod tenant;
 pub mod ui;
+pub mod workload;
 
 // Settings and small shared pieces.
 pub mod config;
 pub mod context;
 pub mod error;
 pub mod host;
+pub mod logfile;
 pub mod quantile;
 pub mod ratelog;
 pub mod reqlog;

@@ -133,6 +133,16 @@ pub struct Finished {
     /// Its charge of GPU time (`crate::cost`); `None` where the request was never metered as
     /// in flight (a record built by hand).
     pub gpu_seconds: Option<crate::cost::GpuSeconds>,
+    // --- for the workload trace (`--workload-log`) ---
+    /// The request body's size in bytes (0 where none was read): what a prompt's length is
+    /// estimated from where nothing counted it.
+    pub body_bytes: u64,
+    /// `input_tokens` is the tokenizer's estimate, not a count (a prompt over its size limit,
+    /// or with media parts).
+    pub input_estimated: bool,
+    /// The prompt's blocks, each named by a hash of every token up to its end (with
+    /// `--tokenizer`, when the trace asks for them); `None` otherwise.
+    pub prompt_blocks: Option<Arc<[u64]>>,
 }
 
 /// What takes each [`Finished`] record: the metrics, the capacity model, the request log, the
@@ -269,6 +279,9 @@ pub(crate) mod tests {
             tenant: None,
             ident: None,
             gpu_seconds: None,
+            body_bytes: 0,
+            input_estimated: false,
+            prompt_blocks: None,
         }
     }
 

@@ -10,18 +10,18 @@
 //! ([`QUEUE_LINES`]); a writer thread of its own drains it in batches. A line that finds the
 //! queue full (a stalled disk, a pipe nobody reads) is dropped and counted in
 //! `tokenmeter_request_log_dropped_total`; no stream ever waits for the log. A failed write is
-//! logged at most once a minute ([`crate::ratelog`]) and its lines counted as dropped.
+//! logged at most once a minute and its lines counted as dropped; SIGHUP reopens the file
+//! ([`crate::logfile`]).
 
 use std::fmt::Write as _;
-use std::fs::OpenOptions;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus::IntCounter;
 
-use crate::ratelog::{RateLimited, LOG_PERIOD};
+pub use crate::logfile::Destination;
+use crate::logfile::LineFile;
 use crate::record::{Finished, Sink};
 
 /// Lines the queue holds before new ones are dropped. A line is about 700 bytes (at most some
@@ -71,24 +71,6 @@ pub const KEYS: [&str; 34] = [
     "stop",
 ];
 
-/// Where the lines go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Destination {
-    Stdout,
-    File(PathBuf),
-}
-
-impl Destination {
-    /// `-` is standard output; anything else a file, appended to.
-    pub fn of(path: &Path) -> Destination {
-        if path == Path::new("-") {
-            Destination::Stdout
-        } else {
-            Destination::File(path.to_path_buf())
-        }
-    }
-}
-
 /// The log's sending half: a [`Sink`] the meter hands every finished record.
 pub struct RequestLog {
     tx: SyncSender<String>,
@@ -99,10 +81,7 @@ impl RequestLog {
     /// Opens `destination` (a file is created or appended to) and starts the writer thread; fails
     /// only when the file cannot be opened (the caller exits 64, naming the flag).
     pub fn open(destination: &Destination, dropped: IntCounter) -> io::Result<RequestLog> {
-        let out: Box<dyn Write + Send> = match destination {
-            Destination::Stdout => Box::new(io::stdout()),
-            Destination::File(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
-        };
+        let out = LineFile::open(destination, "request log")?;
         let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
         let counter = dropped.clone();
         std::thread::Builder::new()
@@ -123,9 +102,7 @@ impl Sink for RequestLog {
 }
 
 /// The writer thread: a batch at a time, one flush per batch.
-fn write_lines(rx: Receiver<String>, out: Box<dyn Write + Send>, dropped: IntCounter) {
-    let mut out = io::BufWriter::with_capacity(64 << 10, out);
-    let failures: RateLimited<&'static str> = RateLimited::new(LOG_PERIOD);
+fn write_lines(rx: Receiver<String>, mut out: LineFile, dropped: IntCounter) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < BATCH_LINES {
@@ -134,16 +111,9 @@ fn write_lines(rx: Receiver<String>, out: Box<dyn Write + Send>, dropped: IntCou
                 Err(_) => break,
             }
         }
-        let result = batch
-            .iter()
-            .try_for_each(|l| out.write_all(l.as_bytes()))
-            .and_then(|()| out.flush());
-        if let Err(e) = result {
-            // What was in the batch is lost with the failed write; say so once a minute.
+        if out.write_batch(batch.iter().map(String::as_str)).is_err() {
+            // What was in the batch is lost with the failed write.
             dropped.inc_by(batch.len() as u64);
-            if let Some(held) = failures.check("write", Instant::now()) {
-                tracing::warn!(error = %e, held_back = held, "request log: write failed; lines dropped");
-            }
         }
     }
 }

@@ -81,6 +81,9 @@ pub struct Parts {
     /// The page on the metrics listener; `None` with `--no-ui`.
     pub ui: Option<Arc<Ui>>,
     pub background: Vec<Background>,
+    /// Run once the drain is over, before `serve` returns: what must be written before the
+    /// process ends (the workload trace's held lines).
+    pub on_exit: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 /// A proxy with its listeners bound, ready to serve.
@@ -211,6 +214,9 @@ impl Server {
         }
         for w in watchers {
             w.abort();
+        }
+        for f in parts.on_exit {
+            let _ = tokio::task::spawn_blocking(f).await;
         }
     }
 }

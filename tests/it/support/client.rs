@@ -31,10 +31,20 @@ pub async fn post(url: &str, json: &str) -> Seen {
 }
 
 pub async fn send(method: http::Method, url: &str, body: &str) -> Seen {
-    let req = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
+    send_with(method, url, body, &[("content-type", "application/json")]).await
+}
+
+/// POSTs `body` with these headers (and no others).
+pub async fn post_with(url: &str, body: &str, headers: &[(&str, &str)]) -> Seen {
+    send_with(http::Method::POST, url, body, headers).await
+}
+
+async fn send_with(method: http::Method, url: &str, body: &str, headers: &[(&str, &str)]) -> Seen {
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("request");
     let start = Instant::now();

@@ -185,6 +185,9 @@ type OnPrompt = Box<dyn FnOnce(Count) + Send>;
 #[derive(Default)]
 struct PromptSlot {
     count: OnceLock<Option<Count>>,
+    /// Its blocks named by their prefixes, when asked for (`--workload-log`); set before the
+    /// count.
+    blocks: OnceLock<Arc<[u64]>>,
     then: Mutex<Option<OnPrompt>>,
 }
 
@@ -213,12 +216,26 @@ pub struct Settled {
 impl Counting {
     /// Starts counting a request sent to `path` with `body`: its prompt is tokenized on the
     /// tokenizing threads, unless [`MAX_JOBS`] are queued or running (then it is not counted).
-    pub fn start(tokenizer: Arc<Tokenizer>, path: &str, body: Bytes) -> Counting {
+    /// With `blocks`, the prompt is also cut into blocks of that many tokens, for the workload
+    /// trace.
+    pub fn start(
+        tokenizer: Arc<Tokenizer>,
+        path: &str,
+        body: Bytes,
+        blocks: Option<usize>,
+    ) -> Counting {
         let prompt = Arc::new(PromptSlot::default());
         if let Some(place) = Place::take() {
             let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
             place.run(move || {
-                let _ = slot.count.set(tok.prompt_tokens(&path, &body));
+                let count = match blocks {
+                    Some(b) => tok.prompt_blocks(&path, &body, b).map(|(count, ids)| {
+                        let _ = slot.blocks.set(ids.into());
+                        count
+                    }),
+                    None => tok.prompt_tokens(&path, &body),
+                };
+                let _ = slot.count.set(count);
                 slot.deliver();
             });
         }
@@ -257,8 +274,14 @@ impl Counting {
                     mismatches.warn(Direction::Input, &f.model, ours.tokens, stated);
                 }
             }
-            (None, Some(ours)) => f.input_tokens = Some(ours.tokens),
+            (None, Some(ours)) => {
+                f.input_tokens = Some(ours.tokens);
+                f.input_estimated = !ours.exact;
+            }
             _ => {}
+        }
+        if let Some(blocks) = self.prompt.blocks.get().filter(|b| !b.is_empty()) {
+            f.prompt_blocks = Some(Arc::clone(blocks));
         }
         let Some(t) = transcript.filter(|t| !t.incomplete && !t.ends.is_empty()) else {
             return settled;

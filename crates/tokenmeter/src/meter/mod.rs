@@ -605,6 +605,9 @@ impl State {
             tenant: s.tenant.clone(),
             ident: s.ident.clone(),
             gpu_seconds: None,
+            body_bytes: s.request.body_bytes,
+            input_estimated: false,
+            prompt_blocks: None,
         };
         // A place among the tokenizing jobs; without one the request keeps the stream's counts
         // (and its event sizes as the stream gave them).

@@ -540,6 +540,25 @@ impl Metrics {
         )
     }
 
+    /// The workload trace's counters (`tokenmeter_workload_log_{lines,dropped,skipped}_total`),
+    /// registered when `--workload-log` is on: the trace's handles.
+    pub fn workload_log_counters(&self) -> prometheus::Result<crate::workload::Counters> {
+        Ok(crate::workload::Counters {
+            written: self.register_counter(
+                names::WORKLOAD_LOG_LINES_TOTAL,
+                "Workload trace lines written (--workload-log): one per request for generation sent upstream.",
+            )?,
+            dropped: self.register_counter(
+                names::WORKLOAD_LOG_DROPPED_TOTAL,
+                "Workload trace lines dropped: the writer's queue was full, or a write failed (a slow or full disk).",
+            )?,
+            skipped: self.register_counter(
+                names::WORKLOAD_LOG_SKIPPED_TOTAL,
+                "Requests for generation not in the workload trace: shed, refused or upgraded, never sent upstream with a prompt.",
+            )?,
+        })
+    }
+
     /// `tokenmeter_trace_spans_dropped_total`, registered when spans are exported
     /// (`--otlp-endpoint`): the exporter's handle.
     pub fn trace_spans_dropped(&self) -> prometheus::Result<IntCounter> {

@@ -171,8 +171,15 @@ fn counting(
     if !generates || detect::path_hint(path) != Some(Api::OpenAi) {
         return None;
     }
-    let tokenizer = tokenizers?.for_model(info.model.as_deref())?;
-    Some(Counting::start(Arc::clone(tokenizer), path, body.clone()))
+    let tokenizers = tokenizers?;
+    let tokenizer = tokenizers.for_model(info.model.as_deref())?;
+    let blocks = tokenizers.blocks();
+    Some(Counting::start(
+        Arc::clone(tokenizer),
+        path,
+        body.clone(),
+        blocks,
+    ))
 }
 
 /// Reads a JSON body up to `max`; anything else, or anything larger, streams through. The body

@@ -46,6 +46,7 @@
 //!   (`cache_control`) for a template that takes parts: that matters only to a template that
 //!   prints a whole entry or part.
 
+mod blocks;
 mod count;
 mod estimate;
 mod load;
@@ -69,6 +70,8 @@ use template::ChatTemplate;
 pub struct Tokenizers {
     default: Option<Arc<Tokenizer>>,
     by_model: HashMap<String, Arc<Tokenizer>>,
+    /// Prompts are also cut into blocks of this many tokens (the workload trace's `hash_ids`).
+    blocks: Option<usize>,
 }
 
 impl Tokenizers {
@@ -79,6 +82,7 @@ impl Tokenizers {
         let mut out = Tokenizers {
             default: None,
             by_model: HashMap::new(),
+            blocks: None,
         };
         for value in values {
             let spec = load::parse_value(value)?;
@@ -111,6 +115,18 @@ impl Tokenizers {
         model
             .and_then(|m| self.by_model.get(m))
             .or(self.default.as_ref())
+    }
+
+    /// Cuts every prompt counted into blocks of `tokens` tokens too (`--workload-log`'s
+    /// `--workload-block-tokens`).
+    pub fn with_blocks(mut self, tokens: Option<usize>) -> Self {
+        self.blocks = tokens.filter(|&t| t > 0);
+        self
+    }
+
+    /// The block size prompts are cut into, when asked for.
+    pub fn blocks(&self) -> Option<usize> {
+        self.blocks
     }
 
     /// True when `--tokenizer` was not given: nothing is counted.
@@ -146,7 +162,30 @@ impl Tokenizer {
             default: self.template.as_ref(),
             tool_use: self.tool_template.as_ref(),
         };
-        prompt::prompt_tokens(&self.inner, &templates, path, body)
+        prompt::prompt_tokens(&self.inner, &templates, path, body, None)
+    }
+
+    /// The same count, and the prompt's blocks of `block` tokens named by their prefixes
+    /// (`blocks::chained`), where the prompt's ids are known (one prompt, counted exactly,
+    /// uncapped); empty where they are not.
+    pub fn prompt_blocks(
+        &self,
+        path: &str,
+        body: &[u8],
+        block: usize,
+    ) -> Option<(Count, Vec<u64>)> {
+        let templates = prompt::Templates {
+            default: self.template.as_ref(),
+            tool_use: self.tool_template.as_ref(),
+        };
+        let mut ids = Vec::new();
+        let count = prompt::prompt_tokens(&self.inner, &templates, path, body, Some(&mut ids))?;
+        let blocks = if count.exact && ids.len() as u64 == count.tokens {
+            blocks::chained(&ids, block)
+        } else {
+            Vec::new()
+        };
+        Some((count, blocks))
     }
 
     /// Output tokens of the text a response streamed, and how many tokens each event carried.

@@ -52,12 +52,16 @@ pub(crate) struct Templates<'a> {
     pub tool_use: Option<&'a ChatTemplate>,
 }
 
-/// The prompt tokens of a body, or `None` if it is not one this can count.
+/// The prompt tokens of a body, or `None` if it is not one this can count. With `ids`, the
+/// prompt's token ids are put there too, where the body is one prompt counted exactly and
+/// uncapped (a chat, a completion of one string or of one list of ids); otherwise it is left
+/// empty.
 pub(crate) fn prompt_tokens(
     tokenizer: &tokenizers::Tokenizer,
     templates: &Templates<'_>,
     path: &str,
     body: &[u8],
+    mut ids: Option<&mut Vec<u32>>,
 ) -> Option<Count> {
     let api = api(path)?;
     if api == Api::Chat && templates.default.is_none() && templates.tool_use.is_none() {
@@ -71,9 +75,13 @@ pub(crate) fn prompt_tokens(
         return None;
     }
     let cap = cap(&request)?;
+    if cap.is_some() {
+        // vLLM keeps the last tokens of a capped prompt: no blocks of those.
+        ids = None;
+    }
     match api {
-        Api::Chat => chat(tokenizer, templates, &request).map(|c| capped(c, cap)),
-        Api::Completions => completions(tokenizer, &request, cap),
+        Api::Chat => chat(tokenizer, templates, &request, ids).map(|c| capped(c, cap)),
+        Api::Completions => completions(tokenizer, &request, cap, ids),
     }
 }
 
@@ -115,11 +123,13 @@ fn capped(count: Count, cap: Option<u64>) -> Count {
     }
 }
 
-/// The tokens of `text`, exact up to the limit and estimated past it.
+/// The tokens of `text`, exact up to the limit and estimated past it; with `ids`, the ids of
+/// an exact count are put there.
 fn encode(
     tokenizer: &tokenizers::Tokenizer,
     text: &str,
     add_special_tokens: bool,
+    ids: Option<&mut Vec<u32>>,
 ) -> Option<Count> {
     if text.len() > MAX_TOKENIZED_BYTES {
         return Some(Count {
@@ -128,6 +138,9 @@ fn encode(
         });
     }
     let encoding = tokenizer.encode_fast(text, add_special_tokens).ok()?;
+    if let Some(ids) = ids {
+        ids.extend_from_slice(encoding.get_ids());
+    }
     Some(Count {
         tokens: encoding.len() as u64,
         exact: true,
@@ -138,11 +151,13 @@ fn completions(
     tokenizer: &tokenizers::Tokenizer,
     request: &Value,
     cap: Option<u64>,
+    ids: Option<&mut Vec<u32>>,
 ) -> Option<Count> {
     let add_special_tokens = flag(request, "add_special_tokens", true).ok()?;
     let prompt = field(request, "prompt")?;
     if prompt.kind() == ValueKind::String {
-        return encode(tokenizer, prompt.as_str()?, add_special_tokens).map(|c| capped(c, cap));
+        return encode(tokenizer, prompt.as_str()?, add_special_tokens, ids)
+            .map(|c| capped(c, cap));
     }
     if prompt.kind() != ValueKind::Seq || prompt.len()? == 0 {
         return None;
@@ -161,13 +176,20 @@ fn completions(
         // A list of prompts.
         ValueKind::String => {
             for item in &items {
-                add(encode(tokenizer, item.as_str()?, add_special_tokens)?);
+                add(encode(tokenizer, item.as_str()?, add_special_tokens, None)?);
             }
         }
         // One prompt of token ids.
         ValueKind::Number => {
             if !items.iter().all(Value::is_integer) {
                 return None;
+            }
+            if let Some(ids) = ids {
+                ids.extend(
+                    items
+                        .iter()
+                        .map(|v| u32::try_from(v.clone()).unwrap_or(u32::MAX)),
+                );
             }
             add(Count {
                 tokens: items.len() as u64,
@@ -218,9 +240,10 @@ fn chat(
     tokenizer: &tokenizers::Tokenizer,
     templates: &Templates<'_>,
     request: &Value,
+    ids: Option<&mut Vec<u32>>,
 ) -> Option<Count> {
     let (text, text_is_all) = chat_text(templates, request)?;
-    let count = encode(tokenizer, &text, false)?;
+    let count = encode(tokenizer, &text, false, ids.filter(|_| text_is_all))?;
     Some(Count {
         tokens: count.tokens,
         exact: count.exact && text_is_all,
