@@ -29,7 +29,8 @@ use tokio::net::TcpListener;
 
 use super::account::TenantId;
 use super::decoding::{Decoding, SpecCounts, Step};
-use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
+use super::engine::{Engine, StatsReport, Ticket};
+use super::prefix::PrefixCache;
 use super::text::{estimate_tokens, Lengths, Rng, Token, Words};
 use super::wire::{self, BodyError, Dialect, Handler, Parsed, Reply, Timings};
 

@@ -10,6 +10,7 @@
 //! it sent: `GET /sim/stats` reports its own per-request timestamps. The modules:
 //!
 //! - [`engine`]: the decode loop and its performance [`Model`].
+//! - [`prefix`]: the prefix cache, the share of a prompt that costs no prefill.
 //! - [`decoding`]: `--tokens-per-event` and `--spec-acceptance`, the tokens one step (and one
 //!   event) carries.
 //! - [`http`]: routes, request handling, the streaming body.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod kv;
 pub mod metrics;
 pub mod model;
+pub mod prefix;
 pub mod stall;
 pub mod text;
 pub mod wire;
@@ -37,9 +39,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 pub use decoding::Decoding;
-pub use engine::PrefixCache;
-use engine::{parse_hit_rate, Engine, Stats};
+use engine::{Engine, Stats};
 pub use model::Model;
+use prefix::parse_hit_rate;
+pub use prefix::PrefixCache;
 pub use stall::Stall;
 use text::Lengths;
 use tokenmeter::units::parse_duration;
