@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter_tools::sim::{Dialect, Model, PrefixCache, SimConfig};
+use tokenmeter_tools::sim::{Dialect, Model, PrefixCache, PrefixCaching, SimConfig};
 
 use crate::support::metrics::metric;
 use crate::support::{client, client::Seen, corpus, start_sim};
@@ -379,7 +379,7 @@ async fn sim_usage_states_the_prefix_cached_tokens_exactly() {
             prefill_per_token: Duration::from_micros(100),
             ..SimConfig::default().model
         },
-        prefix_cache: PrefixCache::new(0.9).expect("valid"),
+        prefix_cache: PrefixCaching::Rate(PrefixCache::new(0.9).expect("valid")),
         per_request_metrics: true,
         ..SimConfig::default()
     };

@@ -169,8 +169,26 @@ impl Engine {
         kv: Option<KvConfig>,
         decoding: Decoding,
     ) -> Self {
+        Engine::start_caching(model, keep_records, stall, kv, decoding, false)
+    }
+
+    /// [`Engine::start_decoding`], with a prefix cache in front of it (either kind): its
+    /// counters add the prompt tokens looked up in the cache and those it served
+    /// ([`Counters::prefix_cache`]).
+    pub fn start_caching(
+        model: Model,
+        keep_records: usize,
+        stall: Option<Stall>,
+        kv: Option<KvConfig>,
+        decoding: Decoding,
+        prefix_cache: bool,
+    ) -> Self {
         let (submit, rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(Stats::new(keep_records, decoding.is_speculative()));
+        let stats = Arc::new(Stats::new(
+            keep_records,
+            decoding.is_speculative(),
+            prefix_cache,
+        ));
         tokio::spawn(decode_loop(model, rx, Arc::clone(&stats), kv));
         Engine {
             submit,
@@ -208,7 +226,7 @@ impl Engine {
         let (wake_tx, wake) = mpsc::channel(1);
         let progress = Arc::new(Progress::default());
         let now = Instant::now();
-        self.stats.submitted();
+        self.stats.submitted(&job);
         self.submit
             .send(Seq {
                 id,
@@ -567,6 +585,19 @@ pub struct Counters {
     /// accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecCounts>,
+    /// With a prefix cache (either kind): the prompt tokens looked up in it and those it served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCounts>,
+}
+
+/// A prefix cache's lookups, in tokens, as vLLM counts them (`vllm:prefix_cache_queries_total`,
+/// `vllm:prefix_cache_hits_total`): every prompt's tokens are queried once, when it arrives.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PrefixCounts {
+    /// Prompt tokens looked up.
+    pub queries: u64,
+    /// Of them, served from the cache (its requests' `cached_tokens`).
+    pub hits: u64,
 }
 
 /// The KV cache's blocks at the last step.
@@ -596,13 +627,14 @@ pub struct StatsReport {
 }
 
 impl Stats {
-    fn new(keep: usize, speculative: bool) -> Self {
+    fn new(keep: usize, speculative: bool, prefix_cache: bool) -> Self {
         Stats {
             origin: Instant::now(),
             accounts: account::Accounts::default(),
             inner: Mutex::new(StatsInner {
                 counters: Counters {
                     spec: speculative.then(SpecCounts::default),
+                    prefix_cache: prefix_cache.then(PrefixCounts::default),
                     ..Counters::default()
                 },
                 keep,
@@ -624,8 +656,13 @@ impl Stats {
         t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
-    fn submitted(&self) {
-        self.lock().counters.submitted += 1;
+    fn submitted(&self, job: &Job) {
+        let mut s = self.lock();
+        s.counters.submitted += 1;
+        if let Some(p) = s.counters.prefix_cache.as_mut() {
+            p.queries += u64::from(job.prompt_tokens);
+            p.hits += u64::from(job.cached_tokens);
+        }
     }
 
     fn set_load(&self, running: usize, queued: usize) {
@@ -1006,6 +1043,27 @@ mod tests {
         let snap = e.stats().report();
         let cached: Vec<u32> = snap.requests.iter().map(|r| r.cached_tokens).collect();
         assert_eq!(cached, [300, 100]);
+    }
+
+    /// With a prefix cache the counters add every prompt's tokens as queried and its cached
+    /// ones as hits, when it is submitted; without one they are absent.
+    #[tokio::test(start_paused = true)]
+    async fn a_prefix_cache_counts_queried_and_hit_tokens() {
+        let e = Engine::start_caching(model(), 10, None, None, Decoding::PLAIN, true);
+        let cache = PrefixCache::new(0.5).expect("valid");
+        let mut a = e.submit(cache.job(601, 1)).expect("running");
+        let mut b = e.submit(cache.job(200, 1)).expect("running");
+        assert_eq!((drain(&mut a).await, drain(&mut b).await), (1, 1));
+        let p = e.stats().counters().prefix_cache;
+        assert_eq!(
+            p,
+            Some(PrefixCounts {
+                queries: 801,
+                hits: 400
+            })
+        );
+        let plain = Engine::start(model(), 10);
+        assert_eq!(plain.stats().counters().prefix_cache, None);
     }
 
     /// Runs one 20-token job, stalling the engine's timer by `stall` after its first token;
