@@ -17,10 +17,10 @@ use serde_json::Value;
 use tokenmeter::protocol::openai::OpenAi;
 use tokenmeter::protocol::{Api, Extractor, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse, Framing};
-use tokenmeter_tools::sim::{Dialect, Model, PrefixCache, SimConfig};
+use tokenmeter_tools::sim::{Dialect, Model, PrefixCache, PrefixCaching, SimConfig};
 
 use crate::support::metrics::metric;
-use crate::support::{client, client::Seen, corpus, start_sim};
+use crate::support::{client, client::Seen, corpus, sim_flags, start_sim};
 
 // === helpers ===
 
@@ -379,7 +379,7 @@ async fn sim_usage_states_the_prefix_cached_tokens_exactly() {
             prefill_per_token: Duration::from_micros(100),
             ..SimConfig::default().model
         },
-        prefix_cache: PrefixCache::new(0.9).expect("valid"),
+        prefix_cache: PrefixCaching::Rate(PrefixCache::new(0.9).expect("valid")),
         per_request_metrics: true,
         ..SimConfig::default()
     };
@@ -449,6 +449,71 @@ async fn sim_usage_states_the_prefix_cached_tokens_exactly() {
     let s = stats(addr).await;
     assert_eq!(s["requests"][0]["prompt_tokens"], input + read);
     assert_eq!(s["requests"][0]["cached_tokens"], read);
+}
+
+/// `--prefix-cache-tokens`: the cached tokens come from the prefixes prompts share. Two
+/// completions whose prompts share their first 1,000 characters share 15 whole blocks of 64
+/// characters (960; the 16th holds 40 shared and 24 different): the first finds the cache
+/// empty, the second is served 15 x 16 = 240 of its 325 prompt tokens. The usage says so, and
+/// `/metrics` counts exactly that with vLLM's names, as `/sim/stats` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_prefix_cache_is_learnt_from_shared_prompt_prefixes() {
+    /// Prompt tokens looked up and served, as `/metrics` counts them.
+    async fn counters(addr: SocketAddr) -> (f64, f64) {
+        let text = String::from_utf8(get(addr, "/metrics").await.body).expect("text");
+        let v = |name: &str| {
+            metric(name)
+                .label("model_name", "tokenmeter-sim")
+                .value(&text)
+        };
+        (
+            v("vllm:prefix_cache_queries_total"),
+            v("vllm:prefix_cache_hits_total"),
+        )
+    }
+    /// Prompt tokens and cached tokens, as the usage states them.
+    async fn complete(addr: SocketAddr, prompt: String) -> (u64, u64) {
+        let body = serde_json::json!({"prompt": prompt, "max_tokens": 2}).to_string();
+        let v = json(&post(addr, "/v1/completions", &body).await);
+        let n = |u: &Value| u.as_u64().expect("a count");
+        (
+            n(&v["usage"]["prompt_tokens"]),
+            n(&v["usage"]["prompt_tokens_details"]["cached_tokens"]),
+        )
+    }
+    let addr = start_sim(sim_flags(&["--prefix-cache-tokens", "4096"])).await;
+    let shared: String = "The quick brown fox jumps over the lazy dog. "
+        .chars()
+        .cycle()
+        .take(1000)
+        .collect();
+    assert_eq!(counters(addr).await, (0.0, 0.0));
+    let first = complete(addr, format!("{shared}{}", "x".repeat(200))).await;
+    assert_eq!(first, (300, 0), "an empty cache");
+    let after_first = counters(addr).await;
+    assert_eq!(after_first, (300.0, 0.0));
+    let second = complete(addr, format!("{shared}{}", "y".repeat(300))).await;
+    assert_eq!(second, (325, 240));
+    let after_second = counters(addr).await;
+    assert_eq!(
+        (
+            after_second.0 - after_first.0,
+            after_second.1 - after_first.1
+        ),
+        (325.0, 240.0),
+        "the second request's queried and hit tokens"
+    );
+    let s = stats(addr).await;
+    assert_eq!(s["prefix_cache_tokens"], 4096);
+    assert_eq!(s["prefix_cache"]["queries"], 625);
+    assert_eq!(s["prefix_cache"]["hits"], 240);
+    let cached: Vec<u64> = s["requests"]
+        .as_array()
+        .expect("requests")
+        .iter()
+        .map(|r| r["cached_tokens"].as_u64().expect("count"))
+        .collect();
+    assert_eq!(cached, [0, 240]);
 }
 
 /// A chat stream's role chunk goes out with the first token, after prefill, as vLLM sends it

@@ -4,7 +4,7 @@
 //! Each step emits one token for every running sequence (or several: [`super::decoding`]) and
 //! takes
 //! `step_base + step_per_seq x batch + prefill_per_token x (uncached prompt tokens admitted this
-//! step) + step_per_1k_kv_tokens x (context the running sequences hold) / 1000`: the share of a prompt the prefix cache serves ([`PrefixCache`]) costs nothing, as a
+//! step) + step_per_1k_kv_tokens x (context the running sequences hold) / 1000`: the share of a prompt the prefix cache serves ([`super::prefix`]) costs nothing, as a
 //! cached block's KV is read rather than computed.
 //! New requests wait in a FIFO queue and join at a step boundary while fewer than `max_batch`
 //! sequences run, so a full batch shows up as queueing in TTFT, and a joining prompt's prefill
@@ -34,64 +34,6 @@ use super::decoding::{Decoding, SpecCounts, Steps};
 use super::kv::{KvCache, KvConfig};
 use super::model::Model;
 use super::stall::Stall;
-
-/// `--prefix-cache-hit-rate`: the share of every prompt's tokens served from the prefix cache.
-///
-/// Held in millionths, so the cached count is exact integer arithmetic: `floor(prompt x rate)`
-/// for any rate given to six decimals, with no float rounding a 0.29 down to 0.28999.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PrefixCache {
-    millionths: u32,
-}
-
-/// [`PrefixCache`]'s unit.
-const MILLION: u32 = 1_000_000;
-
-impl PrefixCache {
-    /// No prompt token is cached.
-    pub const OFF: PrefixCache = PrefixCache { millionths: 0 };
-
-    /// A hit rate from 0 to 1 (rounded to a millionth); `None` outside that range.
-    pub fn new(rate: f64) -> Option<PrefixCache> {
-        (0.0..=1.0).contains(&rate).then(|| PrefixCache {
-            millionths: (rate * f64::from(MILLION)).round() as u32,
-        })
-    }
-
-    /// The hit rate, 0 to 1.
-    pub fn rate(&self) -> f64 {
-        f64::from(self.millionths) / f64::from(MILLION)
-    }
-
-    pub fn is_off(&self) -> bool {
-        self.millionths == 0
-    }
-
-    /// The tokens of a `prompt_tokens` prompt served from the cache: `floor(prompt x rate)`.
-    pub fn cached(&self, prompt_tokens: u32) -> u32 {
-        let c = u64::from(prompt_tokens) * u64::from(self.millionths) / u64::from(MILLION);
-        // At most prompt_tokens, since millionths is at most a million.
-        u32::try_from(c).unwrap_or(prompt_tokens)
-    }
-
-    /// The job for a prompt: its cached share taken from the cache.
-    pub fn job(&self, prompt_tokens: u32, output_tokens: u32) -> Job {
-        Job {
-            prompt_tokens,
-            cached_tokens: self.cached(prompt_tokens),
-            output_tokens,
-        }
-    }
-}
-
-/// Reads `--prefix-cache-hit-rate`: a number from 0 to 1.
-pub fn parse_hit_rate(s: &str) -> Result<PrefixCache, String> {
-    let rate: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number"))?;
-    PrefixCache::new(rate).ok_or_else(|| format!("{s} is not between 0 and 1"))
-}
 
 /// A step may start late by this much and the engine still keeps to its ideal schedule, running
 /// the late steps back to back: the simulated GPU does not slow down because the host stalled the
@@ -227,8 +169,26 @@ impl Engine {
         kv: Option<KvConfig>,
         decoding: Decoding,
     ) -> Self {
+        Engine::start_caching(model, keep_records, stall, kv, decoding, false)
+    }
+
+    /// [`Engine::start_decoding`], with a prefix cache in front of it (either kind): its
+    /// counters add the prompt tokens looked up in the cache and those it served
+    /// ([`Counters::prefix_cache`]).
+    pub fn start_caching(
+        model: Model,
+        keep_records: usize,
+        stall: Option<Stall>,
+        kv: Option<KvConfig>,
+        decoding: Decoding,
+        prefix_cache: bool,
+    ) -> Self {
         let (submit, rx) = mpsc::unbounded_channel();
-        let stats = Arc::new(Stats::new(keep_records, decoding.is_speculative()));
+        let stats = Arc::new(Stats::new(
+            keep_records,
+            decoding.is_speculative(),
+            prefix_cache,
+        ));
         tokio::spawn(decode_loop(model, rx, Arc::clone(&stats), kv));
         Engine {
             submit,
@@ -266,7 +226,7 @@ impl Engine {
         let (wake_tx, wake) = mpsc::channel(1);
         let progress = Arc::new(Progress::default());
         let now = Instant::now();
-        self.stats.submitted();
+        self.stats.submitted(&job);
         self.submit
             .send(Seq {
                 id,
@@ -625,6 +585,19 @@ pub struct Counters {
     /// accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecCounts>,
+    /// With a prefix cache (either kind): the prompt tokens looked up in it and those it served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCounts>,
+}
+
+/// A prefix cache's lookups, in tokens, as vLLM counts them (`vllm:prefix_cache_queries_total`,
+/// `vllm:prefix_cache_hits_total`): every prompt's tokens are queried once, when it arrives.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PrefixCounts {
+    /// Prompt tokens looked up.
+    pub queries: u64,
+    /// Of them, served from the cache (its requests' `cached_tokens`).
+    pub hits: u64,
 }
 
 /// The KV cache's blocks at the last step.
@@ -654,13 +627,14 @@ pub struct StatsReport {
 }
 
 impl Stats {
-    fn new(keep: usize, speculative: bool) -> Self {
+    fn new(keep: usize, speculative: bool, prefix_cache: bool) -> Self {
         Stats {
             origin: Instant::now(),
             accounts: account::Accounts::default(),
             inner: Mutex::new(StatsInner {
                 counters: Counters {
                     spec: speculative.then(SpecCounts::default),
+                    prefix_cache: prefix_cache.then(PrefixCounts::default),
                     ..Counters::default()
                 },
                 keep,
@@ -682,8 +656,13 @@ impl Stats {
         t.saturating_duration_since(self.origin).as_secs_f64()
     }
 
-    fn submitted(&self) {
-        self.lock().counters.submitted += 1;
+    fn submitted(&self, job: &Job) {
+        let mut s = self.lock();
+        s.counters.submitted += 1;
+        if let Some(p) = s.counters.prefix_cache.as_mut() {
+            p.queries += u64::from(job.prompt_tokens);
+            p.hits += u64::from(job.cached_tokens);
+        }
     }
 
     fn set_load(&self, running: usize, queued: usize) {
@@ -770,6 +749,7 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::prefix::PrefixCache;
 
     fn model() -> Model {
         Model {
@@ -1018,24 +998,6 @@ mod tests {
         assert_eq!(snap.counters.output_tokens, 9);
     }
 
-    #[test]
-    fn the_cached_share_is_floor_of_prompt_times_rate_exactly() {
-        let c = |rate: &str, prompt: u32| parse_hit_rate(rate).expect("valid").cached(prompt);
-        assert_eq!(c("0", 2000), 0);
-        assert_eq!(c("0.9", 2000), 1800);
-        // 100 x 0.29 is 28.999999999999996 in floats; the cache holds millionths: 29.
-        assert_eq!(c("0.29", 100), 29);
-        assert_eq!(c("0.5", 7), 3);
-        assert_eq!(c("1", 1234), 1234);
-        assert_eq!(c("0.333333", 3), 0);
-        assert_eq!(parse_hit_rate("0.25").expect("valid").rate(), 0.25);
-        assert!(parse_hit_rate("1.01").is_err());
-        assert!(parse_hit_rate("-0.1").is_err());
-        assert!(parse_hit_rate("NaN").is_err());
-        assert!(parse_hit_rate("lots").is_err());
-        assert!(PrefixCache::new(0.0).expect("valid").is_off());
-    }
-
     /// Only the uncached share of a prompt is charged: with 75% of a 1000-token prompt cached,
     /// the admitting step prefills 250 tokens (12.5 ms at 50 us), not 1000 (50 ms).
     #[tokio::test(start_paused = true)]
@@ -1081,6 +1043,27 @@ mod tests {
         let snap = e.stats().report();
         let cached: Vec<u32> = snap.requests.iter().map(|r| r.cached_tokens).collect();
         assert_eq!(cached, [300, 100]);
+    }
+
+    /// With a prefix cache the counters add every prompt's tokens as queried and its cached
+    /// ones as hits, when it is submitted; without one they are absent.
+    #[tokio::test(start_paused = true)]
+    async fn a_prefix_cache_counts_queried_and_hit_tokens() {
+        let e = Engine::start_caching(model(), 10, None, None, Decoding::PLAIN, true);
+        let cache = PrefixCache::new(0.5).expect("valid");
+        let mut a = e.submit(cache.job(601, 1)).expect("running");
+        let mut b = e.submit(cache.job(200, 1)).expect("running");
+        assert_eq!((drain(&mut a).await, drain(&mut b).await), (1, 1));
+        let p = e.stats().counters().prefix_cache;
+        assert_eq!(
+            p,
+            Some(PrefixCounts {
+                queries: 801,
+                hits: 400
+            })
+        );
+        let plain = Engine::start(model(), 10);
+        assert_eq!(plain.stats().counters().prefix_cache, None);
     }
 
     /// Runs one 20-token job, stalling the engine's timer by `stall` after its first token;

@@ -29,7 +29,8 @@ use tokio::net::TcpListener;
 
 use super::account::TenantId;
 use super::decoding::{Decoding, SpecCounts, Step};
-use super::engine::{Engine, PrefixCache, StatsReport, Ticket};
+use super::engine::{Engine, StatsReport, Ticket};
+use super::prefix::{PrefixCaching, PrefixLookup};
 use super::text::{estimate_tokens, Lengths, Rng, Token, Words};
 use super::wire::{self, BodyError, Dialect, Handler, Parsed, Reply, Timings};
 
@@ -53,8 +54,10 @@ pub struct State {
     /// Reported when the request names no model.
     pub model: String,
     pub seed: u64,
-    /// `--prefix-cache-hit-rate`.
-    pub prefix_cache: PrefixCache,
+    /// `--prefix-cache-hit-rate` or `--prefix-cache-tokens`.
+    pub prefix_cache: PrefixCaching,
+    /// That cache, serving every request its cached tokens.
+    pub prefix: PrefixLookup,
     pub lengths: Lengths,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
@@ -178,7 +181,12 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<SimBody> {
             )
         }
     };
-    match wire::parse(route, &body) {
+    let parsed = if state.prefix.wants_keys() {
+        wire::parse_with_keys(route, &body)
+    } else {
+        wire::parse(route, &body)
+    };
+    match parsed {
         Ok(parsed) => generate(state, route, parsed, tenant).await,
         Err(e @ (BodyError::NotJson | BodyError::BadLimit(_))) => {
             error(Some(route), StatusCode::BAD_REQUEST, &e.to_string())
@@ -196,6 +204,8 @@ struct StatsBody<'a> {
     prefill_per_token_s: f64,
     step_per_1k_kv_tokens_s: f64,
     prefix_cache_hit_rate: f64,
+    /// `--prefix-cache-tokens` (0: none).
+    prefix_cache_tokens: u32,
     max_batch: usize,
     /// `--tokens-per-event` (absent under speculative decoding).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -224,6 +234,7 @@ fn stats(state: &State) -> StatsBody<'_> {
         prefill_per_token_s: m.prefill_per_token.as_secs_f64(),
         step_per_1k_kv_tokens_s: m.step_per_1k_kv_tokens.as_secs_f64(),
         prefix_cache_hit_rate: state.prefix_cache.rate(),
+        prefix_cache_tokens: state.prefix_cache.tokens(),
         max_batch: m.max_batch,
         tokens_per_event,
         spec_acceptance,
@@ -241,7 +252,9 @@ async fn generate(state: &State, route: Handler, p: Parsed, tenant: TenantId) ->
     let natural = state.lengths.sample(&mut rng);
     let output_tokens = p.max_tokens.unwrap_or(natural);
     let prompt_tokens = estimate_tokens(p.prompt_chars);
-    let job = state.prefix_cache.job(prompt_tokens, output_tokens);
+    let job = state
+        .prefix
+        .job(prompt_tokens, &p.prefix_keys, output_tokens);
     // The step sizes (under speculative decoding) from a stream of their own, so they leave the
     // words and the length as they are without it.
     let steps_seed = Rng::new(seed ^ 0x5350_4543_4445_434F).next_u64();
@@ -265,7 +278,7 @@ async fn generate(state: &State, route: Handler, p: Parsed, tenant: TenantId) ->
         prompt_tokens,
         // Stated only with the cache on, as vLLM states it only when asked to: without it the
         // responses stay as they were.
-        cached_tokens: (!state.prefix_cache.is_off()).then_some(job.cached_tokens),
+        cached_tokens: state.prefix_cache.is_on().then_some(job.cached_tokens),
         output_tokens,
         limited: p.max_tokens.is_some(),
         details: p.details,

@@ -8,8 +8,10 @@
 //! `vllm:cache_config_info` (an info gauge whose labels state the cache: `block_size`,
 //! `num_gpu_blocks`, and the size in tokens), and with `--spec-acceptance` the speculative
 //! decoding counters `vllm:spec_decode_num_drafts_total`,
-//! `vllm:spec_decode_num_draft_tokens_total` and `vllm:spec_decode_num_accepted_tokens_total`.
-//! Each carries `model_name`, as vLLM's do.
+//! `vllm:spec_decode_num_draft_tokens_total` and `vllm:spec_decode_num_accepted_tokens_total`,
+//! and with either prefix cache (`--prefix-cache-hit-rate`, `--prefix-cache-tokens`)
+//! `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (prompt tokens looked
+//! up, and served from the cache). Each carries `model_name`, as vLLM's do.
 
 use std::fmt::Write as _;
 
@@ -91,6 +93,22 @@ pub fn render(model: &str, c: &Counters) -> String {
         "",
         c.output_tokens as f64,
     );
+    if let Some(p) = c.prefix_cache {
+        series(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "",
+            p.queries as f64,
+        );
+        series(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            "",
+            p.hits as f64,
+        );
+    }
     if let Some(spec) = c.spec {
         series(
             "vllm:spec_decode_num_drafts_total",
@@ -156,7 +174,7 @@ mod tests {
     use super::*;
     use crate::sim::account::{Part, Phase};
     use crate::sim::decoding::SpecCounts;
-    use crate::sim::engine::KvBlocks;
+    use crate::sim::engine::{KvBlocks, PrefixCounts};
     use std::time::Duration;
 
     #[test]
@@ -198,6 +216,7 @@ mod tests {
         assert!(text.contains("vllm:num_preemptions_total{model_name=\"m\\\"1\"} 5\n"));
         assert!(!text.contains("kv_cache"), "{text}");
         assert!(!text.contains("spec_decode"), "{text}");
+        assert!(!text.contains("prefix_cache"), "{text}");
         c.kv_blocks = Some(KvBlocks {
             used: 12,
             total: 16,
@@ -237,6 +256,26 @@ mod tests {
             "vllm:spec_decode_num_drafts_total{model_name=\"m\"} 10\n",
             "vllm:spec_decode_num_draft_tokens_total{model_name=\"m\"} 40\n",
             "vllm:spec_decode_num_accepted_tokens_total{model_name=\"m\"} 25\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+    }
+
+    #[test]
+    fn the_prefix_cache_is_counted_in_tokens_with_vllms_names() {
+        let c = Counters {
+            prefix_cache: Some(PrefixCounts {
+                queries: 650,
+                hits: 240,
+            }),
+            ..Counters::default()
+        };
+        let text = render("m", &c);
+        for line in [
+            "# TYPE vllm:prefix_cache_queries_total counter\n",
+            "vllm:prefix_cache_queries_total{model_name=\"m\"} 650\n",
+            "# TYPE vllm:prefix_cache_hits_total counter\n",
+            "vllm:prefix_cache_hits_total{model_name=\"m\"} 240\n",
         ] {
             assert!(text.contains(line), "{line}: {text}");
         }

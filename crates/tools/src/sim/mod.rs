@@ -4,12 +4,14 @@
 //! It serves an OpenAI-compatible API (and, with `--api`, Anthropic's, Ollama's or TGI's) and
 //! behaves like continuous batching on a GPU ([`engine`]): every decode step emits one token for
 //! each running request (or several, [`decoding`]) and takes `step_base + step_per_seq x batch`, prefill costs time per
-//! prompt token (less the share `--prefix-cache-hit-rate` serves from the cache), and past
+//! prompt token (less what the prefix cache serves: a fixed share with `--prefix-cache-hit-rate`,
+//! the blocks earlier prompts left with `--prefix-cache-tokens`), and past
 //! `--max-batch` requests queue. It is deterministic given `--seed` (the
 //! tokens and lengths depend only on the seed and the request, see [`text`]) and exact about what
 //! it sent: `GET /sim/stats` reports its own per-request timestamps. The modules:
 //!
 //! - [`engine`]: the decode loop and its performance [`Model`].
+//! - [`prefix`]: the prefix cache, the share of a prompt that costs no prefill.
 //! - [`decoding`]: `--tokens-per-event` and `--spec-acceptance`, the tokens one step (and one
 //!   event) carries.
 //! - [`http`]: routes, request handling, the streaming body.
@@ -24,6 +26,7 @@ pub mod http;
 pub mod kv;
 pub mod metrics;
 pub mod model;
+pub mod prefix;
 pub mod stall;
 pub mod text;
 pub mod wire;
@@ -37,9 +40,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 pub use decoding::Decoding;
-pub use engine::PrefixCache;
-use engine::{parse_hit_rate, Engine, Stats};
+use engine::{Engine, Stats};
 pub use model::Model;
+use prefix::{parse_hit_rate, PrefixLookup, PREFIX_BLOCK_TOKENS};
+pub use prefix::{PrefixCache, PrefixCaching};
 pub use stall::Stall;
 use text::Lengths;
 use tokenmeter::units::parse_duration;
@@ -79,9 +83,24 @@ pub struct SimArgs {
     pub step_per_1k_kv_tokens: Duration,
 
     /// Share of every prompt's tokens served from the prefix cache, 0 to 1: floor(prompt x R)
-    /// tokens are not charged --prefill-per-token, and the usage states them as cached.
+    /// tokens are not charged --prefill-per-token, and the usage states them as cached. Not
+    /// with --prefix-cache-tokens.
     #[arg(long, env = "TOKENMETER_SIM_PREFIX_CACHE_HIT_RATE", default_value = "0", value_parser = parse_hit_rate, value_name = "R")]
     pub prefix_cache_hit_rate: PrefixCache,
+
+    /// A prefix cache learnt from the prompts, holding N tokens (0: none), as vLLM's automatic
+    /// prefix caching: a prompt's text is cut into blocks of 16 tokens (64 characters), each
+    /// keyed by its text and every block before it; its leading blocks that earlier prompts left
+    /// in the cache (at most all its tokens but the last) are not charged --prefill-per-token,
+    /// and the usage states them as cached. The least recently used blocks are evicted. Not
+    /// with --prefix-cache-hit-rate.
+    #[arg(
+        long,
+        env = "TOKENMETER_SIM_PREFIX_CACHE_TOKENS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub prefix_cache_tokens: u32,
 
     /// Requests decoded at once; the rest wait in a FIFO queue (visible in TTFT). Also read as
     /// --max-num-seqs, vLLM's name for it.
@@ -197,8 +216,8 @@ pub struct SimConfig {
     pub api: Dialect,
     pub model_name: String,
     pub model: Model,
-    /// `--prefix-cache-hit-rate`.
-    pub prefix_cache: PrefixCache,
+    /// `--prefix-cache-hit-rate` or `--prefix-cache-tokens`.
+    pub prefix_cache: PrefixCaching,
     pub lengths: Lengths,
     pub seed: u64,
     pub stats_keep: usize,
@@ -230,6 +249,12 @@ pub enum SimError {
     SpecWithFixed(u32),
     #[error("--kv-cache-tokens {tokens} holds no whole block of --block-size {block_size}")]
     NoBlock { tokens: u32, block_size: u32 },
+    #[error(
+        "--prefix-cache-hit-rate and --prefix-cache-tokens are two kinds of prefix cache: give one"
+    )]
+    TwoPrefixCaches,
+    #[error("--prefix-cache-tokens {0} holds no whole block of {PREFIX_BLOCK_TOKENS} tokens")]
+    NoPrefixBlock(u32),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -249,6 +274,8 @@ impl SimError {
                 | SimError::Zero(_)
                 | SimError::SpecWithFixed(_)
                 | SimError::NoBlock { .. }
+                | SimError::TwoPrefixCaches
+                | SimError::NoPrefixBlock(_)
         )
     }
 }
@@ -267,7 +294,7 @@ impl Default for SimConfig {
                 step_per_1k_kv_tokens: Duration::ZERO,
                 max_batch: 256,
             },
-            prefix_cache: PrefixCache::OFF,
+            prefix_cache: PrefixCaching::default(),
             lengths: Lengths { min: 32, max: 512 },
             seed: 0,
             stats_keep: 10_000,
@@ -328,6 +355,13 @@ impl SimArgs {
                 block_size: k.block_size,
             });
         }
+        // A hit rate of 0 is no cache, so it goes with the learnt one.
+        let prefix_cache = match self.prefix_cache_tokens {
+            0 => PrefixCaching::Rate(self.prefix_cache_hit_rate),
+            _ if !self.prefix_cache_hit_rate.is_off() => return Err(SimError::TwoPrefixCaches),
+            tokens if tokens < PREFIX_BLOCK_TOKENS => return Err(SimError::NoPrefixBlock(tokens)),
+            tokens => PrefixCaching::Blocks { tokens },
+        };
         Ok(SimConfig {
             listen,
             api: self.api,
@@ -339,7 +373,7 @@ impl SimArgs {
                 step_per_1k_kv_tokens: self.step_per_1k_kv_tokens,
                 max_batch: self.max_batch,
             },
-            prefix_cache: self.prefix_cache_hit_rate,
+            prefix_cache,
             lengths: self.output_tokens,
             seed: self.seed,
             stats_keep: self.stats_keep,
@@ -375,17 +409,19 @@ impl Sim {
         Ok(Sim {
             listener,
             state: Arc::new(http::State {
-                engine: Engine::start_decoding(
+                engine: Engine::start_caching(
                     cfg.model,
                     cfg.stats_keep,
                     cfg.stall,
                     cfg.kv,
                     cfg.decoding,
+                    cfg.prefix_cache.is_on(),
                 ),
                 dialect: cfg.api,
                 model: cfg.model_name.clone(),
                 seed: cfg.seed,
                 prefix_cache: cfg.prefix_cache,
+                prefix: PrefixLookup::new(cfg.prefix_cache),
                 lengths: cfg.lengths,
                 per_request_metrics: cfg.per_request_metrics,
                 tenant_header: cfg.tenant_header.clone(),
@@ -429,6 +465,7 @@ pub fn run(args: &SimArgs) -> Result<(), SimError> {
             aggregate_tps_at_128 = format!("{:.0}", m.aggregate_tps(128)),
             max_batch = m.max_batch,
             prefix_cache_hit_rate = cfg.prefix_cache.rate(),
+            prefix_cache_tokens = cfg.prefix_cache.tokens(),
             tokens_per_event = format!("{:.2}", cfg.decoding.mean_tokens()),
             "simulator started"
         );
@@ -486,6 +523,7 @@ mod tests {
         assert!(T::try_parse_from(["t", "--prefix-cache-hit-rate", "1.5"]).is_err());
         let cached = T::try_parse_from(["t", "--prefix-cache-hit-rate", "0.9"]).expect("parse");
         assert_eq!(cached.a.prefix_cache_hit_rate.cached(2000), 1800);
+        assert!(T::try_parse_from(["t", "--prefix-cache-tokens", "-1"]).is_err());
         assert!(T::try_parse_from(["t", "--output-tokens", "9-3"]).is_err());
         assert!(matches!(
             bad(&["--kv-cache-tokens", "8", "--block-size", "16"]),
@@ -571,5 +609,59 @@ mod tests {
             })
         );
         assert_eq!(c.model.max_batch, 8);
+    }
+
+    /// The two prefix caches exclude each other, but a hit rate of 0 is none; the learnt cache
+    /// holds at least one block.
+    #[test]
+    fn the_prefix_cache_flags() {
+        let parse = |extra: &[&str]| {
+            let mut v = vec!["t", "--listen", "127.0.0.1:0"];
+            v.extend_from_slice(extra);
+            T::try_parse_from(v).expect("parse").a.validate()
+        };
+        let cfg = |extra: &[&str]| parse(extra).expect("valid").prefix_cache;
+        assert_eq!(cfg(&[]), PrefixCaching::default());
+        assert!(!cfg(&[]).is_on());
+        assert_eq!(
+            cfg(&["--prefix-cache-tokens", "4096"]),
+            PrefixCaching::Blocks { tokens: 4096 }
+        );
+        assert_eq!(
+            cfg(&[
+                "--prefix-cache-tokens",
+                "4096",
+                "--prefix-cache-hit-rate",
+                "0"
+            ]),
+            PrefixCaching::Blocks { tokens: 4096 }
+        );
+        assert_eq!(
+            cfg(&[
+                "--prefix-cache-tokens",
+                "0",
+                "--prefix-cache-hit-rate",
+                "0.5"
+            ]),
+            PrefixCaching::Rate(PrefixCache::new(0.5).expect("valid"))
+        );
+        let both = parse(&[
+            "--prefix-cache-tokens",
+            "4096",
+            "--prefix-cache-hit-rate",
+            "0.5",
+        ]);
+        assert!(matches!(both, Err(SimError::TwoPrefixCaches)), "{both:?}");
+        assert!(both.is_err_and(|e| e.is_usage()));
+        let small = parse(&["--prefix-cache-tokens", "15"]);
+        assert!(
+            matches!(small, Err(SimError::NoPrefixBlock(15))),
+            "{small:?}"
+        );
+        assert!(small.is_err_and(|e| e.is_usage()));
+        assert_eq!(
+            cfg(&["--prefix-cache-tokens", "16"]),
+            PrefixCaching::Blocks { tokens: 16 }
+        );
     }
 }

@@ -205,10 +205,13 @@ impl fmt::Display for Lengths {
     }
 }
 
-/// Roughly how many tokens `chars` characters of English make: the usual four per token, at
-/// least one.
+/// Characters of English per token, roughly: the usual rule of thumb.
+pub const CHARS_PER_TOKEN: usize = 4;
+
+/// Roughly how many tokens `chars` characters of English make: [`CHARS_PER_TOKEN`] to a token,
+/// at least one.
 pub fn estimate_tokens(chars: usize) -> u32 {
-    chars.div_ceil(4).clamp(1, u32::MAX as usize) as u32
+    chars.div_ceil(CHARS_PER_TOKEN).clamp(1, u32::MAX as usize) as u32
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use super::decoding::SpecCounts;
+use super::prefix::BlockKeys;
 use super::text::{Fnv, Token};
 
 /// The API family the simulator imitates (`--api`). OpenAI's endpoints are served in every mode,
@@ -130,6 +131,10 @@ pub struct Parsed {
     pub prompt_chars: usize,
     /// A hash of that text and the request's `seed`: what makes the output deterministic.
     pub prompt_hash: u64,
+    /// The keys of the full blocks of that text ([`BlockKeys`]: its strings' characters joined,
+    /// a top-level `system` first), for the learnt prefix cache; empty unless read with
+    /// [`parse_with_keys`].
+    pub prefix_keys: Vec<u64>,
     /// TGI `parameters.details`.
     pub details: bool,
 }
@@ -148,15 +153,18 @@ struct Options<'a> {
 /// The fields whose text is the prompt, in every API we speak.
 const PROMPT_FIELDS: [&str; 4] = ["messages", "prompt", "system", "inputs"];
 
-fn walk_text(v: &Value, chars: &mut usize, hash: &mut Fnv) {
+/// The same fields in the order a server puts their text before the model: a top-level `system`
+/// (Anthropic's, Ollama's) first, as a chat template does. The prefix cache's blocks are cut from
+/// the prompt's text in this order, so a shared system prompt is a shared prefix; the
+/// [`PROMPT_FIELDS`] order stays what the output's seed hashes.
+const PREFIX_FIELDS: [&str; 4] = ["system", "messages", "prompt", "inputs"];
+
+/// Every string under `v`, in order (an object's values in its keys' order).
+fn walk_text(v: &Value, f: &mut impl FnMut(&str)) {
     match v {
-        Value::String(s) => {
-            *chars += s.chars().count();
-            hash.write(s.as_bytes());
-            hash.write(&[0]);
-        }
-        Value::Array(a) => a.iter().for_each(|x| walk_text(x, chars, hash)),
-        Value::Object(o) => o.values().for_each(|x| walk_text(x, chars, hash)),
+        Value::String(s) => f(s),
+        Value::Array(a) => a.iter().for_each(|x| walk_text(x, f)),
+        Value::Object(o) => o.values().for_each(|x| walk_text(x, f)),
         _ => {}
     }
 }
@@ -186,13 +194,35 @@ fn object<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Map<String, 
 
 /// Reads a request body for `route`.
 pub fn parse(route: Handler, body: &[u8]) -> Result<Parsed, BodyError> {
+    read(route, body, false)
+}
+
+/// [`parse`], with the keys of the prompt's full blocks ([`Parsed::prefix_keys`]), for the
+/// learnt prefix cache.
+pub fn parse_with_keys(route: Handler, body: &[u8]) -> Result<Parsed, BodyError> {
+    read(route, body, true)
+}
+
+fn read(route: Handler, body: &[u8], with_keys: bool) -> Result<Parsed, BodyError> {
     let v: Value = serde_json::from_slice(body).map_err(|_| BodyError::NotJson)?;
     let obj = v.as_object().ok_or(BodyError::NotJson)?;
     let mut chars = 0;
     let mut hash = Fnv::default();
     for f in PROMPT_FIELDS {
         if let Some(x) = obj.get(f) {
-            walk_text(x, &mut chars, &mut hash);
+            walk_text(x, &mut |s| {
+                chars += s.chars().count();
+                hash.write(s.as_bytes());
+                hash.write(&[0]);
+            });
+        }
+    }
+    let mut keys = BlockKeys::default();
+    if with_keys {
+        for f in PREFIX_FIELDS {
+            if let Some(x) = obj.get(f) {
+                walk_text(x, &mut |s| keys.write(s));
+            }
         }
     }
     let o = match route.dialect() {
@@ -215,6 +245,7 @@ pub fn parse(route: Handler, body: &[u8]) -> Result<Parsed, BodyError> {
             .map(str::to_string),
         prompt_chars: chars,
         prompt_hash: hash.finish(),
+        prefix_keys: keys.finish(),
         details: o.details,
     })
 }

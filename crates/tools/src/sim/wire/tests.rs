@@ -203,6 +203,71 @@ fn the_seed_field_changes_the_hash_and_the_rest_does_not() {
     assert_ne!(base, h(br#"{"messages":[{"role":"user","content":"ho"}]}"#));
 }
 
+/// The prefix cache's blocks are cut from the text `prompt_chars` counts, in every format: as
+/// many full blocks as its characters make, and none unless asked for.
+#[test]
+fn the_prefix_keys_cover_the_counted_text_in_every_format() {
+    let text = "p".repeat(150);
+    let bodies = [
+        (
+            Handler::Chat,
+            serde_json::json!({"messages": [{"role": "user", "content": text}]}),
+        ),
+        (Handler::Completions, serde_json::json!({"prompt": text})),
+        (
+            Handler::Messages,
+            serde_json::json!({"system": text, "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}], "max_tokens": 5}),
+        ),
+        (
+            Handler::OllamaChat,
+            serde_json::json!({"messages": [{"role": "user", "content": text}]}),
+        ),
+        (
+            Handler::OllamaGenerate,
+            serde_json::json!({"prompt": text, "system": text}),
+        ),
+        (Handler::TgiGenerate, serde_json::json!({"inputs": text})),
+    ];
+    for (route, body) in bodies {
+        let body = body.to_string();
+        let p = parse_with_keys(route, body.as_bytes()).expect("valid");
+        assert_eq!(p.prefix_keys.len(), p.prompt_chars / 64, "{route:?}");
+        assert!(!p.prefix_keys.is_empty(), "{route:?}");
+        let plain = parse(route, body.as_bytes()).expect("valid");
+        assert!(plain.prefix_keys.is_empty(), "{route:?}");
+        assert_eq!(
+            (plain.prompt_chars, plain.prompt_hash),
+            (p.prompt_chars, p.prompt_hash)
+        );
+    }
+    // A completion's keys are its prompt's.
+    let p = parse_with_keys(Handler::Completions, br#"{"prompt":["abc","def"]}"#).expect("valid");
+    assert!(p.prefix_keys.is_empty());
+    let long = "q".repeat(130);
+    let body = serde_json::json!({"prompt": long}).to_string();
+    let p = parse_with_keys(Handler::Completions, body.as_bytes()).expect("valid");
+    let mut k = crate::sim::prefix::BlockKeys::default();
+    k.write(&long);
+    assert_eq!(p.prefix_keys, k.finish());
+}
+
+/// A top-level `system` is the start of the prompt, as a chat template puts it: two Messages
+/// requests with one long system prompt share its blocks whatever their messages.
+#[test]
+fn a_shared_system_prompt_is_a_shared_prefix() {
+    let system = "s".repeat(640);
+    let keys = |message: &str| {
+        let body = serde_json::json!({"system": system, "max_tokens": 5, "messages": [{"role": "user", "content": message}]})
+            .to_string();
+        parse_with_keys(Handler::Messages, body.as_bytes())
+            .expect("valid")
+            .prefix_keys
+    };
+    let (a, b) = (keys(&"a".repeat(200)), keys(&"b".repeat(200)));
+    assert_eq!(a[..10], b[..10]);
+    assert_ne!(a[10], b[10]);
+}
+
 #[test]
 fn routes_depend_on_the_dialect() {
     assert_eq!(Handler::find(Dialect::Openai, "/v1/messages"), None);
