@@ -1,5 +1,5 @@
 //! What following a request costs it: a whole short request through the meter with nothing on,
-//! with the request log, with a span exported, and with both, side by side so the figures read
+//! with the request log, with a span exported, with both, and with the workload trace, side by side so the figures read
 //! as differences on a noisy machine. The per-chunk path is the same in all four (the sinks run
 //! once, at the finish): `tests/alloc.rs` holds it to 0 allocations per chunk.
 //!
@@ -19,6 +19,7 @@ use tokenmeter::otlp::{Exporter, TracingConfig};
 use tokenmeter::protocol::request::RequestInfo;
 use tokenmeter::record::{Outcome, Sink};
 use tokenmeter::reqlog::{Destination, RequestLog};
+use tokenmeter::workload::{Counters, WorkloadConfig, WorkloadLog};
 
 /// A short OpenAI stream: a role chunk, 16 content chunks, usage, `[DONE]`.
 fn stream() -> Vec<Vec<u8>> {
@@ -59,11 +60,12 @@ fn bench(c: &mut Criterion) {
     head.insert("x-request-id", HeaderValue::from_static("req-1"));
     let frames = stream();
     let mut g = c.benchmark_group("request");
-    for (name, log, traced) in [
-        ("nothing", false, false),
-        ("request_log", true, false),
-        ("span", false, true),
-        ("both", true, true),
+    for (name, log, traced, workload) in [
+        ("nothing", false, false, false),
+        ("request_log", true, false, false),
+        ("span", false, true, false),
+        ("both", true, true, false),
+        ("workload_log", false, false, true),
     ] {
         let metrics = Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics"));
         let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
@@ -76,6 +78,22 @@ fn bench(c: &mut Criterion) {
             let counter = IntCounter::new("spans_dropped", "-").expect("counter");
             sinks.push(Arc::new(Exporter::start(&tracing, counter)));
         }
+        if workload {
+            let c = |n: &str| IntCounter::new(n, "-").expect("counter");
+            let cfg = WorkloadConfig {
+                destination: Destination::File("/dev/null".into()),
+                block_tokens: 512,
+                conversation_header: None,
+                hold: tokenmeter::workload::HOLD,
+            };
+            let counters = Counters {
+                written: c("written"),
+                dropped: c("dropped"),
+                skipped: c("skipped"),
+            };
+            sinks.push(Arc::new(WorkloadLog::open(&cfg, counters).expect("open")));
+        }
+        // The trace reads no head without a conversation header.
         let identify = (log || traced).then(|| Identify::new(traced.then(Sampler::default)));
         let recorder = Arc::new(
             Recorder::new(metrics, Default::default())

@@ -90,12 +90,11 @@ const WORKLOAD_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
 /// What takes each finished request besides the metrics (the request log, the spans, the
 /// workload trace), the reader of request heads they need, and what must run at exit; none of
 /// it exists, and no request pays for it, when it is off.
-fn sinks(
-    cfg: &Config,
-    metrics: &Metrics,
-) -> Result<(Option<Identify>, Sinks, OnExit), StartError> {
+fn sinks(cfg: &Config, metrics: &Metrics) -> Result<(Option<Identify>, Sinks, OnExit), StartError> {
     let mut sinks: Sinks = Vec::new();
     let mut on_exit: OnExit = Vec::new();
+    // The request log and the spans read each request's head; the trace only for a conversation.
+    let mut identified = cfg.request_log.is_some();
     if let Some(path) = &cfg.request_log {
         let log = RequestLog::open(
             &reqlog::Destination::of(path),
@@ -109,6 +108,7 @@ fn sinks(
     }
     let sampler = match &cfg.tracing {
         Some(t) => {
+            identified = true;
             sinks.push(Arc::new(Exporter::start(t, metrics.trace_spans_dropped()?)));
             Some(t.sampler)
         }
@@ -132,8 +132,8 @@ fn sinks(
         .workload
         .as_ref()
         .and_then(|w| w.conversation_header.clone());
-    let identify =
-        (!sinks.is_empty()).then(|| Identify::new(sampler).with_conversation(conversation));
+    identified |= conversation.is_some();
+    let identify = identified.then(|| Identify::new(sampler).with_conversation(conversation));
     Ok((identify, sinks, on_exit))
 }
 
