@@ -427,7 +427,7 @@ def check_guidellm(checks, name, br, proxy, trace, g):
                len(lines) == n and outcomes == {"complete": n},
                f"request log {len(lines)} ({dict(outcomes)}), trace {n} lines; GuideLLM's own report: "
                f"{len(ok)} successful, {g['incomplete']} incomplete, {g['errored']} errored (shown: GuideLLM 0.8.1 "
-               "can end its run before it has read the last request's completion, and leaves it out)")  # fmt: skip
+               "can end its run before it has read the last request's completion, and then leaves it out)")  # fmt: skip
     got = sorted(l.get("output_tokens") or 0 for l in lines)
     want = sorted(tl["output_length"] for tl in trace)
     checks.add(name, "the replayed requests' output tokens are the trace's output lengths", got == want,
@@ -475,7 +475,10 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
     check_load(checks, name, load, recs)
     client_path = os.path.join(cfg.out_dir, "workload-client.jsonl")
     client_trace(prompts, model, load, recs, client_path)
-    out["record"] = {"prefix_hits": br.delta["vllm"].value("vllm:prefix_cache_hits_total"),
+    v, t = br.delta["vllm"], br.delta[recorder.name]
+    out["record"] = {"prefix_hits": v.value("vllm:prefix_cache_hits_total"),
+                     "vllm_out": v.value("vllm:generation_tokens_total"), "vllm_in": v.value("vllm:prompt_tokens_total"),
+                     "tm_out": t.value("tokenmeter_output_tokens_total"), "tm_in": t.value("tokenmeter_input_tokens_total"),
                      "prompt_tokens": _lens([(r.get("usage") or {}).get("prompt_tokens") for r in recs])}  # fmt: skip
     if has_flag:
         lines = wait_lines(wl_path, len(load))

@@ -359,8 +359,9 @@ def _replay(w, rp):
         return "n/a" if not sp else f"{sp['median_ms']:.0f} / {sp['max_ms']:.0f} ms"
 
     rec = rp.get("record") or {}
-    w(f"| recorded load | {_n(rp['requests'])} | | prompt tokens {rec.get('prompt_tokens', 'n/a')} | "
-      f"{err(rec.get('spacing'))} (the trace's timestamps against the send times) | {_n(rec.get('prefix_hits'))} | |")
+    w(f"| recorded load | {_n(rp['requests'])} | {_n(rec.get('vllm_out'))}; {_n(rec.get('tm_out'))} | "
+      f"{_n(rec.get('vllm_in'))}; {_n(rec.get('tm_in'))} | {err(rec.get('spacing'))} | {_n(rec.get('prefix_hits'))} | "
+      f"the trace's timestamps against the send times; prompt tokens {rec.get('prompt_tokens', 'n/a')} |")
     for key, label in (("bench", "vLLM bench replay"), ("guidellm", "GuideLLM replay")):
         r = rp.get(key)
         if not r:
