@@ -305,7 +305,7 @@ def spacing(arrived_ms, trace_ms):
 def _lens(xs):
     """Values and how often each came: `600 x6, 1100 x6`."""
     key = lambda kv: (not isinstance(kv[0], (int, float)), kv[0] if isinstance(kv[0], (int, float)) else 0, str(kv[0]))  # noqa: E731
-    return ", ".join(f"{k} x{n}" for k, n in sorted(collections.Counter(xs).items(), key=key))
+    return ", ".join(f"{k} x{n}" for k, n in sorted(collections.Counter(xs).items(), key=key)) or "none"
 
 
 def check_load(checks, name, load, recs):
@@ -487,6 +487,10 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
             lines = read_lines(wl_path)
         out["record"]["spacing"] = check_trace(checks, name, lines, load, recs, model)
         trace_path, out["trace"] = wl_path, "tokenmeter's --workload-log"
+        if len(lines) != len(load):
+            # Failed above; the replays still run, on a trace with a line per request.
+            trace_path = client_path
+            out["trace"] = f"the client's (tokenmeter's workload log had {len(lines)} lines for {len(load)} requests)"
     else:
         trace_path, out["trace"] = client_path, "the client's (no --workload-log)"
     recorder.server.stop()
