@@ -76,17 +76,18 @@ def _body(endpoint, model, i, usage):
 
 
 class Proxy:
-    """A tokenmeter in front of the phase's vLLM, with its own request log."""
+    """A tokenmeter in front of the phase's vLLM, with its own request log (files named after
+    `phase` and `name`: another phase starts its proxies with this too)."""
 
-    def __init__(self, cfg, stack, vllm_url, name, bounds, capacity_class, extra):
+    def __init__(self, cfg, stack, vllm_url, name, bounds, capacity_class, extra, phase="exact"):
         pport, mport = procs.free_port(), procs.free_port()
         self.name = name
-        self.log_path = os.path.join(cfg.out_dir, f"requests-exact-{name}.jsonl")
+        self.log_path = os.path.join(cfg.out_dir, f"requests-{phase}-{name}.jsonl")
         if os.path.exists(self.log_path):
             os.remove(self.log_path)
         self.server = procs.start_tokenmeter(
             cfg.tokenmeter, vllm_url, pport, mport,
-            os.path.join(cfg.out_dir, f"tokenmeter-exact-{name}.log"), bounds["ttft"], bounds["tps"],
+            os.path.join(cfg.out_dir, f"tokenmeter-{phase}-{name}.log"), bounds["ttft"], bounds["tps"],
             capacity_class, request_log=self.log_path, extra=extra,
         )  # fmt: skip
         stack.append(self.server)

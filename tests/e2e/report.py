@@ -237,6 +237,9 @@ def render(meta, results, checks):
                 "(vLLM closed it: a new connection).\n"
             )
 
+    if results.get("replay"):
+        _replay(w, results["replay"])
+
     if results.get("exact"):
         _exact(w, results["exact"])
 
@@ -325,6 +328,52 @@ def render(meta, results, checks):
         w(f"| {phase} | {what} | {'pass' if ok else '**FAIL**'} | {detail} |")
     w("")
     return "\n".join(out) + "\n"
+
+
+def _replay(w, rp):
+    """A load recorded through tokenmeter's workload log, replayed by vLLM's bench and GuideLLM."""
+    w("## A recorded workload, replayed\n")
+    sh, lo = rp["short"], rp["long"]
+    w(
+        f"{rp['requests']} streamed `/v1/completions` through a tokenmeter with `--workload-log` and "
+        f"`--tokenizer`, one every {rp['spacing_ms']:.0f} ms whatever the others were doing: prompts of "
+        f"about {sh[0]:,} tokens ({sh[1]} output tokens) and {lo[0]:,} ({lo[1]}) in turn, the long ones "
+        f"sharing their first {rp['shared']:,} tokens (`ignore_eos`). The trace, in the Mooncake format "
+        f"(hash ids of {rp['block']}-token blocks), was then replayed at its timestamps through a second "
+        "tokenmeter by vLLM's own bench (`--dataset-name timed_trace`, prompts sent as token ids, each "
+        "request named after its line) and by GuideLLM (`--profile kind=replay`, the `mooncake` data "
+        "kind, timestamps scaled from ms to its seconds); tokenmeter's request log of the replays "
+        "holds the counts and lengths checked. Arrival errors (each arrival against its line's "
+        "timestamp, the schedule anchored where the median arrival sits) and vLLM's prefix-cache hits are shown, not checked.\n"
+    )
+    if rp.get("skipped"):
+        w(f"**The trace's own checks were skipped**: {rp['skipped']}. The replays ran on the trace "
+          "the client wrote of the same load (its send times, vLLM's usage, hash ids computed by the "
+          "check as tokenmeter's design defines them).\n")
+    w(f"Trace replayed: {rp['trace']}, {_n(rp['trace_lines'])} lines. The phase took {rp['seconds']:.0f} s.\n")
+    w("| | requests (proxy; client) | output tokens (vLLM; tokenmeter) | input tokens (vLLM; tokenmeter) | "
+      "arrival error, median / max | vLLM prefix-cache hits | |")
+    w("|---|---:|---:|---:|---:|---:|---|")
+
+    def err(sp):
+        return "n/a" if not sp else f"{sp['median_ms']:.0f} / {sp['max_ms']:.0f} ms"
+
+    rec = rp.get("record") or {}
+    w(f"| recorded load | {_n(rp['requests'])} | {_n(rec.get('vllm_out'))}; {_n(rec.get('tm_out'))} | "
+      f"{_n(rec.get('vllm_in'))}; {_n(rec.get('tm_in'))} | {err(rec.get('spacing'))} | {_n(rec.get('prefix_hits'))} | "
+      f"the trace's timestamps against the send times; prompt tokens {rec.get('prompt_tokens', 'n/a')} |")
+    for key, label in (("bench", "vLLM bench replay"), ("guidellm", "GuideLLM replay")):
+        r = rp.get(key)
+        if not r:
+            continue
+        note = ""
+        if key == "guidellm":
+            note = f"its prompts' input tokens against the trace's: {r.get('input_diff')}"
+            if r.get("client_late_ms"):
+                note += f"; GuideLLM's own lateness, median / max {r['client_late_ms'][0]:.0f} / {r['client_late_ms'][1]:.0f} ms"
+        w(f"| {label} | {_n(r['requests'])}; {_n(r.get('client_completed'))} | {_n(r['vllm_out'])}; {_n(r['tm_out'])} | "
+          f"{_n(r['vllm_in'])}; {_n(r['tm_in'])} | {err(r.get('spacing'))} | {_n(r['prefix_hits'])} | {note} |")
+    w("")
 
 
 def _exact(w, ex):

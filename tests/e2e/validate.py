@@ -43,6 +43,7 @@ import exact  # noqa: E402
 import memory  # noqa: E402
 import procs  # noqa: E402
 import prom  # noqa: E402
+import replay  # noqa: E402
 import report  # noqa: E402
 
 MODEL_NAME = "tiny-llama"
@@ -950,7 +951,7 @@ def describe_model(path):
     )
 
 
-MAIN_PHASES = ("guidellm", "capacity", "control", "sdk", "curl", "keepalive")
+MAIN_PHASES = ("guidellm", "capacity", "control", "sdk", "curl", "keepalive", "replay")
 BYTES_PHASES = ("bytes", "trace", "memory")
 PHASES = MAIN_PHASES + ("exact",) + BYTES_PHASES
 
@@ -989,7 +990,7 @@ def main():
     bounds = {"ttft": ttft_bounds(), "tps": tps, "itl": itl_bounds_for_vllm(tps)}
     checks = Checks()
     results = {"guidellm": [], "capacity": None, "control": [], "sdk": [], "bytes": [], "curl": None,
-               "keepalive": None, "exact": None, "startup": {}}
+               "keepalive": None, "replay": None, "exact": None, "startup": {}}
     error = None
     stack = []
     try:
@@ -1010,6 +1011,9 @@ def main():
                 results["curl"] = curl_phase(cfg, checks, urls, 64)
             if run("keepalive"):
                 results["keepalive"] = keepalive_phase(cfg, checks, urls)
+            if run("replay"):
+                # Its two tokenmeters of its own in front of this server, started and stopped there.
+                results["replay"] = replay.phase(cfg, checks, urls, stack, MODEL_NAME, bounds, CAPACITY_CLASS, settle)
             for s in reversed(stack):
                 s.stop()
             stack.clear()
