@@ -163,16 +163,6 @@ def read_lines(path):
     return [json.loads(l) for l in raw.split(b"\n")[:-1] if l.strip()]
 
 
-def wait_lines(path, n, timeout=15.0):
-    """The trace's lines once it has `n` (its writer holds lines a short while to reorder them)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = read_lines(path)
-        if len(lines) >= n or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.2)
-
-
 def hash_ids(ids, table):
     """The ids of a prompt's blocks as tokenmeter's design defines them: one per block of `BLOCK`
     tokens (the last may be partial), the same integer wherever the same prefix (every token up
@@ -481,10 +471,10 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
                      "tm_out": t.value("tokenmeter_output_tokens_total"), "tm_in": t.value("tokenmeter_input_tokens_total"),
                      "prompt_tokens": _lens([(r.get("usage") or {}).get("prompt_tokens") for r in recs])}  # fmt: skip
     if has_flag:
-        lines = wait_lines(wl_path, len(load))
-        if len(lines) < len(load):
-            recorder.server.stop()  # a clean stop writes what is held
-            lines = read_lines(wl_path)
+        # The writer holds lines 30 s to put them in arrival order; a clean stop writes them
+        # all after the drain.
+        recorder.server.stop()
+        lines = read_lines(wl_path)
         out["record"]["spacing"] = check_trace(checks, name, lines, load, recs, model)
         trace_path, out["trace"] = wl_path, "tokenmeter's --workload-log"
         if len(lines) != len(load):

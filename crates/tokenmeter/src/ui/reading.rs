@@ -21,6 +21,9 @@ pub(crate) use crate::metrics::names::{
     REQUEST_TOKENS_PER_SECOND as REQUEST_TPS, SLO_OBJECTIVE, SLO_REQUESTS_TOTAL as SLO_REQUESTS,
     START_TIME_SECONDS as START_TIME, TIME_TO_FIRST_TOKEN_PART_SECONDS as TTFT_PART,
     TIME_TO_FIRST_TOKEN_SECONDS as TTFT, TOKEN_COUNT_SOURCE_TOTAL as TOKEN_SOURCE,
+    WORKLOAD_LOG_DROPPED_TOTAL as WORKLOAD_LOG_DROPPED,
+    WORKLOAD_LOG_LINES_TOTAL as WORKLOAD_LOG_LINES,
+    WORKLOAD_LOG_SKIPPED_TOTAL as WORKLOAD_LOG_SKIPPED,
 };
 pub(crate) const CAPACITY_CURVE: &str = capacity::CURVE_TPS;
 pub(crate) const CAPACITY_MAX_CONCURRENCY: &str = capacity::MAX_CONCURRENCY;
@@ -142,6 +145,9 @@ pub struct Reading {
     pub gpu_by_tenant: BTreeMap<String, f64>,
     pub gpu_idle: f64,
     pub gpu_unassigned: f64,
+    /// The workload trace's lines (`written`, `dropped`, `skipped`); empty without
+    /// `--workload-log`.
+    pub workload_log: BTreeMap<String, f64>,
 }
 
 fn bump(map: &mut BTreeMap<String, f64>, key: Option<&str>, v: f64) {
@@ -262,6 +268,9 @@ impl Reading {
             cost::GPU_SECONDS => bump(&mut r.gpu_by_tenant, label("tenant"), v),
             cost::GPU_IDLE_SECONDS => r.gpu_idle += v,
             cost::GPU_UNASSIGNED_SECONDS => r.gpu_unassigned += v,
+            WORKLOAD_LOG_LINES => bump(&mut r.workload_log, Some("written"), v),
+            WORKLOAD_LOG_DROPPED => bump(&mut r.workload_log, Some("dropped"), v),
+            WORKLOAD_LOG_SKIPPED => bump(&mut r.workload_log, Some("skipped"), v),
             capacity::WORKLOAD_TOKENS => bump(&mut r.capacity_workload, label("kind"), v),
             capacity::WORKLOAD_REQUESTS => bump(&mut r.capacity_workload, Some("requests"), v),
             capacity::CHECK_CONCURRENCY => bump(&mut r.capacity_check, Some("concurrency"), v),

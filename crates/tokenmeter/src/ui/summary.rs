@@ -34,6 +34,18 @@ pub struct PageSummary {
     pub token_sources: Vec<Count>,
     pub totals: Totals,
     pub gpu_time: GpuTime,
+    /// The workload trace's state; `None` without `--workload-log`.
+    pub workload_log: Option<WorkloadLog>,
+}
+
+/// The workload trace's lines since start (`--workload-log`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadLog {
+    pub written: f64,
+    /// Lost to a full queue or a failed write.
+    pub dropped: f64,
+    /// Requests for generation never sent upstream with a prompt: not in the trace.
+    pub skipped: f64,
 }
 
 /// Who used the GPUs, since start: GPU-seconds charged by tenant, idle, and held by the
@@ -365,6 +377,14 @@ impl PageSummary {
                 idle_seconds: r.gpu_idle,
                 unassigned_seconds: r.gpu_unassigned,
             },
+            workload_log: (!r.workload_log.is_empty()).then(|| {
+                let n = |k: &str| r.workload_log.get(k).copied().unwrap_or(0.0);
+                WorkloadLog {
+                    written: n("written"),
+                    dropped: n("dropped"),
+                    skipped: n("skipped"),
+                }
+            }),
         }
     }
 }

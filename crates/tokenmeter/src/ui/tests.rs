@@ -455,3 +455,29 @@ fn the_ttft_split_is_each_part_over_the_split_requests_in_the_window() {
     let s = PageSummary::compute(&g.reading(), &h, t0, 1_000_000);
     assert!(s.now.ttft_parts.is_empty() && s.now.ttft_split_requests == 0.0);
 }
+
+#[test]
+fn the_workload_traces_lines_are_shown_only_when_it_is_on() {
+    let f = Fixture::new();
+    let h = History::new(PERIOD, WINDOW);
+    let s = PageSummary::compute(&f.reading(), &h, Instant::now(), 1_030_000);
+    assert_eq!(s.workload_log, None);
+    for (name, v) in [
+        (WORKLOAD_LOG_LINES, 120),
+        (WORKLOAD_LOG_DROPPED, 3),
+        (WORKLOAD_LOG_SKIPPED, 7),
+    ] {
+        let c = prometheus::IntCounter::new(name, "c").unwrap();
+        c.inc_by(v);
+        f.registry.register(Box::new(c)).unwrap();
+    }
+    let s = PageSummary::compute(&f.reading(), &h, Instant::now(), 1_030_000);
+    assert_eq!(
+        s.workload_log,
+        Some(summary::WorkloadLog {
+            written: 120.0,
+            dropped: 3.0,
+            skipped: 7.0
+        })
+    );
+}
