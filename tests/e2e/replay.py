@@ -26,9 +26,9 @@ wherever the same prefix recurs). vLLM's benchmark (`--dataset-name timed_trace`
 Counts and lengths are exact and checked. Arrival times, recorded and replayed, are shown beside
 the trace's: the replays' timing on 2 shared cores is not what is under test.
 
-A binary without `--workload-log` skips step 1's checks, says so, and the replays run on the
-trace the client writes of the same load instead (its own send times, vLLM's usage, hash ids
-computed here as tokenmeter defines them).
+If tokenmeter's trace comes up short (step 1's checks fail), the replays still run, on the trace
+the client writes of the same load (its own send times, vLLM's usage, hash ids computed here as
+tokenmeter defines them), so one failure does not hide the others.
 """
 
 import collections
@@ -190,12 +190,6 @@ def client_trace(prompts, model, load, recs, path):
             }  # fmt: skip
             f.write(json.dumps(line, separators=(",", ":")) + "\n")
     return read_lines(path)
-
-
-def supports_workload_log(binary):
-    """Whether this tokenmeter takes `--workload-log` (an unknown flag fails before `--help`)."""
-    p = subprocess.run([binary, "--workload-log", os.devnull, "--help"], capture_output=True, text=True, timeout=30)
-    return p.returncode == 0, (p.stderr or p.stdout).strip().splitlines()[-1:] or [""]
 
 
 # === the replay clients ===
@@ -446,14 +440,7 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
     wl_path = os.path.join(cfg.out_dir, "workload.jsonl")
     if os.path.exists(wl_path):
         os.remove(wl_path)
-    has_flag, said = supports_workload_log(cfg.tokenmeter)
-    extra = ["--tokenizer", cfg.model]
-    if has_flag:
-        extra += ["--workload-log", wl_path]
-    else:
-        out["skipped"] = f"this tokenmeter has no --workload-log ({said[0]})"
-        print(f"[e2e] skip {PHASE}: recording the trace: {out['skipped']}; the replays run on the trace "
-              "the client writes of the same load", flush=True)  # fmt: skip
+    extra = ["--tokenizer", cfg.model, "--workload-log", wl_path]
 
     recorder = exact.Proxy(cfg, stack, urls["vllm"], "record", bounds, capacity_class, extra, phase=PHASE)
     prompts, load = plan(cfg.model)
@@ -470,20 +457,16 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
                      "vllm_out": v.value("vllm:generation_tokens_total"), "vllm_in": v.value("vllm:prompt_tokens_total"),
                      "tm_out": t.value("tokenmeter_output_tokens_total"), "tm_in": t.value("tokenmeter_input_tokens_total"),
                      "prompt_tokens": _lens([(r.get("usage") or {}).get("prompt_tokens") for r in recs])}  # fmt: skip
-    if has_flag:
-        # The writer holds lines 30 s to put them in arrival order; a clean stop writes them
-        # all after the drain.
-        recorder.server.stop()
-        lines = read_lines(wl_path)
-        out["record"]["spacing"] = check_trace(checks, name, lines, load, recs, model)
-        trace_path, out["trace"] = wl_path, "tokenmeter's --workload-log"
-        if len(lines) != len(load):
-            # Failed above; the replays still run, on a trace with a line per request.
-            trace_path = client_path
-            out["trace"] = f"the client's (tokenmeter's workload log had {len(lines)} lines for {len(load)} requests)"
-    else:
-        trace_path, out["trace"] = client_path, "the client's (no --workload-log)"
+    # The writer holds lines 30 s to put them in arrival order; a clean stop writes them all
+    # after the drain.
     recorder.server.stop()
+    lines = read_lines(wl_path)
+    out["record"]["spacing"] = check_trace(checks, name, lines, load, recs, model)
+    trace_path, out["trace"] = wl_path, "tokenmeter's --workload-log"
+    if len(lines) != len(load):
+        # Failed above; the replays still run, on a trace with a line per request.
+        trace_path = client_path
+        out["trace"] = f"the client's (tokenmeter's workload log had {len(lines)} lines for {len(load)} requests)"
     stack.remove(recorder.server)
     trace = read_lines(trace_path)
     out["trace_lines"] = len(trace)

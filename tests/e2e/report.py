@@ -346,10 +346,6 @@ def _replay(w, rp):
         "holds the counts and lengths checked. Arrival errors (each arrival against its line's "
         "timestamp, the schedule anchored where the median arrival sits) and vLLM's prefix-cache hits are shown, not checked.\n"
     )
-    if rp.get("skipped"):
-        w(f"**The trace's own checks were skipped**: {rp['skipped']}. The replays ran on the trace "
-          "the client wrote of the same load (its send times, vLLM's usage, hash ids computed by the "
-          "check as tokenmeter's design defines them).\n")
     w(f"Trace replayed: {rp['trace']}, {_n(rp['trace_lines'])} lines. The phase took {rp['seconds']:.0f} s.\n")
     w("| | requests (proxy; client) | output tokens (vLLM; tokenmeter) | input tokens (vLLM; tokenmeter) | "
       "arrival error, median / max | vLLM prefix-cache hits | |")
