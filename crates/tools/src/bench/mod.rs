@@ -68,7 +68,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     pub requests: Option<u64>,
 
-    /// Prompt length in tokens (about: one common word per token).
+    /// Prompt length in tokens: that many three-letter words, one token each to the simulator
+    /// and about one each to a real tokenizer.
     #[arg(long, default_value_t = 256)]
     pub prompt_tokens: usize,
 

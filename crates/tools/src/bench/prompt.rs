@@ -1,10 +1,16 @@
-//! Synthetic requests: prompts of about N tokens and the JSON bodies that carry them.
+//! Synthetic requests: prompts of exactly N words and the JSON bodies that carry them.
 //!
-//! A prompt is N words drawn from a list of common English words, each one token in the usual
-//! tokenizers (Llama, Mistral, Qwen, GPT), so N words come to about N tokens; the server's own
-//! `usage.prompt_tokens` is reported next to it so the real figure is visible. Every request gets
-//! different words (a seeded xorshift generator, so a run is repeatable), because identical
-//! prompts would hit the server's prefix cache and make TTFT look better than it is.
+//! A prompt is N words joined by single spaces, drawn from [`WORDS`]: three-letter common
+//! English words, each a single token (with its leading space) in the common tokenizers (Llama,
+//! Mistral, Qwen, GPT). N words are therefore `4N - 1` characters: exactly N tokens to
+//! `tokenmeter sim`, which counts a prompt as `ceil(characters / 4)`, and about N to a real
+//! tokenizer; the server's own `usage.prompt_tokens` is reported next to it so the real figure
+//! is visible. (A chat request adds what the chat template adds: to the simulator, the role's
+//! name, one token; to a real server, the template's tokens.)
+//!
+//! Every request gets different words (a seeded xorshift generator, so a run is repeatable),
+//! because identical prompts would hit the server's prefix cache and make TTFT look better than
+//! it is.
 //!
 //! Each body asks for exactly `max_tokens` tokens (`ignore_eos: true`, which vLLM and SGLang
 //! honour) and for the final usage chunk (`stream_options.include_usage`), whose
@@ -32,16 +38,17 @@ impl Endpoint {
     }
 }
 
-/// Words that are a single token (with their leading space) in the common tokenizers.
-const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "are", "with", "as", "at", "be",
-    "this", "have", "from", "or", "one", "had", "by", "word", "but", "not", "what", "all", "were",
-    "we", "when", "your", "can", "said", "there", "use", "each", "which", "she", "do", "how",
-    "their", "if", "will", "up", "other", "about", "out", "many", "then", "them", "these", "so",
-    "some", "her", "would", "make", "like", "him", "into", "time", "has", "look", "two", "more",
-    "write", "go", "see", "number", "no", "way", "could", "people", "my", "than", "first", "water",
-    "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get",
-    "come", "made", "may", "part",
+/// Three-letter common English words, each a single token (with its leading space) in the
+/// common tokenizers: a prompt of N of them joined by single spaces is `4N - 1` characters,
+/// exactly N tokens to the simulator's four characters a token and about N to a real tokenizer.
+pub const WORDS: &[&str] = &[
+    "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was",
+    "one", "our", "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old",
+    "see", "two", "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use",
+    "may", "end", "far", "few", "got", "own", "set", "run", "big", "off", "men", "yet", "why",
+    "ask", "try", "top", "low", "war", "law", "air", "car", "eye", "job", "age", "act", "add",
+    "bad", "bed", "box", "buy", "cut", "dog", "key", "lot", "map", "oil", "pay", "red", "sea",
+    "sun", "bit", "yes", "art",
 ];
 
 /// Builds the request bodies of one run.
@@ -60,7 +67,7 @@ impl RequestBuilder {
         self.prompt_of(n, self.prompt_tokens)
     }
 
-    /// The prompt of request number `n` with `words` words (about as many tokens).
+    /// The prompt of request number `n` with `words` words (as many tokens to the simulator).
     fn prompt_of(&self, n: u64, words: usize) -> String {
         // splitmix64 of (seed, n) seeds a xorshift64*; both are tiny and good enough to make
         // prompts differ, which is all we need of them.
@@ -68,7 +75,7 @@ impl RequestBuilder {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         let mut x = (z ^ (z >> 31)) | 1;
-        let mut out = String::with_capacity(words * 6);
+        let mut out = String::with_capacity(words * 4);
         for i in 0..words {
             x ^= x >> 12;
             x ^= x << 25;
@@ -131,6 +138,25 @@ mod tests {
         assert_ne!(b.prompt(0), b.prompt(1));
         assert_eq!(b.prompt(5), builder(Endpoint::Chat).prompt(5));
         assert!(b.prompt(3).split(' ').all(|w| WORDS.contains(&w)));
+    }
+
+    /// Four characters a word, the last without its space: the simulator's `ceil(chars / 4)`
+    /// is the number of words, exactly.
+    #[test]
+    fn a_prompt_of_n_words_is_4n_minus_1_characters() {
+        assert!(WORDS
+            .iter()
+            .all(|w| w.len() == 3 && w.chars().all(|c| c.is_ascii_lowercase())));
+        let mut unique = WORDS.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), WORDS.len(), "no word twice");
+        let b = builder(Endpoint::Completions);
+        for n in [1, 2, 7, 100, 1000] {
+            let p = b.prompt_of(9, n);
+            assert_eq!(p.len(), 4 * n - 1, "{n} words");
+            assert_eq!(p.len().div_ceil(4), n);
+        }
     }
 
     #[test]
