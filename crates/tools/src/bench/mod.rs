@@ -73,6 +73,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256)]
     pub prompt_tokens: usize,
 
+    /// Every prompt of the run starts with the same N words (drawn from --seed), then words of
+    /// its own up to --prompt-tokens: requests behind one system prompt, which a server's
+    /// prefix cache may serve.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub shared_prefix_tokens: usize,
+
     /// Output tokens per request (max_tokens, with ignore_eos so every request yields them all).
     #[arg(long, default_value_t = 256)]
     pub output_tokens: u64,
@@ -124,6 +130,8 @@ pub struct BenchConfig {
     pub request_rate: Vec<f64>,
     pub stop: Stop,
     pub prompt_tokens: usize,
+    /// At most `prompt_tokens`.
+    pub shared_prefix_tokens: usize,
     pub output_tokens: u64,
     pub model: Option<String>,
     pub endpoint: Endpoint,
@@ -152,6 +160,8 @@ pub enum BenchError {
     NoRequests,
     #[error("--output-tokens must be at least 1")]
     NoOutput,
+    #[error("--shared-prefix-tokens {shared} is more than --prompt-tokens {prompt}: the prefix is part of the prompt")]
+    PrefixTooLong { shared: usize, prompt: usize },
     #[error("--duration must be more than 0")]
     NoDuration,
     #[error("cannot find a model at {url}/models ({source}); pass --model")]
@@ -179,6 +189,7 @@ impl BenchError {
                 | BenchError::TooFewRequests { .. }
                 | BenchError::NoRequests
                 | BenchError::NoOutput
+                | BenchError::PrefixTooLong { .. }
                 | BenchError::NoDuration
                 | BenchError::ProxyView(ProxyViewError::BadUrl(_))
         )
@@ -217,6 +228,12 @@ impl BenchArgs {
         if self.output_tokens == 0 {
             return Err(BenchError::NoOutput);
         }
+        if self.shared_prefix_tokens > self.prompt_tokens {
+            return Err(BenchError::PrefixTooLong {
+                shared: self.shared_prefix_tokens,
+                prompt: self.prompt_tokens,
+            });
+        }
         Ok(BenchConfig {
             base,
             target: self.target.clone(),
@@ -224,6 +241,7 @@ impl BenchArgs {
             request_rate,
             stop,
             prompt_tokens: self.prompt_tokens,
+            shared_prefix_tokens: self.shared_prefix_tokens,
             output_tokens: self.output_tokens,
             model: self.model.clone(),
             endpoint: self.endpoint,
@@ -360,6 +378,7 @@ pub async fn run(
         endpoint: cfg.endpoint,
         model: model.clone(),
         prompt_tokens: cfg.prompt_tokens,
+        shared_prefix_tokens: cfg.shared_prefix_tokens,
         output_tokens: cfg.output_tokens,
         seed: cfg.seed,
     });
@@ -400,9 +419,13 @@ pub async fn run(
         Stop::Requests(n) => ("requests", n as f64),
     };
     println!(
-        "tokenmeter bench: {} model {model}, prompt ~{} tokens, output {} tokens, {} per level{}",
+        "tokenmeter bench: {} model {model}, prompt ~{} tokens{}, output {} tokens, {} per level{}",
         cfg.base,
         cfg.prompt_tokens,
+        match cfg.shared_prefix_tokens {
+            0 => String::new(),
+            n => format!(" (the first {n} the same in every prompt)"),
+        },
         cfg.output_tokens,
         match cfg.stop {
             Stop::After(d) => format!("{d:?}"),
@@ -480,6 +503,7 @@ pub async fn run(
         model,
         endpoint: cfg.endpoint,
         prompt_tokens: cfg.prompt_tokens,
+        shared_prefix_tokens: cfg.shared_prefix_tokens,
         output_tokens: cfg.output_tokens,
         stop: stop_name.into(),
         stop_value,
@@ -620,6 +644,40 @@ mod tests {
             .is_usage());
         assert!(parse(&["--target", "http://h", "--output-tokens", "0"]).is_err());
         assert!(parse(&["--target", "ftp://h"]).unwrap_err().is_usage());
+    }
+
+    #[test]
+    fn a_shared_prefix_fits_in_the_prompt() {
+        let c = parse(&["--target", "http://h", "--shared-prefix-tokens", "100"]).unwrap();
+        assert_eq!((c.shared_prefix_tokens, c.prompt_tokens), (100, 256));
+        let c = parse(&[
+            "--target",
+            "http://h",
+            "--prompt-tokens",
+            "64",
+            "--shared-prefix-tokens",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(c.shared_prefix_tokens, 64);
+        let e = parse(&[
+            "--target",
+            "http://h",
+            "--prompt-tokens",
+            "64",
+            "--shared-prefix-tokens",
+            "65",
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BenchError::PrefixTooLong {
+                    shared: 65,
+                    prompt: 64
+                }
+            ) && e.is_usage()
+        );
     }
 
     #[test]

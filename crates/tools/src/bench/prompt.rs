@@ -10,7 +10,9 @@
 //!
 //! Every request gets different words (a seeded xorshift generator, so a run is repeatable),
 //! because identical prompts would hit the server's prefix cache and make TTFT look better than
-//! it is.
+//! it is; with `--shared-prefix-tokens N` every prompt of the run starts with the same N words
+//! (drawn from `--seed` too), as requests behind one system prompt do, and the prefix cache
+//! may serve them.
 //!
 //! Each body asks for exactly `max_tokens` tokens (`ignore_eos: true`, which vLLM and SGLang
 //! honour) and for the final usage chunk (`stream_options.include_usage`), whose
@@ -52,40 +54,77 @@ pub const WORDS: &[&str] = &[
 ];
 
 /// Builds the request bodies of one run.
+/// What a stream of words is for. Each has streams of its own, so that two kinds of text never
+/// share words by accident (request 5's own words are not block 5's).
+#[derive(Debug, Clone, Copy)]
+enum Purpose {
+    /// A request's own words, numbered by the request.
+    Request = 0,
+    /// The words every prompt of a run starts with (`--shared-prefix-tokens`).
+    SharedPrefix = 1,
+}
+
+/// A seeded stream of words: splitmix64 of (seed, purpose, number) seeds a xorshift64*. Both are
+/// tiny and good enough to make texts differ, which is all we need of them.
+struct WordStream(u64);
+
+impl WordStream {
+    fn new(seed: u64, purpose: Purpose, n: u64) -> WordStream {
+        let mut z = seed
+            ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (purpose as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        WordStream((z ^ (z >> 31)) | 1)
+    }
+
+    fn next_word(&mut self) -> &'static str {
+        let x = &mut self.0;
+        *x ^= *x >> 12;
+        *x ^= *x << 25;
+        *x ^= *x >> 27;
+        let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        WORDS[(r >> 33) as usize % WORDS.len()]
+    }
+
+    /// Appends the stream's first `n` words to `out`, each after a space unless `out` is empty.
+    fn push(mut self, out: &mut String, n: usize) {
+        out.reserve(n * 4);
+        for _ in 0..n {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(self.next_word());
+        }
+    }
+}
+
+/// Builds the request bodies of one run.
 #[derive(Debug, Clone)]
 pub struct RequestBuilder {
     pub endpoint: Endpoint,
     pub model: String,
     pub prompt_tokens: usize,
+    /// The words every prompt starts with, the same for the whole run (at most the prompt).
+    pub shared_prefix_tokens: usize,
     pub output_tokens: u64,
     pub seed: u64,
 }
 
 impl RequestBuilder {
-    /// The prompt of request number `n`: `prompt_tokens` words, different for every `n`.
+    /// The prompt of request number `n`: `prompt_tokens` words, different for every `n` after
+    /// the shared prefix.
     pub fn prompt(&self, n: u64) -> String {
         self.prompt_of(n, self.prompt_tokens)
     }
 
-    /// The prompt of request number `n` with `words` words (as many tokens to the simulator).
+    /// The prompt of request number `n` with `words` words (as many tokens to the simulator):
+    /// the run's shared prefix (cut to `words`), then words of its own.
     fn prompt_of(&self, n: u64, words: usize) -> String {
-        // splitmix64 of (seed, n) seeds a xorshift64*; both are tiny and good enough to make
-        // prompts differ, which is all we need of them.
-        let mut z = self.seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        let mut x = (z ^ (z >> 31)) | 1;
         let mut out = String::with_capacity(words * 4);
-        for i in 0..words {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            if i > 0 {
-                out.push(' ');
-            }
-            out.push_str(WORDS[(r >> 33) as usize % WORDS.len()]);
-        }
+        let shared = self.shared_prefix_tokens.min(words);
+        WordStream::new(self.seed, Purpose::SharedPrefix, 0).push(&mut out, shared);
+        WordStream::new(self.seed, Purpose::Request, n).push(&mut out, words - shared);
         out
     }
 
@@ -97,7 +136,11 @@ impl RequestBuilder {
     /// As [`RequestBuilder::body`] with a prompt of `prompt_tokens` words instead of the
     /// builder's, for a load whose requests vary in length (the demo's).
     pub fn body_sized(&self, n: u64, prompt_tokens: usize, max_tokens: u64) -> Vec<u8> {
-        let prompt = self.prompt_of(n, prompt_tokens);
+        self.body_of(&self.prompt_of(n, prompt_tokens), max_tokens)
+    }
+
+    /// The JSON body that sends `prompt`, asking for `max_tokens` output tokens.
+    pub fn body_of(&self, prompt: &str, max_tokens: u64) -> Vec<u8> {
         let mut body = json!({
             "model": self.model,
             "max_tokens": max_tokens,
@@ -126,6 +169,7 @@ mod tests {
             endpoint,
             model: "m".into(),
             prompt_tokens: 100,
+            shared_prefix_tokens: 0,
             output_tokens: 7,
             seed: 1,
         }
@@ -179,5 +223,29 @@ mod tests {
         assert_eq!(v["max_tokens"], 3);
         let words = v["messages"][0]["content"].as_str().unwrap().split(' ');
         assert_eq!(words.count(), 12);
+    }
+
+    #[test]
+    fn a_shared_prefix_starts_every_prompt_then_each_has_its_own_words() {
+        let b = RequestBuilder {
+            shared_prefix_tokens: 30,
+            ..builder(Endpoint::Completions)
+        };
+        let (p0, p1) = (b.prompt(0), b.prompt(1));
+        assert_eq!(p0.len(), 4 * 100 - 1);
+        // 30 words of four characters (the 30th's space included): the same in both.
+        assert_eq!(p0[..120], p1[..120]);
+        assert_ne!(p0[120..], p1[120..]);
+        // The seed draws the prefix.
+        let other = RequestBuilder {
+            seed: 2,
+            ..b.clone()
+        };
+        assert_ne!(other.prompt(0)[..119], p0[..119]);
+        // A prompt shorter than the prefix is its start.
+        assert_eq!(b.prompt_of(0, 10), p0[..39]);
+        // After the prefix, a request's own words are those it has without one.
+        let none = builder(Endpoint::Completions);
+        assert_eq!(b.prompt(1)[120..], none.prompt(1)[..4 * 70 - 1]);
     }
 }

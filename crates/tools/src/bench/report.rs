@@ -114,6 +114,8 @@ pub struct Report {
     pub model: String,
     pub endpoint: super::prompt::Endpoint,
     pub prompt_tokens: usize,
+    /// Words every prompt starts with (`--shared-prefix-tokens`).
+    pub shared_prefix_tokens: usize,
     pub output_tokens: u64,
     /// `"duration"` or `"requests"`, and its value (seconds or requests per level).
     pub stop: String,
