@@ -62,6 +62,10 @@ enum Purpose {
     Request = 0,
     /// The words every prompt of a run starts with (`--shared-prefix-tokens`).
     SharedPrefix = 1,
+    /// A trace's block, numbered by its id in `hash_ids`.
+    Block = 2,
+    /// A trace request's own words, past its blocks, numbered by its line.
+    Line = 3,
 }
 
 /// A seeded stream of words: splitmix64 of (seed, purpose, number) seeds a xorshift64*. Both are
@@ -125,6 +129,33 @@ impl RequestBuilder {
         let shared = self.shared_prefix_tokens.min(words);
         WordStream::new(self.seed, Purpose::SharedPrefix, 0).push(&mut out, shared);
         WordStream::new(self.seed, Purpose::Request, n).push(&mut out, words - shared);
+        out
+    }
+
+    /// A trace request's prompt, exactly `words` words: block `i` is the text of the id
+    /// `hash_ids[i]`, `block_words` words drawn for that id (so the same id always gives the
+    /// same words, and two prompts whose first blocks have the same ids start alike); the last
+    /// block, when the prompt ends inside it, is the start of its id's text. Words past the
+    /// blocks `hash_ids` names are the request's own, drawn for `line`; ids past the prompt's
+    /// end are not used.
+    pub fn blocks_prompt(
+        &self,
+        words: usize,
+        hash_ids: &[u64],
+        block_words: usize,
+        line: u64,
+    ) -> String {
+        let mut out = String::with_capacity(words * 4);
+        let mut left = words;
+        for &id in hash_ids {
+            if left == 0 || block_words == 0 {
+                break;
+            }
+            let n = left.min(block_words);
+            WordStream::new(self.seed, Purpose::Block, id).push(&mut out, n);
+            left -= n;
+        }
+        WordStream::new(self.seed, Purpose::Line, line).push(&mut out, left);
         out
     }
 
@@ -247,5 +278,82 @@ mod tests {
         // After the prefix, a request's own words are those it has without one.
         let none = builder(Endpoint::Completions);
         assert_eq!(b.prompt(1)[120..], none.prompt(1)[..4 * 70 - 1]);
+    }
+
+    fn words(p: &str) -> Vec<&str> {
+        p.split(' ').collect()
+    }
+
+    #[test]
+    fn a_block_id_gives_the_same_words_wherever_it_is() {
+        let b = builder(Endpoint::Completions);
+        // Id 7 first in one prompt, second in another: the same 16 words either way.
+        let first = b.blocks_prompt(32, &[7, 1], 16, 1);
+        let second = b.blocks_prompt(32, &[3, 7], 16, 2);
+        assert_eq!(words(&first)[..16], words(&second)[16..]);
+        assert_ne!(words(&first)[16..], words(&second)[..16]);
+        // Another seed, other words.
+        let other = RequestBuilder {
+            seed: 9,
+            ..b.clone()
+        };
+        assert_ne!(other.blocks_prompt(16, &[7], 16, 1), first[..63]);
+    }
+
+    #[test]
+    fn requests_that_share_a_first_block_share_their_first_words() {
+        let b = builder(Endpoint::Completions);
+        // 900 and 300 tokens in blocks of 512: [0, 1] and [0]. The short one ends inside block
+        // 0, so it is block 0's first 300 words: the start of the long one.
+        let long = b.blocks_prompt(900, &[0, 1], 512, 10);
+        let short = b.blocks_prompt(300, &[0], 512, 11);
+        assert_eq!(long[..short.len()], short[..]);
+        assert_eq!(long.as_bytes()[short.len()], b' ');
+        // A third whose first block differs shares nothing by design.
+        let apart = b.blocks_prompt(900, &[2, 1], 512, 12);
+        assert_ne!(apart[..2047], long[..2047]);
+        assert_eq!(apart[2048..], long[2048..], "the same second block");
+    }
+
+    #[test]
+    fn a_trace_prompt_is_exactly_its_input_length_in_words() {
+        let b = builder(Endpoint::Completions);
+        let cases: [(usize, &[u64]); 7] = [
+            (1, &[5]),
+            (512, &[5]),
+            (513, &[5, 6]),
+            (1030, &[0, 1, 2]),
+            // Fewer ids than blocks: the rest is the request's own.
+            (1030, &[0]),
+            (40, &[]),
+            // More ids than blocks: the extra are not used.
+            (100, &[4, 5, 6]),
+        ];
+        for (n, ids) in cases {
+            let p = b.blocks_prompt(n, ids, 512, 3);
+            assert_eq!(p.len(), 4 * n - 1, "{n} words from {ids:?}");
+            assert!(words(&p).iter().all(|w| WORDS.contains(w)), "{n} {ids:?}");
+        }
+    }
+
+    #[test]
+    fn words_past_the_blocks_are_the_lines_own() {
+        let b = builder(Endpoint::Completions);
+        // No hash_ids: the line's words, and another line's differ.
+        let a = b.blocks_prompt(40, &[], 16, 3);
+        assert_ne!(a, b.blocks_prompt(40, &[], 16, 4));
+        assert_eq!(a, b.blocks_prompt(40, &[], 16, 3));
+        // One id for three blocks' worth: block 0, then 24 words of the line's own.
+        let c = b.blocks_prompt(40, &[8], 16, 3);
+        assert_eq!(
+            words(&c)[..16],
+            words(&b.blocks_prompt(16, &[8], 16, 99))[..]
+        );
+        assert_eq!(words(&c)[16..], words(&a)[..24]);
+        // Extra ids change nothing.
+        assert_eq!(
+            b.blocks_prompt(16, &[8, 9, 10], 16, 3),
+            b.blocks_prompt(16, &[8], 16, 3)
+        );
     }
 }
