@@ -834,6 +834,21 @@ fn bad_flags_are_one_line_and_exit_64() {
             ][..],
             "--time-scale 0: give a factor above 0",
         ),
+        (
+            &["--target", "http://h", "--time-scale", "2"][..],
+            "--time-scale is for --trace",
+        ),
+        (
+            &[
+                "--target",
+                "http://h",
+                "--trace",
+                "t.jsonl",
+                "--concurrency",
+                "4",
+            ][..],
+            "cannot be used with",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .arg("bench")

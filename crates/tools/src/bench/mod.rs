@@ -138,16 +138,16 @@ pub struct BenchArgs {
 
     /// With --trace: multiplies every gap between requests (0.5 replays twice as fast; above 0)
     /// [default: 1].
-    #[arg(long, value_name = "X", requires = "trace")]
+    #[arg(long, value_name = "X")]
     pub time_scale: Option<f64>,
 
     /// With --trace: replay only the first N requests.
-    #[arg(long, value_name = "N", requires = "trace")]
+    #[arg(long, value_name = "N")]
     pub max_requests: Option<u64>,
 
     /// With --trace: the prompt tokens one entry of a request's hash_ids stands for [default:
     /// 512].
-    #[arg(long, value_name = "B", requires = "trace")]
+    #[arg(long, value_name = "B")]
     pub trace_block_tokens: Option<usize>,
 
     /// Sent as "Authorization: Bearer KEY"; never printed.
@@ -210,6 +210,8 @@ pub enum BenchError {
     NoMaxRequests,
     #[error("--trace-block-tokens must be at least 1")]
     NoBlockTokens,
+    #[error("{0} is for --trace: give the trace to replay")]
+    NeedsTrace(&'static str),
     #[error("--trace {0}")]
     Trace(#[from] TraceError),
     #[error("cannot start reading the trace: {0}")]
@@ -244,6 +246,7 @@ impl BenchError {
                 | BenchError::TimeScale(_)
                 | BenchError::NoMaxRequests
                 | BenchError::NoBlockTokens
+                | BenchError::NeedsTrace(_)
                 | BenchError::ProxyView(ProxyViewError::BadUrl(_))
         )
     }
@@ -261,11 +264,20 @@ impl BenchArgs {
         if self.duration.is_some_and(|d| d.is_zero()) {
             return Err(BenchError::NoDuration);
         }
-        let trace = self
-            .trace
-            .as_ref()
-            .map(|path| self.replay(path))
-            .transpose()?;
+        let trace = match &self.trace {
+            Some(path) => Some(self.replay(path)?),
+            None => {
+                let given = [
+                    ("--time-scale", self.time_scale.is_some()),
+                    ("--max-requests", self.max_requests.is_some()),
+                    ("--trace-block-tokens", self.trace_block_tokens.is_some()),
+                ];
+                if let Some((flag, _)) = given.into_iter().find(|(_, given)| *given) {
+                    return Err(BenchError::NeedsTrace(flag));
+                }
+                None
+            }
+        };
         let (mut concurrency, request_rate) = match (&self.concurrency, &self.request_rate, &trace)
         {
             (_, _, Some(_)) => (Vec::new(), Vec::new()),
@@ -703,7 +715,7 @@ async fn replay_trace(
 pub fn write_files(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
     let subtitle = match report.levels.first().and_then(|l| l.trace.as_ref()) {
         Some(t) => format!(
-            "{}: prompt {} / output {} tokens on average",
+            "{}, mean prompt {} / output {} tokens",
             t.label, report.prompt_tokens, report.output_tokens
         ),
         None => format!(
@@ -888,7 +900,7 @@ mod tests {
     }
 
     #[test]
-    fn flags_that_shape_levels_conflict_with_a_trace_and_its_flags_need_one() {
+    fn flags_that_shape_levels_conflict_with_a_trace_and_its_own_need_it() {
         for flag in [
             "--concurrency=4",
             "--request-rate=2",
@@ -908,13 +920,11 @@ mod tests {
             "--max-requests=3",
             "--trace-block-tokens=16",
         ] {
-            let e = Cli::try_parse_from(["bench", "--target", "http://h", flag])
-                .err()
-                .unwrap_or_else(|| panic!("{flag} was taken without --trace"));
-            assert_eq!(
-                e.kind(),
-                clap::error::ErrorKind::MissingRequiredArgument,
-                "{flag}"
+            let e = parse(&["--target", "http://h", flag]).unwrap_err();
+            let name = flag.split('=').next().unwrap();
+            assert!(
+                matches!(e, BenchError::NeedsTrace(f) if f == name) && e.is_usage(),
+                "{flag}: {e}"
             );
         }
         // Without a trace --duration keeps its default.
