@@ -314,7 +314,10 @@ impl Driver {
         let mut tasks = JoinSet::new();
         let mut last_due = started;
         while let Some(Due { offset, body }) = next.take() {
-            let due = started + offset;
+            // A time past what the clock can hold (a trace's absurd timestamp) is never due.
+            let Some(due) = started.checked_add(offset) else {
+                break;
+            };
             if !self.wait_until(due).await {
                 break;
             }
@@ -567,5 +570,87 @@ async fn ramp_worker(
             }
             tokio::time::sleep(RAMP_ERROR_BACKOFF).await;
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
+mod tests {
+    use super::*;
+    use crate::bench::prompt::Endpoint;
+
+    /// The requests of a list, last first.
+    struct Fixed(Vec<Due>);
+
+    impl Schedule for Fixed {
+        type Error = std::convert::Infallible;
+
+        async fn next_due(&mut self) -> Result<Option<Due>, Self::Error> {
+            Ok(self.0.pop())
+        }
+
+        fn window(&self) -> Option<Duration> {
+            None
+        }
+    }
+
+    fn driver() -> Driver {
+        Driver {
+            // Nothing listens there; no request is sent.
+            client: Arc::new(Client::new(
+                "http://127.0.0.1:9/v1".into(),
+                None,
+                Duration::from_secs(1),
+            )),
+            requests: Arc::new(RequestBuilder {
+                endpoint: Endpoint::Chat,
+                model: "m".into(),
+                prompt_tokens: 1,
+                shared_prefix_tokens: 0,
+                output_tokens: 1,
+                seed: 0,
+            }),
+            next_id: Default::default(),
+            interrupted: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_time_past_the_clocks_reach_is_never_due() {
+        let mut far = Fixed(vec![Due {
+            offset: Duration::MAX,
+            body: Vec::new(),
+        }]);
+        let run = driver()
+            .run_schedule(&mut far, None, Default::default())
+            .await
+            .unwrap();
+        assert!(run.samples.is_empty() && run.not_sent == 0);
+        assert_eq!(run.window_end, run.started);
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_ends_the_wait_for_the_next_request() {
+        let d = driver();
+        let flag = d.interrupted.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            flag.store(true, Ordering::Relaxed);
+        });
+        let started = Instant::now();
+        let mut hour = Fixed(vec![Due {
+            offset: Duration::from_secs(3600),
+            body: Vec::new(),
+        }]);
+        let run = d
+            .run_schedule(&mut hour, None, Default::default())
+            .await
+            .unwrap();
+        assert!(run.samples.is_empty());
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
     }
 }
