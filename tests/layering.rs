@@ -208,10 +208,10 @@ const TOOLS_ALLOWED: &[(&str, &[&str])] = &[
     ("sim", &[]),
     // One GET of a `/metrics` page, parsed with the library's `exposition`.
     ("scrape", &[]),
-    // A workload trace read back, line by line: the bench's and the capacity command's input.
+    // A workload trace read back: the Mooncake lines `--workload-log` writes.
     ("trace", &[]),
-    // The load generator; its view of the proxy is a scrape.
-    ("bench", &["scrape"]),
+    // The load generator; its view of the proxy is a scrape; it replays a trace.
+    ("bench", &["scrape", "trace"]),
     // The live capacity model read back from `/metrics`, drawn with the bench's charts.
     ("capacity_command", &["bench", "scrape"]),
     ("cost_command", &["scrape"]),

@@ -350,6 +350,7 @@ fn synthetic_report(levels: &[usize]) -> Report {
         model: "m \"quoted\" & <odd>".into(),
         endpoint: tokenmeter_tools::bench::prompt::Endpoint::Chat,
         prompt_tokens: 128,
+        shared_prefix_tokens: 0,
         output_tokens: 64,
         stop: "requests".into(),
         stop_value: 100.0,
@@ -378,6 +379,7 @@ fn synthetic_report(levels: &[usize]) -> Report {
                 output_tokens_per_request: summary(64.0),
                 input_tokens_per_request: None,
                 proxy: None,
+                trace: None,
             })
             .collect(),
     }
@@ -607,6 +609,7 @@ async fn a_ramp_follows_its_target_and_cuts_no_request() {
             endpoint: Endpoint::Chat,
             model: "test-model".into(),
             prompt_tokens: 0,
+            shared_prefix_tokens: 0,
             output_tokens: 0,
             seed: 0,
         }),
@@ -820,6 +823,32 @@ fn bad_flags_are_one_line_and_exit_64() {
             ][..],
             "--requests 8 is below the highest --concurrency 16",
         ),
+        (
+            &[
+                "--target",
+                "http://h",
+                "--trace",
+                "t.jsonl",
+                "--time-scale",
+                "0",
+            ][..],
+            "--time-scale 0: give a factor above 0",
+        ),
+        (
+            &["--target", "http://h", "--time-scale", "2"][..],
+            "--time-scale is for --trace",
+        ),
+        (
+            &[
+                "--target",
+                "http://h",
+                "--trace",
+                "t.jsonl",
+                "--concurrency",
+                "4",
+            ][..],
+            "cannot be used with",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .arg("bench")
@@ -949,6 +978,7 @@ fn serial_driver(url: &str) -> Driver {
             endpoint: Endpoint::Chat,
             model: "test-model".into(),
             prompt_tokens: 5,
+            shared_prefix_tokens: 0,
             output_tokens: 2,
             seed: 0,
         }),
@@ -1099,4 +1129,206 @@ async fn request_rate_levels_carry_their_rate_into_every_file() {
     .validate()
     .unwrap_err();
     assert!(matches!(both, BenchError::ClosedAndOpen));
+}
+
+// === Replaying a trace ===
+
+/// A small trace of absolute times: 30 requests 100 ms apart (2.9 s in all), prompts of 300 and
+/// 900 tokens in turn, every 900 starting with the same block (id 0), answers of 40 and 20.
+/// Returns it with the sums of its prompt and output lengths.
+fn small_trace() -> (String, u64, u64) {
+    let (mut text, mut input, mut output) = (String::new(), 0, 0);
+    for i in 0..30u64 {
+        let (len, ids) = if i % 2 == 0 {
+            (300, format!("[{}]", 100 + i))
+        } else {
+            (900, format!("[0, {}]", 100 + i))
+        };
+        let out = if i % 3 == 0 { 40 } else { 20 };
+        text.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": {len}, \"output_length\": {out}, \"hash_ids\": {ids}}}\n",
+            1_700_000_000_000 + i * 100
+        ));
+        input += len;
+        output += out;
+    }
+    (text, input, output)
+}
+
+/// Watches, from a plain thread of its own, how long this process waits for a CPU: the thread
+/// sleeps a millisecond at a time, and any longer gap is the machine's (the suite shares two
+/// cores with builds), not a runtime's, since the thread runs no task.
+struct StallWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl StallWatch {
+    fn start() -> StallWatch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let tick = Duration::from_millis(1);
+            let (mut worst, mut last) = (Duration::ZERO, std::time::Instant::now());
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let now = std::time::Instant::now();
+                worst = worst.max((now - last).saturating_sub(tick));
+                last = now;
+            }
+            worst
+        });
+        StallWatch { stop, thread }
+    }
+
+    /// The longest wait beyond its tick the thread saw.
+    fn worst(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Replayed twice as fast against the simulator, directly: the simulator served every request
+/// of the trace with exactly its prompt and output lengths (completions: no chat template adds
+/// to the prompt), and each request left within 20 ms of its scaled due time, beyond what the
+/// machine itself held this process back (measured beside it: on a quiet machine, nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_is_replayed_with_its_lengths_exactly_at_its_scaled_times() {
+    let _turn = s::serial().await;
+    let url = spawn_sim(sim_model()).await;
+    let out = tempdir("trace");
+    let (text, input, output) = small_trace();
+    let path = out.join("trace.jsonl");
+    std::fs::write(&path, text).unwrap();
+    let cfg = config(
+        &url,
+        &[
+            "--trace",
+            path.to_str().unwrap(),
+            "--time-scale",
+            "0.5",
+            "--endpoint",
+            "completions",
+        ],
+        &out,
+    );
+    let stalls = StallWatch::start();
+    let report = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap();
+    let stalled = stalls.worst().as_secs_f64();
+    assert_eq!(report.levels.len(), 1);
+    let l = &report.levels[0];
+    assert_eq!((l.requests, l.errors, l.not_sent), (30, 0, 0));
+    assert_eq!(l.output_tokens, output);
+
+    // The simulator's own record of each request, oldest first: the bench's probe (max_tokens
+    // 1, a prompt of --prompt-tokens' default 256 words: 256 tokens), then the trace's 30.
+    let stats: serde_json::Value =
+        serde_json::from_str(&s::client::get_text(&format!("{url}/sim/stats")).await).unwrap();
+    assert_eq!(stats["completed"], 31, "the probe and the trace's 30");
+    let n = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    let (probe, replayed) = stats["requests"].as_array().unwrap().split_first().unwrap();
+    assert_eq!(
+        (n(probe, "target_tokens"), n(probe, "prompt_tokens")),
+        (1, 256)
+    );
+    assert_eq!(replayed.len(), 30);
+    assert!(replayed
+        .iter()
+        .all(|r| [300, 900].contains(&n(r, "prompt_tokens"))));
+    let sum = |k: &str| replayed.iter().map(|r| n(r, k)).sum::<u64>();
+    assert_eq!(
+        sum("prompt_tokens"),
+        input,
+        "prompt tokens as the trace states"
+    );
+    assert_eq!(
+        sum("output_tokens"),
+        output,
+        "output tokens as the trace states"
+    );
+    assert_eq!(sum("target_tokens"), output);
+
+    // The bench's own account, in its JSON.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join(bench::JSON_FILE)).unwrap())
+            .unwrap();
+    let t = &json["levels"][0]["trace"];
+    assert_eq!(t["label"], "trace x0.5");
+    assert_eq!(t["requests_sent"], 30);
+    assert_eq!(
+        (t["input_tokens"].as_u64(), t["output_tokens"].as_u64()),
+        (Some(input), Some(output))
+    );
+    assert_eq!(
+        (t["zero_output"].as_u64(), t["late_in_trace"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(t["ended"], "end");
+    let f = |k: &str| t[k].as_f64().unwrap();
+    let (p99, max) = (f("send_late_p99"), f("send_late_max"));
+    eprintln!(
+        "send lateness: p99 {:.3} ms, max {:.3} ms; the machine stalled this process up to {:.3} ms",
+        p99 * 1e3,
+        max * 1e3,
+        stalled * 1e3
+    );
+    assert!(
+        max < 0.020 + stalled,
+        "a request left {max} s after its due time; the machine stalled the process {stalled} s"
+    );
+    // 29 gaps in 2.9 s: 10 requests/s in the trace, 20 at x0.5, as scheduled exactly.
+    assert!((f("trace_rate") - 10.0).abs() < 1e-9, "{t}");
+    assert!((f("scheduled_rate") - 20.0).abs() < 1e-3, "{t}");
+    assert!((f("achieved_rate") / 20.0 - 1.0).abs() < 0.02, "{t}");
+    assert_eq!(json["levels"][0]["request_rate"], t["scheduled_rate"]);
+    // The means of the trace stand for the run's lengths.
+    assert_eq!((report.prompt_tokens, report.output_tokens), (600, 27));
+    assert_eq!(report.stop, "trace");
+    let row = report::table_row(l);
+    assert!(row.trim_start().starts_with("x0.5 "), "{row}");
+    assert!(row.contains("trace: 30 requests sent"), "{row}");
+    let csv = std::fs::read_to_string(out.join(bench::CSV_FILE)).unwrap();
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| report::CSV_COLUMNS.iter().position(|c| *c == name).unwrap();
+    assert_eq!(rows[1][col("trace_time_scale")], "0.5");
+    assert_eq!(rows[1][col("trace_requests_sent")], "30");
+    let svg = std::fs::read_to_string(out.join(bench::TTFT_SVG)).unwrap();
+    assert!(
+        svg.contains("a trace&apos;s, mean") || svg.contains("a trace's, mean"),
+        "{svg}"
+    );
+}
+
+#[test]
+fn a_trace_that_cannot_be_read_exits_2_naming_the_line() {
+    let dir = tempdir("bad-trace");
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}\n\
+         {\"timestamp\": 5, \"input_length\": \"ten\", \"output_length\": 1}\n",
+    )
+    .unwrap();
+    let missing = dir.join("missing.jsonl");
+    // Nothing listens at the target: a trace that cannot be read fails before any request.
+    for (path, needle) in [
+        (
+            &bad,
+            "line 2: \"input_length\" is not a non-negative integer: \"ten\"",
+        ),
+        (&missing, "cannot read"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args(["bench", "--target", "http://127.0.0.1:9", "--trace"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(stderr.contains(&path.display().to_string()), "{stderr}");
+    }
 }

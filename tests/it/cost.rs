@@ -90,6 +90,7 @@ async fn run(proxy: &Proxy, loads: &[Load], hold: Duration) -> BTreeMap<&'static
             endpoint: Endpoint::Chat,
             model: "cost-test".into(),
             prompt_tokens: load.prompt_words,
+            shared_prefix_tokens: 0,
             output_tokens: load.output_tokens,
             seed: 11 + i as u64,
         });
@@ -433,6 +434,7 @@ async fn bursts(rig: &Rig, hold: Duration) -> BTreeMap<&'static str, Seen> {
                 endpoint: Endpoint::Chat,
                 model: "cost-test".into(),
                 prompt_tokens: prompt,
+                shared_prefix_tokens: 0,
                 output_tokens: output,
                 seed: n,
             };

@@ -373,6 +373,7 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
         endpoint: Endpoint::Chat,
         model: DEMO_MODEL.to_string(),
         prompt_tokens: 0,
+        shared_prefix_tokens: 0,
         output_tokens: 0,
         seed: args.seed,
     };

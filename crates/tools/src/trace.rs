@@ -83,7 +83,7 @@ pub enum TraceError {
 /// A trace being read: an iterator of its requests in time order.
 pub struct Reader {
     path: PathBuf,
-    lines: Box<dyn BufRead>,
+    lines: Box<dyn BufRead + Send>,
     line: u64,
     /// Read ahead, the earliest first; ties keep the file's order.
     ahead: BinaryHeap<Reverse<Held>>,
@@ -126,8 +126,9 @@ impl Reader {
         Ok(Reader::new(path, BufReader::new(file), limit))
     }
 
-    /// Reads a trace from any reader; `path` names it in errors.
-    pub fn new(path: &Path, read: impl Read + 'static, limit: Option<u64>) -> Reader {
+    /// Reads a trace from any reader; `path` names it in errors. Sendable, so that a replay
+    /// can read on a thread of its own.
+    pub fn new(path: &Path, read: impl Read + Send + 'static, limit: Option<u64>) -> Reader {
         Reader {
             path: path.to_path_buf(),
             lines: Box::new(BufReader::new(read)),

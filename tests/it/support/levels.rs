@@ -24,6 +24,7 @@ pub fn driver(proxy: &str, model: &str, prompt: usize, output: u64, seed: u64) -
             endpoint: Endpoint::Chat,
             model: model.into(),
             prompt_tokens: prompt,
+            shared_prefix_tokens: 0,
             output_tokens: output,
             seed,
         }),

@@ -177,12 +177,18 @@ pub struct Chart {
     pub markers: Vec<Marker>,
 }
 
-/// The x axis of a run: its request rates when every level has one (the open loop), else its
-/// concurrency levels. Returns the axis name (for titles), its label and the values.
+/// The x axis of a run: its request rates when every level has one (the open loop; a trace's
+/// replay, at its scheduled mean rate), else its concurrency levels. Returns the axis name (for
+/// titles), its label and the values.
 fn x_axis(levels: &[LevelReport]) -> (&'static str, &'static str, Vec<f64>) {
     let rates: Option<Vec<f64>> = levels.iter().map(|l| l.request_rate).collect();
+    let arrivals = if levels.iter().any(|l| l.trace.is_some()) {
+        "requests/s (a trace's, mean)"
+    } else {
+        "requests/s (Poisson arrivals)"
+    };
     match rates {
-        Some(r) if !r.is_empty() => ("request rate", "requests/s (Poisson arrivals)", r),
+        Some(r) if !r.is_empty() => ("request rate", arrivals, r),
         _ => (
             "concurrency",
             "concurrent requests",

@@ -13,12 +13,15 @@
 //! Poisson schedule ([`Arrivals`]) whatever the server is doing, and every latency is measured
 //! from the time a request was due, so a server that queues shows its queue and a client that
 //! falls behind shows its lateness. Nothing caps the requests in flight but
-//! [`MAX_OUTSTANDING`]; a request due while that many are out is not sent, and counted.
+//! [`MAX_OUTSTANDING`]; a request due while that many are out is not sent, and counted. The loop
+//! itself, [`Driver::run_schedule`], takes any [`Schedule`] of due times and bodies: a trace's
+//! replay is another one.
 //!
 //! [`Ramp`] is the same closed loop with a target that moves while it runs (the demo's ramp):
 //! worker `i` sends while the target is above `i`, so when the target drops, the workers above it
 //! finish the request they are on and then wait; no request is cut off by the ramp.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -210,11 +213,99 @@ impl Driver {
 /// what an engine batches, so a server that is merely slow never meets it.
 pub const MAX_OUTSTANDING: usize = 4096;
 
+/// One request of an open loop: when it is due, from the level's start, and what it sends.
+#[derive(Debug)]
+pub struct Due {
+    pub offset: Duration,
+    pub body: Vec<u8>,
+}
+
+/// Where an open loop's requests come from: the Poisson schedule of `--request-rate`, drawn as
+/// it goes, or a trace, read as it is replayed.
+pub trait Schedule {
+    /// Why the schedule cannot go on (a trace's bad line).
+    type Error;
+
+    /// The next request, its body built, asked for once the one before it has been sent;
+    /// `None` when the schedule is over. Offsets never go back.
+    fn next_due(&mut self) -> impl Future<Output = Result<Option<Due>, Self::Error>> + Send;
+
+    /// Where the window ends, from the level's start, once the schedule is over: at a deadline
+    /// it stopped at, or (`None`) when its last request was due.
+    fn window(&self) -> Option<Duration>;
+}
+
+/// The Poisson schedule of one `--request-rate` level.
+struct Poisson {
+    arrivals: Arrivals,
+    stop: Stop,
+    given: u64,
+    requests: Arc<RequestBuilder>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl Schedule for Poisson {
+    type Error = std::convert::Infallible;
+
+    async fn next_due(&mut self) -> Result<Option<Due>, Self::Error> {
+        let Some(offset) = self.arrivals.next() else {
+            return Ok(None);
+        };
+        let within = match self.stop {
+            Stop::After(d) => offset < d,
+            Stop::Requests(n) => self.given < n,
+        };
+        if !within {
+            return Ok(None);
+        }
+        self.given += 1;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = self.requests.body(id, self.requests.output_tokens);
+        Ok(Some(Due { offset, body }))
+    }
+
+    fn window(&self) -> Option<Duration> {
+        match self.stop {
+            Stop::After(d) => Some(d),
+            Stop::Requests(_) => None,
+        }
+    }
+}
+
 impl Driver {
     /// Runs one open-loop level: requests sent at `rate` requests/s on the Poisson schedule of
     /// `seed`, until `stop` (the window ends at the deadline, or when the last request is
     /// due), then waits for the requests still in flight.
     pub async fn run_open(&self, rate: f64, seed: u64, stop: Stop, live: Arc<Live>) -> LevelRun {
+        let mut schedule = Poisson {
+            arrivals: Arrivals::new(rate, seed),
+            stop,
+            given: 0,
+            requests: self.requests.clone(),
+            next_id: self.next_id.clone(),
+        };
+        match self.run_schedule(&mut schedule, Some(rate), live).await {
+            Ok(run) => run,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Runs one open-loop level on any schedule: each request is sent when it is due, whatever
+    /// the server is doing, and measured from that time; once the schedule is over (or on an
+    /// interrupt) the requests still in flight are waited for. The level starts when the first
+    /// request is in hand, so reading ahead (a trace's first lines) is not counted as lateness.
+    /// A schedule's error ends the level at once: the requests in flight are cut off.
+    pub async fn run_schedule<S: Schedule>(
+        &self,
+        schedule: &mut S,
+        rate: Option<f64>,
+        live: Arc<Live>,
+    ) -> Result<LevelRun, S::Error> {
+        let mut next = if self.interrupted.load(Ordering::Relaxed) {
+            None
+        } else {
+            schedule.next_due().await?
+        };
         let started = Instant::now();
         let samples = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(AtomicUsize::new(0));
@@ -222,16 +313,14 @@ impl Driver {
         let mut not_sent = 0u64;
         let mut tasks = JoinSet::new();
         let mut last_due = started;
-        for (i, offset) in Arrivals::new(rate, seed).enumerate() {
-            let within = match stop {
-                Stop::After(d) => offset < d,
-                Stop::Requests(n) => (i as u64) < n,
+        while let Some(Due { offset, body }) = next.take() {
+            // A time past what the clock can hold (a trace's absurd timestamp) is never due.
+            let Some(due) = started.checked_add(offset) else {
+                break;
             };
-            if !within || self.interrupted.load(Ordering::Relaxed) {
+            if !self.wait_until(due).await {
                 break;
             }
-            let due = started + offset;
-            tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
             last_due = due;
             // Finished tasks are reaped as we go, so the set holds only those in flight.
             while let Some(joined) = tasks.try_join_next() {
@@ -242,30 +331,33 @@ impl Driver {
             let now_in_flight = in_flight.load(Ordering::Relaxed);
             if now_in_flight >= MAX_OUTSTANDING {
                 not_sent += 1;
-                continue;
+            } else {
+                peak = peak.max(now_in_flight + 1);
+                in_flight.fetch_add(1, Ordering::Relaxed);
+                let d = self.clone();
+                let (samples, in_flight, live) = (samples.clone(), in_flight.clone(), live.clone());
+                tasks.spawn(async move {
+                    live.sent.fetch_add(1, Ordering::Relaxed);
+                    let sample = d
+                        .client
+                        .send_scheduled(d.requests.endpoint.path(), body, due)
+                        .await;
+                    in_flight.fetch_sub(1, Ordering::Relaxed);
+                    live.record(&sample);
+                    samples
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(sample);
+                });
             }
-            peak = peak.max(now_in_flight + 1);
-            in_flight.fetch_add(1, Ordering::Relaxed);
-            let d = self.clone();
-            let (samples, in_flight, live) = (samples.clone(), in_flight.clone(), live.clone());
-            tasks.spawn(async move {
-                let id = d.next_id.fetch_add(1, Ordering::Relaxed);
-                let body = d.requests.body(id, d.requests.output_tokens);
-                live.sent.fetch_add(1, Ordering::Relaxed);
-                let sample = d
-                    .client
-                    .send_scheduled(d.requests.endpoint.path(), body, due)
-                    .await;
-                in_flight.fetch_sub(1, Ordering::Relaxed);
-                live.record(&sample);
-                samples
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(sample);
-            });
+            if self.interrupted.load(Ordering::Relaxed) {
+                break;
+            }
+            next = schedule.next_due().await?;
         }
-        let window_end = match stop {
-            Stop::After(d) if !self.interrupted.load(Ordering::Relaxed) => started + d,
+        let interrupted = self.interrupted.load(Ordering::Relaxed);
+        let window_end = match schedule.window() {
+            Some(d) if !interrupted => started + d,
             _ => last_due.max(started),
         };
         while let Some(joined) = tasks.join_next().await {
@@ -277,14 +369,35 @@ impl Driver {
         let mut samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
         // In the order they were due, whatever order they ended in.
         samples.sort_by_key(|s| s.sent);
-        LevelRun {
+        Ok(LevelRun {
             concurrency: peak,
-            rate: Some(rate),
+            rate,
             not_sent,
             started,
             window_end,
             finished,
             samples,
+        })
+    }
+}
+
+/// How often an open loop waiting for a request's due time looks for an interrupt: a trace may
+/// wait minutes between two requests, and Ctrl-C should not.
+const INTERRUPT_POLL: Duration = Duration::from_millis(100);
+
+impl Driver {
+    /// Sleeps until `due`; false when interrupted first.
+    async fn wait_until(&self, due: Instant) -> bool {
+        loop {
+            if self.interrupted.load(Ordering::Relaxed) {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= due {
+                return true;
+            }
+            let wake = due.min(now + INTERRUPT_POLL);
+            tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
         }
     }
 }
@@ -457,5 +570,87 @@ async fn ramp_worker(
             }
             tokio::time::sleep(RAMP_ERROR_BACKOFF).await;
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
+mod tests {
+    use super::*;
+    use crate::bench::prompt::Endpoint;
+
+    /// The requests of a list, last first.
+    struct Fixed(Vec<Due>);
+
+    impl Schedule for Fixed {
+        type Error = std::convert::Infallible;
+
+        async fn next_due(&mut self) -> Result<Option<Due>, Self::Error> {
+            Ok(self.0.pop())
+        }
+
+        fn window(&self) -> Option<Duration> {
+            None
+        }
+    }
+
+    fn driver() -> Driver {
+        Driver {
+            // Nothing listens there; no request is sent.
+            client: Arc::new(Client::new(
+                "http://127.0.0.1:9/v1".into(),
+                None,
+                Duration::from_secs(1),
+            )),
+            requests: Arc::new(RequestBuilder {
+                endpoint: Endpoint::Chat,
+                model: "m".into(),
+                prompt_tokens: 1,
+                shared_prefix_tokens: 0,
+                output_tokens: 1,
+                seed: 0,
+            }),
+            next_id: Default::default(),
+            interrupted: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_time_past_the_clocks_reach_is_never_due() {
+        let mut far = Fixed(vec![Due {
+            offset: Duration::MAX,
+            body: Vec::new(),
+        }]);
+        let run = driver()
+            .run_schedule(&mut far, None, Default::default())
+            .await
+            .unwrap();
+        assert!(run.samples.is_empty() && run.not_sent == 0);
+        assert_eq!(run.window_end, run.started);
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_ends_the_wait_for_the_next_request() {
+        let d = driver();
+        let flag = d.interrupted.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            flag.store(true, Ordering::Relaxed);
+        });
+        let started = Instant::now();
+        let mut hour = Fixed(vec![Due {
+            offset: Duration::from_secs(3600),
+            body: Vec::new(),
+        }]);
+        let run = d
+            .run_schedule(&mut hour, None, Default::default())
+            .await
+            .unwrap();
+        assert!(run.samples.is_empty());
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
     }
 }

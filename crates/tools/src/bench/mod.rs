@@ -3,7 +3,8 @@
 //!
 //! For each concurrency level it keeps exactly N requests in flight ([`load`]); with
 //! `--request-rate` it sends on a seeded Poisson schedule instead ([`arrivals`]), measuring
-//! every latency from the time a request was due. It measures every
+//! every latency from the time a request was due; with `--trace` it replays a workload trace
+//! the same way, each request at its own time with its own lengths ([`replay`]). It measures every
 //! request on the client side ([`client`]), and reports per-request speed, aggregate throughput,
 //! TTFT, inter-token latency and TPOT as a table, JSON, CSV and two SVG charts ([`report`],
 //! [`chart`]). With `--proxy-metrics` it puts tokenmeter's own figures next to the client's
@@ -20,6 +21,7 @@ pub mod load;
 pub mod progress;
 pub mod prompt;
 pub mod proxy_view;
+pub mod replay;
 pub mod report;
 pub mod stats;
 
@@ -38,7 +40,9 @@ use self::load::{Driver, LevelRun, Stop};
 use self::progress::Progress;
 use self::prompt::{Endpoint, RequestBuilder};
 use self::proxy_view::{ProxyTotals, ProxyViewError, TotalsScraper};
+use self::replay::{Replay, ReplaySettings, DEFAULT_BLOCK_TOKENS};
 use self::report::{LevelReport, Report};
+use crate::trace::TraceError;
 use tokenmeter::units::parse_duration;
 
 /// The bench's flags.
@@ -60,17 +64,25 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_name = "R1,R2,...")]
     pub request_rate: Option<Vec<f64>>,
 
-    /// How long each level keeps its requests in flight (e.g. 30s, 2m).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub duration: Duration,
+    /// How long each level keeps its requests in flight (e.g. 30s, 2m) [default: 30s]; with
+    /// --trace, the longest the replay sends for [default: to the trace's end].
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
 
     /// Requests per level instead of a duration (at least the highest concurrency).
     #[arg(long, value_name = "N")]
     pub requests: Option<u64>,
 
-    /// Prompt length in tokens (about: one common word per token).
+    /// Prompt length in tokens: that many three-letter words, one token each to the simulator
+    /// and about one each to a real tokenizer.
     #[arg(long, default_value_t = 256)]
     pub prompt_tokens: usize,
+
+    /// Every prompt of the run starts with the same N words (drawn from --seed), then words of
+    /// its own up to --prompt-tokens: requests behind one system prompt, which a server's
+    /// prefix cache may serve.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub shared_prefix_tokens: usize,
 
     /// Output tokens per request (max_tokens, with ignore_eos so every request yields them all).
     #[arg(long, default_value_t = 256)]
@@ -106,6 +118,38 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
+    /// Replay a workload trace (tokenmeter's --workload-log lines, or a Mooncake trace) as one
+    /// open-loop level: each request at its own time, with its prompt and output lengths and
+    /// its shared prefixes (hash_ids); latency counts from each request's due time.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "concurrency",
+            "request_rate",
+            "requests",
+            "prompt_tokens",
+            "output_tokens",
+            "shared_prefix_tokens",
+            "warmup",
+        ]
+    )]
+    pub trace: Option<PathBuf>,
+
+    /// With --trace: multiplies every gap between requests (0.5 replays twice as fast; above 0)
+    /// [default: 1].
+    #[arg(long, value_name = "X")]
+    pub time_scale: Option<f64>,
+
+    /// With --trace: replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub max_requests: Option<u64>,
+
+    /// With --trace: the prompt tokens one entry of a request's hash_ids stands for [default:
+    /// 512].
+    #[arg(long, value_name = "B")]
+    pub trace_block_tokens: Option<usize>,
+
     /// Sent as "Authorization: Bearer KEY"; never printed.
     #[arg(long, env = "TOKENMETER_BENCH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -121,8 +165,13 @@ pub struct BenchConfig {
     pub concurrency: Vec<usize>,
     /// `--request-rate`, ascending, without repeats; empty in the closed loop.
     pub request_rate: Vec<f64>,
+    /// `--trace`: the replay instead of levels (then `concurrency` and `request_rate` are
+    /// empty, and `stop` is not used).
+    pub trace: Option<ReplaySettings>,
     pub stop: Stop,
     pub prompt_tokens: usize,
+    /// At most `prompt_tokens`.
+    pub shared_prefix_tokens: usize,
     pub output_tokens: u64,
     pub model: Option<String>,
     pub endpoint: Endpoint,
@@ -151,8 +200,22 @@ pub enum BenchError {
     NoRequests,
     #[error("--output-tokens must be at least 1")]
     NoOutput,
+    #[error("--shared-prefix-tokens {shared} is more than --prompt-tokens {prompt}: the prefix is part of the prompt")]
+    PrefixTooLong { shared: usize, prompt: usize },
     #[error("--duration must be more than 0")]
     NoDuration,
+    #[error("--time-scale {0}: give a factor above 0 (0.5 replays twice as fast)")]
+    TimeScale(f64),
+    #[error("--max-requests must be at least 1")]
+    NoMaxRequests,
+    #[error("--trace-block-tokens must be at least 1")]
+    NoBlockTokens,
+    #[error("{0} is for --trace: give the trace to replay")]
+    NeedsTrace(&'static str),
+    #[error("--trace {0}")]
+    Trace(#[from] TraceError),
+    #[error("cannot start reading the trace: {0}")]
+    TraceThread(std::io::Error),
     #[error("cannot find a model at {url}/models ({source}); pass --model")]
     Model { url: String, source: RequestError },
     #[error("a first request to {url} failed: {source}")]
@@ -178,9 +241,19 @@ impl BenchError {
                 | BenchError::TooFewRequests { .. }
                 | BenchError::NoRequests
                 | BenchError::NoOutput
+                | BenchError::PrefixTooLong { .. }
                 | BenchError::NoDuration
+                | BenchError::TimeScale(_)
+                | BenchError::NoMaxRequests
+                | BenchError::NoBlockTokens
+                | BenchError::NeedsTrace(_)
                 | BenchError::ProxyView(ProxyViewError::BadUrl(_))
         )
+    }
+
+    /// True when the trace cannot be read (exit code 2): a file to fix, named with its line.
+    pub fn is_trace(&self) -> bool {
+        matches!(self, BenchError::Trace(_))
     }
 }
 
@@ -188,13 +261,32 @@ impl BenchArgs {
     pub fn validate(&self) -> Result<BenchConfig, BenchError> {
         let base = base_url(&self.target)
             .map_err(|reason| BenchError::Target(self.target.clone(), reason))?;
-        let (mut concurrency, request_rate) = match (&self.concurrency, &self.request_rate) {
-            (Some(_), Some(_)) => return Err(BenchError::ClosedAndOpen),
-            (_, Some(rates)) => (Vec::new(), rates_of(rates)?),
-            (Some(c), None) => (c.clone(), Vec::new()),
-            (None, None) => (DEFAULT_CONCURRENCY.to_vec(), Vec::new()),
+        if self.duration.is_some_and(|d| d.is_zero()) {
+            return Err(BenchError::NoDuration);
+        }
+        let trace = match &self.trace {
+            Some(path) => Some(self.replay(path)?),
+            None => {
+                let given = [
+                    ("--time-scale", self.time_scale.is_some()),
+                    ("--max-requests", self.max_requests.is_some()),
+                    ("--trace-block-tokens", self.trace_block_tokens.is_some()),
+                ];
+                if let Some((flag, _)) = given.into_iter().find(|(_, given)| *given) {
+                    return Err(BenchError::NeedsTrace(flag));
+                }
+                None
+            }
         };
-        if concurrency.is_empty() && request_rate.is_empty() {
+        let (mut concurrency, request_rate) = match (&self.concurrency, &self.request_rate, &trace)
+        {
+            (_, _, Some(_)) => (Vec::new(), Vec::new()),
+            (Some(_), Some(_), None) => return Err(BenchError::ClosedAndOpen),
+            (_, Some(rates), None) => (Vec::new(), rates_of(rates)?),
+            (Some(c), None, None) => (c.clone(), Vec::new()),
+            (None, None, None) => (DEFAULT_CONCURRENCY.to_vec(), Vec::new()),
+        };
+        if trace.is_none() && concurrency.is_empty() && request_rate.is_empty() {
             return Err(BenchError::Concurrency("give at least one level".into()));
         }
         if concurrency.contains(&0) {
@@ -210,19 +302,26 @@ impl BenchArgs {
                 return Err(BenchError::TooFewRequests { requests, max })
             }
             Some(n) => Stop::Requests(n),
-            None if self.duration.is_zero() => return Err(BenchError::NoDuration),
-            None => Stop::After(self.duration),
+            None => Stop::After(self.duration.unwrap_or(DEFAULT_DURATION)),
         };
         if self.output_tokens == 0 {
             return Err(BenchError::NoOutput);
+        }
+        if self.shared_prefix_tokens > self.prompt_tokens {
+            return Err(BenchError::PrefixTooLong {
+                shared: self.shared_prefix_tokens,
+                prompt: self.prompt_tokens,
+            });
         }
         Ok(BenchConfig {
             base,
             target: self.target.clone(),
             concurrency,
             request_rate,
+            trace,
             stop,
             prompt_tokens: self.prompt_tokens,
+            shared_prefix_tokens: self.shared_prefix_tokens,
             output_tokens: self.output_tokens,
             model: self.model.clone(),
             endpoint: self.endpoint,
@@ -234,10 +333,35 @@ impl BenchArgs {
             api_key: self.api_key.clone(),
         })
     }
+
+    /// The `--trace` flags, validated.
+    fn replay(&self, path: &Path) -> Result<ReplaySettings, BenchError> {
+        let time_scale = self.time_scale.unwrap_or(1.0);
+        if !(time_scale.is_finite() && time_scale > 0.0) {
+            return Err(BenchError::TimeScale(time_scale));
+        }
+        if self.max_requests == Some(0) {
+            return Err(BenchError::NoMaxRequests);
+        }
+        let block_tokens = self.trace_block_tokens.unwrap_or(DEFAULT_BLOCK_TOKENS);
+        if block_tokens == 0 {
+            return Err(BenchError::NoBlockTokens);
+        }
+        Ok(ReplaySettings {
+            path: path.to_path_buf(),
+            time_scale,
+            max_requests: self.max_requests,
+            block_tokens,
+            duration: self.duration,
+        })
+    }
 }
 
 /// The closed-loop levels when no flag names any.
 const DEFAULT_CONCURRENCY: [usize; 5] = [1, 4, 16, 64, 256];
+
+/// How long a level runs when no flag says.
+const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 
 /// `--request-rate`: finite rates above 0, ascending, without repeats.
 fn rates_of(rates: &[f64]) -> Result<Vec<f64>, BenchError> {
@@ -287,8 +411,13 @@ const EXIT_USAGE: u8 = 64;
 /// still written.
 const EXIT_INTERRUPTED: u8 = 130;
 
+/// Exit code of a trace that cannot be read (a missing file, a bad line): as the parser's for
+/// flags it refuses, since it is the command's input that must be fixed.
+const EXIT_BAD_TRACE: u8 = 2;
+
 /// `tokenmeter bench` as a command: validates the flags, runs on its own runtime, and says where
-/// the files went. Exits 0, 64 for bad flags, 1 when the bench could not run, 130 on Ctrl-C.
+/// the files went. Exits 0, 64 for bad flags, 2 for a trace that cannot be read (the message
+/// names the line), 1 when the bench could not run, 130 on Ctrl-C.
 pub fn main(args: &BenchArgs) -> ExitCode {
     let fail = |e: &dyn std::fmt::Display, code: u8| {
         eprintln!("tokenmeter bench: error: {e}");
@@ -315,6 +444,7 @@ pub fn main(args: &BenchArgs) -> ExitCode {
             ExitCode::from(if interrupted { EXIT_INTERRUPTED } else { 0 })
         }
         Err(e) if e.is_usage() => fail(&e, EXIT_USAGE),
+        Err(e) if e.is_trace() => fail(&e, EXIT_BAD_TRACE),
         Err(e) => fail(&e, 1),
     }
 }
@@ -325,17 +455,21 @@ pub const CSV_FILE: &str = "bench.csv";
 pub const THROUGHPUT_SVG: &str = "bench-throughput.svg";
 pub const TTFT_SVG: &str = "bench-ttft.svg";
 
-/// Runs the whole bench: every level in turn, printing a table row as each ends, then writes
-/// the files. Returns the report (also when some requests failed: their count is in it).
+/// Runs the whole bench: every level in turn (or the trace's replay), printing a table row as
+/// each ends, then writes the files. Returns the report (also when some requests failed: their
+/// count is in it).
 ///
 /// Setting `interrupted` (the binary does on Ctrl-C) stops sending: the requests in flight
 /// finish, the level under way ends its window there, and the files are written with the levels
-/// run so far.
+/// run so far. A trace that cannot be read fails before any request; a bad line met during the
+/// replay stops it there, and no file is written.
 pub async fn run(
     cfg: &BenchConfig,
     progress: Progress,
     interrupted: Arc<AtomicBool>,
 ) -> Result<Report, BenchError> {
+    // A trace that cannot be read fails before any request is sent.
+    let trace = cfg.trace.as_ref().map(replay::open).transpose()?;
     std::fs::create_dir_all(&cfg.out).map_err(|source| BenchError::Write {
         path: cfg.out.clone(),
         source,
@@ -359,6 +493,7 @@ pub async fn run(
         endpoint: cfg.endpoint,
         model: model.clone(),
         prompt_tokens: cfg.prompt_tokens,
+        shared_prefix_tokens: cfg.shared_prefix_tokens,
         output_tokens: cfg.output_tokens,
         seed: cfg.seed,
     });
@@ -394,14 +529,24 @@ pub async fn run(
         next_id: Arc::new(AtomicU64::new(0)),
         interrupted: interrupted.clone(),
     };
+    if let (Some(t), Some(trace)) = (&cfg.trace, trace) {
+        return replay_trace(
+            cfg, t, trace, &driver, progress, &scraper, proxy_last, model,
+        )
+        .await;
+    }
     let (stop_name, stop_value) = match cfg.stop {
         Stop::After(d) => ("duration", d.as_secs_f64()),
         Stop::Requests(n) => ("requests", n as f64),
     };
     println!(
-        "tokenmeter bench: {} model {model}, prompt ~{} tokens, output {} tokens, {} per level{}",
+        "tokenmeter bench: {} model {model}, prompt ~{} tokens{}, output {} tokens, {} per level{}",
         cfg.base,
         cfg.prompt_tokens,
+        match cfg.shared_prefix_tokens {
+            0 => String::new(),
+            n => format!(" (the first {n} the same in every prompt)"),
+        },
         cfg.output_tokens,
         match cfg.stop {
             Stop::After(d) => format!("{d:?}"),
@@ -445,7 +590,7 @@ pub async fn run(
             let live = Arc::new(Live::default());
             let _bar = progress.level(
                 format!("{label} warmup"),
-                Stop::Requests(n as u64),
+                Some(Stop::Requests(n as u64)),
                 live.clone(),
             );
             let warm = driver.run_level(n, Stop::Requests(n as u64), live).await;
@@ -456,19 +601,14 @@ pub async fn run(
         let before = proxy_last.take();
         let live = Arc::new(Live::default());
         let run: LevelRun = {
-            let _bar = progress.level(label, cfg.stop, live.clone());
+            let _bar = progress.level(label, Some(cfg.stop), live.clone());
             match kind {
                 LevelKind::Closed(n) => driver.run_level(n, cfg.stop, live).await,
                 LevelKind::Open(r) => driver.run_open(r, cfg.seed, cfg.stop, live).await,
             }
         };
         let mut level = LevelReport::from_run(&run);
-        if let (Some(s), Some(before)) = (&scraper, before) {
-            let after = settled_totals(s, &before, run.samples.len() as f64).await?;
-            let ttft: Vec<f64> = run.samples.iter().filter_map(|s| s.ttft_secs()).collect();
-            level.proxy = Some(proxy_view::delta(&before, &after, &ttft));
-            proxy_last = Some(after);
-        }
+        proxy_last = proxy_figures(&mut level, &run, &scraper, before).await?;
         println!("{}", report::table_row(&level));
         levels.push(level);
     }
@@ -479,6 +619,7 @@ pub async fn run(
         model,
         endpoint: cfg.endpoint,
         prompt_tokens: cfg.prompt_tokens,
+        shared_prefix_tokens: cfg.shared_prefix_tokens,
         output_tokens: cfg.output_tokens,
         stop: stop_name.into(),
         stop_value,
@@ -489,12 +630,99 @@ pub async fn run(
     Ok(report)
 }
 
+/// With `--proxy-metrics`, puts the proxy's figures for `run` (counted since `before`) into
+/// its level; returns the proxy's counters as of its end.
+async fn proxy_figures(
+    level: &mut LevelReport,
+    run: &LevelRun,
+    scraper: &Option<TotalsScraper>,
+    before: Option<ProxyTotals>,
+) -> Result<Option<ProxyTotals>, BenchError> {
+    let (Some(s), Some(before)) = (scraper, before) else {
+        return Ok(None);
+    };
+    let after = settled_totals(s, &before, run.samples.len() as f64).await?;
+    let ttft: Vec<f64> = run.samples.iter().filter_map(|s| s.ttft_secs()).collect();
+    level.proxy = Some(proxy_view::delta(&before, &after, &ttft));
+    Ok(Some(after))
+}
+
+/// The run of `--trace`: one open-loop level that replays the trace, then the files.
+#[allow(clippy::too_many_arguments)] // the run's parts, each once; a struct would only rename them
+async fn replay_trace(
+    cfg: &BenchConfig,
+    t: &ReplaySettings,
+    trace: replay::Opened,
+    driver: &Driver,
+    progress: Progress,
+    scraper: &Option<TotalsScraper>,
+    before: Option<ProxyTotals>,
+    model: String,
+) -> Result<Report, BenchError> {
+    println!(
+        "tokenmeter bench: {} model {model}, replaying {} at x{} (blocks of {} tokens{}{}), \
+         open loop (latency from each request's due time)",
+        cfg.base,
+        t.path.display(),
+        t.time_scale,
+        t.block_tokens,
+        t.max_requests
+            .map_or(String::new(), |n| format!(", at most {n} requests")),
+        t.duration
+            .map_or(String::new(), |d| format!(", for at most {d:?}")),
+    );
+    println!("{}", report::trace_table_header());
+    let live = Arc::new(Live::default());
+    let budget = match (t.duration, t.max_requests) {
+        (Some(d), _) => Some(Stop::After(d)),
+        (None, Some(n)) => Some(Stop::Requests(n)),
+        (None, None) => None,
+    };
+    let mut replay =
+        Replay::start(trace, driver.requests.clone(), t).map_err(BenchError::TraceThread)?;
+    let run = {
+        let _bar = progress.level(t.label(), budget, live.clone());
+        driver.run_schedule(&mut replay, None, live).await?
+    };
+    let counts = replay.counts();
+    let interrupted = driver.interrupted.load(Ordering::Relaxed);
+    let mut level = LevelReport::from_replay(&run, &counts, t, interrupted);
+    proxy_figures(&mut level, &run, scraper, before).await?;
+    println!("{}", report::table_row(&level));
+    let mean = |total: u64| (total as f64 / counts.requests.max(1) as f64).round();
+    let (stop, stop_value) = match t.duration {
+        Some(d) => ("duration", d.as_secs_f64()),
+        None => ("trace", run.samples.len() as f64),
+    };
+    let report = Report {
+        tokenmeter_version: env!("CARGO_PKG_VERSION"),
+        target: cfg.target.clone(),
+        model,
+        endpoint: cfg.endpoint,
+        prompt_tokens: mean(counts.input_tokens) as usize,
+        shared_prefix_tokens: 0,
+        output_tokens: mean(counts.output_tokens) as u64,
+        stop: stop.into(),
+        stop_value,
+        warmup: false,
+        levels: vec![level],
+    };
+    write_files(&report, &cfg.out)?;
+    Ok(report)
+}
+
 /// Writes the JSON, CSV and both charts into `dir`; returns their paths.
 pub fn write_files(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
-    let subtitle = format!(
-        "prompt {} / output {} tokens",
-        report.prompt_tokens, report.output_tokens
-    );
+    let subtitle = match report.levels.first().and_then(|l| l.trace.as_ref()) {
+        Some(t) => format!(
+            "{}, mean prompt {} / output {} tokens",
+            t.label, report.prompt_tokens, report.output_tokens
+        ),
+        None => format!(
+            "prompt {} / output {} tokens",
+            report.prompt_tokens, report.output_tokens
+        ),
+    };
     let write = |name: &str, f: &dyn Fn(&Path) -> std::io::Result<()>| {
         let path = dir.join(name);
         f(&path).map_err(|source| BenchError::Write {
@@ -619,6 +847,123 @@ mod tests {
             .is_usage());
         assert!(parse(&["--target", "http://h", "--output-tokens", "0"]).is_err());
         assert!(parse(&["--target", "ftp://h"]).unwrap_err().is_usage());
+    }
+
+    #[test]
+    fn a_trace_replaces_the_levels_and_its_flags_are_checked() {
+        let c = parse(&["--target", "http://h", "--trace", "t.jsonl"]).unwrap();
+        let t = c.trace.unwrap();
+        assert_eq!(
+            (t.time_scale, t.max_requests, t.block_tokens, t.duration),
+            (1.0, None, 512, None)
+        );
+        assert_eq!(t.label(), "trace x1");
+        assert!(c.concurrency.is_empty() && c.request_rate.is_empty());
+        let c = parse(&[
+            "--target",
+            "http://h",
+            "--trace",
+            "t.jsonl",
+            "--time-scale",
+            "0.5",
+            "--max-requests",
+            "30",
+            "--trace-block-tokens",
+            "16",
+            "--duration",
+            "2s",
+        ])
+        .unwrap();
+        let t = c.trace.unwrap();
+        assert_eq!(
+            (t.time_scale, t.max_requests, t.block_tokens, t.duration),
+            (0.5, Some(30), 16, Some(Duration::from_secs(2)))
+        );
+        assert_eq!(t.label(), "trace x0.5");
+        for (flag, want) in [
+            ("--time-scale=0", "--time-scale 0"),
+            ("--time-scale=-1", "--time-scale -1"),
+            ("--time-scale=inf", "--time-scale inf"),
+            ("--max-requests=0", "--max-requests must be at least 1"),
+            (
+                "--trace-block-tokens=0",
+                "--trace-block-tokens must be at least 1",
+            ),
+            ("--duration=0s", "--duration must be more than 0"),
+        ] {
+            let e = parse(&["--target", "http://h", "--trace", "t.jsonl", flag]).unwrap_err();
+            assert!(
+                e.is_usage() && e.to_string().starts_with(want),
+                "{flag}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn flags_that_shape_levels_conflict_with_a_trace_and_its_own_need_it() {
+        for flag in [
+            "--concurrency=4",
+            "--request-rate=2",
+            "--requests=10",
+            "--prompt-tokens=100",
+            "--output-tokens=10",
+            "--shared-prefix-tokens=10",
+            "--warmup",
+        ] {
+            let e = Cli::try_parse_from(["bench", "--target", "http://h", "--trace", "t", flag])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} was taken with --trace"));
+            assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{flag}");
+        }
+        for flag in [
+            "--time-scale=2",
+            "--max-requests=3",
+            "--trace-block-tokens=16",
+        ] {
+            let e = parse(&["--target", "http://h", flag]).unwrap_err();
+            let name = flag.split('=').next().unwrap();
+            assert!(
+                matches!(e, BenchError::NeedsTrace(f) if f == name) && e.is_usage(),
+                "{flag}: {e}"
+            );
+        }
+        // Without a trace --duration keeps its default.
+        let c = parse(&["--target", "http://h"]).unwrap();
+        assert_eq!(c.stop, Stop::After(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn a_shared_prefix_fits_in_the_prompt() {
+        let c = parse(&["--target", "http://h", "--shared-prefix-tokens", "100"]).unwrap();
+        assert_eq!((c.shared_prefix_tokens, c.prompt_tokens), (100, 256));
+        let c = parse(&[
+            "--target",
+            "http://h",
+            "--prompt-tokens",
+            "64",
+            "--shared-prefix-tokens",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(c.shared_prefix_tokens, 64);
+        let e = parse(&[
+            "--target",
+            "http://h",
+            "--prompt-tokens",
+            "64",
+            "--shared-prefix-tokens",
+            "65",
+        ])
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BenchError::PrefixTooLong {
+                    shared: 65,
+                    prompt: 64
+                }
+            ) && e.is_usage()
+        );
     }
 
     #[test]

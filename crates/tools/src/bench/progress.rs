@@ -37,7 +37,8 @@ impl Progress {
     }
 
     /// Starts drawing one level's bar; it is cleared when the returned [`Bar`] is dropped.
-    pub fn level(&self, label: String, stop: Stop, live: Arc<Live>) -> Bar {
+    /// Without a budget (a trace replayed to its end) it shows the time and the counts.
+    pub fn level(&self, label: String, stop: Option<Stop>, live: Arc<Live>) -> Bar {
         if !self.enabled {
             return Bar { task: None };
         }
@@ -79,22 +80,29 @@ impl Drop for Bar {
 }
 
 /// The text of the bar: the level, how far it is, and what has come back so far.
-pub fn render(label: &str, stop: Stop, live: &Live, elapsed: Duration) -> String {
+pub fn render(label: &str, stop: Option<Stop>, live: &Live, elapsed: Duration) -> String {
     let done = live.done.load(Ordering::Relaxed);
+    let tokens = live.tokens.load(Ordering::Relaxed);
+    let errors = live.errors.load(Ordering::Relaxed);
     let (fraction, budget) = match stop {
-        Stop::After(d) => (
+        Some(Stop::After(d)) => (
             elapsed.as_secs_f64() / d.as_secs_f64().max(1e-9),
             format!("{:.0}s/{:.0}s", elapsed.as_secs_f64(), d.as_secs_f64()),
         ),
-        Stop::Requests(n) => (done as f64 / n.max(1) as f64, format!("{done}/{n}")),
+        Some(Stop::Requests(n)) => (done as f64 / n.max(1) as f64, format!("{done}/{n}")),
+        None => {
+            let sent = live.sent.load(Ordering::Relaxed);
+            return format!(
+                "{label} {:.0}s  sent {sent}  done {done}  errors {errors}  {tokens} tokens",
+                elapsed.as_secs_f64()
+            );
+        }
     };
     let filled = ((fraction.clamp(0.0, 1.0) * BAR as f64).round() as usize).min(BAR);
-    let tokens = live.tokens.load(Ordering::Relaxed);
     format!(
-        "{label} [{}{}] {budget}  done {done}  errors {}  {tokens} tokens",
+        "{label} [{}{}] {budget}  done {done}  errors {errors}  {tokens} tokens",
         "#".repeat(filled),
         "-".repeat(BAR - filled),
-        live.errors.load(Ordering::Relaxed),
     )
 }
 
@@ -108,7 +116,12 @@ mod tests {
         let live = Live::default();
         live.done.store(5, Ordering::Relaxed);
         live.tokens.store(640, Ordering::Relaxed);
-        let line = render("c=4", Stop::Requests(10), &live, Duration::from_secs(1));
+        let line = render(
+            "c=4",
+            Some(Stop::Requests(10)),
+            &live,
+            Duration::from_secs(1),
+        );
         assert_eq!(
             line,
             format!(
@@ -119,7 +132,7 @@ mod tests {
         );
         let line = render(
             "c=4",
-            Stop::After(Duration::from_secs(30)),
+            Some(Stop::After(Duration::from_secs(30))),
             &live,
             Duration::from_secs(60),
         );
@@ -127,5 +140,8 @@ mod tests {
             line.starts_with(&format!("c=4 [{}] 60s/30s", "#".repeat(BAR))),
             "{line}"
         );
+        live.sent.store(7, Ordering::Relaxed);
+        let line = render("trace x1", None, &live, Duration::from_secs(3));
+        assert_eq!(line, "trace x1 3s  sent 7  done 5  errors 0  640 tokens");
     }
 }

@@ -1,5 +1,5 @@
-//! The results: one [`LevelReport`] per level (a concurrency, or a request rate in the open
-//! loop), shown as a table on stdout and
+//! The results: one [`LevelReport`] per level (a concurrency, a request rate in the open loop,
+//! or a trace's replay, with its own figures in [`TraceLevel`]), shown as a table on stdout and
 //! written as JSON (everything, nested) and CSV (one flat row per level, for spreadsheets).
 //!
 //! Latency and speed statistics are over the level's successful requests; output token totals
@@ -9,12 +9,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Serialize;
 
 use super::load::LevelRun;
 use super::proxy_view::ProxyLevel;
-use super::stats::Percentiles;
+use super::replay::{ReplayCounts, ReplaySettings};
+use super::stats::{percentile, Percentiles};
 
 /// One level's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +63,45 @@ pub struct LevelReport {
     pub input_tokens_per_request: Option<Percentiles>,
     /// The proxy's own figures for the level, with `--proxy-metrics`.
     pub proxy: Option<ProxyLevel>,
+    /// A trace's replay (`--trace`): what was replayed and how closely; `null` otherwise.
+    pub trace: Option<TraceLevel>,
+}
+
+/// The figures of a trace's replay, beside those every level has.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceLevel {
+    /// The level's name, e.g. `trace x0.5`.
+    pub label: String,
+    pub file: String,
+    pub time_scale: f64,
+    pub block_tokens: usize,
+    /// Requests sent, failed ones included.
+    pub requests_sent: usize,
+    /// Of the requests replayed, those the trace asked for no output: sent with `max_tokens` 1.
+    pub zero_output: u64,
+    /// Requests out of order in the file beyond the reader's window: sent as soon as read.
+    pub late_in_trace: u64,
+    /// The prompt and output tokens the trace states for the requests replayed.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Seconds each request was sent after its due time, over every request sent: p99 and max.
+    pub send_late_p99: Option<f64>,
+    pub send_late_max: Option<f64>,
+    /// Mean request rates, requests/s (gaps over their span): the trace's at its own pace,
+    /// scheduled (at the time scale), and achieved (from the times requests actually left).
+    pub trace_rate: Option<f64>,
+    pub scheduled_rate: Option<f64>,
+    pub achieved_rate: Option<f64>,
+    /// Why sending stopped: `end` (of the trace, or `--max-requests`), `duration` or
+    /// `interrupted`.
+    pub ended: &'static str,
+}
+
+/// The mean rate of events at `times` (seconds, any order): gaps over their span.
+fn mean_rate(mut times: Vec<f64>) -> Option<f64> {
+    times.sort_by(f64::total_cmp);
+    let span = times.last()? - times.first()?;
+    (times.len() >= 2 && span > 0.0).then(|| (times.len() - 1) as f64 / span)
 }
 
 impl LevelReport {
@@ -102,7 +143,50 @@ impl LevelReport {
             output_tokens_per_request: summarise(&|s| Some(s.output_tokens() as f64)),
             input_tokens_per_request: summarise(&|s| s.input_tokens.map(|n| n as f64)),
             proxy: None,
+            trace: None,
         }
+    }
+
+    /// A trace's replay: the level's figures, its rate the scheduled one, and the trace's own.
+    pub fn from_replay(
+        run: &LevelRun,
+        counts: &ReplayCounts,
+        settings: &ReplaySettings,
+        interrupted: bool,
+    ) -> LevelReport {
+        let mut level = LevelReport::from_run(run);
+        let secs = |s: &super::client::Sample, late: bool| {
+            let at = s.sent.saturating_duration_since(run.started);
+            (at + if late { s.late } else { Duration::ZERO }).as_secs_f64()
+        };
+        let mut lateness: Vec<f64> = run.samples.iter().map(|s| s.late.as_secs_f64()).collect();
+        lateness.sort_by(f64::total_cmp);
+        let scheduled_rate = mean_rate(run.samples.iter().map(|s| secs(s, false)).collect());
+        level.request_rate = scheduled_rate;
+        level.trace = Some(TraceLevel {
+            label: settings.label(),
+            file: settings.path.display().to_string(),
+            time_scale: settings.time_scale,
+            block_tokens: settings.block_tokens,
+            requests_sent: run.samples.len(),
+            zero_output: counts.zero_output,
+            late_in_trace: counts.late_in_trace,
+            input_tokens: counts.input_tokens,
+            output_tokens: counts.output_tokens,
+            send_late_p99: percentile(&lateness, 0.99),
+            send_late_max: lateness.last().copied(),
+            trace_rate: counts.trace_rate(),
+            scheduled_rate,
+            achieved_rate: mean_rate(run.samples.iter().map(|s| secs(s, true)).collect()),
+            ended: if interrupted {
+                "interrupted"
+            } else if counts.cut_by_duration {
+                "duration"
+            } else {
+                "end"
+            },
+        });
+        level
     }
 }
 
@@ -113,9 +197,14 @@ pub struct Report {
     pub target: String,
     pub model: String,
     pub endpoint: super::prompt::Endpoint,
+    /// Prompt tokens per request; a trace's replay: the mean the trace states, rounded.
     pub prompt_tokens: usize,
+    /// Words every prompt starts with (`--shared-prefix-tokens`).
+    pub shared_prefix_tokens: usize,
+    /// Output tokens per request; a trace's replay: the mean the trace states, rounded.
     pub output_tokens: u64,
-    /// `"duration"` or `"requests"`, and its value (seconds or requests per level).
+    /// `"duration"` or `"requests"`, and its value (seconds or requests per level); a trace
+    /// replayed to its end (or `--max-requests`): `"trace"` and the requests sent.
     pub stop: String,
     pub stop_value: f64,
     pub warmup: bool,
@@ -125,14 +214,22 @@ pub struct Report {
 /// The table's header line; `open` for an open-loop run, whose rows lead with the rate and end
 /// with the concurrency it resulted in and the client's lateness.
 pub fn table_header(open: bool) -> String {
-    let (first, extra, extra_units) = if open {
+    header(if open { "rate/s" } else { "conc" }, open)
+}
+
+/// The header of a trace's replay: an open loop whose row leads with its time scale.
+pub fn trace_table_header() -> String {
+    header("trace", true)
+}
+
+fn header(first: &str, open: bool) -> String {
+    let (extra, extra_units) = if open {
         (
-            "rate/s",
             format!(" | {:>6} {:>6} {:>8}", "conc", "", "late p99"),
             format!(" | {:>6} {:>6} {:>8}", "mean", "peak", "ms"),
         )
     } else {
-        ("conc", String::new(), String::new())
+        (String::new(), String::new())
     };
     format!(
         "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>8}{extra}",
@@ -157,9 +254,10 @@ pub fn table_header(open: bool) -> String {
 pub fn table_row(l: &LevelReport) -> String {
     let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}", v * 1e3));
     let tps = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
-    let first = match l.request_rate {
-        Some(r) => format!("{r}"),
-        None => l.concurrency.to_string(),
+    let first = match (&l.trace, l.request_rate) {
+        (Some(t), _) => format!("x{}", t.time_scale),
+        (None, Some(r)) => format!("{r}"),
+        (None, None) => l.concurrency.to_string(),
     };
     let mut row = format!(
         "{:>6} {:>6} {:>5} | {:>9} {:>7} | {:>9.1} | {:>8} {:>8} | {:>7} {:>7} | {:>8}",
@@ -176,7 +274,7 @@ pub fn table_row(l: &LevelReport) -> String {
         ms(l.itl.map(|s| s.p99)),
         ms(l.tpot.map(|s| s.p50)),
     );
-    if l.request_rate.is_some() {
+    if l.request_rate.is_some() || l.trace.is_some() {
         let _ = write!(
             row,
             " | {:>6.1} {:>6} {:>8}",
@@ -187,6 +285,9 @@ pub fn table_row(l: &LevelReport) -> String {
         if l.not_sent > 0 {
             let _ = write!(row, " ({} not sent: too many in flight)", l.not_sent);
         }
+    }
+    if let Some(t) = &l.trace {
+        let _ = write!(row, "\n{:>6} {}", "", trace_line(t));
     }
     if let Some(p) = &l.proxy {
         let bucket = p.ttft_p50_bucket.map_or(String::new(), |(lo, hi)| {
@@ -209,6 +310,45 @@ pub fn table_row(l: &LevelReport) -> String {
         );
     }
     row
+}
+
+/// What a trace's replay adds to its row: what was sent, how late, at what rate.
+pub fn trace_line(t: &TraceLevel) -> String {
+    let ms = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}", v * 1e3));
+    let rate = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.2}"));
+    let mut line = format!("trace: {} requests sent", t.requests_sent);
+    if t.zero_output > 0 {
+        let _ = write!(
+            line,
+            " ({} asked for no output: sent with max_tokens 1)",
+            t.zero_output
+        );
+    }
+    let _ = write!(
+        line,
+        "; sent late by p99 {} ms, max {} ms",
+        ms(t.send_late_p99),
+        ms(t.send_late_max)
+    );
+    if t.late_in_trace > 0 {
+        let _ = write!(
+            line,
+            "; {} out of order in the file, sent when read",
+            t.late_in_trace
+        );
+    }
+    let _ = write!(
+        line,
+        "; mean rate {}/s in the trace, {}/s at x{}, {}/s achieved",
+        rate(t.trace_rate),
+        rate(t.scheduled_rate),
+        t.time_scale,
+        rate(t.achieved_rate)
+    );
+    if t.ended != "end" {
+        let _ = write!(line, "; stopped: {}", t.ended);
+    }
+    line
 }
 
 /// Writes the report as pretty JSON.
@@ -250,6 +390,14 @@ pub const CSV_COLUMNS: &[&str] = &[
     "concurrency_mean",
     "send_late_p99_s",
     "not_sent",
+    "trace_time_scale",
+    "trace_requests_sent",
+    "trace_zero_output",
+    "trace_late_in_file",
+    "trace_send_late_max_s",
+    "trace_rate",
+    "trace_scheduled_rate",
+    "trace_achieved_rate",
 ];
 
 /// Writes one row per level under a header of [`CSV_COLUMNS`]. Every cell is a number (or
@@ -291,6 +439,14 @@ pub fn write_csv(report: &Report, path: &Path) -> io::Result<()> {
             format!("{}", l.mean_concurrency),
             f(l.send_late.map(|s| s.p99)),
             l.not_sent.to_string(),
+            f(l.trace.as_ref().map(|t| t.time_scale)),
+            f(l.trace.as_ref().map(|t| t.requests_sent as f64)),
+            f(l.trace.as_ref().map(|t| t.zero_output as f64)),
+            f(l.trace.as_ref().map(|t| t.late_in_trace as f64)),
+            f(l.trace.as_ref().and_then(|t| t.send_late_max)),
+            f(l.trace.as_ref().and_then(|t| t.trace_rate)),
+            f(l.trace.as_ref().and_then(|t| t.scheduled_rate)),
+            f(l.trace.as_ref().and_then(|t| t.achieved_rate)),
         ];
         debug_assert_eq!(cells.len(), CSV_COLUMNS.len());
         out.push_str(&cells.join(","));
