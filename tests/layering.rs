@@ -204,6 +204,8 @@ const TOOLS_ALLOWED: &[(&str, &[&str])] = &[
     ("sim", &[]),
     // One GET of a `/metrics` page, parsed with the library's `exposition`.
     ("scrape", &[]),
+    // A workload trace read line by line: the bench's and the capacity command's `--trace`.
+    ("trace", &[]),
     // The load generator; its view of the proxy is a scrape.
     ("bench", &["scrape"]),
     // The live capacity model read back from `/metrics`, drawn with the bench's charts.
