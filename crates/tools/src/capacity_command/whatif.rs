@@ -414,7 +414,10 @@ pub fn answer<'t>(engine: &Engine, classes: &[ClassTargets], trace: &'t Trace) -
     }
 }
 
-/// The replays of one stretch, memoised by the class judged and the multiple.
+/// The replays of one stretch, memoised by the class judged and the multiple: classes judged on
+/// the whole trace share them. Some 16 replays a class are kept, each two numbers per judged
+/// request: with 8 classes (`slo::MAX_CLASSES`) on 20,000 requests, 40 MB at the very worst;
+/// a class judged on its own requests drops its replays when done.
 struct Search<'a> {
     engine: Engine,
     requests: &'a [Recorded],
