@@ -38,7 +38,8 @@ enum Command {
     /// Run the simulator, the proxy in front of it and a ramping load, with a live table.
     Demo(tokenmeter_tools::demo::DemoArgs),
     /// Read a running tokenmeter's live capacity model: the fit, a table per SLO class, the
-    /// curve, and the chart as SVG.
+    /// curve, and the chart as SVG; with --trace, the highest rate multiple of a recorded
+    /// traffic each class holds on the fitted engine.
     Capacity(tokenmeter_tools::capacity_command::CapacityArgs),
     /// Read who used the GPUs: GPU time by tenant and model, prefill and decode, share, per
     /// million output tokens, dollars, and idle, from a running tokenmeter over a window, or
@@ -49,13 +50,23 @@ enum Command {
 /// Exit code for a configuration the user must fix (BSD's EX_USAGE).
 const EXIT_USAGE: u8 = 64;
 
+/// Exit code for an input file a command cannot read (`capacity --trace`: a line that is not a
+/// request, an empty trace), as grep and diff use 2 for trouble: a script tells a bad file from
+/// a server that is not there (1).
+const EXIT_BAD_INPUT: u8 = 2;
+
 /// The exit code of a subcommand: a one-line error, 64 for bad flags.
 fn exit<E: std::fmt::Display>(r: Result<(), E>, is_usage: impl Fn(&E) -> bool) -> ExitCode {
+    exit_with(r, |e| if is_usage(e) { EXIT_USAGE } else { 1 })
+}
+
+/// The exit code of a subcommand: a one-line error and the code `code` gives it.
+fn exit_with<E: std::fmt::Display>(r: Result<(), E>, code: impl Fn(&E) -> u8) -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tokenmeter: error: {e}");
-            ExitCode::from(if is_usage(&e) { EXIT_USAGE } else { 1 })
+            ExitCode::from(code(&e))
         }
     }
 }
@@ -115,8 +126,14 @@ fn main() -> ExitCode {
             return exit(tokenmeter_tools::cost_command::run(&args), |e| e.is_usage())
         }
         Some(Command::Capacity(args)) => {
-            return exit(tokenmeter_tools::capacity_command::run(&args), |e| {
-                e.is_usage()
+            return exit_with(tokenmeter_tools::capacity_command::run(&args), |e| {
+                if e.is_usage() {
+                    EXIT_USAGE
+                } else if e.is_bad_input() {
+                    EXIT_BAD_INPUT
+                } else {
+                    1
+                }
             })
         }
         None => cli.proxy,

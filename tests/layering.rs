@@ -212,8 +212,9 @@ const TOOLS_ALLOWED: &[(&str, &[&str])] = &[
     ("trace", &[]),
     // The load generator; its view of the proxy is a scrape; it replays a trace.
     ("bench", &["scrape", "trace"]),
-    // The live capacity model read back from `/metrics`, drawn with the bench's charts.
-    ("capacity_command", &["bench", "scrape"]),
+    // The live capacity model read back from `/metrics`, drawn with the bench's charts; and a
+    // trace replayed on the engine it fitted (`--trace`).
+    ("capacity_command", &["bench", "scrape", "trace"]),
     ("cost_command", &["scrape"]),
     // The simulator, the proxy and the bench's load in one process.
     ("demo", &["bench", "sim"]),

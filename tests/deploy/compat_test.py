@@ -102,6 +102,7 @@ CAPACITY_SERIES = {
         {"concurrency": c, "kind": k} for c in CURVE for k in ("per_request", "aggregate")],
     "tokenmeter_capacity_utilization": [CLASS],
     "tokenmeter_capacity_tps_floor": [CLASS],
+    "tokenmeter_capacity_ttft_target_seconds": [CLASS],
     "tokenmeter_capacity_replicas": [{}],
     "tokenmeter_capacity_limit_concurrency": [
         dict(CLASS, bound=b) for b in ("ttft", "tokens_per_second", "kv_cache", "max_num_seqs")],

@@ -91,6 +91,7 @@ TOKENMETER = {
     "tokenmeter_capacity_output_tokens_per_second_per_gpu": 1,
     "tokenmeter_capacity_utilization": 1,
     "tokenmeter_capacity_tps_floor": 1,
+    "tokenmeter_capacity_ttft_target_seconds": 1,
     "tokenmeter_capacity_replicas": 1,
     # The first token's end: both limits of the one class with targets, its arrival rate, the
     # predicted TTFT at 9 concurrencies x 3 percentiles, the prefill cost (one source), the mix

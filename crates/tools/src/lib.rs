@@ -9,7 +9,8 @@
 //!   OpenAI-compatible server.
 //! - [`demo`]: `tokenmeter demo`, the simulator, the proxy and a ramping load in one process.
 //! - [`capacity_command`]: `tokenmeter capacity`, the live capacity model read back from
-//!   `/metrics`, drawn with the bench's charts.
+//!   `/metrics`, drawn with the bench's charts; with `--trace`, a recorded traffic replayed on
+//!   the engine it fitted, at rate multiples.
 //! - [`exposition`]: the product's reader of a `/metrics` text ([`tokenmeter::exposition`]), re-exported
 //!   under the tools for their callers; [`scrape`] fetches one.
 //! - [`trace`]: a workload trace read back (the Mooncake lines `--workload-log` writes), for the

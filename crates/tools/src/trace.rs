@@ -8,8 +8,9 @@
 //!
 //! `timestamp` is milliseconds (a number, or a string of digits as some published traces write
 //! it); `input_length` and `output_length` are tokens; `hash_ids`, where present, name the
-//! prompt's blocks (the same id, the same block under the same prefix). Other keys are kept where
-//! the tools use them (`conversation_id`, `class`) and otherwise ignored.
+//! prompt's blocks (the same id, the same block under the same prefix); `class`, where present,
+//! the SLO class the request was in. Other keys are kept where a tool uses them and otherwise
+//! ignored.
 //!
 //! **Bounded, whatever the file.** The file is read line by line, never whole: a 10 GB trace
 //! costs what its lines in hand cost. A line is at most [`MAX_LINE_BYTES`]; a longer one is an
@@ -53,6 +54,9 @@ pub struct Request {
     pub output_length: u32,
     /// The prompt's blocks; empty where the trace has none.
     pub hash_ids: Vec<u64>,
+    /// The SLO class the request was in, where the trace names one (tokenmeter writes it where
+    /// classes are configured).
+    pub class: Option<String>,
     /// The line it was read from, 1-based.
     pub line: u64,
 }
@@ -278,6 +282,11 @@ fn parse(bytes: &[u8], line: u64) -> Result<(f64, Request), String> {
             .ok_or("\"hash_ids\" holds something other than non-negative integers")?,
         Some(_) => return Err("\"hash_ids\" is not an array".into()),
     };
+    let class = match o.get("class") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) => Some(c.clone()),
+        Some(_) => return Err("\"class\" is not a string".into()),
+    };
     Ok((
         at,
         Request {
@@ -285,6 +294,7 @@ fn parse(bytes: &[u8], line: u64) -> Result<(f64, Request), String> {
             input_length,
             output_length,
             hash_ids,
+            class,
             line,
         },
     ))
@@ -312,9 +322,13 @@ mod tests {
         let t = ok(concat!(
             "{\"timestamp\": 1700000000000, \"input_length\": 600, \"output_length\": 10, \"hash_ids\": [0, 1]}\n",
             "\n",
-            "{\"timestamp\": \"1700000000250\", \"input_length\": 3, \"output_length\": 0}\n",
+            "{\"timestamp\": \"1700000000250\", \"input_length\": 3, \"output_length\": 0, \"class\": \"batch\"}\n",
         ));
         assert_eq!(t.len(), 2);
+        assert_eq!(
+            (t[0].class.as_deref(), t[1].class.as_deref()),
+            (None, Some("batch"))
+        );
         assert_eq!(
             (t[0].at_ms, t[0].input_length, t[0].hash_ids.clone()),
             (0.0, 600, vec![0, 1])
@@ -385,6 +399,10 @@ mod tests {
             (
                 "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1, -2]}\n",
                 "\"hash_ids\" holds",
+            ),
+            (
+                "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"class\": 3}\n",
+                "\"class\" is not a string",
             ),
         ];
         for (text, want) in cases {

@@ -92,6 +92,13 @@ pub struct Replayed {
     pub output_tps: f64,
     /// Sequences preempted for want of KV blocks (0 without a known cache).
     pub preemptions: u64,
+    /// Steps that left a request that had arrived waiting because the KV cache had no room for
+    /// its prompt (0 without a known cache): memory, not compute, held it back.
+    pub cache_full_steps: u64,
+    /// Steps that left a request that had arrived waiting because the batch was at the
+    /// engine's cap on sequences (0 where the cap is not known; the replay's own cap of
+    /// [`MAX_CONCURRENCY`] is not the engine's and is not counted).
+    pub seqs_full_steps: u64,
     /// The mean number of requests in flight (waiting or running) over the replay: the
     /// concurrency its load holds. The clients' count in a closed loop; for arrivals, the
     /// arrival rate times the mean time in the engine of the measured requests (Little's law).
@@ -247,6 +254,10 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
     let batch_cap = memory
         .max_num_seqs
         .map_or(MAX_CONCURRENCY, |n| (n as usize).clamp(1, MAX_CONCURRENCY));
+    // Whether the batch's cap is the engine's own, for the steps it holds a request back.
+    let engine_cap = memory
+        .max_num_seqs
+        .is_some_and(|n| (n as usize) <= MAX_CONCURRENCY);
     let mut free = memory.blocks().unwrap_or(u64::MAX);
     let mut rng = Rng(SEED);
     let fit = |j: Job| {
@@ -310,6 +321,7 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
     let mut work = 0u64;
     let mut output_tokens = 0u64;
     let mut preemptions = 0u64;
+    let (mut cache_full_steps, mut seqs_full_steps) = (0u64, 0u64);
     let mut t = 0.0f64;
     // Time spent in the engine by the measured requests that finished, for the mean in flight.
     let mut measured_time = 0.0f64;
@@ -385,16 +397,21 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
             i += 1;
         }
         let mut prefill = 0u64;
-        while !preempted && running.len() < batch_cap {
-            // A request that arrives just as a step starts waits for the next one, unless the
-            // engine was idle (then the step starts for it).
+        // A request that arrives just as a step starts waits for the next one, unless the
+        // engine was idle (then the step starts for it).
+        let arrived = |w: &Waiting| w.arrival < t || (idle && w.arrival <= t);
+        loop {
             let need = match waiting.front() {
-                Some(w) if w.arrival < t || (idle && w.arrival <= t) => {
-                    memory.blocks_for(u64::from(w.prefill))
-                }
+                Some(w) if arrived(w) => memory.blocks_for(u64::from(w.prefill)),
                 _ => break,
             };
-            if need > free {
+            if preempted || need > free {
+                // The cache is full: it preempted this step, or has no room for the prompt.
+                cache_full_steps += 1;
+                break;
+            }
+            if running.len() >= batch_cap {
+                seqs_full_steps += u64::from(engine_cap);
                 break;
             }
             let Some(w) = waiting.pop_front() else { break };
@@ -501,6 +518,8 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
             0.0
         },
         preemptions,
+        cache_full_steps,
+        seqs_full_steps,
         mean_in_flight: match load {
             Load::Closed(n) | Load::Joining(n) if recorded.is_empty() => f64::from(n.max(1)),
             _ if measured_done == 0 => 0.0,
@@ -652,7 +671,7 @@ mod tests {
         };
         let fits = run(&small(52, None), &job, Load::Closed(4)).expect("a replay");
         let free = run(&endless, &job, Load::Closed(4)).expect("a replay");
-        assert_eq!(fits.preemptions, 0);
+        assert_eq!((fits.preemptions, fits.cache_full_steps), (0, 0));
         assert_eq!(fits.ttft, free.ttft);
         assert_eq!(fits.tps, free.tps);
     }
@@ -679,6 +698,9 @@ mod tests {
         let waited = tight.ttft_quantile(0.9).expect("measured");
         assert!(waited > 0.5, "{waited}");
         assert!(tight.preemptions > 0);
+        // The steps that held an arrived request back for want of blocks say so.
+        assert!(tight.cache_full_steps > 0, "{tight:?}");
+        assert_eq!(tight.seqs_full_steps, 0);
         // The cache caps the aggregate: more clients queue and add nothing, and eight make
         // far less than eight with endless memory (about five fit on average, less the
         // recomputed work).
@@ -707,6 +729,12 @@ mod tests {
         assert!((capped.output_tps / two.output_tps - 1.0).abs() < 0.05);
         assert!(capped.ttft_quantile(0.9).expect("measured") > 0.5);
         assert_eq!(capped.preemptions, 0);
+        // The cap, not the cache, held the other two back; the replay's own cap is not the
+        // engine's.
+        assert!(capped.seqs_full_steps > 0, "{capped:?}");
+        assert_eq!(capped.cache_full_steps, 0);
+        let many = run(&UNLIMITED, &job, Load::Closed(300)).expect("a replay");
+        assert_eq!((many.seqs_full_steps, many.cache_full_steps), (0, 0));
     }
 
     #[test]
@@ -781,6 +809,8 @@ mod tests {
             tps: vec![5.0, 10.0, 20.0, 40.0],
             output_tps: 0.0,
             preemptions: 0,
+            cache_full_steps: 0,
+            seqs_full_steps: 0,
             mean_in_flight: 0.0,
         };
         assert_eq!(r.ttft_quantile(0.9), Some(9.0));

@@ -26,6 +26,9 @@ pub mod names {
     pub const CURVE_TPS: &str = "tokenmeter_capacity_curve_tokens_per_second";
     pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
     pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
+    /// The class's TTFT target, beside its floor: a reader of the exposition (`tokenmeter
+    /// capacity --trace`) judges a replay by both.
+    pub const TTFT_TARGET: &str = "tokenmeter_capacity_ttft_target_seconds";
     pub const REPLICAS: &str = "tokenmeter_capacity_replicas";
     pub const LIMIT_CONCURRENCY: &str = "tokenmeter_capacity_limit_concurrency";
     pub const MAX_REQUEST_RATE: &str = "tokenmeter_capacity_max_request_rate";
@@ -152,17 +155,26 @@ impl CapacityMetrics {
             "Mean requests in flight per engine over the last minute (decoding or waiting for the first token).",
         ))?;
         r.register(Box::new(in_flight.clone()))?;
-        // The floors are the classes' own: constant, set once, so a chart can draw them beside
-        // the curve without knowing the configuration.
+        // The floors and TTFT targets are the classes' own: constant, set once, so a chart can
+        // draw them beside the curve, and a replay judge by them, without the configuration.
         let floor = vec(
             r,
             TPS_FLOOR,
             "Per-request tokens/s floor of the SLO class the capacity answers are for.",
             &["class"],
         )?;
+        let ttft_target = vec(
+            r,
+            TTFT_TARGET,
+            "Longest TTFT of the SLO class the capacity answers are for, in seconds.",
+            &["class"],
+        )?;
         for c in classes {
             if let Some(f) = c.tps_floor {
                 floor.with_label_values(&[&c.name]).set(f);
+            }
+            if let Some(t) = c.ttft {
+                ttft_target.with_label_values(&[&c.name]).set(t);
             }
         }
         Ok(CapacityMetrics {
@@ -483,7 +495,10 @@ mod tests {
     #[test]
     fn series_appear_with_the_fit_and_carry_the_issues_names() {
         let classes = vec![
-            ClassTargets::floor("interactive", 40.0),
+            ClassTargets {
+                ttft: Some(2.5),
+                ..ClassTargets::floor("interactive", 40.0)
+            },
             ClassTargets {
                 tps_floor: None,
                 ..ClassTargets::floor("batch", 1.0)
@@ -548,6 +563,7 @@ mod tests {
             "tokenmeter_capacity_curve_tokens_per_second{concurrency=\"1\",kind=\"per_request\"} ",
             "tokenmeter_capacity_utilization{class=\"interactive\"} ",
             "tokenmeter_capacity_tps_floor{class=\"interactive\"} 40",
+            "tokenmeter_capacity_ttft_target_seconds{class=\"interactive\"} 2.5",
             "tokenmeter_capacity_replicas 1",
             "tokenmeter_capacity_supported{class=\"interactive\"} 1",
         ] {

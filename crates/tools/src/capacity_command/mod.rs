@@ -5,6 +5,11 @@
 //! writes the trade-off chart as SVG with the bench's chart code. Everything it prints is
 //! tokenmeter's own figures; the curve in the chart is drawn from the fitted coefficients, so it
 //! is exact at every concurrency, not only at the nine the metrics carry.
+//!
+//! With `--trace FILE` it answers another question instead, for a recorded mix: the highest
+//! rate multiple of that traffic each class holds on the engine the model fitted, and which
+//! bound binds there ([`whatif`]). The scrape gives the engine ([`CapacityReading::engine`]) and
+//! the classes' targets ([`CapacityReading::targets`]); the what-if knows nothing of the scrape.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -13,13 +18,21 @@ use clap::Args;
 
 use crate::bench::chart::{self, Axis, Chart, Marker, Series};
 use crate::scrape::{scrape, ScrapeError};
+use crate::trace::TraceError;
+use tokenmeter::capacity::memory::DEFAULT_BLOCK_SIZE;
 use tokenmeter::capacity::plan::CURVE;
+use tokenmeter::capacity::replay::Engine;
 use tokenmeter::capacity::summary::MAX_CONCURRENCY;
-use tokenmeter::capacity::Bound;
+use tokenmeter::capacity::{Bound, ClassTargets, Memory};
 use tokenmeter::exposition::Sample;
 use tokenmeter::metrics::capacity::{
     names, BOUNDS, CHECK_QUANTITIES, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
 };
+use tokenmeter::slo::DEFAULT_OBJECTIVE;
+
+pub mod whatif;
+
+use whatif::{Fitted, Format, Trace};
 
 /// The command's flags.
 #[derive(Debug, Clone, Args)]
@@ -36,13 +49,85 @@ pub struct CapacityArgs {
         default_value = "capacity.svg"
     )]
     pub svg: PathBuf,
+
+    /// A workload trace (the JSON lines `--workload-log` writes, the Mooncake format): instead
+    /// of the model's report, the highest rate multiple of this traffic each SLO class holds on
+    /// the engine the model fitted, and which bound binds there. No chart is written.
+    #[arg(long, env = "TOKENMETER_CAPACITY_TRACE", value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+
+    /// With --trace: the most requests read from it, from its start [default: 20000].
+    #[arg(long, env = "TOKENMETER_CAPACITY_MAX_REQUESTS", value_name = "N")]
+    pub max_requests: Option<u64>,
+
+    /// With --trace: the tokens of one of its `hash_ids` blocks, as `--workload-block-tokens`
+    /// wrote it, to count the prompt tokens a prefix cache serves [default: 512].
+    #[arg(long, env = "TOKENMETER_CAPACITY_TRACE_BLOCK_TOKENS", value_name = "B")]
+    pub trace_block_tokens: Option<u32>,
+
+    /// With --trace: how the answer is printed, a table to read or json to load [default:
+    /// table].
+    #[arg(long, env = "TOKENMETER_CAPACITY_FORMAT", value_enum)]
+    pub format: Option<Format>,
+}
+
+/// What `--trace` asks, from the flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceQuestion {
+    pub path: PathBuf,
+    pub max_requests: u64,
+    pub block_tokens: u32,
+    pub format: Format,
+}
+
+impl CapacityArgs {
+    /// The trace question the flags ask, `None` without `--trace`, or which flag to fix.
+    pub fn trace_question(&self) -> Result<Option<TraceQuestion>, CommandError> {
+        let usage = |s: &str| Err(CommandError::Usage(s.to_string()));
+        let Some(path) = &self.trace else {
+            if self.max_requests.is_some()
+                || self.trace_block_tokens.is_some()
+                || self.format.is_some()
+            {
+                return usage("--max-requests, --trace-block-tokens and --format go with --trace");
+            }
+            return Ok(None);
+        };
+        let max_requests = self.max_requests.unwrap_or(whatif::DEFAULT_MAX_REQUESTS);
+        if max_requests == 0 {
+            return usage("--max-requests must be at least 1");
+        }
+        let block_tokens = self
+            .trace_block_tokens
+            .unwrap_or(whatif::DEFAULT_BLOCK_TOKENS);
+        if block_tokens == 0 {
+            return usage("--trace-block-tokens must be at least 1");
+        }
+        Ok(Some(TraceQuestion {
+            path: path.clone(),
+            max_requests,
+            block_tokens,
+            format: self.format.unwrap_or(Format::Table),
+        }))
+    }
 }
 
 /// Why the command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
+    #[error("{0}")]
+    Usage(String),
     #[error("--metrics {0:?} is not an http:// URL")]
     BadUrl(String),
+    /// The trace cannot be read: no file, a line that is not a request (named), no requests.
+    #[error(transparent)]
+    Trace(TraceError),
+    #[error("{metrics} has no fit yet ({samples} token samples at usable concurrencies; a fit needs 3 concurrencies with 20 samples each): there is no engine to replay the trace on")]
+    NoFit { metrics: String, samples: u64 },
+    #[error("{0} states no prefill cost per token yet (tokenmeter_capacity_prefill_seconds_per_token): the replay cannot time the first tokens")]
+    NoPrefill(String),
+    #[error("{0} exports no SLO class with a TTFT target or a tokens/s floor: there is nothing to judge the trace by")]
+    NoTargets(String),
     #[error(transparent)]
     Fetch(ScrapeError),
     #[error("cannot start the runtime: {0}")]
@@ -59,7 +144,13 @@ pub enum CommandError {
 impl CommandError {
     /// True for errors the user fixes by changing the flags.
     pub fn is_usage(&self) -> bool {
-        matches!(self, CommandError::BadUrl(_))
+        matches!(self, CommandError::BadUrl(_) | CommandError::Usage(_))
+    }
+
+    /// True when the input, the trace, cannot be read: the command exits 2, not 1, so a
+    /// script tells a bad file from a tokenmeter that is not there.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, CommandError::Trace(_))
     }
 }
 
@@ -83,6 +174,10 @@ pub struct ClassRow {
     /// `tokenmeter_capacity_supported`: false when the model cannot answer for the class yet
     /// (its max streams and utilization are then absent); `None` from an exporter without it.
     pub supported: Option<bool>,
+    /// The class's TTFT target, seconds (`tokenmeter_capacity_ttft_target_seconds`).
+    pub ttft_target: Option<f64>,
+    /// The share of its requests that must meet its targets (`tokenmeter_slo_objective`).
+    pub objective: Option<f64>,
 }
 
 impl ClassRow {
@@ -217,6 +312,10 @@ pub struct CapacityReading {
     /// Why the model cannot answer yet (`tokenmeter_capacity_unsupported`'s reasons at 1),
     /// sorted; empty when it can.
     pub unsupported: Vec<String>,
+    /// The engines the model is per (`tokenmeter_capacity_replicas`) and the GPUs behind them
+    /// all (`tokenmeter_gpus`), where exported.
+    pub replicas: Option<f64>,
+    pub gpus: Option<f64>,
 }
 
 impl CapacityReading {
@@ -229,6 +328,9 @@ impl CapacityReading {
             CURVE.iter().map(|&b| (b, None, None)).collect();
         let mut ttft: Vec<(u32, [Option<f64>; 3])> =
             CURVE.iter().map(|&b| (b, [None; 3])).collect();
+        // Every class has an objective, also one the model has nothing to say of: taken for
+        // the classes the capacity families name, once they are all read.
+        let mut objectives: Vec<(String, f64)> = Vec::new();
         for s in samples {
             let v = Some(s.value);
             let class = |r: &mut CapacityReading| -> Option<usize> {
@@ -324,6 +426,15 @@ impl CapacityReading {
                     }
                 }
                 names::KV_TOKENS_PER_REQUEST => r.kv_tokens_per_request = v,
+                names::REPLICAS => r.replicas = v,
+                tokenmeter::metrics::names::GPUS => {
+                    r.gpus = Some(r.gpus.unwrap_or(0.0) + s.value);
+                }
+                tokenmeter::metrics::names::SLO_OBJECTIVE => {
+                    if let Some(class) = s.label("class") {
+                        objectives.push((class.to_string(), s.value));
+                    }
+                }
                 names::LIMIT_CONCURRENCY => {
                     let bound = s.label("bound");
                     if let Some(i) = class(&mut r) {
@@ -341,6 +452,7 @@ impl CapacityReading {
                     let field: fn(&mut ClassRow) -> &mut Option<f64> = match name {
                         names::MAX_REQUEST_RATE => |c| &mut c.max_request_rate,
                         names::TPS_FLOOR => |c| &mut c.floor,
+                        names::TTFT_TARGET => |c| &mut c.ttft_target,
                         names::MAX_CONCURRENCY => |c| &mut c.max_concurrency,
                         names::OUTPUT_TPS => |c| &mut c.output_tps,
                         names::OUTPUT_TPS_PER_GPU => |c| &mut c.output_tps_per_gpu,
@@ -354,12 +466,106 @@ impl CapacityReading {
                 }
             }
         }
+        for (class, objective) in objectives {
+            if let Some(c) = r.classes.iter_mut().find(|c| c.name == class) {
+                c.objective = Some(objective);
+            }
+        }
         r.classes.sort_by(|a, b| a.name.cmp(&b.name));
         r.unsupported.sort();
         r.unsupported.dedup();
         r.curve = curve;
         r.ttft = ttft;
         seen.then_some(r)
+    }
+
+    /// The engine the model fitted, as its replay runs it: the step's line, the prefill cost
+    /// per uncached token, the KV cache and the engine's cap on sequences where exported (in
+    /// blocks of [`DEFAULT_BLOCK_SIZE`] tokens: the block size is not exported). The context
+    /// term is not exported either: the replay runs the line alone. `source` names the scrape
+    /// in the errors: no fit yet, or no prefill cost yet.
+    pub fn engine(&self, source: &str) -> Result<Engine, CommandError> {
+        let (Some(base), Some(per_seq)) = (self.base, self.per_seq) else {
+            return Err(CommandError::NoFit {
+                metrics: source.into(),
+                samples: self.samples as u64,
+            });
+        };
+        let Some((prefill_per_token, _)) = self.workload.prefill else {
+            return Err(CommandError::NoPrefill(source.into()));
+        };
+        // The cap on sequences is the same for every class that states it.
+        let max_num_seqs = self
+            .classes
+            .iter()
+            .find_map(|c| c.limit_seqs)
+            .filter(|n| *n >= 1.0)
+            .map(|n| n.min(f64::from(u32::MAX)) as u32);
+        Ok(Engine {
+            base,
+            per_seq,
+            prefill_per_token: prefill_per_token.max(0.0),
+            context: None,
+            memory: Memory {
+                kv_cache_tokens: self.kv_cache_tokens.filter(|t| *t >= 1.0).map(|t| t as u64),
+                block_size: DEFAULT_BLOCK_SIZE,
+                max_num_seqs,
+            },
+        })
+    }
+
+    /// Every class with a TTFT target or a tokens/s floor, with its objective
+    /// ([`DEFAULT_OBJECTIVE`] where the scrape states none), sorted by name.
+    pub fn targets(&self) -> Vec<ClassTargets> {
+        self.classes
+            .iter()
+            .filter(|c| c.floor.is_some() || c.ttft_target.is_some())
+            .map(|c| ClassTargets {
+                name: c.name.clone(),
+                tps_floor: c.floor,
+                ttft: c.ttft_target,
+                objective: c.objective.unwrap_or(DEFAULT_OBJECTIVE),
+            })
+            .collect()
+    }
+
+    /// The GPUs behind one engine, where both the GPUs and the engines are exported.
+    pub fn gpus_per_engine(&self) -> Option<f64> {
+        let (gpus, replicas) = (self.gpus?, self.replicas?);
+        (gpus > 0.0 && replicas >= 1.0).then(|| gpus / replicas)
+    }
+
+    /// What the what-if says of the model beside its answer: how it was fitted, and the
+    /// warnings a reader of the answer must see (a model its check does not trust, one that
+    /// cannot answer yet, objectives assumed).
+    pub fn fitted(&self, engine: Engine) -> Fitted {
+        let mut notes = Vec::new();
+        if !self.check.trusted() {
+            notes.push(self.not_trusted());
+        }
+        if let Some(why) = self.cannot_answer() {
+            notes.push(format!(
+                "the model says {why}: the replay runs the fit as it stands"
+            ));
+        }
+        let assumed: Vec<&str> = self
+            .classes
+            .iter()
+            .filter(|c| (c.floor.is_some() || c.ttft_target.is_some()) && c.objective.is_none())
+            .map(|c| c.name.as_str())
+            .collect();
+        if !assumed.is_empty() {
+            notes.push(format!(
+                "no tokenmeter_slo_objective for {}: {DEFAULT_OBJECTIVE} assumed",
+                assumed.join(", ")
+            ));
+        }
+        Fitted {
+            engine,
+            prefill_source: self.workload.prefill.as_ref().map(|p| p.1.clone()),
+            gpus_per_engine: self.gpus_per_engine(),
+            notes,
+        }
     }
 
     /// The fitted step in seconds at concurrency `b`.
@@ -733,8 +939,39 @@ pub fn report(samples: &[Sample], source: &str, svg: &Path) -> Result<String, Co
     Ok(reading.text())
 }
 
-/// `tokenmeter capacity`: scrape, print, write the chart.
+/// The answer to `--trace` from a scrape's samples and a trace read: the engine and the
+/// targets the scrape states, the trace replayed on them, printed as `format` says.
+pub fn what_if(
+    samples: &[Sample],
+    source: &str,
+    trace: &Trace,
+    format: Format,
+) -> Result<String, CommandError> {
+    let reading = CapacityReading::from_samples(samples)
+        .ok_or_else(|| CommandError::NotCapacity(source.into()))?;
+    let engine = reading.engine(source)?;
+    let targets = reading.targets();
+    if targets.is_empty() {
+        return Err(CommandError::NoTargets(source.into()));
+    }
+    let answer = whatif::answer(&engine, &targets, trace);
+    let fitted = reading.fitted(engine);
+    Ok(match format {
+        Format::Table => answer.text(&fitted),
+        Format::Json => format!("{:#}\n", answer.json(&fitted)),
+    })
+}
+
+/// `tokenmeter capacity`: scrape, print, write the chart; with `--trace`, the trace's answer.
 pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
+    let question = args.trace_question()?;
+    // The trace first: a bad file is said before anything is asked of the network.
+    let trace = match &question {
+        Some(q) => Some(
+            Trace::read(&q.path, q.max_requests, q.block_tokens).map_err(CommandError::Trace)?,
+        ),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -745,6 +982,13 @@ pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
             ScrapeError::BadUrl(u) => CommandError::BadUrl(u),
             other => CommandError::Fetch(other),
         })?;
+    if let (Some(q), Some(trace)) = (question, trace) {
+        print!(
+            "{}",
+            what_if(scrape.samples(), &args.metrics, &trace, q.format)?
+        );
+        return Ok(());
+    }
     let text = report(scrape.samples(), &args.metrics, &args.svg)?;
     print!("{text}");
     println!("\nchart written to {}", args.svg.display());
@@ -1202,6 +1446,229 @@ mod tests {
         assert!(texts(&doc, "title")
             .join(" ")
             .ends_with("cannot answer yet: <odd>"));
+    }
+
+    /// A scrape with what the what-if reads: the fit, the prefill cost, the KV cache, the
+    /// classes' targets and objectives, the GPUs and the engines.
+    fn what_if_scrape() -> String {
+        "tokenmeter_capacity_fit_samples 5000\n\
+         tokenmeter_capacity_step_seconds{term=\"base\"} 0.010\n\
+         tokenmeter_capacity_step_seconds{term=\"per_sequence\"} 0.0002\n\
+         tokenmeter_capacity_prefill_seconds_per_token{source=\"stated\"} 0.0002\n\
+         tokenmeter_capacity_kv_cache_tokens 1048576\n\
+         tokenmeter_capacity_replicas 2\n\
+         tokenmeter_gpus{source=\"flag\"} 8\n\
+         tokenmeter_slo_objective{class=\"batch\"} 0.95\n\
+         tokenmeter_slo_objective{class=\"chat\"} 0.9\n\
+         tokenmeter_slo_objective{class=\"agent\"} 0.99\n\
+         tokenmeter_capacity_tps_floor{class=\"chat\"} 20\n\
+         tokenmeter_capacity_ttft_target_seconds{class=\"chat\"} 0.5\n\
+         tokenmeter_capacity_supported{class=\"chat\"} 1\n\
+         tokenmeter_capacity_limit_concurrency{class=\"chat\",bound=\"max_num_seqs\"} 128\n\
+         tokenmeter_capacity_tps_floor{class=\"agent\"} 40\n\
+         tokenmeter_capacity_supported{class=\"agent\"} 1\n"
+            .to_string()
+    }
+
+    #[test]
+    fn the_engine_and_the_targets_are_read_from_the_scrape() {
+        let r = CapacityReading::from_samples(Scrape::parse(&what_if_scrape()).samples())
+            .expect("capacity families");
+        let e = r.engine("x").expect("an engine");
+        assert_eq!(
+            (e.base, e.per_seq, e.prefill_per_token, e.context),
+            (0.010, 0.0002, 0.0002, None)
+        );
+        assert_eq!(
+            e.memory,
+            Memory {
+                kv_cache_tokens: Some(1 << 20),
+                block_size: DEFAULT_BLOCK_SIZE,
+                max_num_seqs: Some(128),
+            }
+        );
+        // `batch` has an objective and no target: nothing to judge it by; the objectives
+        // are each class's own.
+        assert_eq!(
+            r.targets(),
+            [
+                ClassTargets {
+                    name: "agent".into(),
+                    tps_floor: Some(40.0),
+                    ttft: None,
+                    objective: 0.99,
+                },
+                ClassTargets {
+                    name: "chat".into(),
+                    tps_floor: Some(20.0),
+                    ttft: Some(0.5),
+                    objective: 0.9,
+                },
+            ]
+        );
+        assert_eq!(r.gpus_per_engine(), Some(4.0));
+        assert!(r.fitted(e).notes.is_empty());
+        // Reading the objectives adds no row to the report's tables.
+        assert!(!r.text().contains("batch"), "{}", r.text());
+        // Without an objective the default is assumed, and said.
+        let text = what_if_scrape().replace("tokenmeter_slo_objective{class=\"agent\"} 0.99\n", "");
+        let r = CapacityReading::from_samples(Scrape::parse(&text).samples()).expect("present");
+        assert_eq!(r.targets()[0].objective, DEFAULT_OBJECTIVE);
+        assert_eq!(
+            r.fitted(e).notes,
+            ["no tokenmeter_slo_objective for agent: 0.95 assumed"]
+        );
+    }
+
+    /// A trace of `n` requests a second apart, 2,000-token prompts and one token each.
+    fn what_if_trace(n: usize) -> Trace {
+        let text: String = (0..n)
+            .map(|i| {
+                format!(
+                    "{{\"timestamp\": {}, \"input_length\": 2000, \"output_length\": 1}}\n",
+                    i * 1000
+                )
+            })
+            .collect();
+        let path = Path::new("day.jsonl");
+        let reader = crate::trace::Reader::new(path, std::io::Cursor::new(text), None);
+        Trace::from_reader(path, reader, whatif::DEFAULT_BLOCK_TOKENS).expect("a trace")
+    }
+
+    #[test]
+    fn a_trace_is_answered_from_the_scrapes_engine_and_targets() {
+        let samples = Scrape::parse(&what_if_scrape()).samples().to_vec();
+        let trace = what_if_trace(100);
+        let text = what_if(&samples, "x", &trace, Format::Table).expect("an answer");
+        // chat's 0.5 s TTFT binds at about 2.4x (a 410 ms prefill a request); agent's floor
+        // is met at any multiple: 40 tokens/s is far below a step of 10 ms.
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("chat")[9], "ttft", "{text}");
+        assert!(row("chat")[8].starts_with("2.4"), "{text}");
+        assert_eq!(row("agent")[7..10], [">=", "64x", "none"], "{text}");
+        assert!(
+            text.contains("2x this traffic: 1 engine (4 GPUs), the most any class needs"),
+            "{text}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&what_if(&samples, "x", &trace, Format::Json).expect("json"))
+                .expect("valid JSON");
+        assert_eq!(json["classes"][1]["class"], "chat");
+        assert_eq!(json["classes"][1]["binds"], "ttft");
+        assert_eq!(json["engine"]["max_num_seqs"], 128);
+    }
+
+    #[test]
+    fn without_a_fit_a_prefill_cost_or_a_target_the_trace_is_not_answered() {
+        let trace = what_if_trace(10);
+        let answer =
+            |text: &str| what_if(Scrape::parse(text).samples(), "x", &trace, Format::Table);
+        let no_fit = answer("tokenmeter_capacity_fit_samples 7\n").expect_err("no fit");
+        assert!(matches!(no_fit, CommandError::NoFit { samples: 7, .. }));
+        assert!(
+            no_fit
+                .to_string()
+                .starts_with("x has no fit yet (7 token samples"),
+            "{no_fit}"
+        );
+        assert!(!no_fit.is_bad_input() && !no_fit.is_usage());
+        let full = what_if_scrape();
+        let no_prefill = full.replace(
+            "tokenmeter_capacity_prefill_seconds_per_token{source=\"stated\"} 0.0002\n",
+            "",
+        );
+        assert!(matches!(
+            answer(&no_prefill),
+            Err(CommandError::NoPrefill(_))
+        ));
+        let no_targets: String = full
+            .lines()
+            .filter(|l| !l.contains("tps_floor") && !l.contains("ttft_target"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(matches!(
+            answer(&no_targets),
+            Err(CommandError::NoTargets(_))
+        ));
+        assert!(matches!(
+            answer("tokenmeter_build_info 1\n"),
+            Err(CommandError::NotCapacity(_))
+        ));
+    }
+
+    #[test]
+    fn a_trace_that_cannot_be_read_is_bad_input_naming_the_line() {
+        let dir = std::env::temp_dir().join(format!("tokenmeter-whatif-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let bad = dir.join("bad.jsonl");
+        std::fs::write(
+            &bad,
+            "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\nnot json\n",
+        )
+        .expect("written");
+        let empty = dir.join("empty.jsonl");
+        std::fs::write(&empty, "\n").expect("written");
+        for (path, want) in [
+            (&bad, "bad.jsonl: line 2: not a JSON object"),
+            (&empty, "empty.jsonl has no requests"),
+            (&dir.join("absent.jsonl"), "cannot read"),
+        ] {
+            let err = Trace::read(path, 10, 512)
+                .map_err(CommandError::Trace)
+                .expect_err("not a trace");
+            assert!(err.is_bad_input() && !err.is_usage(), "{err}");
+            assert!(err.to_string().contains(want), "{err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_trace_flags_go_with_trace_and_without_it_nothing_changes() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: CapacityArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["capacity", "--metrics", "http://127.0.0.1:9090/metrics"];
+            argv.extend(extra);
+            Cli::try_parse_from(argv)
+                .expect("parsed")
+                .args
+                .trace_question()
+        };
+        assert_eq!(parse(&[]).expect("no question"), None);
+        for flags in [
+            &["--format", "json"][..],
+            &["--max-requests", "5"],
+            &["--trace-block-tokens", "16"],
+        ] {
+            let err = parse(flags).expect_err("needs --trace");
+            assert!(err.is_usage(), "{err}");
+        }
+        assert_eq!(
+            parse(&["--trace", "day.jsonl"]).expect("a question"),
+            Some(TraceQuestion {
+                path: "day.jsonl".into(),
+                max_requests: whatif::DEFAULT_MAX_REQUESTS,
+                block_tokens: whatif::DEFAULT_BLOCK_TOKENS,
+                format: Format::Table,
+            })
+        );
+        let q = parse(&["--trace", "t", "--max-requests", "9", "--format", "json"])
+            .expect("a question")
+            .expect("asked");
+        assert_eq!((q.max_requests, q.format), (9, Format::Json));
+        assert!(parse(&["--trace", "t", "--max-requests", "0"])
+            .expect_err("zero")
+            .is_usage());
     }
 
     #[test]
