@@ -1155,39 +1155,6 @@ fn small_trace() -> (String, u64, u64) {
     (text, input, output)
 }
 
-/// Watches, from a plain thread of its own, how long this process waits for a CPU: the thread
-/// sleeps a millisecond at a time, and any longer gap is the machine's (the suite shares two
-/// cores with builds), not a runtime's, since the thread runs no task.
-struct StallWatch {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Duration>,
-}
-
-impl StallWatch {
-    fn start() -> StallWatch {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let tick = Duration::from_millis(1);
-            let (mut worst, mut last) = (Duration::ZERO, std::time::Instant::now());
-            while !flag.load(Ordering::Relaxed) {
-                std::thread::sleep(tick);
-                let now = std::time::Instant::now();
-                worst = worst.max((now - last).saturating_sub(tick));
-                last = now;
-            }
-            worst
-        });
-        StallWatch { stop, thread }
-    }
-
-    /// The longest wait beyond its tick the thread saw.
-    fn worst(self) -> Duration {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap()
-    }
-}
-
 /// Replayed twice as fast against the simulator, directly: the simulator served every request
 /// of the trace with exactly its prompt and output lengths (completions: no chat template adds
 /// to the prompt), and each request left within 20 ms of its scaled due time, beyond what the
@@ -1212,7 +1179,7 @@ async fn a_trace_is_replayed_with_its_lengths_exactly_at_its_scaled_times() {
         ],
         &out,
     );
-    let stalls = StallWatch::start();
+    let stalls = s::StallWatch::start();
     let report = bench::run(&cfg, Progress::disabled(), Default::default())
         .await
         .unwrap();

@@ -26,6 +26,7 @@ mod pool;
 mod props;
 mod proxy;
 mod queue_or_shed;
+mod replay;
 mod reqlog;
 mod sim;
 mod slo;

@@ -281,3 +281,36 @@ impl Rng {
         out
     }
 }
+
+/// Watches, from a plain thread of its own, how long this process waits for a CPU: the thread
+/// sleeps a millisecond at a time, and any longer gap is the machine's (the suite shares two
+/// cores with builds), not a runtime's, since the thread runs no task.
+pub struct StallWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::time::Duration>,
+}
+
+impl StallWatch {
+    pub fn start() -> StallWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let tick = std::time::Duration::from_millis(1);
+            let (mut worst, mut last) = (std::time::Duration::ZERO, std::time::Instant::now());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let now = std::time::Instant::now();
+                worst = worst.max((now - last).saturating_sub(tick));
+                last = now;
+            }
+            worst
+        });
+        StallWatch { stop, thread }
+    }
+
+    /// The longest wait beyond its tick the thread saw.
+    pub fn worst(self) -> std::time::Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the watching thread")
+    }
+}

@@ -21,7 +21,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -176,7 +176,15 @@ impl Mismatches {
 pub struct Counting {
     tokenizer: Arc<Tokenizer>,
     prompt: Arc<PromptSlot>,
+    /// The prompt's job was queued (a place was free).
+    started: bool,
 }
+
+/// How long settling a request waits for its prompt's job, still running on another tokenizing
+/// thread (a short request that ended while its long prompt was being cut into blocks): far
+/// longer than any prompt under the size limit takes, and only ever spent on a tokenizing
+/// thread, after the response has ended.
+const PROMPT_WAIT: Duration = Duration::from_millis(100);
 
 /// What is done with a prompt's count as soon as it is known.
 type OnPrompt = Box<dyn FnOnce(Count) + Send>;
@@ -225,7 +233,9 @@ impl Counting {
         blocks: Option<usize>,
     ) -> Counting {
         let prompt = Arc::new(PromptSlot::default());
-        if let Some(place) = Place::take() {
+        let place = Place::take();
+        let started = place.is_some();
+        if let Some(place) = place {
             let (tok, slot, path) = (Arc::clone(&tokenizer), Arc::clone(&prompt), path.to_owned());
             place.run(move || {
                 let count = match blocks {
@@ -239,12 +249,27 @@ impl Counting {
                 slot.deliver();
             });
         }
-        Counting { tokenizer, prompt }
+        Counting {
+            tokenizer,
+            prompt,
+            started,
+        }
     }
 
     /// The prompt's tokens, once counted (`None` before, or for a body that has none).
     pub fn prompt(&self) -> Option<Count> {
         self.prompt.count.get().copied().flatten()
+    }
+
+    /// Waits, at most [`PROMPT_WAIT`], for the prompt's job to end, if it was started.
+    fn wait_for_prompt(&self) {
+        if !self.started {
+            return;
+        }
+        let deadline = Instant::now() + PROMPT_WAIT;
+        while self.prompt.count.get().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Calls `f` with the prompt's count as soon as it is known (now, if it is), on whichever
@@ -264,6 +289,7 @@ impl Counting {
         mismatches: &Mismatches,
     ) -> Settled {
         let mut settled = Settled::default();
+        self.wait_for_prompt();
         match (f.input_tokens, self.prompt()) {
             (Some(stated), Some(ours)) if ours.exact => {
                 settled.checks.push(Check {

@@ -128,7 +128,10 @@ impl RequestBuilder {
         let mut out = String::with_capacity(words * 4);
         let shared = self.shared_prefix_tokens.min(words);
         WordStream::new(self.seed, Purpose::SharedPrefix, 0).push(&mut out, shared);
-        WordStream::new(self.seed, Purpose::Request, n).push(&mut out, words - shared);
+        // The length is part of the request's words' seed: two runs of one seed with other
+        // lengths share the prefix they were given, not request n's words besides.
+        let own = n ^ ((words as u64) << 32);
+        WordStream::new(self.seed, Purpose::Request, own).push(&mut out, words - shared);
         out
     }
 
