@@ -232,3 +232,173 @@ async fn a_recorded_bench_run_replays_with_its_lengths_arrivals_and_prefix_hits(
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The class the what-if is asked about: 40 tokens/s and a 1 s TTFT for 95% of requests.
+const CLASS: &str = "chat:ttft=1s,tps=40,objective=0.95";
+const OBJECTIVE: f64 = 0.95;
+
+/// The share of a replay's requests that met the class, by the proxy's request log: the first
+/// tenth by arrival left out, as the what-if leaves out its warm-up, and the bench's probe
+/// with it.
+fn share_met(log: &Path) -> (f64, usize) {
+    let mut lines: Vec<(f64, bool)> = std::fs::read_to_string(log)
+        .expect("the request log")
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+        .filter(|l| l["class"] == json!("chat"))
+        .map(|l| {
+            let end = l["time"].as_str().expect("time").to_owned();
+            let arrived = rfc3339_seconds(&end) - l["duration_seconds"].as_f64().unwrap_or(0.0);
+            (arrived, l["slo"] == json!("met"))
+        })
+        .collect();
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let judged = &lines[lines.len() / 10..];
+    let met = judged.iter().filter(|(_, m)| *m).count();
+    (met as f64 / judged.len().max(1) as f64, judged.len())
+}
+
+/// Seconds of the day of an RFC 3339 UTC time with milliseconds (the request log's `time`):
+/// enough to order a test's requests, which do not run over midnight... unless they do, which
+/// only shifts the order of a few in the tenth left out.
+fn rfc3339_seconds(t: &str) -> f64 {
+    let clock = t
+        .split('T')
+        .nth(1)
+        .unwrap_or("0:0:0Z")
+        .trim_end_matches('Z');
+    let mut parts = clock.split(':').map(|p| p.parse::<f64>().unwrap_or(0.0));
+    let (h, m, s) = (
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+        parts.next().unwrap_or(0.0),
+    );
+    h * 3600.0 + m * 60.0 + s
+}
+
+/// A fresh proxy judging the class in front of `sim`, with a request log, and the trace
+/// replayed through it at `multiple` times its rate: the share of its requests that met.
+async fn replayed_share(sim: &str, trace: &Path, multiple: f64, dir: &Path) -> (f64, usize) {
+    let log = dir.join(format!("requests-x{multiple:.3}.jsonl"));
+    let log_s = log.to_string_lossy().to_string();
+    let proxy = spawn(config_of(sim, &["--slo", CLASS, "--request-log", &log_s])).await;
+    let out = dir.join(format!("replay-x{multiple:.3}"));
+    std::fs::create_dir_all(&out).expect("dir");
+    let scale = format!("{}", 1.0 / multiple);
+    let trace = trace.to_string_lossy().to_string();
+    let report = run_bench(
+        &proxy.url(),
+        &out,
+        &["--trace", &trace, "--time-scale", &scale],
+    )
+    .await;
+    assert_eq!(report.levels[0].errors, 0);
+    let _ = stop(proxy, Path::new("/dev/null")).await;
+    share_met(&log)
+}
+
+/// `tokenmeter capacity --trace` against the simulator: the rate multiple it states for a
+/// recorded trace is within 15% of the highest multiple a replay meets: a replay at the stated
+/// multiple / 1.15 meets the class, one at x 1.15 misses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_on_a_trace_states_the_multiple_a_replay_meets_within_15_percent() {
+    let _turn = s::serial().await;
+    let dir = tempdir("whatif");
+    // `tokenmeter sim` as it starts: 16 ms + 0.2 ms per sequence a step, 0.05 ms a prompt
+    // token: 40 tokens/s up to about 45 streams of 128-token answers, some 14 requests a second.
+    let (sim, stop_sim) = crate::traffic_capacity::simulator(tokenmeter_tools::sim::Model {
+        step_base: Duration::from_millis(16),
+        step_per_seq: Duration::from_micros(200),
+        prefill_per_token: Duration::from_micros(50),
+        step_per_1k_kv_tokens: Duration::ZERO,
+        max_batch: 256,
+    });
+    // The recording: Poisson arrivals at 5 a second for 30 s. The edge is at about 7.5 a second
+    // once each arrival's prefill is counted into the steps, so the answer is about x1.5. A
+    // shorter trace replays too briefly at the higher multiples to reach its steady state: its
+    // last requests, with nothing arriving behind them, speed up, and a replay meets more than
+    // the steady traffic it stands for would.
+    let trace = dir.join("recorded.jsonl");
+    let trace_s = trace.to_string_lossy().to_string();
+    let mut cfg = config_of(
+        &sim,
+        &["--slo", CLASS, "--workload-log", &trace_s, "--gpus", "1"],
+    );
+    if let Some(w) = cfg.workload.as_mut() {
+        w.hold = Duration::from_millis(300);
+    }
+    let proxy = spawn(cfg).await;
+    let out = dir.join("record");
+    std::fs::create_dir_all(&out).expect("dir");
+    let load = [
+        "--request-rate",
+        "5",
+        "--duration",
+        "30s",
+        "--prompt-tokens",
+        "256",
+        "--output-tokens",
+        "128",
+        "--seed",
+        "5",
+    ];
+    run_bench(&proxy.url(), &out, &load).await;
+    // Asked as a planner asks: the command against the proxy's /metrics.
+    let metrics = format!("http://{}/metrics", proxy.metrics_addr);
+    let asked = trace_s.clone();
+    let answer = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+            .args([
+                "capacity",
+                "--metrics",
+                &metrics,
+                "--trace",
+                &asked,
+                "--format",
+                "json",
+            ])
+            .output()
+            .expect("run tokenmeter capacity")
+    })
+    .await
+    .expect("the command's thread");
+    let _ = stop(proxy, &trace).await;
+    let text = String::from_utf8_lossy(&answer.stdout).to_string();
+    assert!(
+        answer.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&answer.stderr)
+    );
+    let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    eprintln!("engine: {}\ntrace: {}", json["engine"], json["trace"]);
+    let chat = json["classes"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["class"] == json!("chat")))
+        .unwrap_or_else(|| panic!("no chat class in {text}"))
+        .clone();
+    let stated = chat["max_multiple"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no multiple in {chat}"));
+    assert_eq!(chat["max_multiple_is"], json!("edge"), "{chat}");
+
+    let (below, n_below) = replayed_share(&sim, &trace, stated / 1.15, &dir).await;
+    let (above, n_above) = replayed_share(&sim, &trace, stated * 1.15, &dir).await;
+    drop(stop_sim);
+    eprintln!(
+        "capacity --trace: x{stated:.2} ({} binds); replayed at x{:.2}: {:.1}% of {n_below} met; at x{:.2}: {:.1}% of {n_above} met",
+        chat["binds"],
+        stated / 1.15,
+        100.0 * below,
+        stated * 1.15,
+        100.0 * above
+    );
+    assert!(
+        below >= OBJECTIVE,
+        "the stated x{stated:.2} / 1.15 missed the class: {below}\n{text}"
+    );
+    assert!(
+        above < OBJECTIVE,
+        "the stated x{stated:.2} x 1.15 still met the class: {above}\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

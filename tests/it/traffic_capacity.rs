@@ -94,7 +94,7 @@ struct Read {
 /// A simulator on a runtime and thread of its own, as an engine is a process of its own: its
 /// steps keep their time while the proxy and the clients load the test's runtime. Stops when
 /// the returned sender is dropped.
-fn simulator(model: Model) -> (String, tokio::sync::oneshot::Sender<()>) {
+pub(crate) fn simulator(model: Model) -> (String, tokio::sync::oneshot::Sender<()>) {
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
