@@ -24,7 +24,7 @@ pub mod line;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,8 +48,9 @@ pub const HOLD: Duration = Duration::from_secs(30);
 /// about 3 MiB.
 pub const MAX_HELD: usize = 16_384;
 
-/// How often the writer looks for entries whose hold is over, when none arrive.
-const TICK: Duration = Duration::from_millis(250);
+/// How often the writer takes the queue's entries and writes those whose hold is over. The
+/// queue fills in a tick only past [`QUEUE_ENTRIES`] / `TICK` requests a second (80,000).
+const TICK: Duration = Duration::from_millis(50);
 
 /// Lines written before each flush.
 const BATCH_LINES: usize = 256;
@@ -185,26 +186,22 @@ struct Writer {
 }
 
 impl Writer {
+    /// Wakes every [`TICK`] and takes what the queue holds: nothing is held for less than
+    /// the hold anyway, and a writer that never blocks on the queue costs a request's thread
+    /// no wake-up of another (a sleeping receiver must be woken by each send).
     fn run(mut self, rx: Receiver<Message>) {
         loop {
-            match rx.recv_timeout(TICK) {
-                Ok(Message::Entry(e)) => self.hold(e),
-                Ok(Message::Close(ack)) => {
-                    self.release(None);
-                    let _ = ack.send(());
-                    return;
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return self.release(None),
-            }
-            while let Ok(m) = rx.try_recv() {
-                match m {
-                    Message::Entry(e) => self.hold(e),
-                    Message::Close(ack) => {
+            std::thread::sleep(TICK);
+            loop {
+                match rx.try_recv() {
+                    Ok(Message::Entry(e)) => self.hold(e),
+                    Ok(Message::Close(ack)) => {
                         self.release(None);
                         let _ = ack.send(());
                         return;
                     }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return self.release(None),
                 }
             }
             self.release(Some(Instant::now()));
