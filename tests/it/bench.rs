@@ -1279,6 +1279,12 @@ fn a_trace_that_cannot_be_read_exits_2_naming_the_line() {
     )
     .unwrap();
     let missing = dir.join("missing.jsonl");
+    // 10 GiB of nothing (a sparse file: no disk is spent): the reader takes a line at most
+    // 1 MiB long, so it stops a megabyte in, never reading the rest.
+    let huge = dir.join("huge.jsonl");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(10 << 30))
+        .unwrap();
     // Nothing listens at the target: a trace that cannot be read fails before any request.
     for (path, needle) in [
         (
@@ -1286,6 +1292,7 @@ fn a_trace_that_cannot_be_read_exits_2_naming_the_line() {
             "line 2: \"input_length\" is not a non-negative integer: \"ten\"",
         ),
         (&missing, "cannot read"),
+        (&huge, "line 1 is longer than 1048576 bytes"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
             .args(["bench", "--target", "http://127.0.0.1:9", "--trace"])
@@ -1298,4 +1305,5 @@ fn a_trace_that_cannot_be_read_exits_2_naming_the_line() {
         assert!(stderr.contains(needle), "{stderr}");
         assert!(stderr.contains(&path.display().to_string()), "{stderr}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
