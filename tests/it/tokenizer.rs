@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::support::client;
 use crate::support::metrics::metric;
+use crate::support::{client, tokenizer};
 use crate::support::{sim_flags, spawn_proxy, start_sim, Proxy};
 
 const OUTPUT: u64 = 200;
@@ -25,28 +25,7 @@ const PROMPT_TOKENS: u64 = 6;
 /// space and a word, or one other character) and maps every piece to one id, with a chat
 /// template that writes the messages' contents one after another.
 fn model_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "tokenmeter-it-tokenizer-{tag}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"Regex": " ?\\w+| ?[^\\w\\s]|\\s"},
-            "behavior": "Isolated",
-            "invert": false
-        },
-        "post_processor": null,
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": {"<unk>": 0}, "unk_token": "<unk>"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write");
+    let dir = tokenizer::word_level(&format!("tokenizer-{tag}"), &[]);
     let config = json!({
         "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
     });

@@ -23,36 +23,7 @@ const BLOCK: usize = 4;
 /// A tokenizer with one id per word (with and without its leading space), pieces cut where
 /// the simulator's tokens begin.
 fn model_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "tokenmeter-it-workload-{tag}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("<unk>".into(), json!(0));
-    for w in WORDS {
-        let n = vocab.len();
-        vocab.insert(w.into(), json!(n));
-        vocab.insert(format!(" {w}"), json!(n + 1));
-    }
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"Regex": " ?\\w+| ?[^\\w\\s]|\\s"},
-            "behavior": "Isolated",
-            "invert": false
-        },
-        "post_processor": null,
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write");
-    dir
+    crate::support::tokenizer::word_level(&format!("workload-{tag}"), &WORDS)
 }
 
 /// `n` words from `WORDS`, starting at `from`.

@@ -11,6 +11,7 @@ pub mod process;
 pub mod promtool;
 pub mod raw;
 pub mod tls;
+pub mod tokenizer;
 pub mod upstream;
 pub mod ws;
 

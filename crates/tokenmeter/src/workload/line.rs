@@ -160,20 +160,13 @@ impl Entry {
     }
 }
 
-/// A JSON string (the model label and the class name are bounded, but may hold anything).
+/// A JSON string (the model label and the class name are bounded, but may hold anything),
+/// written by serde_json: this runs on the writer thread, once a line.
 fn string(out: &mut String, v: &str) {
-    out.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+    match serde_json::to_string(v) {
+        Ok(quoted) => out.push_str(&quoted),
+        Err(_) => out.push_str("\"\""),
     }
-    out.push('"');
 }
 
 #[cfg(test)]
