@@ -138,7 +138,11 @@ async fn a_recorded_bench_run_replays_with_its_lengths_arrivals_and_prefix_hits(
         ],
     ]
     .concat();
+    // The recorded arrivals carry the machine's stalls as much as the replayed ones: both are
+    // watched.
+    let stalls = s::StallWatch::start();
     let (ra, rb) = tokio::join!(run_bench(&url, &out_a, &a), run_bench(&url, &out_b, &b));
+    let stalled_recording = stalls.worst();
     assert_eq!((ra.levels[0].errors, rb.levels[0].errors), (0, 0));
     let recorded_hits = prefix_hits(&sim).await;
     let recorded = stop(proxy, &recorded_path).await;
@@ -153,7 +157,7 @@ async fn a_recorded_bench_run_replays_with_its_lengths_arrivals_and_prefix_hits(
     let trace = recorded_path.to_string_lossy().to_string();
     let stalls = s::StallWatch::start();
     let report = run_bench(&proxy.url(), &out_r, &["--trace", &trace]).await;
-    let stalled = stalls.worst();
+    let stalled = stalls.worst() + stalled_recording;
     assert_eq!(report.levels[0].errors, 0);
     let replayed_hits = prefix_hits(&sim).await;
     let replayed = stop(proxy, &replayed_path).await;
@@ -187,7 +191,7 @@ async fn a_recorded_bench_run_replays_with_its_lengths_arrivals_and_prefix_hits(
         worst = worst.max(off);
     }
     eprintln!(
-        "arrivals: worst {worst} ms off the recorded ones; the machine stalled the process up to {:.1} ms; prefix-cache hits {recorded_hits} recorded, {replayed_hits} replayed",
+        "arrivals: worst {worst} ms off the recorded ones; the machine stalled the process up to {:.1} ms (recording and replay); prefix-cache hits {recorded_hits} recorded, {replayed_hits} replayed",
         stalled.as_secs_f64() * 1e3
     );
     // Milliseconds on both sides: one of rounding each.
