@@ -228,3 +228,50 @@ async fn a_disk_that_refuses_every_write_costs_lines_not_requests() {
     assert!(s.contains("tokenmeter_workload_log_dropped_total 5"), "{s}");
     assert!(s.contains("tokenmeter_workload_log_lines_total 0"), "{s}");
 }
+
+/// A client that leaves mid-stream: its line says so, its prompt is the tokenizer's count (no
+/// usage came), and its output is what the tokenizer counted of the text the proxy passed on,
+/// never more than the simulator made (its own account, `/sim/stats`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_is_traced_with_what_it_got() {
+    let dir = temp("left");
+    let path = dir.join("trace.jsonl");
+    let tok = model_dir("left").to_string_lossy().to_string();
+    let sim = format!("http://{}", start_sim(sim_flags(&[])).await);
+    let trace = path.to_string_lossy().to_string();
+    let mut cfg = config_of(&sim, &["--workload-log", &trace, "--tokenizer", &tok]);
+    if let Some(w) = cfg.workload.as_mut() {
+        w.hold = Duration::from_millis(50);
+    }
+    let proxy = spawn(cfg).await;
+    let body = json!({"model": "m", "prompt": words(0, 40), "max_tokens": 5000, "stream": true})
+        .to_string();
+    let got =
+        client::post_read_then_drop(&format!("{}/v1/completions", proxy.url()), &body, 2048).await;
+    assert!(got.len() >= 2048);
+    let lines = wait_for_lines(&path, 1).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_eq!(line["outcome"], json!("client_disconnect"), "{line}");
+    assert_eq!(
+        line["input_length"],
+        json!(40),
+        "the tokenizer's count: {line}"
+    );
+    assert_eq!(
+        line["exact"],
+        json!(true),
+        "both counted by the tokenizer: {line}"
+    );
+    let out = line["output_length"].as_u64().expect("output_length");
+    let stats: Value =
+        serde_json::from_str(&client::get_text(&format!("{sim}/sim/stats")).await).expect("stats");
+    let made = stats["requests"][0]["output_tokens"]
+        .as_u64()
+        .expect("the sim's count");
+    assert!(
+        out >= 1 && out <= made,
+        "traced {out}, the simulator made {made}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
