@@ -17,6 +17,7 @@
 //! later ones count as `other`, and a request without the header as `none`.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use super::model::Model;
 
@@ -120,7 +121,23 @@ impl Accounts {
         }
     }
 
-    /// Seconds the engine computed, summed over every step.
+    /// The host held the simulator up for `lost` past catching up, while `parts` ran: the time
+    /// is theirs in equal parts, as a stalled engine's wall time is its batch's. The accounts then
+    /// add up to the engine's wall time busy, which is what a proxy in front splits.
+    pub fn stalled(&self, lost: Duration, parts: &[Part]) {
+        if parts.is_empty() {
+            return;
+        }
+        let each = lost.as_secs_f64() / parts.len() as f64;
+        let mut s = self.lock();
+        for p in parts {
+            let i = usize::from(p.tenant).min(s.seconds.len() - 1);
+            s.seconds[i][p.phase as usize] += each;
+            s.busy += each;
+        }
+    }
+
+    /// Seconds the engine was busy: every step's, and the stalls that held a batch up.
     pub fn busy(&self) -> f64 {
         self.lock().busy
     }
@@ -190,6 +207,34 @@ pub(crate) mod tests {
         assert!((y.decode - 0.009).abs() < 1e-12, "{y:?}");
         // The step's model duration: 16 + 2 x 1 + 100 x 0.1 ms.
         assert!((a.busy() - 0.028).abs() < 1e-12);
+    }
+
+    /// A stall past catching up is the held-up batch's, equally, whatever its prompts.
+    #[test]
+    fn lost_time_goes_to_the_batch_it_held_up_in_equal_parts() {
+        let a = Accounts::default();
+        let (x, y) = (a.tenant(Some("x")), a.tenant(Some("y")));
+        let part = |tenant, phase| Part {
+            tenant,
+            phase,
+            prefill_tokens: 0,
+            kv_tokens: 1000,
+        };
+        a.stalled(
+            Duration::from_millis(300),
+            &[
+                part(x, Phase::Prefill),
+                part(y, Phase::Decode),
+                part(y, Phase::Decode),
+            ],
+        );
+        a.stalled(Duration::from_millis(300), &[]);
+        let rows = a.rows();
+        let get = |t: &str| rows.iter().find(|r| r.tenant == t).cloned();
+        let (x, y) = (get("x").expect("x"), get("y").expect("y"));
+        assert!((x.prefill - 0.1).abs() < 1e-12, "{x:?}");
+        assert!((y.decode - 0.2).abs() < 1e-12, "{y:?}");
+        assert!((a.busy() - 0.3).abs() < 1e-12);
     }
 
     #[test]

@@ -38,7 +38,8 @@ use super::stall::Stall;
 /// A step may start late by this much and the engine still keeps to its ideal schedule, running
 /// the late steps back to back: the simulated GPU does not slow down because the host stalled the
 /// simulator (a busy CI machine does that for tens of milliseconds at a time). A longer stall is
-/// accepted as lost time, rather than answered with an unbounded burst.
+/// accepted as lost time, rather than answered with an unbounded burst; the batch it held up is
+/// charged it in the accounts, equally ([`account::Accounts::stalled`]).
 const MAX_CATCH_UP: Duration = Duration::from_millis(250);
 
 /// What a request asks of the engine.
@@ -306,6 +307,20 @@ impl Seq {
     fn context(&self) -> u64 {
         u64::from(self.job.prompt_tokens) + u64::from(self.emitted)
     }
+
+    /// Its part of a step that prefills none of its prompt.
+    fn part(&self) -> account::Part {
+        account::Part {
+            tenant: self.tenant,
+            phase: if self.first_token.is_none() {
+                account::Phase::Prefill
+            } else {
+                account::Phase::Decode
+            },
+            prefill_tokens: 0,
+            kv_tokens: self.context(),
+        }
+    }
 }
 
 async fn decode_loop(
@@ -355,6 +370,16 @@ async fn decode_loop(
             queue.push_back(s);
         }
         let now = Instant::now();
+        if let Some(lost) = clock
+            .map(|c| now.saturating_duration_since(c))
+            .filter(|late| *late > MAX_CATCH_UP)
+        {
+            // Lost time: the batch held the engine all along, so its account has it, as a GPU's
+            // would (the truth the proxy's split is tested against is wall time).
+            parts.clear();
+            parts.extend(running.iter().map(|s| s.part()));
+            stats.accounts.stalled(lost, &parts);
+        }
         // A paused sequence rejoins at the first step boundary after its pause, ahead of the queue
         // (it was admitted long ago), while the batch has room.
         let mut i = 0;
@@ -447,14 +472,8 @@ async fn decode_loop(
         let step = model.step_with_context(running.len(), prefill, kv_tokens);
         parts.clear();
         parts.extend(running.iter_mut().map(|s| account::Part {
-            tenant: s.tenant,
-            phase: if s.first_token.is_none() {
-                account::Phase::Prefill
-            } else {
-                account::Phase::Decode
-            },
             prefill_tokens: std::mem::take(&mut s.step_prefill),
-            kv_tokens: s.context(),
+            ..s.part()
         }));
         stats.accounts.step(&model, &parts);
         let end = start + step;
@@ -1067,8 +1086,8 @@ mod tests {
     }
 
     /// Runs one 20-token job, stalling the engine's timer by `stall` after its first token;
-    /// returns how long the job took.
-    async fn with_stall(stall: Duration) -> Duration {
+    /// returns how long the job took, and the engine's busy seconds in its account.
+    async fn with_stall(stall: Duration) -> (Duration, f64) {
         let m = Model {
             prefill_per_token: Duration::ZERO,
             ..model()
@@ -1087,20 +1106,26 @@ mod tests {
         // late, all at once.
         tokio::time::advance(stall).await;
         assert_eq!(drain(&mut t).await, 20);
-        t0.elapsed()
+        (t0.elapsed(), e.stats().accounts.busy())
     }
 
     #[tokio::test(start_paused = true)]
     async fn short_stalls_are_caught_up_long_ones_are_lost() {
         let model_time = Duration::from_micros(20 * 16_200);
         let grid = Duration::from_millis(2);
-        let short = with_stall(Duration::from_millis(200)).await;
+        let (short, busy) = with_stall(Duration::from_millis(200)).await;
         assert!(
             short >= model_time && short < model_time + grid,
             "{short:?}"
         );
-        let long = with_stall(Duration::from_millis(400)).await;
+        assert!((busy - model_time.as_secs_f64()).abs() < 1e-9, "{busy}");
+        // The lost time is the job's: the account is the wall time the engine was busy.
+        let (long, busy) = with_stall(Duration::from_millis(400)).await;
         assert!(long > model_time + Duration::from_millis(300), "{long:?}");
+        assert!(
+            (busy - long.as_secs_f64()).abs() < grid.as_secs_f64(),
+            "{busy} against {long:?}"
+        );
     }
 
     /// `--stall-every 2`: request 2 leaves the batch after 5 tokens for 1 s, so request 1
