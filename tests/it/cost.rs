@@ -301,13 +301,13 @@ async fn the_request_log_adds_up_to_the_counters() {
     }
 }
 
-/// How far from the truth a tenant's charge may be in the changing mix. Over nine runs (two
-/// beside `stress-ng --cpu 2`) every tenant but one read within 4.0%; `b`, the long answers
-/// beside long prompts, read -5.3% to +7.3%: what `a` was charged too little or too much, 1 to
-/// 4 ms a request, and `b`'s total is a quarter of `a`'s. It turns on how long each of a's prompts
-/// waited to be admitted, which no wire event marks (with half a step assumed, b read -6.9%
-/// to +0.1%). The bar is 10% until that is measured.
-const MIX_TOLERANCE: f64 = 0.10;
+/// How far from the truth a tenant's charge may be in the changing mix: the bar a bill has to
+/// meet. Over six runs (three beside `stress-ng --cpu 2`) every tenant read within 3.9% (`b`, the
+/// long answers beside long prompts, under load: its total is a quarter of `a`'s, so what `a` is
+/// charged a millisecond too much a request shows four times larger on `b`) and the identical
+/// pair's ratio within 1.1% of the truth's. Earlier runs that read up to 16% off were the
+/// simulator's account missing the time a starved host took from it, now the held-up batch's.
+const MIX_TOLERANCE: f64 = 0.05;
 
 /// A fresh proxy, no ramp first: the mix the charges have to follow as it changes. Two tenants
 /// with long prompts and short answers beside short prompts and long answers; then two sending
