@@ -8,7 +8,7 @@
 //! time for the long half (the traffic the engine serves now): the line alone and the line
 //! with the term, from the same window, side by side.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokenmeter_tools::sim::{Model, SimConfig};
 
@@ -51,7 +51,7 @@ async fn after_a_shift_to_long_contexts_the_term_predicts_the_long_step() {
     let long = levels::driver(&proxy.url(), "context-test", 2400, OUTPUT, 12);
     let short = levels::run(&short, LEVELS, HOLD).await;
     let long = levels::run(&long, LEVELS, HOLD).await;
-    let report = proxy.capacity.refresh(Instant::now());
+    let report = proxy.capacity.next_report().await;
     let line = report.fit.expect("a decode fit");
     let term = report
         .context

@@ -72,7 +72,7 @@ async fn rig(extra: &[&str]) -> Rig {
     let driver = levels::driver(&proxy.url(), "cost-test", 300, 24, 7);
     levels::run(&driver, &[1, 2, 4, 8], Duration::from_millis(1500)).await;
     proxy.settled(1.0).await;
-    proxy.capacity.refresh(Instant::now());
+    proxy.capacity.next_report().await;
     assert!(
         proxy.capacity.rates().is_some_and(|r| r.prefill_known),
         "the ramp gave the capacity model no fit"

@@ -60,7 +60,7 @@ async fn the_simulators_cache_reaches_the_capacity_model() {
     let start = Instant::now();
     let page = loop {
         // The capacity model takes the engine's word at its next refit: ask for one now.
-        proxy.capacity.refresh(Instant::now());
+        proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
         if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
             break page;
@@ -106,7 +106,7 @@ async fn the_simulators_cache_reaches_the_capacity_model() {
     let _ = flagged
         .eventually(|p| metric("tokenmeter_engine_kv_cache_tokens").sum(p) > 0.0)
         .await;
-    flagged.capacity.refresh(Instant::now());
+    flagged.capacity.next_report().await;
     let page = flagged.scrape().await;
     assert_eq!(
         metric("tokenmeter_engine_kv_cache_tokens").value(&page),
@@ -271,7 +271,7 @@ async fn stated_beside(
     .await;
     let start = Instant::now();
     loop {
-        proxy.capacity.refresh(Instant::now());
+        proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
         if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
             let memory = proxy.capacity.memory();

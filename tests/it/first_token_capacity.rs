@@ -79,7 +79,7 @@ async fn serve(
 /// `/metrics` once the model has refitted over everything sent so far: refreshed now, rather
 /// than by waiting out the refit interval (5 s a case).
 async fn refitted(proxy: &Proxy) -> String {
-    proxy.capacity.refresh(std::time::Instant::now());
+    proxy.capacity.next_report().await;
     proxy.scrape().await
 }
 

@@ -85,7 +85,7 @@ async fn run(case: &Case) -> Outcome {
         5,
     );
     let measured = levels::run(&driver, case.levels, case.hold).await;
-    proxy.capacity.refresh(std::time::Instant::now());
+    proxy.capacity.next_report().await;
     let text = proxy.scrape().await;
     sim_task.abort();
     let s = Scrape::parse(&text);

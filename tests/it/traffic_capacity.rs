@@ -171,7 +171,7 @@ async fn answer(upstream: &str, setting: &Setting, traffic: Traffic) -> Read {
             tokio::join!(background, bursts);
         }
     }
-    proxy.capacity.refresh(std::time::Instant::now());
+    proxy.capacity.next_report().await;
     let text = proxy.scrape().await;
     let s = Scrape::parse(&text);
     let one = |name: &str, labels: &[(&str, &str)]| s.select(name, labels).next().map(|x| x.value);

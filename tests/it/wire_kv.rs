@@ -75,7 +75,7 @@ async fn the_requests_in_flight_hold_their_prompt_and_what_they_streamed() {
     }
     let start = Instant::now();
     let page = loop {
-        proxy.capacity.refresh(Instant::now());
+        proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
         if metric("tokenmeter_kv_cache_wire_tokens").sum(&page) == 315.0 {
             break page;
@@ -96,7 +96,7 @@ async fn the_requests_in_flight_hold_their_prompt_and_what_they_streamed() {
     drop(bodies);
     let start = Instant::now();
     loop {
-        proxy.capacity.refresh(Instant::now());
+        proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
         if metric("tokenmeter_requests_in_flight").sum(&page) == 0.0 {
             assert_eq!(metric("tokenmeter_kv_cache_wire_tokens").value(&page), 0.0);
@@ -120,7 +120,7 @@ async fn without_a_known_cache_there_is_no_vllm_usage() {
         client::post(&url, &client::chat_request(true, true)).await;
     }
     proxy.settled(3.0).await;
-    proxy.capacity.refresh(Instant::now());
+    proxy.capacity.next_report().await;
     let page = proxy.scrape().await;
     assert_eq!(metric("tokenmeter_kv_cache_wire_tokens").value(&page), 0.0);
     assert!(!page.contains("vllm:kv_cache_usage_perc{"), "{page}");

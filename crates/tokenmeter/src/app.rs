@@ -194,35 +194,6 @@ fn replica_watch(cfg: &Config, capacity: &Arc<Capacity>) -> Option<Background> {
     )))
 }
 
-/// Until the first refit that gives the GPU-time split both its costs, how often to try: a refit
-/// of a window with little in it takes microseconds, and until then every request is split
-/// by the equal share alone.
-const FIRST_RATES_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Reads the engine's costs for the GPU-time split every [`crate::capacity::REFIT_INTERVAL`]
-/// whether or not anything scrapes (and more often until the prefill fit is believed): the
-/// split weighs requests by them, and cannot wait for a scrape that may be a minute away.
-fn refits(capacity: &Arc<Capacity>) -> Background {
-    let capacity = Arc::clone(capacity);
-    Box::pin(async move {
-        let mut known = false;
-        loop {
-            let every = if known {
-                crate::capacity::REFIT_INTERVAL
-            } else {
-                FIRST_RATES_EVERY
-            };
-            tokio::time::sleep(every).await;
-            // The costs alone, not a refit: the answers' replays are a scrape's to pay for,
-            // and `/metrics` keeps refitting what it shows on its own interval.
-            let prefill = capacity.refresh_rates(Instant::now());
-            // Known once both the step and the prefill are (or prompts are too short to
-            // cost anything).
-            known = capacity.rates().is_some() && prefill;
-        }
-    })
-}
-
 /// Builds the process from `cfg` and binds its listeners.
 pub async fn build(cfg: &Config) -> Result<App, StartError> {
     let tls = cfg.server.tls.clone().map(ServerTls::load).transpose()?;
@@ -264,7 +235,7 @@ pub async fn build(cfg: &Config) -> Result<App, StartError> {
         ui.as_ref().map(|ui| Box::pin(ui.sampler()) as Background),
         engine_reader(cfg, &client_tls, &metrics, &capacity, &inject)?,
         replica_watch(cfg, &capacity),
-        Some(refits(&capacity)),
+        Some(Box::pin(crate::capacity::refits::run(Arc::clone(&capacity))) as Background),
         // SIGHUP reopens the log files; without one it keeps its default action.
         (cfg.request_log.is_some() || cfg.workload.is_some())
             .then(|| Box::pin(crate::logfile::hangups()) as Background),

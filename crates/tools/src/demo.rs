@@ -414,7 +414,7 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
     summary(&totals, &metrics);
     println!(
         "{}",
-        capacity_line(&capacity.refit(Instant::now()), &sim_cfg.model)
+        capacity_line(&*capacity.next_report().await, &sim_cfg.model)
     );
     let _ = proxy_stop.send(());
     let _ = proxy_task.await;

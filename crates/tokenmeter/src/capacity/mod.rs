@@ -36,8 +36,8 @@
 //! `tokenmeter capacity`, which reads the answers back from `/metrics`, is a tool
 //! (`tokenmeter-tools`' `capacity_command`).
 //!
-//! [`Capacity`] ties them together: the meter pushes into it on every event, and whoever renders
-//! the metrics asks it for a [`Report`], refitted at most every [`REFIT_INTERVAL`]. In front of
+//! [`Capacity`] ties them together: the meter pushes into it on every event, it refits on its own
+//! clock ([`refits`]), and whoever renders the metrics reads the last [`Report`] published. In front of
 //! several replicas (`--replicas N`, or `auto`: [`crate::replicas`]) the decoding concurrency
 //! tokenmeter sees is spread over them, so it is divided by N before it is recorded: the model
 //! is per engine. The count can change while the proxy runs ([`Capacity::set_replicas`]); a
@@ -54,6 +54,7 @@ pub mod limits;
 pub mod memory;
 pub mod plan;
 pub mod prefill;
+pub mod refits;
 pub mod replay;
 pub mod seen;
 pub mod stream;
@@ -201,7 +202,11 @@ pub struct Capacity {
     replicas: AtomicU32,
     /// What the engine last stated of its memory (`--engine-metrics`).
     engine_memory: Mutex<memory::Stated>,
-    last: Mutex<Option<(Instant, Report)>>,
+    /// The last report the background refit published ([`refits`]), from construction on;
+    /// readers borrow it, waiters subscribe.
+    published: tokio::sync::watch::Sender<Option<(Instant, Arc<Report>)>>,
+    /// Someone waits for a refit now ([`Capacity::next_report`]).
+    asked: tokio::sync::Notify,
     /// The GPU-time books the step and prefill costs are published to at each refit, with the
     /// replicas whenever they change (`crate::cost`).
     books: OnceLock<Arc<Ledger>>,
@@ -211,7 +216,7 @@ pub struct Capacity {
 
 impl Capacity {
     pub fn new(config: CapacityConfig, origin: Instant) -> Self {
-        Capacity {
+        let c = Capacity {
             summary: summary::SlidingSummary::new(config.window, origin),
             busy: busy::Busy::new(origin),
             waiting: busy::Busy::new(origin),
@@ -219,10 +224,14 @@ impl Capacity {
             replicas: AtomicU32::new(config.fleet.replicas.max(1)),
             engine_memory: Mutex::new(memory::Stated::default()),
             config,
-            last: Mutex::new(None),
+            published: tokio::sync::watch::Sender::new(None),
+            asked: tokio::sync::Notify::new(),
             books: OnceLock::new(),
             rates: Mutex::new(None),
-        }
+        };
+        // An empty window's report, so there is always one to read.
+        c.publish_report(origin);
+        c
     }
 
     pub fn config(&self) -> &CapacityConfig {
@@ -302,32 +311,10 @@ impl Capacity {
         self.rates.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The report, refitted when the last one is older than [`REFIT_INTERVAL`].
-    pub fn report(&self, now: Instant) -> Report {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        match &*last {
-            Some((at, r)) if now.saturating_duration_since(*at) < REFIT_INTERVAL => r.clone(),
-            _ => {
-                let r = self.refit(now);
-                *last = Some((now, r.clone()));
-                r
-            }
-        }
-    }
-
-    /// Refits now and keeps the result as the report the next [`REFIT_INTERVAL`] reads: what
-    /// a caller that has just finished a load does, instead of waiting out the interval for
-    /// the exported answer to include it.
-    pub fn refresh(&self, now: Instant) -> Report {
-        let r = self.refit(now);
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, r.clone()));
-        r
-    }
-
     /// Reads the engine's costs for the GPU-time split alone (`crate::cost`), and publishes
-    /// them: the step and the prefill, none of the capacity answers' replays. What a timer
-    /// calls between scrapes, as it costs a sort of the slopes and nothing more. Returns
-    /// whether the prefill fit is believed.
+    /// them: the step and the prefill, none of the capacity answers' replays. What the refit
+    /// clock ([`refits`]) does between refits until both are known, as it costs a sort of the
+    /// slopes and nothing more. Returns whether the prefill fit is believed.
     pub fn refresh_rates(&self, now: Instant) -> bool {
         self.costs(now).prefill.is_some()
     }
@@ -529,7 +516,7 @@ mod tests {
             },
             t0,
         );
-        assert_eq!(cap.report(t0).fit, None);
+        assert_eq!(cap.report().fit, None);
         // Seen through a gateway: 2b streams decoding over two engines, each at t(b).
         for b in 1..=40u32 {
             let step = Duration::from_micros(10_000 + 500 * u64::from(b));
@@ -537,9 +524,10 @@ mod tests {
                 cap.push(f64::from(2 * b), step, 1, t0 + Duration::from_secs(1));
             }
         }
-        // Within the refit interval the old (empty) report is kept.
-        assert_eq!(cap.report(t0 + Duration::from_secs(1)).fit, None);
-        let r = cap.report(t0 + REFIT_INTERVAL + Duration::from_secs(1));
+        // Readers see the last report published (empty) until the next refit publishes.
+        assert_eq!(cap.report().fit, None);
+        let r = cap.publish_report(t0 + Duration::from_secs(1));
+        assert_eq!(cap.report(), r);
         let f = r.fit.expect("a fit");
         assert!((f.base / 0.010 - 1.0).abs() < 0.03, "{f:?}");
         assert!((f.per_seq / 0.0005 - 1.0).abs() < 0.03, "{f:?}");

@@ -686,14 +686,15 @@ impl Metrics {
         recording::observe(self, f);
     }
 
-    /// Refreshes the windowed gauges and the capacity answers, and gathers every family. `render` encodes exactly this,
+    /// Refreshes the windowed gauges, sets the capacity answers the model last published, and
+    /// gathers every family. `render` encodes exactly this,
     /// and the page (`crate::ui`) reads it, so both show the same values: a gauge refreshed at
     /// read time belongs here, not in `render`.
     pub fn gather(&self) -> Vec<MetricFamily> {
         let now = Instant::now();
-        // Refitted at most every capacity::REFIT_INTERVAL, however often it is read.
+        // The last report the model published: a scrape never refits.
         if let Some((model, families)) = self.capacity.get() {
-            let report = model.report(now);
+            let report = model.report();
             families.update(&report);
             let in_flight: i64 = [Phase::Prefill, Phase::Decode]
                 .iter()
