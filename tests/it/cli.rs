@@ -94,6 +94,47 @@ fn bad_configuration_is_one_line_and_a_nonzero_exit() {
 }
 
 #[test]
+fn a_mistyped_flag_or_subcommand_names_the_one_it_was_close_to() {
+    for (args, meant) in [
+        (&["--upsteam", "http://127.0.0.1:1"][..], "--upstream"),
+        (&["--upsteam=http://127.0.0.1:1"][..], "--upstream"),
+        (
+            &["--upstream", "http://127.0.0.1:1", "--gpu", "1"][..],
+            "--gpus",
+        ),
+        (&["proxy", "--lisen", "127.0.0.1:0"][..], "--listen"),
+        // A subcommand's flags are its own, not the proxy's.
+        (
+            &["bench", "--target", "http://h", "--concurency", "4"][..],
+            "--concurrency",
+        ),
+        (
+            &["capacity", "--metric", "http://h/metrics"][..],
+            "--metrics",
+        ),
+        (&["bnech"][..], "bench"),
+    ] {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("did you mean `{meant}`?")),
+            "{args:?}: {err}"
+        );
+    }
+    // Nothing close: no guess, the same one line.
+    for args in [
+        &["--no-such-flag"][..],
+        &["sim", "--upstream", "http://h"][..],
+    ] {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("did you mean"), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn every_flag_reads_an_environment_variable_and_is_explained() {
     let out = tokenmeter().arg("--help").output().expect("help");
     let help = String::from_utf8_lossy(&out.stdout);
