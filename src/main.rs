@@ -1,5 +1,7 @@
 //! The `tokenmeter` binary: parses the command line and runs the chosen mode.
 
+use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -154,6 +156,14 @@ fn mistyped(e: &clap::Error, args: &[String]) -> Option<String> {
     }
 }
 
+/// Whether the log is coloured: only for a person at a terminal, and not when `NO_COLOR` is set
+/// to anything (<https://no-color.org>). A file, a pipe or `kubectl logs` would otherwise keep
+/// the escape codes as noise in every line, and a log shipper would index them.
+fn colour(terminal: bool, no_color: Option<OsString>) -> bool {
+    // Set but empty counts as unset, as the convention says.
+    terminal && !matches!(no_color, Some(v) if !v.is_empty())
+}
+
 fn main() -> ExitCode {
     let cli = match parse() {
         Ok(cli) => cli,
@@ -167,6 +177,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info,h2=error")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
@@ -236,4 +250,19 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_at_a_terminal_and_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsString::new())), "empty is unset");
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(true, Some("0".into())), "any value turns it off");
+        assert!(!colour(false, None), "a file or a pipe");
+        assert!(!colour(false, Some(OsString::new())));
+    }
 }

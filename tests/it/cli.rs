@@ -444,6 +444,44 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
     }
 }
 
+#[tokio::test]
+async fn logs_to_a_pipe_carry_no_colour_codes() {
+    let (port, mport) = (free_port(), free_port());
+    let mut child = tokenmeter()
+        .args(["--upstream", "http://127.0.0.1:1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{mport}")])
+        // Not a terminal, and nothing in the environment asks for no colour: the pipe alone
+        // must turn it off.
+        .env_remove("NO_COLOR")
+        .env("TOKENMETER_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let up = wait_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok()
+    });
+    // A 502 logs a warning too: a second level, a second colour if any were on.
+    let _ = client::post(&format!("http://127.0.0.1:{port}/nothing"), "").await;
+    sigterm(&child);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("output");
+    let (stdout, stderr) = (out.stdout, out.stderr);
+    let log = String::from_utf8_lossy(&stderr);
+    assert!(up, "it did not listen: {log}");
+    assert!(log.contains("tokenmeter started"), "{log}");
+    for (name, bytes) in [("stderr", &stderr), ("stdout", &stdout)] {
+        assert!(
+            !bytes.contains(&0x1b),
+            "an escape code in {name}: {}",
+            String::from_utf8_lossy(bytes).escape_debug()
+        );
+    }
+}
+
 // --- TLS (issue 13) ---
 
 #[test]
