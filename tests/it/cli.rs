@@ -447,7 +447,7 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
 #[tokio::test]
 async fn logs_to_a_pipe_carry_no_colour_codes() {
     let (port, mport) = (free_port(), free_port());
-    let mut child = tokenmeter()
+    let child = tokenmeter()
         .args(["--upstream", "http://127.0.0.1:1"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--metrics-listen", &format!("127.0.0.1:{mport}")])
