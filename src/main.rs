@@ -1,8 +1,10 @@
 //! The `tokenmeter` binary: parses the command line and runs the chosen mode.
 
+use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use tokenmeter_flags::ProxyArgs;
 use tracing_subscriber::EnvFilter;
 
@@ -93,10 +95,73 @@ fn parse() -> Result<Cli, ExitCode> {
             let rendered = e.render().to_string();
             let first = rendered.lines().next().unwrap_or_default();
             let line = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("tokenmeter: error: {line} (see --help)");
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            match mistyped(&e, &args) {
+                Some(meant) => {
+                    eprintln!("tokenmeter: error: {line}; did you mean `{meant}`? (see --help)")
+                }
+                None => eprintln!("tokenmeter: error: {line} (see --help)"),
+            }
             Err(ExitCode::from(EXIT_USAGE))
         }
     }
+}
+
+/// For an unknown argument, the flag (or, at the top, the subcommand) it was most likely meant
+/// to be, among those of the command it was given to: clap's own hint is on a second line,
+/// which the one-line error drops.
+fn mistyped(e: &clap::Error, args: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let context = match e.kind() {
+        ErrorKind::UnknownArgument => ContextKind::InvalidArg,
+        ErrorKind::InvalidSubcommand => ContextKind::InvalidSubcommand,
+        _ => return None,
+    };
+    let Some(ContextValue::String(typed)) = e.get(context) else {
+        return None;
+    };
+    // `--upsteam=http://x` is reported with its value on some paths: the name is before `=`.
+    let typed = typed.split('=').next().unwrap_or(typed);
+    let root = Cli::command();
+    // The subcommand the flags were given to: the first argument that names one. The proxy's
+    // flags take URLs, addresses and numbers, never a subcommand's name, so a value is not
+    // mistaken for one.
+    let cmd = args
+        .iter()
+        .find_map(|a| root.find_subcommand(a))
+        .unwrap_or(&root);
+    let at_root = std::ptr::eq(cmd, &root);
+    // Only the top level has --version (clap does not hand it down).
+    let builtin: &[&str] = if at_root {
+        &["help", "version"]
+    } else {
+        &["help"]
+    };
+    let flags: Vec<String> = cmd
+        .get_arguments()
+        .filter(|a| !a.is_hide_set())
+        .filter_map(|a| a.get_long())
+        .chain(builtin.iter().copied())
+        .map(|l| format!("--{l}"))
+        .collect();
+    if typed.starts_with('-') {
+        tokenmeter_flags::suggest::closest(typed, flags.iter().map(String::as_str))
+            .map(str::to_owned)
+    } else if at_root {
+        // A word where a subcommand goes: `tokenmeter bnech`.
+        let names: Vec<&str> = root.get_subcommands().map(|c| c.get_name()).collect();
+        tokenmeter_flags::suggest::closest(typed, names).map(str::to_owned)
+    } else {
+        None
+    }
+}
+
+/// Whether the log is coloured: only for a person at a terminal, and not when `NO_COLOR` is set
+/// to anything (<https://no-color.org>). A file, a pipe or `kubectl logs` would otherwise keep
+/// the escape codes as noise in every line, and a log shipper would index them.
+fn colour(terminal: bool, no_color: Option<OsString>) -> bool {
+    // Set but empty counts as unset, as the convention says.
+    terminal && !matches!(no_color, Some(v) if !v.is_empty())
 }
 
 fn main() -> ExitCode {
@@ -112,6 +177,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info,h2=error")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .init();
     let args = match cli.command {
         Some(Command::Proxy(args)) => args,
@@ -181,4 +250,19 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_at_a_terminal_and_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsString::new())), "empty is unset");
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(true, Some("0".into())), "any value turns it off");
+        assert!(!colour(false, None), "a file or a pipe");
+        assert!(!colour(false, Some(OsString::new())));
+    }
 }

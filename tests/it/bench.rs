@@ -278,6 +278,51 @@ async fn a_server_that_is_down_is_one_clear_error() {
     assert!(!err.is_usage());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_whose_upstream_is_down_is_named_with_its_502_and_its_words() {
+    // tokenmeter in front of a port nobody listens on: it answers every request 502 with a
+    // JSON body saying why.
+    let addr = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = s::spawn_proxy(&format!("http://{addr}"), &[]).await;
+    let out = tempdir("upstream-down");
+    let cfg = config(&proxy.url(), &[], &out);
+    let err = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, BenchError::Model { .. }), "{msg}");
+    assert!(msg.contains("HTTP status 502"), "{msg}");
+    assert!(msg.contains("the upstream is unavailable"), "{msg}");
+    assert!(msg.contains("upstream_unavailable"), "{msg}");
+    // A failing server fails a named model too: no advice that would not help.
+    assert!(!msg.contains("--model"), "{msg}");
+    assert_eq!(msg.lines().count(), 1, "{msg}");
+    assert!(!err.is_usage());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_model_list_is_quoted_and_told_to_pass_the_model() {
+    let long = format!(r#"{{"detail":"Not Found","pad":"{}"}}"#, "y".repeat(1000));
+    let up = upstream::spawn(move |_| Reply::json(404, &long)).await;
+    let out = tempdir("no-models");
+    let cfg = config(&up.url(), &[], &out);
+    let msg = bench::run(&cfg, Progress::disabled(), Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains(r#"HTTP status 404: {"detail":"Not Found""#),
+        "{msg}"
+    );
+    assert!(msg.ends_with("...; pass --model"), "{msg}");
+    // The quote is capped: a server's whole page is not the error.
+    assert!(msg.len() < 300 + 200, "{} bytes: {msg}", msg.len());
+}
+
 // === Through the proxy ===
 
 /// TTFT buckets 1 ms apart up to 1 s: the proxy's interpolated median is then within a

@@ -405,3 +405,84 @@ async fn the_capacity_command_prints_the_live_model_and_writes_the_chart() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tokenmeter capacity` (or `cost`) with `args`, its environment cleared of their variables.
+async fn command(args: &[String]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(args)
+        .env_remove("TOKENMETER_CAPACITY_METRICS")
+        .env_remove("TOKENMETER_CAPACITY_SVG")
+        .env_remove("TOKENMETER_COST_METRICS")
+        .env_remove("TOKENMETER_COST_PROMETHEUS")
+        .output()
+        .await
+        .expect("run tokenmeter")
+}
+
+#[tokio::test]
+async fn a_base_url_reads_its_metrics_and_a_prometheus_server_is_named() {
+    let proxy = spawn_proxy("http://127.0.0.1:1", &[]).await;
+    let svg = std::env::temp_dir().join(format!(
+        "tokenmeter-capacity-base-{}.svg",
+        std::process::id()
+    ));
+    let svg = svg.to_string_lossy().into_owned();
+    // The metrics listener's address alone, as a user types it: its /metrics is read, and said.
+    for base in [
+        format!("http://{}", proxy.metrics_addr),
+        format!("http://{}/", proxy.metrics_addr),
+    ] {
+        let out = command(&[
+            "capacity".into(),
+            "--metrics".into(),
+            base.clone(),
+            "--svg".into(),
+            svg.clone(),
+        ])
+        .await;
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{base}: {stdout}{stderr}");
+        assert!(stdout.contains("no fit yet"), "{base}: {stdout}");
+        let read = format!("http://{}/metrics", proxy.metrics_addr);
+        assert!(
+            stderr.contains(&format!("reading {read}: --metrics had no path")),
+            "{base}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_file(&svg);
+
+    // A Prometheus server, on the port both default to: named as one, with what to give instead.
+    let prometheus = crate::support::upstream::spawn(|_| {
+        crate::support::upstream::Reply::json(
+            200,
+            "# TYPE prometheus_build_info gauge\nprometheus_build_info{version=\"3.0.0\"} 1\n",
+        )
+    })
+    .await;
+    let out = command(&["capacity".into(), "--metrics".into(), prometheus.url()]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let line = stderr.lines().last().unwrap_or_default();
+    assert!(
+        line.contains(&format!(
+            "{}/metrics is a Prometheus server's own metrics",
+            prometheus.url()
+        )) && line.contains("capacity reads one tokenmeter's /metrics"),
+        "{stderr}"
+    );
+    let out = command(&[
+        "cost".into(),
+        "--metrics".into(),
+        format!("{}/metrics", prometheus.url()),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is a Prometheus server's own metrics") && stderr.contains("--prometheus"),
+        "{stderr}"
+    );
+}

@@ -94,6 +94,47 @@ fn bad_configuration_is_one_line_and_a_nonzero_exit() {
 }
 
 #[test]
+fn a_mistyped_flag_or_subcommand_names_the_one_it_was_close_to() {
+    for (args, meant) in [
+        (&["--upsteam", "http://127.0.0.1:1"][..], "--upstream"),
+        (&["--upsteam=http://127.0.0.1:1"][..], "--upstream"),
+        (
+            &["--upstream", "http://127.0.0.1:1", "--gpu", "1"][..],
+            "--gpus",
+        ),
+        (&["proxy", "--lisen", "127.0.0.1:0"][..], "--listen"),
+        // A subcommand's flags are its own, not the proxy's.
+        (
+            &["bench", "--target", "http://h", "--concurency", "4"][..],
+            "--concurrency",
+        ),
+        (
+            &["capacity", "--metric", "http://h/metrics"][..],
+            "--metrics",
+        ),
+        (&["bnech"][..], "bench"),
+    ] {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("did you mean `{meant}`?")),
+            "{args:?}: {err}"
+        );
+    }
+    // Nothing close: no guess, the same one line.
+    for args in [
+        &["--no-such-flag"][..],
+        &["sim", "--upstream", "http://h"][..],
+    ] {
+        let (code, err) = run_err(args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("did you mean"), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn every_flag_reads_an_environment_variable_and_is_explained() {
     let out = tokenmeter().arg("--help").output().expect("help");
     let help = String::from_utf8_lossy(&out.stdout);
@@ -400,6 +441,44 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
                 "{secret} logged at level {level}:\n{out}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn logs_to_a_pipe_carry_no_colour_codes() {
+    let (port, mport) = (free_port(), free_port());
+    let child = tokenmeter()
+        .args(["--upstream", "http://127.0.0.1:1"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{mport}")])
+        // Not a terminal, and nothing in the environment asks for no colour: the pipe alone
+        // must turn it off.
+        .env_remove("NO_COLOR")
+        .env("TOKENMETER_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let up = wait_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", mport)).is_ok()
+    });
+    // A 502 logs a warning too: a second level, a second colour if any were on.
+    let _ = client::post(&format!("http://127.0.0.1:{port}/nothing"), "").await;
+    sigterm(&child);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("output");
+    let (stdout, stderr) = (out.stdout, out.stderr);
+    let log = String::from_utf8_lossy(&stderr);
+    assert!(up, "it did not listen: {log}");
+    assert!(log.contains("tokenmeter started"), "{log}");
+    for (name, bytes) in [("stderr", &stderr), ("stdout", &stdout)] {
+        assert!(
+            !bytes.contains(&0x1b),
+            "an escape code in {name}: {}",
+            String::from_utf8_lossy(bytes).escape_debug()
+        );
     }
 }
 

@@ -528,3 +528,58 @@ async fn books_balance(rig: &Rig) {
         "charged {charged} + idle {idle} + unassigned {unassigned} against {shortest}-{longest} s of 1 GPU"
     );
 }
+
+/// An upstream that cannot be reached ran nothing: its requests' time is idle, not a
+/// `model="unknown"` row of GPU time with the idle spread onto it as dollars; and the `cost`
+/// command then prints neither that row nor a negative zero.
+#[tokio::test]
+async fn requests_the_upstream_never_answered_are_charged_nothing() {
+    let addr = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let proxy = spawn_proxy(
+        &format!("http://{addr}"),
+        &["--gpus", "1", "--gpu-hour-cost", "2"],
+    )
+    .await;
+    for _ in 0..5 {
+        let seen = client::post(
+            &format!("{}/v1/chat/completions", proxy.url()),
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+        assert_eq!(seen.status, 502);
+    }
+    // A scrape spreads idle over the use since the last one: twice, so any spread is made.
+    let _ = proxy.scrape().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let text = proxy.scrape().await;
+    let s = Scrape::parse(&text);
+    assert_eq!(s.sum("tokenmeter_requests_total", &[("code", "502")]), 5.0);
+    assert_eq!(s.sum("tokenmeter_gpu_seconds_total", &[]), 0.0, "{text}");
+    assert_eq!(s.sum("tokenmeter_gpu_cost_usd_total", &[]), 0.0, "{text}");
+    assert!(
+        s.sum("tokenmeter_gpu_idle_seconds_total", &[]) > 0.0,
+        "{text}"
+    );
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
+        .args(["cost", "--window", "0", "--metrics"])
+        .arg(format!("http://{}/metrics", proxy.metrics_addr))
+        .env_remove("TOKENMETER_COST_PROMETHEUS")
+        .env_remove("TOKENMETER_COST_FORMAT")
+        .output()
+        .await
+        .expect("run tokenmeter cost");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(table.contains(": 0.0 GPU-s charged"), "{table}");
+    assert!(!table.contains("-0.0"), "{table}");
+    assert!(!table.contains("unknown"), "{table}");
+}

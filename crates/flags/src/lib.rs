@@ -32,6 +32,8 @@ use tokenmeter::units::parse_duration;
 use tokenmeter::workload::WorkloadConfig;
 use tokenmeter::{capacity, engine, meter, replicas, ui};
 
+pub mod suggest;
+
 /// Where the proxy and its metrics listen: flags `tokenmeter demo` shares with the proxy (it
 /// changes their defaults and help to loopback addresses, `DemoArgs`).
 #[derive(Debug, Clone, Args)]

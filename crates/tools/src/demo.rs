@@ -365,7 +365,7 @@ async fn demo(args: &DemoArgs, sim_listen: SocketAddr) -> Result<(), DemoError> 
         None => println!("Press Ctrl-C to stop."),
     }
     println!(
-        "Measured by the demo's clients: TPS and TTFT percentiles over the last {}s, aggregate over the last second.\nThe last column is tokenmeter's own tokenmeter_output_tokens_per_second (over --rate-window, default 10s).",
+        "Measured by the demo's clients: TPS and TTFT percentiles over the last {}s, aggregate over the last second.\nThe last column is tokenmeter's own tokenmeter_output_tokens_per_second, averaged over --rate-window (default 10s):\nit lags the clients' agg tok/s by that window, so the two differ while the load changes and agree once it holds.",
         WINDOW.as_secs()
     );
 

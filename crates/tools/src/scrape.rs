@@ -70,6 +70,34 @@ pub async fn get_bounded(
     Ok((status, body))
 }
 
+/// The path tokenmeter serves its exposition on.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// A `--metrics` URL as the commands read it: a base URL with no path (`http://host:9090`, or
+/// with a lone `/`) is what a user types for "the metrics listener", and its root is the page,
+/// not the exposition, so `/metrics` is added. The second value says whether it was, for the
+/// command to say which URL it read. Anything else is kept as given (a checked URL fails later
+/// with its flag's name).
+pub fn metrics_url(url: &str) -> (String, bool) {
+    let Ok(uri) = url.parse::<Uri>() else {
+        return (url.to_string(), false);
+    };
+    // No path, or `/` alone with no query.
+    let bare = uri.path_and_query().map_or(true, |pq| pq.as_str() == "/");
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(authority)) if bare => {
+            (format!("http://{authority}{METRICS_PATH}"), true)
+        }
+        _ => (url.to_string(), false),
+    }
+}
+
+/// Whether a scrape is a Prometheus server's own exposition: what a user gets who gave a
+/// Prometheus server's address where a tokenmeter's was meant (both default to port 9090).
+pub fn is_prometheus(scrape: &Scrape) -> bool {
+    scrape.contains("prometheus_build_info")
+}
+
 /// Scrapes one URL, again and again over one pooled client.
 pub struct Scraper {
     client: Http,
@@ -181,6 +209,38 @@ mod tests {
             Scraper::new("http://h:9090/metrics").expect("ok").url(),
             "http://h:9090/metrics"
         );
+    }
+
+    #[test]
+    fn a_base_url_reads_metrics_and_any_other_is_kept() {
+        for (given, read) in [
+            ("http://localhost:9090", "http://localhost:9090/metrics"),
+            ("http://localhost:9090/", "http://localhost:9090/metrics"),
+            ("http://10.0.0.1", "http://10.0.0.1/metrics"),
+        ] {
+            assert_eq!(metrics_url(given), (read.to_string(), true), "{given}");
+        }
+        for kept in [
+            "http://localhost:9090/metrics",
+            "http://localhost:9090/custom/path",
+            "http://localhost:9090/?x=1",
+            "https://localhost:9090",
+            "localhost:9090",
+            "not a url",
+            "",
+        ] {
+            assert_eq!(metrics_url(kept), (kept.to_string(), false), "{kept}");
+        }
+    }
+
+    #[test]
+    fn a_prometheus_servers_own_page_is_told_from_a_tokenmeters() {
+        let prometheus =
+            "# TYPE prometheus_build_info gauge\nprometheus_build_info{version=\"3.0.0\"} 1\n";
+        assert!(is_prometheus(&Scrape::parse(prometheus)));
+        let tokenmeter =
+            "# TYPE tokenmeter_build_info gauge\ntokenmeter_build_info{version=\"0.1.0\"} 1\n";
+        assert!(!is_prometheus(&Scrape::parse(tokenmeter)));
     }
 
     #[tokio::test]

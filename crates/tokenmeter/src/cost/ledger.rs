@@ -185,6 +185,10 @@ enum Event {
         ticket: Ticket,
         prompt: Option<Prompt>,
     },
+    Void {
+        at: f64,
+        ticket: Ticket,
+    },
 }
 
 #[derive(Debug)]
@@ -383,6 +387,23 @@ impl Ledger {
         charge
     }
 
+    /// Books a request that has left without reaching the engine (the upstream could not be
+    /// reached, or failed before it answered): its share goes to idle, not to its model and
+    /// tenant. The GPUs did nothing for it, and a charge would put a row of GPU time on a
+    /// request that never ran, onto which the allocation basis then spreads the idle time.
+    pub fn void(&self, held: Held, now: Instant) {
+        let at = self.secs(now);
+        let mut b = self.books();
+        let held = b.replayed.remove(&held.ticket).unwrap_or(held);
+        b.void(self.gpus, held, at);
+        if b.provisional.is_some() {
+            b.log(Event::Void {
+                at,
+                ticket: held.ticket,
+            });
+        }
+    }
+
     /// The books at `now`.
     pub fn totals(&self, now: Instant) -> Totals {
         let at = self.secs(now);
@@ -493,6 +514,11 @@ impl Books {
                         charges.insert(ticket, fresh.charge(gpus, h, prompt, at));
                     }
                 }
+                Event::Void { at, ticket } => {
+                    if let Some(h) = held.remove(&ticket) {
+                        fresh.void(gpus, h, at);
+                    }
+                }
             }
         }
         fresh.advance(gpus, at);
@@ -525,7 +551,15 @@ impl Books {
             }
         }
         let added: f64 = more.iter().map(|(_, d)| d.total()).sum();
+        let replayed_charged = fresh.charged;
         fresh.charged = booked + added;
+        if fresh.in_flight == 0 && fresh.charged > replayed_charged {
+            // What was overcharged stays counted (a counter does not go back) and nobody in
+            // flight can give it back: it comes out of idle, so the books still add up to the
+            // wall time. (A voided request's replayed share went to idle, not to a charge that
+            // could have absorbed it.)
+            fresh.idle = (fresh.idle - (fresh.charged - replayed_charged)).max(0.0);
+        }
         fresh.replayed = held;
         // The estimate keeps what the live books learnt (the same counts, in the same order).
         *self = fresh;
@@ -731,6 +765,11 @@ impl Books {
         }
         b.charged += share.total();
         share
+    }
+
+    fn void(&mut self, g: f64, held: Held, at: f64) {
+        self.advance(g, at);
+        self.idle += held.share.total();
     }
 
     /// The most a settlement may take from each request in flight: what the newest of them
@@ -1003,6 +1042,33 @@ mod tests {
             "{t:?}"
         );
         assert_eq!(t.unassigned, 0.0);
+    }
+
+    /// A request that never reached the engine is charged nothing: its time in flight is idle,
+    /// and the books still add up, before the first rates and after they replay the events.
+    #[test]
+    fn a_voided_request_leaves_its_time_idle() {
+        for rated_at in [None, Some(6000)] {
+            let r = Rig::new(2.0, 1, None);
+            // a: 1 s to 3 s, never answered; b: 2 s to 4 s, charged.
+            let a = r.ledger.enter(r.at(1000), 0, None);
+            let b = r.ledger.enter(r.at(2000), 0, None);
+            let held = r.ledger.leave(a, r.at(3000)).expect("in flight");
+            r.ledger.void(held, r.at(3000));
+            let cb = r.charge(b, 4000, None);
+            // b had half the GPUs while a was in flight, then all of them.
+            assert!(close(cb.total(), 1.0 + 2.0), "{cb:?}");
+            if let Some(ms) = rated_at {
+                r.ledger.set_terms(Some(rates()), 1, r.at(ms));
+            }
+            let t = r.ledger.totals(r.at(6000));
+            // Idle: 0-1 s and 4-6 s alone (6 GPU-s), and a's 1 s alone plus half of 2-3 s.
+            assert!(
+                close(t.wall, 12.0) && close(t.idle, 6.0 + 3.0) && close(t.charged, 3.0),
+                "{rated_at:?}: {t:?}"
+            );
+            assert!(t.unassigned.abs() < 1e-9, "{t:?}");
+        }
     }
 
     /// A long prompt is charged its prefill while it runs, out of the time of the request

@@ -188,6 +188,7 @@ impl Recorder {
                 request,
                 start: arrived.min(now),
                 status: 0,
+                answered: false,
                 encoded: false,
                 model: None,
                 first_byte: None,
@@ -264,6 +265,8 @@ struct Clock {
     /// When the request arrived at the proxy.
     start: Instant,
     status: u16,
+    /// The upstream's response head arrived (`status` may be the proxy's own error).
+    answered: bool,
     /// The body is compressed: forwarded, not read.
     encoded: bool,
     /// The `model` handles, fixed at the first token so live and final observations agree.
@@ -415,6 +418,7 @@ impl Meter {
     pub fn on_response(&mut self, status: u16, path: &str, content_type: &str, encoded: bool) {
         let Some(s) = self.sending() else { return };
         s.clock.status = status;
+        s.clock.answered = true;
         if encoded {
             // A compressed body cannot be read without decompressing it; we forward it untouched.
             s.clock.encoded = true;
@@ -478,6 +482,7 @@ impl Meter {
     pub fn upgraded(&mut self, now: Instant) {
         if let Some(s) = self.sending() {
             s.clock.status = 101;
+            s.clock.answered = true;
             s.clock.leave(now);
         }
     }
@@ -850,6 +855,12 @@ impl Clock {
         let Some(held) = self.share.take() else {
             return GpuSeconds::default();
         };
+        if f.outcome == Outcome::UpstreamError && !self.answered {
+            // The upstream could not be reached (or failed before it answered): the engine
+            // never ran it, so its time in flight is idle, not a charge to `model="unknown"`.
+            self.recorder.ledger.void(held, now);
+            return GpuSeconds::default();
+        }
         let prompt = f.input_tokens.map(|input| Prompt {
             tokens: intake::whole_prompt(f, input),
             uncached: intake::uncached_prompt(f).unwrap_or(input),

@@ -333,3 +333,21 @@ fn a_meter_dropped_before_it_was_sent_is_recorded_once() {
     let judged = r#"tokenmeter_slo_requests_total{class="interactive",result="client_disconnect"}"#;
     assert_eq!(sample(&rec, judged), 1.0);
 }
+
+// An upstream that could not be reached ran nothing: no GPU time is charged to the request
+// (and so no dollars are spread onto it), while one the upstream answered, even with an
+// error, is charged its time.
+#[test]
+fn a_request_the_upstream_never_answered_is_charged_no_gpu_time() {
+    let rec = recorder();
+    let mut unreachable = rec.start(RequestInfo::default());
+    std::thread::sleep(Duration::from_millis(5));
+    unreachable.set_status(502);
+    unreachable.finish(Outcome::UpstreamError);
+    assert_eq!(sample(&rec, "tokenmeter_gpu_seconds_total"), 0.0);
+    let mut answered = rec.start(RequestInfo::default());
+    std::thread::sleep(Duration::from_millis(5));
+    answered.on_response(500, "/v1/chat/completions", "application/json", false);
+    answered.finish(Outcome::UpstreamError);
+    assert!(sample(&rec, "tokenmeter_gpu_seconds_total") > 0.0);
+}

@@ -37,6 +37,10 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 /// Largest `/v1/models` answer read when looking for a model name.
 const MAX_MODELS_BODY: usize = 1 << 20;
 
+/// Bytes of a failure's body quoted in the error: enough for a JSON error's message, short
+/// enough for one line of a terminal's error.
+pub const MAX_ERROR_BODY: usize = 300;
+
 /// Why a request did not complete.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -44,6 +48,10 @@ pub enum RequestError {
     Send(String),
     #[error("HTTP status {0}")]
     Status(u16),
+    /// A failure status with the start of the body that came with it: a proxy's or a server's
+    /// own words for what went wrong (tokenmeter's 502 says why the upstream is unavailable).
+    #[error("HTTP status {status}: {body}")]
+    Answered { status: u16, body: String },
     #[error("response body failed: {0}")]
     Stream(String),
     #[error("no complete response within the timeout")]
@@ -57,7 +65,7 @@ impl RequestError {
     pub fn kind(&self) -> &'static str {
         match self {
             RequestError::Send(_) => "send",
-            RequestError::Status(_) => "status",
+            RequestError::Status(_) | RequestError::Answered { .. } => "status",
             RequestError::Stream(_) => "stream",
             RequestError::Timeout => "timeout",
             RequestError::NoTokens => "no_tokens",
@@ -302,7 +310,14 @@ impl Client {
         .map_err(|_| RequestError::Timeout)?
         .map_err(|e| RequestError::Send(error_chain(&e)))?;
         if !resp.status().is_success() {
-            return Err(RequestError::Status(resp.status().as_u16()));
+            let status = resp.status().as_u16();
+            // The status alone hides the cause (a proxy's 502 says which upstream is down and
+            // how): the body's start goes into the error, within the same timeout.
+            let deadline = tokio::time::Instant::now() + self.timeout;
+            let body = timeout_at(deadline, body_start(resp.into_body(), MAX_ERROR_BODY))
+                .await
+                .unwrap_or_default();
+            return Err(RequestError::Answered { status, body });
         }
         let body = http_body_util::Limited::new(resp.into_body(), MAX_MODELS_BODY)
             .collect()
@@ -364,6 +379,43 @@ fn count(new: &[(Duration, u32)], arrived: &AtomicU64) {
 }
 
 /// An error with its sources, which is where hyper puts the useful part ("connection refused").
+/// The first `max` bytes of `body` as one line of text: read only that far (a body that
+/// streams forever is not waited for), invalid UTF-8 and control characters (a terminal's
+/// escape codes, newlines) replaced, and `...` where it was cut. Empty when nothing came.
+async fn body_start<B>(body: B, max: usize) -> String
+where
+    B: http_body::Body + Unpin,
+{
+    let mut body = body;
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut cut = false;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            bytes::BufMut::put(&mut bytes, data);
+            if bytes.len() > max {
+                bytes.truncate(max);
+                cut = true;
+                break;
+            }
+        }
+    }
+    one_line(&bytes, cut)
+}
+
+/// `bytes` as one line of printable text, `...` after it when it was `cut`.
+fn one_line(bytes: &[u8], cut: bool) -> String {
+    let text: String = String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if cut {
+        // A cut through a character shows as its replacement; the dots say there was more.
+        line.push_str("...");
+    }
+    line
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
@@ -379,6 +431,28 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[allow(clippy::unwrap_used)] // a test that unwraps fails loudly, which is its job
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_body_is_quoted_as_one_printable_line() {
+        assert_eq!(one_line(b"", false), "");
+        assert_eq!(
+            one_line(b"{\"error\":\n  \"down\"}\r\n", false),
+            "{\"error\": \"down\"}"
+        );
+        assert_eq!(one_line(b"\x1b[31mred\x1b[0m", false), "[31mred [0m");
+        assert_eq!(one_line(b"abc", true), "abc...");
+        assert_eq!(one_line(&[b'a', 0xff], false), "a\u{fffd}");
+    }
+
+    #[tokio::test]
+    async fn only_the_start_of_a_long_error_body_is_read() {
+        let long = Full::new(Bytes::from(vec![b'x'; 10 * MAX_ERROR_BODY]));
+        let got = body_start(long, MAX_ERROR_BODY).await;
+        assert_eq!(got.len(), MAX_ERROR_BODY + 3, "{got}");
+        assert!(got.ends_with("x..."));
+        let short = Full::new(Bytes::from_static(b"bad gateway"));
+        assert_eq!(body_start(short, MAX_ERROR_BODY).await, "bad gateway");
+    }
 
     fn sample(events: &[(u64, u32)], usage: Option<u64>) -> Sample {
         Sample {

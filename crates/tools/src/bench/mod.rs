@@ -216,7 +216,7 @@ pub enum BenchError {
     Trace(#[from] TraceError),
     #[error("cannot start reading the trace: {0}")]
     TraceThread(std::io::Error),
-    #[error("cannot find a model at {url}/models ({source}); pass --model")]
+    #[error("{}", model_error(url, source))]
     Model { url: String, source: RequestError },
     #[error("a first request to {url} failed: {source}")]
     Probe { url: String, source: RequestError },
@@ -227,6 +227,20 @@ pub enum BenchError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// Why no model was found. A server that failed (5xx) would fail the bench's requests too, so
+/// `--model` is offered only where it helps: no model list, or none that could be read.
+fn model_error(url: &str, source: &RequestError) -> String {
+    match source {
+        RequestError::Answered { status, .. } if *status >= 500 => {
+            format!("cannot find a model: {url}/models answered {source}")
+        }
+        RequestError::Answered { .. } => {
+            format!("cannot find a model: {url}/models answered {source}; pass --model")
+        }
+        other => format!("cannot find a model at {url}/models ({other}); pass --model"),
+    }
 }
 
 impl BenchError {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::bench::chart::{self, Axis, Chart, Marker, Series};
-use crate::scrape::{scrape, ScrapeError};
+use crate::scrape::{is_prometheus, metrics_url, scrape, ScrapeError};
 use crate::trace::TraceError;
 use tokenmeter::capacity::memory::DEFAULT_BLOCK_SIZE;
 use tokenmeter::capacity::plan::CURVE;
@@ -132,8 +132,10 @@ pub enum CommandError {
     Fetch(ScrapeError),
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("{0} has no tokenmeter capacity metrics (is it tokenmeter's /metrics, version with the capacity model?)")]
+    #[error("{0} has no tokenmeter capacity metrics: give a tokenmeter's /metrics, on its --metrics-listen address (e.g. http://127.0.0.1:9090/metrics)")]
     NotCapacity(String),
+    #[error("{0} is a Prometheus server's own metrics: capacity reads one tokenmeter's /metrics, on its --metrics-listen address (e.g. http://127.0.0.1:9090/metrics)")]
+    Prometheus(String),
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -976,20 +978,27 @@ pub fn run(args: &CapacityArgs) -> Result<(), CommandError> {
         .enable_all()
         .build()
         .map_err(CommandError::Runtime)?;
-    let scrape = runtime
-        .block_on(scrape(&args.metrics))
-        .map_err(|e| match e {
-            ScrapeError::BadUrl(u) => CommandError::BadUrl(u),
-            other => CommandError::Fetch(other),
-        })?;
+    let (url, added) = metrics_url(&args.metrics);
+    if added {
+        eprintln!("tokenmeter: reading {url}: --metrics had no path, and /metrics is where tokenmeter serves them");
+    }
+    let scrape = runtime.block_on(scrape(&url)).map_err(|e| match e {
+        ScrapeError::BadUrl(_) => CommandError::BadUrl(args.metrics.clone()),
+        other => CommandError::Fetch(other),
+    })?;
+    // Both listen on 9090 by default: a Prometheus server's address is the likeliest wrong one.
+    let named = |e: CommandError| match e {
+        CommandError::NotCapacity(u) if is_prometheus(&scrape) => CommandError::Prometheus(u),
+        e => e,
+    };
     if let (Some(q), Some(trace)) = (question, trace) {
         print!(
             "{}",
-            what_if(scrape.samples(), &args.metrics, &trace, q.format)?
+            what_if(scrape.samples(), &url, &trace, q.format).map_err(named)?
         );
         return Ok(());
     }
-    let text = report(scrape.samples(), &args.metrics, &args.svg)?;
+    let text = report(scrape.samples(), &url, &args.svg).map_err(named)?;
     print!("{text}");
     println!("\nchart written to {}", args.svg.display());
     Ok(())

@@ -61,11 +61,11 @@ pub fn table(split: &Split, over: &str) -> String {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "GPU time {over}{on}: {:.1} GPU-s charged, {:.1} idle ({:.1}%); {:.1} GPU-s held by requests in flight, charged when they end",
-        split.charged(),
-        split.idle,
-        pct(split.idle),
-        split.unassigned
+        "GPU time {over}{on}: {} GPU-s charged, {} idle ({}%); {} GPU-s held by requests in flight, charged when they end",
+        fixed(split.charged(), 1),
+        fixed(split.idle, 1),
+        fixed(pct(split.idle), 1),
+        fixed(split.unassigned, 1)
     );
     let _ = write!(
         out,
@@ -81,32 +81,58 @@ pub fn table(split: &Split, over: &str) -> String {
     for ((tenant, model), r) in rows {
         let per_m = r
             .per_million()
-            .map_or_else(|| "n/a".into(), |v| format!("{v:.1}"));
+            .map_or_else(|| "n/a".into(), |v| fixed(v, 1));
         let _ = write!(
             out,
-            "{:<20} {:<28} {:>11.2} {:>11.2} {:>6.1}% {:>14}",
+            "{:<20} {:<28} {:>11} {:>11} {:>6}% {:>14}",
             tenant,
             model,
-            r.prefill,
-            r.decode,
-            pct(r.gpu_seconds()),
+            fixed(r.prefill, 2),
+            fixed(r.decode, 2),
+            fixed(pct(r.gpu_seconds()), 1),
             per_m
         );
         if split.usd {
-            let _ = write!(out, " {:>11.4} {:>11.4}", r.usage_usd, r.allocation_usd);
+            let _ = write!(
+                out,
+                " {:>11} {:>11}",
+                fixed(r.usage_usd, 4),
+                fixed(r.allocation_usd, 4)
+            );
         }
         out.push('\n');
     }
     let _ = writeln!(
         out,
-        "{:<20} {:<28} {:>11} {:>11} {:>6.1}%",
+        "{:<20} {:<28} {:>11} {:>11} {:>6}%",
         "idle",
         "",
         "",
         "",
-        pct(split.idle)
+        fixed(pct(split.idle), 1)
     );
     out
+}
+
+/// `v` to `decimals` places, never as `-0.0`: a sum of nothing, or a difference of two equal
+/// counters, is a float's negative zero (or a hair below zero), and a bill that reads
+/// "-0.0 GPU-s" looks like a refund.
+fn fixed(v: f64, decimals: usize) -> String {
+    let text = format!("{v:.decimals$}");
+    match text.strip_prefix('-') {
+        Some(digits) if digits.chars().all(|c| c == '0' || c == '.') => digits.to_string(),
+        _ => text,
+    }
+}
+
+/// `v`, with a negative zero made positive, for the csv and json (full precision: a real
+/// negative, however small, is kept).
+fn unsigned_zero(v: f64) -> f64 {
+    if v == 0.0 {
+        0.0
+    } else {
+        v
+    }
 }
 
 /// The csv columns, in order.
@@ -175,14 +201,14 @@ impl<'a> JsonRow<'a> {
         JsonRow {
             tenant,
             model,
-            prefill_gpu_seconds: r.prefill,
-            decode_gpu_seconds: r.decode,
-            gpu_seconds: r.gpu_seconds(),
-            share: split.share(r.gpu_seconds()),
-            output_tokens: r.output_tokens,
-            gpu_seconds_per_million_output_tokens: r.per_million(),
-            usd_usage: usd(r.usage_usd),
-            usd_allocation: usd(r.allocation_usd),
+            prefill_gpu_seconds: unsigned_zero(r.prefill),
+            decode_gpu_seconds: unsigned_zero(r.decode),
+            gpu_seconds: unsigned_zero(r.gpu_seconds()),
+            share: unsigned_zero(split.share(r.gpu_seconds())),
+            output_tokens: unsigned_zero(r.output_tokens),
+            gpu_seconds_per_million_output_tokens: r.per_million().map(unsigned_zero),
+            usd_usage: usd(unsigned_zero(r.usage_usd)),
+            usd_allocation: usd(unsigned_zero(r.allocation_usd)),
         }
     }
 }
@@ -229,17 +255,17 @@ pub fn json(split: &Split, period: &Period) -> String {
             .map(|((tenant, model), r)| JsonRow::new(split, tenant, model, r))
             .collect(),
         totals: Totals {
-            prefill_gpu_seconds: t.prefill,
-            decode_gpu_seconds: t.decode,
-            gpu_seconds: t.gpu_seconds(),
-            idle_gpu_seconds: split.idle,
-            in_flight_gpu_seconds: split.unassigned,
-            idle_share: split.share(split.idle),
-            output_tokens: t.output_tokens,
-            gpu_seconds_per_million_output_tokens: t.per_million(),
-            usd_usage: usd(t.usage_usd),
-            usd_allocation: usd(t.allocation_usd),
-            gpus: split.gpus,
+            prefill_gpu_seconds: unsigned_zero(t.prefill),
+            decode_gpu_seconds: unsigned_zero(t.decode),
+            gpu_seconds: unsigned_zero(t.gpu_seconds()),
+            idle_gpu_seconds: unsigned_zero(split.idle),
+            in_flight_gpu_seconds: unsigned_zero(split.unassigned),
+            idle_share: unsigned_zero(split.share(split.idle)),
+            output_tokens: unsigned_zero(t.output_tokens),
+            gpu_seconds_per_million_output_tokens: t.per_million().map(unsigned_zero),
+            usd_usage: usd(unsigned_zero(t.usage_usd)),
+            usd_allocation: usd(unsigned_zero(t.allocation_usd)),
+            gpus: split.gpus.map(unsigned_zero),
         },
     };
     // Serializing plain structs of strings and numbers cannot fail; the fallback is for form.
@@ -298,6 +324,39 @@ mod tests {
             text.starts_with("GPU time from s to e: 12.0 GPU-s"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn no_figure_is_printed_as_negative_zero() {
+        assert_eq!(fixed(-0.0, 1), "0.0");
+        assert_eq!(fixed(-0.00001, 2), "0.00");
+        assert_eq!(fixed(-0.5, 1), "-0.5");
+        assert_eq!(fixed(1.25, 1), "1.2");
+        assert_eq!(unsigned_zero(-0.0).to_string(), "0");
+        // No requests in the window: nothing charged, a sum of nothing.
+        let empty = Split {
+            idle: 60.0,
+            gpus: Some(1.0),
+            ..Split::default()
+        };
+        let table = table(&empty, "over the last 60 s");
+        assert!(
+            table.contains(": 0.0 GPU-s charged, 60.0 idle (100.0%)"),
+            "{table}"
+        );
+        assert!(!table.contains("-0"), "{table}");
+        let json = json(&empty, &period());
+        assert!(!json.contains(": -0"), "{json}");
+        // A counter's difference of nothing, a hair below zero or negative zero.
+        let negative = Split {
+            idle: -0.0,
+            unassigned: -1e-12,
+            ..Split::default()
+        };
+        let table = self::table(&negative, "x");
+        assert!(!table.contains("-0"), "{table}");
+        let json = self::json(&negative, &period());
+        assert!(!json.contains(": -0.0"), "{json}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Args;
 
-use crate::scrape::{scrape, ScrapeError};
+use crate::scrape::{is_prometheus, metrics_url, scrape, ScrapeError};
 use tokenmeter::exposition::Scrape;
 use tokenmeter::metrics::cost::names;
 use tokenmeter::units::parse_duration;
@@ -138,6 +138,8 @@ pub enum CostError {
     Print(std::io::Error),
     #[error("{0} has no tokenmeter GPU-time metrics (is it tokenmeter's /metrics, a version that charges GPU time?)")]
     NotCost(String),
+    #[error("{0} is a Prometheus server's own metrics: --metrics reads one tokenmeter's /metrics; for the tokenmeters a Prometheus server holds, give its base URL to --prometheus")]
+    Prometheus(String),
     #[error("{url} holds no {} from {range} (is it the store the tokenmeters are scraped into? did they run then?)", names::GPU_IDLE_SECONDS)]
     NoneInStore { url: String, range: String },
 }
@@ -178,15 +180,25 @@ fn from_metrics(
     url: &str,
     window: Duration,
 ) -> Result<(Split, Period), CostError> {
+    let given = url;
+    let (url, added) = metrics_url(given);
+    let url = url.as_str();
+    if added {
+        eprintln!("tokenmeter: reading {url}: --metrics had no path, and /metrics is where tokenmeter serves them");
+    }
     let fetch = |url: &str| {
         runtime.block_on(scrape(url)).map_err(|e| match e {
-            ScrapeError::BadUrl(u) => CostError::BadUrl(u),
+            ScrapeError::BadUrl(_) => CostError::BadUrl(given.to_string()),
             other => CostError::Fetch(other),
         })
     };
     let first_at = SystemTime::now();
     let first = fetch(url)?;
     if !first.contains(names::GPU_IDLE_SECONDS) {
+        // Both listen on 9090 by default: a Prometheus server's is the likeliest wrong address.
+        if is_prometheus(&first) {
+            return Err(CostError::Prometheus(url.to_string()));
+        }
         return Err(CostError::NotCost(url.to_string()));
     }
     if window.is_zero() {

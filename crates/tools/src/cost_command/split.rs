@@ -78,7 +78,10 @@ impl Split {
 
     /// GPU-seconds charged to the rows.
     pub fn charged(&self) -> f64 {
-        self.rows.values().map(|r| r.prefill + r.decode).sum()
+        // A fold from 0, not `sum`, whose sum of nothing is -0.0.
+        self.rows
+            .values()
+            .fold(0.0, |t, r| t + r.prefill + r.decode)
     }
 
     /// A row's (or the total's) share of all the GPU time: charged and idle.
