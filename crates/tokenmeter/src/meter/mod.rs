@@ -1,5 +1,5 @@
 //! Per-request timing: the state machine that turns what a response's body says into one
-//! [`Finished`] record.
+//! [`crate::record::Finished`] record.
 //!
 //! A [`Meter`] is created when a request's head arrives ([`Recorder::receive`]), is sent with
 //! what its body said ([`Meter::send`]), is told about the response ([`Meter::on_response`]),
@@ -18,205 +18,38 @@
 //!
 //! Concurrency is measured, not sampled: [`Concurrency`] keeps the integral over time of the
 //! number of requests in flight, so the mean over any request's decode window is a subtraction.
+//!
+//! Here the meter times; `recorder.rs` holds what every meter shares and starts one, `finish.rs`
+//! builds the record at the end (charged, judged, handed to the sinks), `testing.rs` what tests
+//! drive a meter with.
 
 pub mod concurrency;
 pub mod counting;
+mod finish;
+mod recorder;
 pub mod settings;
+#[cfg(any(test, feature = "testing"))]
+mod testing;
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 pub use self::concurrency::{Concurrency, Snapshot};
 pub use self::counting::Counting;
-use self::counting::{Mismatches, Settled};
+use self::recorder::route;
+pub use self::recorder::Recorder;
 pub use self::settings::{Settings, DEFAULT_MAX_LINE_BYTES};
-use crate::capacity::{intake, Capacity, StreamGaps};
-use crate::context::{Ident, Identify};
-use crate::cost::{GpuSeconds, Held, Labels, Ledger, Prompt, Ticket};
-use crate::metrics::{InFlight, Metrics, ModelMetrics, Phase};
-use crate::protocol::detect;
-use crate::protocol::operation::{Operation, Route};
+use crate::capacity::StreamGaps;
+use crate::context::Ident;
+use crate::cost::{Held, Prompt, Ticket};
+use crate::metrics::{InFlight, ModelMetrics, Phase};
+
+use crate::protocol::operation::Route;
 use crate::protocol::request::RequestInfo;
-use crate::protocol::{Api, OutputKind};
+use crate::protocol::OutputKind;
 use crate::read::{Event, Reader};
-use crate::record::{
-    concurrency_band, CachedInput, Finished, FirstOutput, Outcome, ParseErrors, Sink, SloResult,
-};
-use crate::slo::{self, Choice, Classes};
-use crate::tenant::Tenants;
-
-/// What every meter shares: the metrics, the concurrency tracker and the parsing limits.
-pub struct Recorder {
-    metrics: Arc<Metrics>,
-    /// The live capacity model the meter feeds (the server's); `None`: nothing is modelled.
-    capacity: Option<Arc<Capacity>>,
-    concurrency: Arc<Concurrency>,
-    /// The GPUs' time, split among the requests in flight as it is spent (`crate::cost`).
-    ledger: Arc<Ledger>,
-    /// `--max-line-bytes` and `--api`: how responses are read.
-    reading: Settings,
-    /// The SLO class table (`--slo`): a request is in its default class until told otherwise.
-    classes: Arc<Classes>,
-    /// The `tenant` label's resolver (`--tenant-header`, `--tenant-from-key`); `None`: no label.
-    tenants: Option<Arc<Tenants>>,
-    /// Reads each request's [`Ident`] off its head; `None` when nothing takes it (no request
-    /// log, no span export): then no request pays for it.
-    identify: Option<Identify>,
-    /// What takes each finished record, in order: the metrics, the capacity model, the request
-    /// log, the spans. The meter's work ends in one loop over them.
-    sinks: Vec<Arc<dyn Sink>>,
-    /// With `--tokenizer`: the warning that its counts differ from the server's, rate-limited.
-    mismatches: Mismatches,
-}
-
-impl Recorder {
-    /// A recorder into `metrics` that reads responses as `reading` says.
-    pub fn new(metrics: Arc<Metrics>, reading: Settings) -> Self {
-        let concurrency = Arc::new(Concurrency::default());
-        let ledger = Arc::new(Ledger::new(metrics.gpus()));
-        metrics.export_books(Arc::clone(&ledger));
-        // Charges made before the first rates are settled into the same counters.
-        let weak = Arc::downgrade(&metrics);
-        ledger.settle_into(Box::new(move |model, tenant, g| {
-            if let Some(m) = weak.upgrade() {
-                m.charge_settled(model, tenant, g);
-            }
-        }));
-        let sinks: Vec<Arc<dyn Sink>> = vec![Arc::clone(&metrics) as Arc<dyn Sink>];
-        Recorder {
-            metrics,
-            capacity: None,
-            concurrency,
-            ledger,
-            reading,
-            classes: Arc::new(Classes::default()),
-            tenants: None,
-            identify: None,
-            sinks,
-            mismatches: Mismatches::default(),
-        }
-    }
-
-    /// Hands every finished record to `sinks` too, after the metrics and the capacity model,
-    /// with the heads read by `identify`.
-    pub fn with_sinks(mut self, identify: Option<Identify>, sinks: Vec<Arc<dyn Sink>>) -> Self {
-        self.identify = identify;
-        self.sinks.extend(sinks);
-        self
-    }
-
-    /// Feeds `capacity` as tokens pass and requests end (it takes each finished record right
-    /// after the metrics).
-    pub fn with_capacity(mut self, capacity: Arc<Capacity>) -> Self {
-        self.sinks.insert(1, Arc::clone(&capacity) as Arc<dyn Sink>);
-        capacity.publish_rates(Arc::clone(&self.ledger));
-        self.capacity = Some(capacity);
-        self
-    }
-
-    /// The concurrency tracker: requests in flight and their integral over time.
-    pub fn concurrency(&self) -> &Concurrency {
-        &self.concurrency
-    }
-
-    /// The metrics every meter records into.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    /// Labels requests by tenant (`--tenant-header`, `--tenant-from-key`).
-    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
-        self.tenants = tenants;
-        self
-    }
-
-    /// Judges requests by these SLO classes (`--slo`, `--slo-file`).
-    pub fn with_classes(mut self, classes: Arc<Classes>) -> Self {
-        self.classes = classes;
-        self
-    }
-
-    /// A request's head arrived at `arrived`: its meter, not yet in flight. What the head says
-    /// is read here, once: the SLO class its headers and path name (a POST only: inference is
-    /// always one), its tenant, and what the request log and spans take of it.
-    pub fn receive<B>(self: &Arc<Self>, req: &http::Request<B>, arrived: Instant) -> Meter {
-        let judged = req.method() == http::Method::POST;
-        let (headers, path) = (req.headers(), req.uri().path());
-        Meter {
-            stage: Some(Stage::Received(Head {
-                recorder: Arc::clone(self),
-                arrived,
-                slo: judged.then(|| self.classes.resolve(headers, path, None)),
-                // Once per request, from the head: the hot path only carries the value.
-                tenant: self.tenants.as_ref().map(|t| t.resolve(headers)),
-                ident: self.identify.as_ref().map(|i| {
-                    let authority = req.uri().authority().map(|a| a.as_str());
-                    i.of_uri(req.method(), path, authority, headers)
-                }),
-            })),
-        }
-    }
-
-    /// A request that arrived just now is being sent upstream (for tests and benches: the
-    /// proxy receives a request first, [`Recorder::receive`], and sends it when it is read).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn start(self: &Arc<Self>, request: RequestInfo) -> Meter {
-        self.start_at(request, Instant::now())
-    }
-
-    /// A request that arrived at `arrived` is being sent upstream now (for tests and benches).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn start_at(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> Meter {
-        Meter {
-            stage: Some(Stage::Sent(self.sent(request, arrived))),
-        }
-    }
-
-    /// The measurement of a request sent now: it enters the in-flight gauges and the
-    /// concurrency integral.
-    fn sent(self: &Arc<Self>, request: RequestInfo, arrived: Instant) -> State {
-        let now = Instant::now();
-        let in_flight = self.metrics.in_flight(request.model.as_deref());
-        in_flight.add(Phase::Prefill, 1);
-        let at_start = self.concurrency.update(now, 1);
-        let ticket = self.ledger.enter(now, request.body_bytes, None);
-        State {
-            reader: Reader::opaque(),
-            clock: Clock {
-                recorder: Arc::clone(self),
-                in_flight,
-                request,
-                start: arrived.min(now),
-                status: 0,
-                answered: false,
-                encoded: false,
-                model: None,
-                first_byte: None,
-                first_token: None,
-                last_token: None,
-                at_first: None,
-                at_last: None,
-                gaps: StreamGaps::default(),
-                ttft_pending: None,
-                max_stall: None,
-                first_output: FirstOutput::default(),
-                streamed: 0,
-                held: 0,
-                at_start,
-                at_leave: None,
-                ticket,
-                share: None,
-                slo: Some(self.classes.default_choice()),
-                tenant: None,
-                left: false,
-                route: Route::default(),
-                model_from_response: false,
-                ident: None,
-                counting: None,
-            },
-        }
-    }
-}
+use crate::record::{FirstOutput, Outcome};
+use crate::slo::Choice;
 
 /// The measurement of one request, from the arrival of its head to its end.
 ///
@@ -302,7 +135,7 @@ struct Clock {
     share: Option<Held>,
     /// The SLO class and targets the request is judged against (`None`: not judged).
     slo: Option<Choice>,
-    /// The `tenant` label value, resolved once by inspection (`None`: `none`, or no label).
+    /// The `tenant` label value, resolved once at the head (`None`: `none`, or no label).
     tenant: Option<Arc<str>>,
     /// The request has left the in-flight gauges (at its end marker, or when finished).
     left: bool,
@@ -314,26 +147,6 @@ struct Clock {
     ident: Option<Arc<Ident>>,
     /// With `--tokenizer`: the request's tokenizer and its prompt's count.
     counting: Option<Counting>,
-}
-
-// === impl Head ===
-
-impl Head {
-    /// The request is sent now, with what its body said and its class: it enters the gauges.
-    fn send(self, request: RequestInfo, slo: Option<Choice>) -> State {
-        let mut state = self.recorder.sent(request, self.arrived);
-        let c = &mut state.clock;
-        (c.slo, c.tenant, c.ident) = (slo, self.tenant, self.ident);
-        state
-    }
-}
-
-/// What the client's path says of the request: the GenAI operation and the format it implies.
-fn route(path: &str) -> Route {
-    Route {
-        operation: Operation::of_path(path),
-        api: detect::path_hint(path),
-    }
 }
 
 // === impl Meter ===
@@ -436,38 +249,6 @@ impl Meter {
         }
     }
 
-    /// The request's SLO class and targets (chosen from its headers, path and model), or `None`
-    /// for a request that is not judged.
-    pub fn set_slo(&mut self, choice: Option<Choice>) {
-        if let Some(s) = self.sending() {
-            s.clock.slo = choice;
-        }
-    }
-
-    /// The request's path (the client's, before any `--upstream` prefix): what it says of the
-    /// GenAI operation and the wire format, known before any response (so a request that fails
-    /// before its response head still has them).
-    pub fn set_route(&mut self, path: &str) {
-        if let Some(s) = self.sending() {
-            s.clock.route = route(path);
-        }
-    }
-
-    /// The request's `tenant` label value (bounded: [`Tenants::resolve`]); set before the first
-    /// token, which resolves the live handles with it.
-    pub fn set_tenant(&mut self, tenant: Option<Arc<str>>) {
-        if let Some(s) = self.sending() {
-            s.clock.tenant = tenant;
-        }
-    }
-
-    /// What the request's head said of it (for the request log and the span).
-    pub fn set_ident(&mut self, ident: Option<Arc<Ident>>) {
-        if let Some(s) = self.sending() {
-            s.clock.ident = ident;
-        }
-    }
-
     /// The proxy answered itself (400, 502, 504): there is no upstream response head.
     pub fn set_status(&mut self, status: u16) {
         if let Some(s) = self.sending() {
@@ -531,247 +312,9 @@ impl Drop for Meter {
     }
 }
 
-// === impl State ===
-
-impl State {
-    fn finish(mut self, outcome: Outcome) {
-        let now = Instant::now();
-        // The wall clock beside `now`, read only for the per-request debug line.
-        let wall = tracing::enabled!(tracing::Level::DEBUG).then(SystemTime::now);
-        let (reader, clock) = (&mut self.reader, &mut self.clock);
-        let chunk = reader.finish(outcome == Outcome::Complete);
-        for e in chunk.events {
-            clock.on_tokens(*e, chunk.model, now);
-        }
-        // A non-streaming response: its tokens count, but it has no first token.
-        clock
-            .recorder
-            .metrics
-            .tokens(u64::from(chunk.document), now);
-        let input = reader.summary().input_tokens.or(clock.prompt_tokens());
-        clock.observe_ttft(input);
-        // Leave the in-flight gauges first: nothing below may return before this.
-        clock.leave(now);
-        let s = &self.clock;
-        let summary = self.reader.summary();
-        // A client may hang up once the stream's own end marker has passed, before the HTTP
-        // body's end (GuideLLM stops reading at `[DONE]`): it received the whole response.
-        let outcome = if outcome == Outcome::ClientDisconnect && summary.ended {
-            Outcome::Complete
-        } else {
-            outcome
-        };
-        let api = self.reader.api();
-        let (model, model_from_response) = match &s.model {
-            Some(h) => (h.label().to_owned(), s.model_from_response),
-            None => (
-                s.model_label(summary.model.as_deref()),
-                summary.model.is_some(),
-            ),
-        };
-        let code = if s.status == 0 { 502 } else { s.status };
-        let (output, token_source) = self.reader.output();
-        let since = |t: Instant| t.saturating_duration_since(s.start);
-        let f = Finished {
-            model,
-            code,
-            outcome,
-            api,
-            duration: since(now),
-            first_byte: s.first_byte.map(since),
-            first_token: s.first_token.map(since),
-            last_token: s.last_token.map(since),
-            output_tokens: output,
-            token_source,
-            input_tokens: summary.input_tokens,
-            stop: summary.stop,
-            mean_in_flight: match (&s.at_first, &s.at_last) {
-                (Some(a), Some(b)) => Some(a.mean_until(b)),
-                _ => None,
-            },
-            streamed_tokens: s.streamed,
-            max_stall: s.max_stall,
-            first_output: s.first_output,
-            reasoning_tokens: self.reader.reasoning(),
-            cached_input: CachedInput {
-                read: summary.cached_read,
-                write: summary.cached_write,
-            },
-            engine: summary.engine,
-            parse_errors: ParseErrors {
-                line_too_long: self.reader.errors().line_too_long,
-                invalid_json: summary.malformed,
-                content_encoding: u64::from(s.encoded),
-            },
-            slo: None,
-            route: s.route,
-            request_model: s.request.model.clone(),
-            model_from_response,
-            tenant: s.tenant.clone(),
-            ident: s.ident.clone(),
-            gpu_seconds: None,
-            body_bytes: s.request.body_bytes,
-            input_estimated: false,
-            prompt_blocks: None,
-        };
-        // A place among the tokenizing jobs; without one the request keeps the stream's counts
-        // (and its event sizes as the stream gave them).
-        let Some((counting, place)) = self.clock.counting.take().zip(counting::Place::take())
-        else {
-            let transcript = self.reader.take_transcript();
-            self.record(f, Settled::default(), transcript, now, wall);
-            return;
-        };
-        // With a tokenizer the counts are settled first, on the tokenizing threads: tokenizing the
-        // answer never holds up the connection's task. The request has left the gauges above.
-        let token_ids = summary.token_id_tokens.is_some();
-        let transcript = self.reader.take_transcript();
-        place.run(move || {
-            let mut f = f;
-            let mismatches = &self.clock.recorder.mismatches;
-            let settled = counting.settle(&mut f, transcript.as_deref(), token_ids, mismatches);
-            self.record(f, settled, transcript, now, wall);
-        });
-    }
-
-    /// Records `f`, finished at `now`: judged, charged, and handed to every sink. `settled` is
-    /// what a tokenizer learnt of it, `transcript` the text it was counted from.
-    fn record(
-        mut self,
-        f: Finished,
-        settled: Settled,
-        transcript: Option<Box<crate::read::Transcript>>,
-        now: Instant,
-        wall: Option<SystemTime>,
-    ) {
-        let gpu_seconds = self.clock.charge(&f, Instant::now().max(now));
-        let s = &self.clock;
-        let m = &s.recorder.metrics;
-        let counted = self.reader.counted();
-        if f.api != Api::Unknown && f.output_tokens > counted {
-            // The usage report (or the tokenizer) corrects the windowed rate for tokens no
-            // event showed.
-            m.tokens(f.output_tokens - counted, now);
-        }
-        if let Some(h) = &s.model {
-            // Sizes were held back while a tokenizer counts: its sizes where they are the best
-            // known, else the stream's own.
-            match (&settled.per_event, &transcript) {
-                (Some(sizes), _) => h.event_sizes(sizes),
-                (None, Some(t)) => h.event_sizes(&t.sizes),
-                (None, None) => {}
-            }
-        }
-        for c in &settled.checks {
-            m.tokenizer_check(c.direction.as_str(), c.equal);
-        }
-        drop(transcript);
-        let f = Finished {
-            slo: s.judge(&f),
-            gpu_seconds: Some(gpu_seconds),
-            ..f
-        };
-        debug_lines(&f, now, wall, s.last_token);
-        for sink in &s.recorder.sinks {
-            sink.finished(&f, now);
-        }
-    }
-}
-
-/// One `debug` line per request, and one more per decoded request (TTFT, decode time, mean,
-/// band, and the engine's stated parts) so the real-server check can pair each request with
-/// the client's record of it and hold the engine's account against the wire's. Never
-/// the body, the path or headers: only bounded, non-secret facts.
-fn debug_lines(f: &Finished, now: Instant, wall: Option<SystemTime>, last: Option<Instant>) {
-    let trace = f.ident.as_deref().and_then(|i| i.trace.as_ref());
-    tracing::debug!(
-        code = f.code,
-        outcome = f.outcome.as_str(),
-        trace_id = trace.map(|t| crate::context::hex(&t.trace_id)),
-        span_id = trace.and_then(|t| t.span_id).map(|s| crate::context::hex(&s)),
-        api = f.api.as_str(),
-        model = %f.model,
-        duration_ms = f.duration.as_millis() as u64,
-        "request finished"
-    );
-    if f.api == Api::Unknown {
-        return;
-    }
-    let (Some(first), Some(decode), Some(last)) = (f.first_token, f.decode_time(), last) else {
-        return;
-    };
-    let decode = decode.as_secs_f64();
-    if f.output_tokens < 2 || decode <= 0.0 {
-        return;
-    }
-    // `last_token_unix_ms` places the decode window on the wall clock, read beside `now` (the
-    // line's own timestamp comes later, by however long the thread was preempted in between).
-    let last_token_unix_ms = wall
-        .and_then(|w| w.checked_sub(now - last))
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
-    // The engine's stated parts, where its stream stated them (absent fields otherwise).
-    let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1e3);
-    let engine = f.engine.as_ref();
-    tracing::debug!(
-        output = f.output_tokens,
-        ttft_ms = first.as_secs_f64() * 1e3,
-        decode_ms = decode * 1e3,
-        last_token_unix_ms,
-        mean_in_flight = f.mean_in_flight.unwrap_or(1.0),
-        band = f.band(),
-        queue_ms = ms(engine.and_then(|t| t.queue)),
-        model_load_ms = ms(engine.and_then(|t| t.model_load)),
-        prefill_ms = ms(engine.and_then(|t| t.prefill)),
-        generation_ms = ms(engine.and_then(|t| t.generation)),
-        "request decoded"
-    );
-}
-
 // === impl Clock ===
 
 impl Clock {
-    /// The request's SLO result, judged on its record.
-    fn judge(&self, f: &Finished) -> Option<SloResult> {
-        let choice = self.slo.as_ref()?;
-        // A joined WebSocket has no response to time (its upgrade request is a GET anyway).
-        if f.outcome == Outcome::Upgraded {
-            return None;
-        }
-        let two_xx = (200..300).contains(&self.status);
-        let end = match f.outcome {
-            // Gone before any response head (status 0), or from a 2xx response.
-            Outcome::ClientDisconnect if self.status == 0 || two_xx => slo::End::ClientDisconnect,
-            Outcome::Complete if two_xx => slo::End::Complete,
-            // Upstream errors, timeouts, refusals and every non-2xx answer.
-            _ => slo::End::Failed,
-        };
-        // A burst has no speed to judge: its tokens/s target is not missed, nor met by it.
-        let decode_tps = f.tokens_per_second();
-        let obs = slo::Observation {
-            ttft: f.first_token,
-            decode_tps,
-            elapsed: f.duration,
-            end,
-        };
-        // With a decode window, the band of tokenmeter_request_tokens_per_second; else the
-        // mean in flight over the request's life, so a request that queued at high load is
-        // not placed in band 1.
-        let band = if decode_tps.is_some() {
-            f.band()
-        } else {
-            let life = self
-                .at_leave
-                .map_or(1.0, |end| self.at_start.mean_until(&end));
-            concurrency_band(life.max(1.0))
-        };
-        Some(SloResult {
-            class: Arc::clone(&choice.class),
-            verdict: slo::judge(&choice.targets, &obs),
-            band,
-        })
-    }
-
     /// The `model` label: the name the stream gave (by its first token, when called then), else
     /// the request's.
     fn model_label(&self, named: Option<&str>) -> String {
@@ -847,29 +390,6 @@ impl Clock {
             let decoding = rec.metrics.decoding() as f64;
             self.gaps.on_tokens(c.as_ref(), tokens, decoding, now);
         }
-    }
-
-    /// The request's charge of GPU time, once it has left (`crate::cost`): its share of the
-    /// time it was in flight, its prefill settled to the prompt its record states.
-    fn charge(&mut self, f: &Finished, now: Instant) -> GpuSeconds {
-        let Some(held) = self.share.take() else {
-            return GpuSeconds::default();
-        };
-        if f.outcome == Outcome::UpstreamError && !self.answered {
-            // The upstream could not be reached (or failed before it answered): the engine
-            // never ran it, so its time in flight is idle, not a charge to `model="unknown"`.
-            self.recorder.ledger.void(held, now);
-            return GpuSeconds::default();
-        }
-        let prompt = f.input_tokens.map(|input| Prompt {
-            tokens: intake::whole_prompt(f, input),
-            uncached: intake::uncached_prompt(f).unwrap_or(input),
-        });
-        let labels = || Labels {
-            model: f.model.clone(),
-            tenant: f.tenant.clone(),
-        };
-        self.recorder.ledger.charge(held, prompt, now, labels)
     }
 
     /// The prompt's tokens as the tokenizer counted them, once it has (`--tokenizer`).

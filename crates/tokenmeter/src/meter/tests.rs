@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::exposition::Scrape;
-use crate::metrics::MetricsConfig;
+use crate::metrics::{Metrics, MetricsConfig};
 
 fn recorder() -> Arc<Recorder> {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
