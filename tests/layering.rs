@@ -31,6 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Leaves: they import nothing of the crate.
     ("units", &[]),
     ("quantile", &[]),
+    ("rng", &[]),
     ("host", &[]),
     ("signal", &[]),
     ("ratelog", &[]),
@@ -61,7 +62,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("record", &["context", "cost", "protocol", "slo"]),
     // The capacity model takes each class's targets from the SLO class table, and is one of the
     // record's sinks: a finished request joins its mix.
-    ("capacity", &["cost", "protocol", "record", "slo", "units"]),
+    (
+        "capacity",
+        &[
+            "cost", "protocol", "quantile", "record", "rng", "slo", "units",
+        ],
+    ),
     // The engine's own view: read over the upstream's TLS settings, parsed with `exposition`,
     // its cache size handed to the capacity model.
     (
@@ -113,7 +119,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "admin", "drain", "metrics", "proxy", "ratelog", "tls", "ui", "units",
+            "admin", "drain", "error", "metrics", "proxy", "ratelog", "tls", "ui", "units",
         ],
     ),
     // The validated configuration: each subsystem's settings (tokenmeter-flags fills it).
@@ -151,6 +157,11 @@ const KNOWN_CYCLES: &[(&[&str], &str)] = &[
         "`impl Metrics` split by concern (the per-event handles, a finished record's \
          observations, each naming scheme's families) over the struct's private fields and \
          mod.rs's registration helpers",
+    ),
+    (
+        &["meter", "meter::recorder"],
+        "the recorder builds mod.rs's private request state when it puts a request in flight, \
+         and that state holds the recorder; undone by moving the state to a file of its own",
     ),
     (
         &[
