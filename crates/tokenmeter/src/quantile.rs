@@ -1,6 +1,8 @@
-//! A quantile read out of a Prometheus histogram's cumulative buckets, exactly as PromQL's
-//! `histogram_quantile` reads it, so the page's figures and a dashboard's agree. A leaf: it
-//! imports nothing of the crate; the page (`ui`) and the tools (`tools::exposition`) share it.
+//! Quantiles, in the two ways the crate reads them. Out of a Prometheus histogram's cumulative
+//! buckets, exactly as PromQL's `histogram_quantile` reads it, so the page's figures and a
+//! dashboard's agree; and of a sorted list by nearest rank, as the capacity model's replay and
+//! its check read their samples. A leaf: it imports nothing of the crate; the page (`ui`), the
+//! capacity model and the tools (`tools::exposition`) share it.
 
 /// The `q`-quantile of cumulative buckets `(le, count)` (ascending), interpolated linearly
 /// inside its bucket as PromQL's `histogram_quantile` does: the first bucket starts at 0, and a
@@ -25,6 +27,16 @@ pub fn histogram_quantile(q: f64, cumulative: &[(f64, f64)]) -> Option<(f64, (f6
         lower = (le, cum);
     }
     None
+}
+
+/// The `q`-quantile of `sorted` (ascending) by nearest rank: the smallest value with at least
+/// a share `q` of the list at or below it; `None` for an empty list.
+pub fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 #[cfg(test)]

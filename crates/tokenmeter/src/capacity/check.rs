@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::replay::{self, Arrival, Engine, Job};
 use super::workload::Request;
+use crate::quantile::nearest_rank;
 
 /// The requests compared: those that finished within the last minute, the same minute the
 /// concurrency is the mean of.
@@ -124,14 +125,6 @@ fn arrivals(recent: &[Request], measured: impl Fn(&Request) -> bool) -> Vec<Arri
             measured: measured(r),
         })
         .collect()
-}
-
-fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 #[cfg(test)]

@@ -36,6 +36,8 @@ use super::context::ContextTerm;
 use super::memory::Memory;
 use super::summary::MAX_CONCURRENCY;
 pub use super::workload::Job;
+use crate::quantile::nearest_rank;
+use crate::rng::SplitMix64;
 
 /// Requests measured per replay, after the warm-up: enough for a stable 0.99 quantile.
 pub const MEASURED: usize = 400;
@@ -108,7 +110,7 @@ pub struct Replayed {
 impl Replayed {
     /// The `q` quantile of the TTFTs (nearest rank); `None` with no request measured.
     pub fn ttft_quantile(&self, q: f64) -> Option<f64> {
-        quantile(&self.ttft, q)
+        nearest_rank(&self.ttft, q)
     }
 
     /// The share of measured requests whose TTFT is at most `ttft` and whose decode speed
@@ -126,36 +128,6 @@ impl Replayed {
         // The two are measured on the same requests; the product is exact when they are
         // independent and errs low otherwise, which errs towards a smaller limit.
         ttft_ok * tps_ok
-    }
-}
-
-fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
-
-/// SplitMix64: a tiny, well-mixed generator; the replay needs reproducible draws, not secrecy.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
     }
 }
 
@@ -259,7 +231,7 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
         .max_num_seqs
         .is_some_and(|n| (n as usize) <= MAX_CONCURRENCY);
     let mut free = memory.blocks().unwrap_or(u64::MAX);
-    let mut rng = Rng(SEED);
+    let mut rng = SplitMix64::new(SEED);
     let fit = |j: Job| {
         let (uncached, output) = match cache {
             Some(c) => {
@@ -271,7 +243,7 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
         };
         Job { uncached, output }
     };
-    let draw = |rng: &mut Rng| fit(jobs[rng.below(jobs.len())]);
+    let draw = |rng: &mut SplitMix64| fit(jobs[rng.below(jobs.len() as u64) as usize]);
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut running: Vec<Running> = Vec::new();
     // How many measured requests end the replay: a fixed number, or every measured one of a
@@ -343,7 +315,7 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
             }
             waiting.push_back(Waiting::new(next_arrival, job, measured));
             if recorded.is_empty() {
-                next_arrival -= rng.unit().ln() / rate;
+                next_arrival -= rng.unit_open().ln() / rate;
             } else {
                 next_recorded += 1;
                 next_arrival = recorded
@@ -482,7 +454,7 @@ fn simulate(engine: &Engine, jobs: &[Job], load: Load, recorded: &[Arrival]) -> 
                 // The client's turnaround (reading the end, sending the next request) is a
                 // moment, but not always the same one: drawn within one decode step, it lets
                 // clients that end near each other meet in one admission, as real ones do.
-                let turnaround = rng.unit() * TURNAROUND * (engine.base + engine.per_seq);
+                let turnaround = rng.unit_open() * TURNAROUND * (engine.base + engine.per_seq);
                 waiting.push_back(Waiting::new(end + turnaround, draw(&mut rng), measured));
             }
         }

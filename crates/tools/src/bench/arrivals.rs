@@ -8,11 +8,13 @@
 
 use std::time::Duration;
 
+use tokenmeter::rng::SplitMix64;
+
 /// The seeded offsets (from the level's start) at which requests are due, ascending, without
 /// end.
 #[derive(Debug, Clone)]
 pub struct Arrivals {
-    state: u64,
+    rng: SplitMix64,
     /// Mean gap, seconds.
     mean_gap: f64,
     /// The current offset, seconds.
@@ -24,24 +26,15 @@ impl Arrivals {
     /// the seed, so each level has its own arrivals whatever the levels around it.
     pub fn new(rate: f64, seed: u64) -> Arrivals {
         Arrivals {
-            state: seed ^ rate.to_bits().rotate_left(17),
+            rng: SplitMix64::new(seed ^ rate.to_bits().rotate_left(17)),
             mean_gap: 1.0 / rate,
             at: 0.0,
         }
     }
 
-    /// splitmix64: a well-mixed 64-bit stream from any seed, zero included.
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
     /// The next gap, seconds: `-ln(1 - u) x mean` for `u` uniform in [0, 1).
     fn gap(&mut self) -> f64 {
-        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let u = self.rng.unit();
         -(1.0 - u).ln() * self.mean_gap
     }
 }

@@ -74,12 +74,10 @@ struct WordStream(u64);
 
 impl WordStream {
     fn new(seed: u64, purpose: Purpose, n: u64) -> WordStream {
-        let mut z = seed
+        let z = seed
             ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ (purpose as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        WordStream((z ^ (z >> 31)) | 1)
+        WordStream(tokenmeter::rng::mix(z) | 1)
     }
 
     fn next_word(&mut self) -> &'static str {

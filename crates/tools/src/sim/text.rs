@@ -8,34 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and good enough to pick words and lengths.
-/// Not for anything that needs unpredictability.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `lo..=hi` (`lo` when the range is empty).
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            return lo;
-        }
-        let span = hi - lo + 1;
-        // The modulo bias is below 2^-40 for any span we use: irrelevant here.
-        lo + self.next_u64() % span
-    }
-}
+/// The simulator's seeded generator: the crate's SplitMix64, good enough to pick words and
+/// lengths, and reproducible from a request's seed.
+pub use tokenmeter::rng::SplitMix64 as Rng;
 
 /// FNV-1a, for folding a request's text into its seed.
 #[derive(Debug, Clone, Copy)]
