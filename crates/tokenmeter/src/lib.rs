@@ -12,7 +12,8 @@
 //!   `--max-connections`), drains on shutdown; [`drain`] is what a request sees of the drain,
 //!   [`tls`] both sides' TLS.
 //! - [`proxy`]: the request path as a tower stack, [`proxy::stack`]: [`proxy::metering`] (one
-//!   meter per request from its head, recorded once; the tap), [`proxy::admission`] (a place
+//!   meter per request from its head, recorded once; the tap), [`proxy::upgrades`] (the
+//!   client's half of a WebSocket upgrade, joined to the upstream's), [`proxy::admission`] (a place
 //!   under `--max-in-flight`, [`overload`], or a 503 at once), [`proxy::inspect`] (the request
 //!   body, the model; the meter is sent), [`proxy::timeout`] (the response head's deadline),
 //!   [`proxy::upstream`] (the pooled client).
@@ -39,6 +40,8 @@
 //! - [`capacity`]: the live capacity model fitted from the stream's own timing; [`replicas`]:
 //!   how many engines it is spread over (`--replicas auto` counts the upstream's addresses).
 //! - [`gpus`]: how many GPUs are behind the proxy (`--gpus auto`), and where that came from.
+//! - [`cost`]: who pays for the GPU: each moment's GPU time split among the requests in flight
+//!   as it is spent, and idle, in books that add up to `--gpus` x uptime.
 //! - [`engine`]: the engine's own view of itself (`--engine-metrics`): its KV cache, queue and
 //!   preemptions, read from its metrics off the request path, with [`exposition`].
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz` on the metrics listener; [`ui`]: the page there.
@@ -53,7 +56,8 @@
 //! - [`config`]: the validated configuration, each subsystem's settings ([`config::Config`]).
 //! - [`host`]: what configuration reads from the machine (environment, files), behind a trait.
 //! - [`signal`]: SIGTERM / Ctrl-C as a future. [`ratelog`]: log lines rate-limited per cause.
-//! - [`units`] (durations), [`quantile`] (PromQL's `histogram_quantile`) and [`error`] (the
+//! - [`units`] (durations), [`quantile`] (PromQL's `histogram_quantile`, and nearest rank),
+//!   [`rng`] (the seeded SplitMix64 the replay and the tools draw from) and [`error`] (the
 //!   boxed error): leaves that import nothing of the crate.
 //!
 //! **Beside the product**, in crates of their own: the command line (`tokenmeter-flags`: the
@@ -105,5 +109,6 @@ pub mod logfile;
 pub mod quantile;
 pub mod ratelog;
 pub mod reqlog;
+pub mod rng;
 pub mod signal;
 pub mod units;

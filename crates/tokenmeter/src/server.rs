@@ -35,6 +35,7 @@ use tower::ServiceExt;
 
 use crate::admin::{self, Readiness};
 use crate::drain::{Connections, Drain, Held};
+use crate::error::BoxError;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyBody};
 use crate::ratelog::{RateLimited, LOG_PERIOD};
@@ -356,8 +357,6 @@ fn ended(res: Result<(), BoxError>, metrics: &Metrics) {
         tracing::debug!(error = %e, "client connection ended with an error");
     }
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// hyper's connection for `io`: HTTP/1.1 (upgrades on) or HTTP/2 by `version`, hyper-util's
 /// `auto` connection when that is not known yet ([`version`] says why it is decided first).

@@ -114,7 +114,7 @@ impl Memory {
     /// client is full only at moments, which the engine absorbs with a preemption near the
     /// end of someone's answer and no missed first token. Against the simulator
     /// (`tests/it/memory_capacity.rs`: 3.9 clients' worth, four met a 1 s TTFT with
-    /// preemptions, six did not) and against vLLM (issue 38's case: 3.6 clients' worth, four
+    /// preemptions, six did not) and against vLLM (a CPU vLLM here: 3.6 clients' worth, four
     /// met the class, six did not) rounding down answers one client short of the edge.
     pub fn kv_limit(&self, mix: impl IntoIterator<Item = (u32, u32)>) -> Option<u32> {
         let blocks = self.blocks()? as f64;

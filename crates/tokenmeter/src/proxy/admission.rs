@@ -1,5 +1,5 @@
-//! Admission, the layer under metering: a request is proxied only with a place under
-//! `--max-in-flight` ([`crate::overload`]).
+//! Admission, the layer under upgrades (metering, then upgrades, then this): a request is
+//! proxied only with a place under `--max-in-flight` ([`crate::overload`]).
 //!
 //! The place is taken when the request head arrives and kept in the response body
 //! ([`Admitted`]), so a stream counts until its body ends, fails or is dropped, not merely until

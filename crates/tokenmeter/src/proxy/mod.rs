@@ -203,10 +203,6 @@ impl ProxyError {
 }
 
 /// An OpenAI-style JSON error, so SDKs show the message.
-pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
-    json_response(status, &error_body(status, kind, message))
-}
-
 fn error_body(status: StatusCode, kind: &str, message: &str) -> serde_json::Value {
     serde_json::json!({
         "error": {"message": message, "type": kind, "code": status.as_u16(), "source": "tokenmeter"}

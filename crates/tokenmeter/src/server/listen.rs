@@ -41,11 +41,6 @@ pub fn kernel_cap() -> Option<u32> {
     std::fs::read_to_string(SOMAXCONN).ok()?.trim().parse().ok()
 }
 
-/// The backlog a listener bound with `asked` actually gets.
-pub fn effective(asked: u32) -> u32 {
-    kernel_cap().map_or(asked, |cap| cap.min(asked))
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::settings::DEFAULT_LISTEN_BACKLOG as DEFAULT_BACKLOG;
@@ -75,7 +70,9 @@ mod tests {
             eprintln!("SKIP: `ss` (iproute2) is not installed; the backlog is not read back");
             return;
         };
-        assert_eq!(granted, effective(DEFAULT_BACKLOG));
+        // What it gets: what was asked, up to the kernel's cap.
+        let effective = kernel_cap().map_or(DEFAULT_BACKLOG, |cap| cap.min(DEFAULT_BACKLOG));
+        assert_eq!(granted, effective);
         // tokio's own bind gets 128: this is what the function is for.
         let plain = TcpListener::bind(loopback).await.expect("bind");
         let port = plain.local_addr().expect("bound").port();

@@ -70,6 +70,7 @@ impl Ui {
     }
 
     /// A page over any registry with tokenmeter's family names (tests and benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn from_registry(registry: Registry, period: Duration, rate_window: Duration) -> Ui {
         Ui::from_reader(
             move || Reading::from_families(&registry.gather()),
