@@ -151,7 +151,7 @@ fn engine_reader(
     };
     let observed = Arc::new(engine::observed::Observed::default());
     metrics.export_engine_view(Arc::clone(&observed))?;
-    let reader = engine::reader::Reader::new(
+    let reader = engine::reader::EngineReader::new(
         url,
         cfg.engine_metrics == engine::Setting::Auto,
         client_tls,

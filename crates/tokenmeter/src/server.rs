@@ -51,7 +51,7 @@ mod version;
 use admin_cap::{AdminCap, Admitted};
 use head::HeadTimer;
 pub use settings::Settings;
-use version::Version;
+use version::ClientVersion;
 
 /// Why a listener could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -297,7 +297,7 @@ async fn handshake(
     tcp: TcpStream,
     tls: Option<&ServerTls>,
     deadline: Instant,
-) -> Option<(TokioIo<Stream>, Version)> {
+) -> Option<(TokioIo<Stream>, ClientVersion)> {
     // Small SSE writes must leave at once.
     let _ = tcp.set_nodelay(true);
     let (stream, version) = match tls {
@@ -364,7 +364,7 @@ fn ended(res: Result<(), BoxError>, metrics: &Metrics) {
 /// request path (tower's one-shot call) and the drain's handle for an upgrade to hold.
 fn connection(
     io: TokioIo<Stream>,
-    version: Version,
+    version: ClientVersion,
     c: Arc<Serving>,
     draining: bool,
     accepted: Instant,
@@ -377,15 +377,15 @@ fn connection(
         b
     };
     match version {
-        Version::Http1 => Served::Http1(
+        ClientVersion::Http1 => Served::Http1(
             http1()
                 .serve_connection(io, Requests(Arc::clone(&c)))
                 .with_upgrades(),
         ),
-        Version::Http2 => Served::Http2(Box::pin(
+        ClientVersion::Http2 => Served::Http2(Box::pin(
             http2::builder().serve_connection(io, Requests(Arc::clone(&c))),
         )),
-        Version::Unknown => {
+        ClientVersion::Unknown => {
             // The same settings as above, on `auto`'s own builders (hyper-util takes no hyper
             // builder in).
             let mut builder = auto::Builder::new(TokioExecutor::new());

@@ -21,7 +21,7 @@
 //! (epoch milliseconds, long past) replays from its start. Lines may be out of order by up to
 //! [`REORDER_LINES`] lines (tokenmeter writes a request that outlived its reordering hold after
 //! later arrivals); they come out sorted. A line later than that window is given out when read,
-//! at its own time, which has then passed: the replay sends it at once, and [`Reader::late`]
+//! at its own time, which has then passed: the replay sends it at once, and [`TraceReader::late`]
 //! counts it.
 
 use std::cmp::Reverse;
@@ -85,7 +85,7 @@ pub enum TraceError {
 }
 
 /// A trace being read: an iterator of its requests in time order.
-pub struct Reader {
+pub struct TraceReader {
     path: PathBuf,
     lines: Box<dyn BufRead + Send>,
     line: u64,
@@ -120,20 +120,20 @@ impl Ord for Held {
     }
 }
 
-impl Reader {
+impl TraceReader {
     /// Opens `path`; `limit` stops after that many requests.
-    pub fn open(path: &Path, limit: Option<u64>) -> Result<Reader, TraceError> {
+    pub fn open(path: &Path, limit: Option<u64>) -> Result<TraceReader, TraceError> {
         let file = File::open(path).map_err(|source| TraceError::Open {
             path: path.to_path_buf(),
             source,
         })?;
-        Ok(Reader::new(path, BufReader::new(file), limit))
+        Ok(TraceReader::new(path, BufReader::new(file), limit))
     }
 
     /// Reads a trace from any reader; `path` names it in errors. Sendable, so that a replay
     /// can read on a thread of its own.
-    pub fn new(path: &Path, read: impl Read + Send + 'static, limit: Option<u64>) -> Reader {
-        Reader {
+    pub fn new(path: &Path, read: impl Read + Send + 'static, limit: Option<u64>) -> TraceReader {
+        TraceReader {
             path: path.to_path_buf(),
             lines: Box::new(BufReader::new(read)),
             line: 0,
@@ -155,7 +155,7 @@ impl Reader {
 
     /// Reads every request (at most `limit`) into memory: for a caller that needs them all.
     pub fn read_all(path: &Path, limit: Option<u64>) -> Result<Vec<Request>, TraceError> {
-        let all = Reader::open(path, limit)?.collect::<Result<Vec<_>, _>>()?;
+        let all = TraceReader::open(path, limit)?.collect::<Result<Vec<_>, _>>()?;
         if all.is_empty() {
             return Err(TraceError::Empty {
                 path: path.to_path_buf(),
@@ -215,7 +215,7 @@ impl Reader {
     }
 }
 
-impl Iterator for Reader {
+impl Iterator for TraceReader {
     type Item = Result<Request, TraceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -305,7 +305,7 @@ mod tests {
     use super::*;
 
     fn read(text: &str) -> Vec<Result<Request, String>> {
-        Reader::new(Path::new("t.jsonl"), io::Cursor::new(text.to_owned()), None)
+        TraceReader::new(Path::new("t.jsonl"), io::Cursor::new(text.to_owned()), None)
             .map(|r| r.map_err(|e| e.to_string()))
             .collect()
     }
@@ -354,7 +354,7 @@ mod tests {
             ));
         }
         text.push_str("{\"timestamp\": 5, \"input_length\": 9, \"output_length\": 1}\n");
-        let mut r = Reader::new(Path::new("t"), io::Cursor::new(text), None);
+        let mut r = TraceReader::new(Path::new("t"), io::Cursor::new(text), None);
         let all: Vec<Request> = r.by_ref().map(|x| x.expect("ok")).collect();
         assert_eq!(r.late(), 1);
         assert_eq!(all.len(), REORDER_LINES + 11);
@@ -420,7 +420,7 @@ mod tests {
     fn a_huge_line_is_refused_without_reading_it_whole() {
         // An endless line without a newline: the reader stops past the limit.
         let endless = io::repeat(b'x').take(64 << 20);
-        let mut r = Reader::new(Path::new("big"), endless, None);
+        let mut r = TraceReader::new(Path::new("big"), endless, None);
         let err = r.next().expect("an item").expect_err("too long");
         assert!(err.to_string().contains("longer than"), "{err}");
         assert!(r.next().is_none());
@@ -434,10 +434,10 @@ mod tests {
                 "{{\"timestamp\": {i}, \"input_length\": 1, \"output_length\": 1}}\n"
             ));
         }
-        let r = Reader::new(Path::new("t"), io::Cursor::new(text), Some(7));
+        let r = TraceReader::new(Path::new("t"), io::Cursor::new(text), Some(7));
         assert_eq!(r.count(), 7);
         assert!(matches!(
-            Reader::read_all(Path::new("/nonexistent/trace"), None),
+            TraceReader::read_all(Path::new("/nonexistent/trace"), None),
             Err(TraceError::Open { .. })
         ));
     }

@@ -40,7 +40,7 @@ pub const QUANTILE: f64 = 0.05;
 
 /// Where the waits came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub enum PrefillSource {
     /// The engine's stated prefill times (`--enable-per-request-metrics` and the like).
     Stated,
     /// The proxy's TTFT.
@@ -49,12 +49,12 @@ pub enum Source {
     None,
 }
 
-impl Source {
+impl PrefillSource {
     pub fn as_str(self) -> &'static str {
         match self {
-            Source::Stated => "stated",
-            Source::Wire => "wire",
-            Source::None => "none",
+            PrefillSource::Stated => "stated",
+            PrefillSource::Wire => "wire",
+            PrefillSource::None => "none",
         }
     }
 }
@@ -65,7 +65,7 @@ pub struct PrefillFit {
     pub per_token: f64,
     /// Groups (steps) the cost was read from.
     pub samples: usize,
-    pub source: Source,
+    pub source: PrefillSource,
 }
 
 /// First tokens this close together (seconds) came from one step: a fraction of the shortest
@@ -123,7 +123,7 @@ pub fn fit_at_least(
         return Some(PrefillFit {
             per_token: 0.0,
             samples: 0,
-            source: Source::None,
+            source: PrefillSource::None,
         });
     }
     let members = long.iter().map(Vec::len).sum::<usize>();
@@ -133,9 +133,9 @@ pub fn fit_at_least(
         .filter(|&&i| requests[i].stated_prefill.is_some())
         .count();
     let source = if 2 * stated >= members {
-        Source::Stated
+        PrefillSource::Stated
     } else {
-        Source::Wire
+        PrefillSource::Wire
     };
     let mut per_token: Vec<f64> = long
         .iter()
@@ -147,7 +147,7 @@ pub fn fit_at_least(
             let seen = of().filter_map(|r| r.batch).fold(0.0, f64::max);
             let batch = seen.max(g.len() as f64);
             let wait = match source {
-                Source::Stated => of().filter_map(|r| r.stated_prefill).reduce(f64::min)?,
+                PrefillSource::Stated => of().filter_map(|r| r.stated_prefill).reduce(f64::min)?,
                 _ => {
                     let first = of().filter_map(Request::first_token).min()?;
                     let start = of()
@@ -216,7 +216,7 @@ mod tests {
             })
             .collect();
         let f = fit(&rs, flat).expect("a fit");
-        assert_eq!(f.source, Source::Wire);
+        assert_eq!(f.source, PrefillSource::Wire);
         assert!((f.per_token - 0.0002).abs() < 1e-9, "{f:?}");
     }
 
@@ -236,7 +236,7 @@ mod tests {
             .collect();
         rs.extend((0..9).map(|i| req(11 + i, 2000, 0, 0.41 + 0.4 * f64::from(i + 1), None)));
         let f = fit(&rs, flat).expect("a fit");
-        assert_eq!((f.samples, f.source), (20, Source::Wire));
+        assert_eq!((f.samples, f.source), (20, PrefillSource::Wire));
         assert!((f.per_token - 0.0002).abs() < 1e-9, "{f:?}");
     }
 
@@ -248,7 +248,7 @@ mod tests {
             .map(|i| req(i, 3000, 2000, 1.25, Some(0.25)))
             .collect();
         let f = fit(&rs, flat).expect("a fit");
-        assert_eq!(f.source, Source::Stated);
+        assert_eq!(f.source, PrefillSource::Stated);
         assert!((f.per_token - 0.00024).abs() < 1e-9, "{f:?}");
     }
 
@@ -256,7 +256,7 @@ mod tests {
     fn short_prompts_leave_prefill_free_and_few_long_ones_wait() {
         let short: Vec<Request> = (0..50).map(|i| req(i, 20, 0, 0.02, None)).collect();
         let f = fit(&short, flat).expect("a fit");
-        assert_eq!((f.per_token, f.source), (0.0, Source::None));
+        assert_eq!((f.per_token, f.source), (0.0, PrefillSource::None));
         let few: Vec<Request> = (0..3).map(|i| req(i, 500, 0, 0.2, None)).collect();
         assert_eq!(fit(&few, flat), None);
     }
@@ -300,7 +300,7 @@ mod tests {
         }
         assert_eq!(steps(&rs, group_tolerance(sim_step(1.0))).len(), 20);
         let f = fit(&rs, sim_step).expect("a fit");
-        assert_eq!((f.samples, f.source), (20, Source::Wire));
+        assert_eq!((f.samples, f.source), (20, PrefillSource::Wire));
         assert!((f.per_token / 0.000_05 - 1.0).abs() < 0.1, "{f:?}");
     }
 

@@ -109,7 +109,7 @@ pub struct Held {
 
 /// The books at one instant, in GPU-seconds since the proxy started.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Totals {
+pub struct Balance {
     /// `--gpus` x the wall time.
     pub wall: f64,
     /// Time with no request in flight on an engine.
@@ -405,12 +405,12 @@ impl Ledger {
     }
 
     /// The books at `now`.
-    pub fn totals(&self, now: Instant) -> Totals {
+    pub fn totals(&self, now: Instant) -> Balance {
         let at = self.secs(now);
         let mut b = self.books();
         b.advance(self.gpus, at);
         let wall = self.gpus * b.at;
-        Totals {
+        Balance {
             wall,
             idle: b.idle,
             charged: b.charged,

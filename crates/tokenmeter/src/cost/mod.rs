@@ -26,6 +26,6 @@ pub mod ledger;
 pub mod rates;
 pub mod seconds;
 
-pub use ledger::{Book, Held, Labels, Ledger, Prompt, Ticket, Totals};
+pub use ledger::{Balance, Book, Held, Labels, Ledger, Prompt, Ticket};
 pub use rates::{Rates, Step};
 pub use seconds::GpuSeconds;

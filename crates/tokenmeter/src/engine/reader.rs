@@ -48,7 +48,7 @@ pub const STALE_AFTER: u32 = 3;
 pub const AUTO_RETRY: Duration = Duration::from_secs(60);
 
 /// The task's state.
-pub struct Reader {
+pub struct EngineReader {
     url: Uri,
     auto: bool,
     client: Client<Connector, Empty<Bytes>>,
@@ -60,7 +60,7 @@ pub struct Reader {
     recognised: Option<Box<dyn Fn(Dialect) + Send + Sync>>,
 }
 
-impl Reader {
+impl EngineReader {
     /// Reads `url` (`auto`: the upstream's own page, found by `--engine-metrics auto`).
     pub fn new(
         url: Uri,
@@ -73,7 +73,7 @@ impl Reader {
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(1)
             .build(tls.connector(Alpn::Http1, Some(TIMEOUT)));
-        Reader {
+        EngineReader {
             url,
             auto,
             client,

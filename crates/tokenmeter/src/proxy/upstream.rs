@@ -10,7 +10,7 @@
 //! upstream whose certificate expired fails every request the same way.
 //!
 //! Each HTTP version has a client of its own over its own [`Connector`] (`http://` or `https://`,
-//! within `--connect-timeout`), and [`Choice`] names the one requests go to, once for the
+//! within `--connect-timeout`), and [`VersionChoice`] names the one requests go to, once for the
 //! process ([`super::version`]: `http://` is HTTP/1.1, `--upstream-http2` HTTP/2, `https://`
 //! what ALPN settles on the first connection). An upgrade request
 //! ([`crate::upgrade::requested`]) keeps `Connection: upgrade` and `Upgrade`, and goes over a
@@ -40,7 +40,7 @@ use tower::Service;
 
 use super::pool::{Pool, PooledBody};
 use super::settings::{Settings, Target};
-use super::version::{Choice, Version};
+use super::version::{UpstreamVersion, VersionChoice};
 use super::{BoxFuture, ProxyBody, ProxyError};
 use crate::error::BoxError;
 use crate::ratelog::RateLimited;
@@ -63,7 +63,7 @@ struct Shared {
     /// returns to a pool).
     upgrades: Client<Connector, ProxyBody>,
     /// Which of `http1` and `http2` the other requests go to.
-    version: Choice,
+    version: VersionChoice,
     target: Target,
     failures: Arc<RateLimited<Failure>>,
 }
@@ -95,11 +95,11 @@ impl Upstream {
         };
         let origin = cfg.upstream.origin.clone();
         let version = if cfg.upstream_http2 {
-            Choice::fixed(Version::Http2)
+            VersionChoice::fixed(UpstreamVersion::Http2)
         } else if cfg.upstream.is_https() {
-            Choice::by_alpn(connector(Alpn::Negotiate), origin.clone())
+            VersionChoice::by_alpn(connector(Alpn::Negotiate), origin.clone())
         } else {
-            Choice::fixed(Version::Http1)
+            VersionChoice::fixed(UpstreamVersion::Http1)
         };
         Upstream(Arc::new(Shared {
             http1: Pool::new(origin, connector(Alpn::Http1), cfg.pool_idle_timeout),
@@ -139,14 +139,16 @@ impl Shared {
         req: Request<ProxyBody>,
     ) -> BoxFuture<Result<Response<UpstreamBody>, BoxError>> {
         match self.version.settled() {
-            Some(Version::Http1) => pooled(&self.http1, req, None),
-            Some(Version::Http2) => client_request(&self.http2, in_http2(req)),
+            Some(UpstreamVersion::Http1) => pooled(&self.http1, req, None),
+            Some(UpstreamVersion::Http2) => client_request(&self.http2, in_http2(req)),
             None => {
                 let up = Arc::clone(self);
                 Box::pin(async move {
                     match up.version.get().await? {
-                        (Version::Http1, first) => pooled(&up.http1, req, first).await,
-                        (Version::Http2, _) => client_request(&up.http2, in_http2(req)).await,
+                        (UpstreamVersion::Http1, first) => pooled(&up.http1, req, first).await,
+                        (UpstreamVersion::Http2, _) => {
+                            client_request(&up.http2, in_http2(req)).await
+                        }
                     }
                 })
             }
@@ -368,8 +370,8 @@ mod tests {
             let out = up.0.rewrite(req, None).expect("rewritten");
             // As `Shared::send` sends it: in the version the settings fixed.
             let out = match up.0.version.get().await.expect("fixed") {
-                (Version::Http1, _) => out,
-                (Version::Http2, _) => in_http2(out),
+                (UpstreamVersion::Http1, _) => out,
+                (UpstreamVersion::Http2, _) => in_http2(out),
             };
             assert_eq!(
                 out.uri(),

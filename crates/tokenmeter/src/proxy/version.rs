@@ -24,23 +24,23 @@ use crate::tls::client::{Conn, Connector};
 
 /// An HTTP version the upstream is spoken to in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
+pub enum UpstreamVersion {
     Http1,
     Http2,
 }
 
 /// The upstream's version: fixed, or learnt by ALPN on the first connection.
-pub struct Choice {
-    settled: OnceCell<Version>,
+pub struct VersionChoice {
+    settled: OnceCell<UpstreamVersion>,
     /// How the first connection is made when the version is not fixed: a connector offering
     /// both, and the upstream's origin.
     ask: Option<(Connector, http::Uri)>,
 }
 
-impl Choice {
+impl VersionChoice {
     /// A version known from the start.
-    pub fn fixed(version: Version) -> Self {
-        Choice {
+    pub fn fixed(version: UpstreamVersion) -> Self {
+        VersionChoice {
             settled: OnceCell::new_with(Some(version)),
             ask: None,
         }
@@ -48,35 +48,35 @@ impl Choice {
 
     /// A version the first connection's ALPN will tell: `connector` offers `h2` and `http/1.1`.
     pub fn by_alpn(connector: Connector, origin: http::Uri) -> Self {
-        Choice {
+        VersionChoice {
             settled: OnceCell::new(),
             ask: Some((connector, origin)),
         }
     }
 
     /// The version, when it is settled: without waiting, for every request after the first.
-    pub fn settled(&self) -> Option<Version> {
+    pub fn settled(&self) -> Option<UpstreamVersion> {
         self.settled.get().copied()
     }
 
     /// The version, and, to the one caller whose connection just settled it as HTTP/1.1, that
     /// connection, to send its request on. Boxed: a TLS connection is kilobytes, and every
     /// request's future would otherwise hold room for one.
-    pub async fn get(&self) -> Result<(Version, Option<Box<Conn>>), BoxError> {
+    pub async fn get(&self) -> Result<(UpstreamVersion, Option<Box<Conn>>), BoxError> {
         let mut first = None;
         let version = *self
             .settled
             .get_or_try_init(|| async {
                 let Some((connector, origin)) = &self.ask else {
                     // `fixed` set the cell, so a fixed choice never gets here.
-                    return Ok(Version::Http1);
+                    return Ok(UpstreamVersion::Http1);
                 };
                 let io = connector.clone().call(origin.clone()).await?;
                 if io.connected().is_negotiated_h2() {
-                    return Ok(Version::Http2);
+                    return Ok(UpstreamVersion::Http2);
                 }
                 first = Some(Box::new(io));
-                Ok::<_, BoxError>(Version::Http1)
+                Ok::<_, BoxError>(UpstreamVersion::Http1)
             })
             .await?;
         Ok((version, first))
@@ -89,8 +89,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_fixed_version_asks_nobody() {
-        for v in [Version::Http1, Version::Http2] {
-            let (got, first) = Choice::fixed(v).get().await.expect("fixed");
+        for v in [UpstreamVersion::Http1, UpstreamVersion::Http2] {
+            let (got, first) = VersionChoice::fixed(v).get().await.expect("fixed");
             assert_eq!(got, v);
             assert!(first.is_none());
         }

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 /// What a client connection speaks, as far as can be told before reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Version {
+pub enum ClientVersion {
     Http1,
     Http2,
     /// Not known yet: the `auto` connection reads the preface itself.
@@ -31,23 +31,23 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// What a connection's first bytes say: HTTP/1 as soon as they leave the preface (a request
 /// line does by its second byte, by its third for WebDAV's `PROPFIND` and `PROPPATCH`), HTTP/2
 /// once the whole preface is there, unknown while they are a shorter part of it.
-pub fn from_prefix(bytes: &[u8]) -> Version {
+pub fn from_prefix(bytes: &[u8]) -> ClientVersion {
     let n = bytes.len().min(PREFACE.len());
     if bytes[..n] != PREFACE[..n] {
-        Version::Http1
+        ClientVersion::Http1
     } else if n == PREFACE.len() {
-        Version::Http2
+        ClientVersion::Http2
     } else {
-        Version::Unknown
+        ClientVersion::Unknown
     }
 }
 
 /// What the TLS handshake settled: the listener offers `h2` and `http/1.1`.
-pub fn from_alpn(protocol: Option<&[u8]>) -> Version {
+pub fn from_alpn(protocol: Option<&[u8]>) -> ClientVersion {
     match protocol {
-        Some(b"h2") => Version::Http2,
-        Some(b"http/1.1") => Version::Http1,
-        _ => Version::Unknown,
+        Some(b"h2") => ClientVersion::Http2,
+        Some(b"http/1.1") => ClientVersion::Http1,
+        _ => ClientVersion::Unknown,
     }
 }
 
@@ -61,7 +61,7 @@ const PEEK_AGAIN: (Duration, Duration) = (Duration::from_millis(5), Duration::fr
 /// prefix of the preface, is cut like one that sends its head too slowly; hyper-util's `auto`
 /// connection, which would read the version itself, has no timeout of its own). `None` when
 /// the client closed, failed or did not tell in time.
-pub async fn sniff(tcp: &TcpStream, deadline: Instant) -> Option<Version> {
+pub async fn sniff(tcp: &TcpStream, deadline: Instant) -> Option<ClientVersion> {
     let mut first = [0u8; PREFACE.len()];
     let mut wait = PEEK_AGAIN.0;
     loop {
@@ -70,7 +70,7 @@ pub async fn sniff(tcp: &TcpStream, deadline: Instant) -> Option<Version> {
             Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
             Ok(Ok(n)) => from_prefix(&first[..n]),
         };
-        if version != Version::Unknown {
+        if version != ClientVersion::Unknown {
             return Some(version);
         }
         // A peek returns at once while bytes wait: sleep before the next, within the deadline.
@@ -90,12 +90,16 @@ mod tests {
     #[test]
     fn the_preface_is_http2_only_once_whole() {
         for n in 0..PREFACE.len() {
-            assert_eq!(from_prefix(&PREFACE[..n]), Version::Unknown, "{n} bytes");
+            assert_eq!(
+                from_prefix(&PREFACE[..n]),
+                ClientVersion::Unknown,
+                "{n} bytes"
+            );
         }
-        assert_eq!(from_prefix(PREFACE), Version::Http2);
+        assert_eq!(from_prefix(PREFACE), ClientVersion::Http2);
         let mut more = PREFACE.to_vec();
         more.extend_from_slice(b"\x00\x00\x12\x04");
-        assert_eq!(from_prefix(&more), Version::Http2);
+        assert_eq!(from_prefix(&more), ClientVersion::Http2);
     }
 
     #[test]
@@ -113,30 +117,30 @@ mod tests {
         for req in requests {
             // A first byte that is not `P` already decides.
             let first = if req[0] == b'P' {
-                Version::Unknown
+                ClientVersion::Unknown
             } else {
-                Version::Http1
+                ClientVersion::Http1
             };
             assert_eq!(from_prefix(&req[..1]), first, "{:?}", req[0] as char);
             let decided = if req.starts_with(b"PR") { 3 } else { 2 };
             for n in decided..=req.len() {
                 assert_eq!(
                     from_prefix(&req[..n]),
-                    Version::Http1,
+                    ClientVersion::Http1,
                     "{:?}",
                     String::from_utf8_lossy(&req[..n])
                 );
             }
         }
         // TLS bytes on a plain port, or any garbage: HTTP/1, whose parser answers it.
-        assert_eq!(from_prefix(b"\x16\x03\x01\x02\x00"), Version::Http1);
+        assert_eq!(from_prefix(b"\x16\x03\x01\x02\x00"), ClientVersion::Http1);
     }
 
     #[test]
     fn alpn_decides_when_it_settled_a_protocol() {
-        assert_eq!(from_alpn(Some(b"h2")), Version::Http2);
-        assert_eq!(from_alpn(Some(b"http/1.1")), Version::Http1);
-        assert_eq!(from_alpn(None), Version::Unknown);
-        assert_eq!(from_alpn(Some(b"spdy/3")), Version::Unknown);
+        assert_eq!(from_alpn(Some(b"h2")), ClientVersion::Http2);
+        assert_eq!(from_alpn(Some(b"http/1.1")), ClientVersion::Http1);
+        assert_eq!(from_alpn(None), ClientVersion::Unknown);
+        assert_eq!(from_alpn(Some(b"spdy/3")), ClientVersion::Unknown);
     }
 }

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{header, HeaderValue, Response};
 use http_body_util::Full;
-use prometheus::Registry;
 
 pub use history::{History, Point, HISTORY_SPAN, NOW_WINDOW};
 pub use reading::{Hist, Reading};
@@ -71,7 +70,11 @@ impl Ui {
 
     /// A page over any registry with tokenmeter's family names (tests and benchmarks).
     #[cfg(any(test, feature = "testing"))]
-    pub fn from_registry(registry: Registry, period: Duration, rate_window: Duration) -> Ui {
+    pub fn from_registry(
+        registry: prometheus::Registry,
+        period: Duration,
+        rate_window: Duration,
+    ) -> Ui {
         Ui::from_reader(
             move || Reading::from_families(&registry.gather()),
             period,

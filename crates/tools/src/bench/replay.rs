@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use super::load::{Due, Schedule};
 use super::prompt::RequestBuilder;
-use crate::trace::{Reader, Request, TraceError};
+use crate::trace::{Request, TraceError, TraceReader};
 
 /// Requests read and built ahead of their due time. Enough that a burst of that many requests
 /// due at once is sent without waiting for the disk or for prompts to be built; few enough that
@@ -67,7 +67,7 @@ pub struct ReplayCounts {
     /// Asked for no output by the trace: sent with `max_tokens` 1.
     pub zero_output: u64,
     /// Out of order in the file beyond the reader's window, so sent as soon as read
-    /// ([`Reader::late`]).
+    /// ([`TraceReader::late`]).
     pub late_in_trace: u64,
     /// The prompt and output tokens the trace states for them.
     pub input_tokens: u64,
@@ -112,7 +112,7 @@ struct Built {
 
 /// A trace opened to be replayed: its reader, and its first request in hand.
 pub struct Opened {
-    reader: Reader,
+    reader: TraceReader,
     first: Request,
 }
 
@@ -120,11 +120,11 @@ pub struct Opened {
 /// cannot be opened, has no request, or has a bad line among its first
 /// [`REORDER_LINES`](crate::trace::REORDER_LINES) fails here, before anything is sent.
 pub fn open(settings: &ReplaySettings) -> Result<Opened, TraceError> {
-    let reader = Reader::open(&settings.path, settings.max_requests)?;
+    let reader = TraceReader::open(&settings.path, settings.max_requests)?;
     first_of(reader, &settings.path)
 }
 
-fn first_of(mut reader: Reader, path: &std::path::Path) -> Result<Opened, TraceError> {
+fn first_of(mut reader: TraceReader, path: &std::path::Path) -> Result<Opened, TraceError> {
     match reader.next() {
         Some(first) => Ok(Opened {
             first: first?,
@@ -274,7 +274,7 @@ mod tests {
     }
 
     fn opened(text: &str, settings: &ReplaySettings) -> Result<Opened, TraceError> {
-        let reader = Reader::new(
+        let reader = TraceReader::new(
             Path::new("t.jsonl"),
             io::Cursor::new(text.to_owned()),
             settings.max_requests,

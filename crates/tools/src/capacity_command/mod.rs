@@ -1540,7 +1540,7 @@ mod tests {
             })
             .collect();
         let path = Path::new("day.jsonl");
-        let reader = crate::trace::Reader::new(path, std::io::Cursor::new(text), None);
+        let reader = crate::trace::TraceReader::new(path, std::io::Cursor::new(text), None);
         Trace::from_reader(path, reader, whatif::DEFAULT_BLOCK_TOKENS).expect("a trace")
     }
 

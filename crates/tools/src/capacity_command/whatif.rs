@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 use tokenmeter::capacity::replay::{self, Arrival, Engine, Job, Replayed, MAX_WORK};
 use tokenmeter::capacity::{Bound, ClassTargets, Memory};
 
-use crate::trace::{Reader, TraceError};
+use crate::trace::{TraceError, TraceReader};
 
 /// `--max-requests` without the flag. A replay runs at most [`MAX_WORK`] (1.5 million)
 /// sequence-steps, which 20,000 requests of 75 output tokens fill: more would rarely be
@@ -144,14 +144,14 @@ impl Trace {
     /// Reads at most `max_requests` requests of the trace at `path`; `block_tokens` is the size
     /// of its `hash_ids` blocks.
     pub fn read(path: &Path, max_requests: u64, block_tokens: u32) -> Result<Trace, TraceError> {
-        let reader = Reader::open(path, Some(max_requests))?;
+        let reader = TraceReader::open(path, Some(max_requests))?;
         Trace::from_reader(path, reader, block_tokens)
     }
 
     /// The requests `reader` gives, each with the prompt tokens of its blocks seen before.
     pub fn from_reader(
         path: &Path,
-        mut reader: Reader,
+        mut reader: TraceReader,
         block_tokens: u32,
     ) -> Result<Trace, TraceError> {
         let mut seen = HashSet::new();

@@ -215,7 +215,7 @@ impl<'a> JsonRow<'a> {
 
 /// The json's totals: the rows added up, and the time nobody was charged for.
 #[derive(Debug, Serialize)]
-struct Totals {
+struct Sums {
     prefill_gpu_seconds: f64,
     decode_gpu_seconds: f64,
     gpu_seconds: f64,
@@ -238,7 +238,7 @@ struct Bill<'a> {
     start: Option<String>,
     end: String,
     rows: Vec<JsonRow<'a>>,
-    totals: Totals,
+    totals: Sums,
 }
 
 /// The split as one json object, with a line break after it.
@@ -254,7 +254,7 @@ pub fn json(split: &Split, period: &Period) -> String {
             .iter()
             .map(|((tenant, model), r)| JsonRow::new(split, tenant, model, r))
             .collect(),
-        totals: Totals {
+        totals: Sums {
             prefill_gpu_seconds: unsigned_zero(t.prefill),
             decode_gpu_seconds: unsigned_zero(t.decode),
             gpu_seconds: unsigned_zero(t.gpu_seconds()),

@@ -83,7 +83,7 @@ pub struct CostArgs {
 
 /// Where the figures come from, from the flags.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Source {
+pub enum Input {
     /// One tokenmeter's /metrics, over a window (zero: since it started).
     Metrics { url: String, window: Duration },
     /// A query API's base URL (checked), over a range.
@@ -92,7 +92,7 @@ pub enum Source {
 
 impl CostArgs {
     /// The source the flags name, or which flag to fix; `now` ends a range without `--end`.
-    pub fn source(&self, now: SystemTime) -> Result<Source, CostError> {
+    pub fn source(&self, now: SystemTime) -> Result<Input, CostError> {
         let usage = |s: &str| Err(CostError::Usage(s.to_string()));
         let ranged = self.range.is_some() || self.start.is_some() || self.end.is_some();
         match (&self.metrics, &self.prometheus) {
@@ -105,14 +105,14 @@ impl CostArgs {
             (Some(_), None) if ranged => usage(
                 "--range, --start and --end go with --prometheus; --metrics reads --window",
             ),
-            (Some(url), None) => Ok(Source::Metrics {
+            (Some(url), None) => Ok(Input::Metrics {
                 url: url.clone(),
                 window: self.window.unwrap_or(DEFAULT_WINDOW),
             }),
             (None, Some(_)) if self.window.is_some() => usage(
                 "--window goes with --metrics; --prometheus reads --range, or --start and --end",
             ),
-            (None, Some(url)) => Ok(Source::Prometheus {
+            (None, Some(url)) => Ok(Input::Prometheus {
                 url: query::base_url(url).map_err(CostError::Query)?,
                 range: Range::from_flags(self.range, self.start, self.end, now)
                     .map_err(CostError::Usage)?,
@@ -163,8 +163,8 @@ pub fn run(args: &CostArgs) -> Result<(), CostError> {
         .build()
         .map_err(CostError::Runtime)?;
     let (split, period) = match source {
-        Source::Metrics { url, window } => from_metrics(&runtime, &url, window)?,
-        Source::Prometheus { url, range } => from_store(&runtime, &url, &range)?,
+        Input::Metrics { url, window } => from_metrics(&runtime, &url, window)?,
+        Input::Prometheus { url, range } => from_store(&runtime, &url, &range)?,
     };
     // Not print!, which panics when the reader has gone (`| head`, a closed pipe): a failed
     // write is one line and exit 1, as every other failure.
@@ -264,7 +264,7 @@ mod tests {
 
     /// The source `flags` name; the environment is not read (clap reads it only for a flag
     /// given `env`, and these tests run where none of TOKENMETER_COST_* is set).
-    fn source(flags: &[&str]) -> Result<Source, CostError> {
+    fn source(flags: &[&str]) -> Result<Input, CostError> {
         let cli = Cli::try_parse_from(std::iter::once("cost").chain(flags.iter().copied()))
             .map_err(|e| CostError::Usage(e.to_string()))?;
         cli.cost.source(now())
@@ -285,19 +285,19 @@ mod tests {
     fn one_source_and_the_flags_that_go_with_it() {
         assert_eq!(
             source(&["--metrics", "http://h:9090/metrics"]).expect("metrics"),
-            Source::Metrics {
+            Input::Metrics {
                 url: "http://h:9090/metrics".into(),
                 window: DEFAULT_WINDOW
             }
         );
         assert_eq!(
             source(&["--metrics", "http://h:9090/metrics", "--window", "0"]).expect("metrics"),
-            Source::Metrics {
+            Input::Metrics {
                 url: "http://h:9090/metrics".into(),
                 window: Duration::ZERO
             }
         );
-        let Source::Prometheus { url, range } =
+        let Input::Prometheus { url, range } =
             source(&["--prometheus", "http://p:9090/", "--range", "30d"]).expect("prometheus")
         else {
             panic!("not the store");
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!(url, "http://p:9090");
         assert_eq!(range.end, now());
         assert_eq!(range.window(), "2592000s");
-        let Source::Prometheus { range, .. } = source(&[
+        let Input::Prometheus { range, .. } = source(&[
             "--prometheus",
             "http://p:9090",
             "--start",

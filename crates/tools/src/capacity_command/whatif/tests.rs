@@ -20,7 +20,7 @@ fn lines(n: usize, gap_ms: u64, prompt: u32, output: u32, extra: &str) -> String
 
 fn read(text: &str) -> Result<Trace, TraceError> {
     let path = Path::new("t.jsonl");
-    let reader = Reader::new(path, io::Cursor::new(text.to_owned()), None);
+    let reader = TraceReader::new(path, io::Cursor::new(text.to_owned()), None);
     Trace::from_reader(path, reader, DEFAULT_BLOCK_TOKENS)
 }
 
