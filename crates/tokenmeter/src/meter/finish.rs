@@ -216,14 +216,11 @@ impl Clock {
         if f.outcome == Outcome::Upgraded {
             return None;
         }
-        let two_xx = (200..300).contains(&self.status);
-        let end = match f.outcome {
-            // Gone before any response head (status 0), or from a 2xx response.
-            Outcome::ClientDisconnect if self.status == 0 || two_xx => slo::End::ClientDisconnect,
-            Outcome::Complete if two_xx => slo::End::Complete,
-            // Upstream errors, timeouts, refusals and every non-2xx answer.
-            _ => slo::End::Failed,
-        };
+        let end = slo::End::of(
+            self.status,
+            f.outcome == Outcome::Complete,
+            f.outcome == Outcome::ClientDisconnect,
+        );
         // A burst has no speed to judge: its tokens/s target is not missed, nor met by it.
         let decode_tps = f.tokens_per_second();
         let obs = slo::Observation {

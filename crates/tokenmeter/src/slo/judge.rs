@@ -20,6 +20,23 @@ pub enum End {
     ClientDisconnect,
 }
 
+impl End {
+    /// How a request ended, from its response's `status` (0: none came) and whether it was
+    /// received whole (`complete`) or the client went away first (`client_left`). A client
+    /// gone before any response head, or from a 2xx response, left; a 2xx received whole is
+    /// complete; upstream errors, timeouts, refusals and every non-2xx answer failed.
+    pub fn of(status: u16, complete: bool, client_left: bool) -> End {
+        let two_xx = (200..300).contains(&status);
+        if client_left && (status == 0 || two_xx) {
+            End::ClientDisconnect
+        } else if complete && two_xx {
+            End::Complete
+        } else {
+            End::Failed
+        }
+    }
+}
+
 /// What was measured of one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observation {
@@ -260,5 +277,15 @@ mod tests {
                 "client_disconnect"
             ]
         );
+    }
+
+    #[test]
+    fn an_end_is_read_from_the_status_and_how_the_request_ended() {
+        assert_eq!(End::of(200, true, false), End::Complete);
+        assert_eq!(End::of(200, false, true), End::ClientDisconnect);
+        assert_eq!(End::of(0, false, true), End::ClientDisconnect);
+        assert_eq!(End::of(500, false, true), End::Failed);
+        assert_eq!(End::of(429, true, false), End::Failed);
+        assert_eq!(End::of(0, false, false), End::Failed);
     }
 }
