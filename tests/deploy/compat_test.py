@@ -20,7 +20,7 @@ makes), then until each check below passes or its deadline passes. Then:
      lengths, finish reasons or running/waiting requests: the same kind of query (the same
      series, labels and functions, written here with the panel's title) must return a finite
      value; the panels that cannot work must find no series (absent, not faked), and the
-     README's table must list every panel with the same verdict;
+     table in docs/compat.md must list every panel with the same verdict;
   2. `--compat otel`: the four GenAI families exist with exactly their label names in the otel
      modes and in no other, their token sums equal tokenmeter's counters, a TTFT median comes;
   3. `promtool check metrics` must pass on a scrape of every mode (plain, vllm, otel,
@@ -321,18 +321,18 @@ def check_otel_series(prom, problem):
             problem(f"otel [{mode}]: no TTFT median\n    {ttft}")
 
 
-def check_readme_table():
-    """The README's table of vLLM panels names every panel, with the verdict this test holds."""
-    text = (REPO / "README.md").read_text()
+def check_compat_table():
+    """docs/compat.md's table of vLLM panels names every panel, with the verdict this test holds."""
+    text = (REPO / "docs" / "compat.md").read_text()
     for title, queries, cannot in VLLM_PANELS:
         row = next((line for line in text.splitlines() if line.startswith(f"| {title} |")), None)
         if row is None:
-            fail(f"README: no row for vLLM panel {title!r}")
+            fail(f"docs/compat.md: no row for vLLM panel {title!r}")
             continue
         verdict = row.split("|")[2].strip()
         want = "works" if queries and not cannot else ("partly" if queries else "cannot")
         if verdict != want:
-            fail(f"README: vLLM panel {title!r} says {verdict!r}, the test holds {want!r}")
+            fail(f"docs/compat.md: vLLM panel {title!r} says {verdict!r}, the test holds {want!r}")
 
 
 # promtool's linter reserves ':' for recording rules and flags every vLLM name for it (vLLM's own
@@ -434,7 +434,7 @@ def main():
                                CHECKS_DEADLINE_S)
         if took is not None:
             print(f"  {counted[-1]} vLLM dashboard queries checked over {len(VLLM_PANELS)} panels", flush=True)
-        check_readme_table()
+        check_compat_table()
         print("compat_test: OpenTelemetry names", flush=True)
         if lt.until_passes("otel", lambda problem: check_otel_series(prom, problem), CHECKS_DEADLINE_S) is not None:
             print(f"  otel: {len(OTEL_FAMILIES)} families in {sorted(OTEL_MODES)} only; token sums equal "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The series budget: how many series one tokenmeter exports with one model and traffic in all
 nine concurrency bands, family by family, asserted exactly so that a change that adds series
-fails here and has to update the budget (docs/fleet.md, the README) on purpose.
+fails here and has to update the budget (docs/fleet.md) on purpose.
 
 On loopback only, in a temporary directory, it starts:
   - `tokenmeter sim` (OpenAI-compatible, fast decode steps so that 320 streams fit a 2-core box),
@@ -180,7 +180,7 @@ COARSE = dict(TOKENMETER, **{
     "tokenmeter_tokens_per_event": 9,
 })
 
-# The families that carry `tenant` with --tenant-header or --tenant-from-key (README, Tenants)
+# The families that carry `tenant` with --tenant-header or --tenant-from-key (docs/tenants.md)
 # and that this load makes (the reasoning and cached-prompt counters carry it too, but the
 # simulator reports neither): each repeats per tenant value (at most --max-tenants, plus the
 # allow-list, plus `other`, `none` and `invalid`).
@@ -311,7 +311,7 @@ def main():
                 for f in sorted(set(have) | set(want)):
                     if have.get(f, 0) != want.get(f, 0):
                         lt.fail(f"[{name}] {f}: {have.get(f, 0)} series, expected {want.get(f, 0)} "
-                                "(update EXPECTED here, docs/fleet.md and the README's budget on purpose)")
+                                "(update EXPECTED here and docs/fleet.md on purpose)")
                 row[prefix] = sum(have.values())
                 print(f"  [{name}] {prefix}*: {row[prefix]} series in {len(have)} families "
                       f"(expected {sum(want.values())})")

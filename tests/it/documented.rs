@@ -1,7 +1,7 @@
-//! Metric names and flags are a contract: every family the proxy exports is in the README's
-//! metric tables, and every name those tables list is one the code can export; every flag
-//! `--help` shows reads its `TOKENMETER_*` variable and has a row, naming it, in the README's
-//! flag table.
+//! Metric names and flags are a contract: every family the proxy exports is in the metric
+//! tables of docs/metrics.md and docs/compat.md, and every name those tables list is one the code
+//! can export; every flag `--help` shows reads its `TOKENMETER_*` variable and has a row, naming
+//! it, in docs/flags.md's flag table; every request log key has a row in docs/request-log.md.
 //!
 //! A family added without a row (or a row left behind by a rename) fails here, not in a
 //! user's dashboard.
@@ -15,10 +15,16 @@ use crate::support::upstream;
 
 const MS: Duration = Duration::from_millis(1);
 
-/// The README, as the repository holds it.
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+/// A document of the repository (a path from its root), as the repository holds it.
+fn doc(path: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The metrics reference: tokenmeter's own names (docs/metrics.md), then vLLM's and
+/// OpenTelemetry's (docs/compat.md).
+fn metric_docs() -> String {
+    doc("docs/metrics.md") + &doc("docs/compat.md")
 }
 
 /// The family names of an exposition (its `# TYPE` lines).
@@ -31,12 +37,11 @@ fn families(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The metric names the README's tables list: the backticked names in the first cell of a
+/// The metric names a document's tables list: the backticked names in the first cell of a
 /// table row that start with one of the exported prefixes (a row may list two names).
-fn listed(readme: &str) -> BTreeSet<String> {
+fn listed(text: &str) -> BTreeSet<String> {
     let prefixes = ["tokenmeter_", "vllm:", "gen_ai_"];
-    readme
-        .lines()
+    text.lines()
         .filter_map(|l| l.strip_prefix("| "))
         .filter_map(|l| l.split(" |").next())
         .flat_map(|cell| cell.split('`').skip(1).step_by(2))
@@ -59,7 +64,7 @@ fn sources(dir: &Path, out: &mut String) {
 }
 
 #[tokio::test]
-async fn every_exported_family_has_a_row_in_the_readme() {
+async fn every_exported_family_has_a_row_in_the_metric_docs() {
     // Every naming scheme and every optional label at once, so every family that one
     // streamed request can make appears in the scrape.
     let flags = [
@@ -94,17 +99,17 @@ async fn every_exported_family_has_a_row_in_the_readme() {
     ] {
         assert!(exported.contains(must), "{must} not exported");
     }
-    let listed = listed(&readme());
+    let listed = listed(&metric_docs());
     let missing: Vec<_> = exported.difference(&listed).collect();
     assert!(
         missing.is_empty(),
-        "exported but not in the README's metric tables: {missing:?}"
+        "exported but not in the metric tables of docs/metrics.md or docs/compat.md: {missing:?}"
     );
 }
 
 #[test]
-fn every_name_the_readme_lists_is_in_the_code() {
-    let listed = listed(&readme());
+fn every_name_the_metric_docs_list_is_in_the_code() {
+    let listed = listed(&metric_docs());
     // The tables are found at all (a change of their layout must not make this test empty).
     assert!(listed.len() > 40, "only {} names found", listed.len());
     // The library names the proxy's series, the tools' crate the simulator's.
@@ -118,7 +123,7 @@ fn every_name_the_readme_lists_is_in_the_code() {
         .collect();
     assert!(
         unknown.is_empty(),
-        "listed in the README but no source names them: {unknown:?}"
+        "listed in docs/metrics.md or docs/compat.md but no source names them: {unknown:?}"
     );
 }
 
@@ -137,7 +142,7 @@ fn help_flags(help: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_proxy_flag_has_its_variable_and_a_readme_row() {
+fn every_proxy_flag_has_its_variable_and_a_row_in_the_flags_doc() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
         .arg("--help")
         .output()
@@ -149,8 +154,11 @@ fn every_proxy_flag_has_its_variable_and_a_readme_row() {
         "only {} flags found: {flags:?}",
         flags.len()
     );
-    let readme = readme();
-    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
+    let flags_doc = doc("docs/flags.md");
+    let rows: Vec<&str> = flags_doc
+        .lines()
+        .filter(|l| l.starts_with("| `--"))
+        .collect();
     let mut problems = Vec::new();
     for flag in &flags {
         let var = format!(
@@ -167,9 +175,9 @@ fn every_proxy_flag_has_its_variable_and_a_readme_row() {
             .iter()
             .find(|r| r.starts_with(&cell) && r[cell.len()..].starts_with(['`', ' ']));
         match row {
-            None => problems.push(format!("{flag}: no row in the README's flag table")),
+            None => problems.push(format!("{flag}: no row in docs/flags.md's flag table")),
             Some(r) if !r.contains(&format!("`{var}`")) => {
-                problems.push(format!("{flag}: its README row does not name {var}"))
+                problems.push(format!("{flag}: its docs/flags.md row does not name {var}"))
             }
             Some(_) => {}
         }
@@ -178,13 +186,8 @@ fn every_proxy_flag_has_its_variable_and_a_readme_row() {
 }
 
 #[test]
-fn every_request_log_key_has_a_row_in_the_readme_in_order() {
-    let readme = readme();
-    let section = readme
-        .split("## Request log")
-        .nth(1)
-        .and_then(|s| s.split("\n## ").next())
-        .expect("a Request log section");
+fn every_request_log_key_has_a_row_in_the_request_log_doc_in_order() {
+    let section = doc("docs/request-log.md");
     let rows: Vec<&str> = section
         .lines()
         .filter_map(|l| l.strip_prefix("| `")?.split('`').next())
@@ -192,6 +195,6 @@ fn every_request_log_key_has_a_row_in_the_readme_in_order() {
     assert_eq!(
         rows,
         tokenmeter::reqlog::KEYS,
-        "the README's keys, in the line's order"
+        "docs/request-log.md's keys, in the line's order"
     );
 }

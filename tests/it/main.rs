@@ -18,6 +18,7 @@ mod first_token_capacity;
 mod hostile;
 mod https;
 mod inject;
+mod links;
 mod listener;
 mod lockstep;
 mod memory_capacity;

@@ -1,4 +1,4 @@
-//! The measurement behind having no admission queue (README, "Overload"): a burst above
+//! The measurement behind having no admission queue (docs/operations.md, "Overload"): a burst above
 //! `--max-in-flight`, and a sustained overload, each met two ways side by side. Shed: the 503
 //! with `Retry-After: 1`, which the client honours, retrying twice at most (as OpenAI's SDKs
 //! do). A 2 s queue, emulated: the client asks again every 10 ms for up to 2 s, so it is

@@ -3,6 +3,20 @@
 //! environment variables, `--help`) is a crate of its own, `tokenmeter-flags`, which validates
 //! what it parses into a [`Config`]; tests and the tools build one directly
 //! ([`Config::for_upstream`]).
+//!
+//! Each value is held once and mapped onto its subsystem's settings type: `server::Settings`,
+//! `proxy::Settings` (with `proxy::Admission`, both of admission's limits), `meter::Settings`
+//! (`--max-line-bytes`, `--api`), `capacity::Settings` (window and stated memory; joined with the
+//! classes and the fleet in `Config::capacity_model`), `MetricsConfig` (with `metrics::Buckets`),
+//! `TenantConfig`, `TracingConfig`. Each builder lives with the type it builds (`Buckets::preset`,
+//! `capacity::ClassTargets::of`, `slo::spec`, `tenant::Flags::build`, `TracingConfig::from_flags`
+//! with the `OTEL_*` rules in `otlp/settings.rs`). Every default is written once, as a `DEFAULT_*`
+//! constant beside the settings it belongs to (durations as a `units::HumanDuration`, which shows
+//! in `--help` as written, `300s`, `15m`); the settings' `Default` and clap's `default_value` both
+//! read it, so `Config::for_upstream` is the flags' defaults by construction (the flags crate's
+//! `for_upstream_is_what_the_flags_default_to` still checks the mapping). Tests build settings
+//! directly unless they test a flag; the demo sets its upstream, listeners and GPUs as fields,
+//! never by writing arguments.
 
 use std::path::PathBuf;
 use std::sync::Arc;

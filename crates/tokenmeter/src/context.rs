@@ -103,7 +103,7 @@ pub struct Sampler {
 
 impl Default for Sampler {
     /// Parent-based, no new traces: callers that trace are followed; tokenmeter starts none of
-    /// its own unless told (README, "Tracing" says why).
+    /// its own unless told (docs/tracing.md says why).
     fn default() -> Self {
         Sampler {
             parent_based: true,

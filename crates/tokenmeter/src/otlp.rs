@@ -4,7 +4,7 @@
 //! The protobuf is written by hand ([`pb`]): the OpenTelemetry Rust crates' HTTP exporter
 //! (opentelemetry-otlp 0.31 with only `http-proto`) brings tonic, a gRPC stack, and 22 other
 //! crates into the tree through opentelemetry-proto's generated types, for a message of a few
-//! fields tokenmeter writes once per request (README, "Tracing", has the figures).
+//! fields tokenmeter writes once per request (docs/tracing.md has the figures).
 //!
 //! Off the hot path: the request's thread encodes its span and offers it to a bounded queue
 //! ([`QUEUE_SPANS`]); one task batches the queue into requests to the collector, one at a time.

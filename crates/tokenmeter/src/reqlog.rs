@@ -2,7 +2,7 @@
 //! made from the one [`Finished`] record the metrics take, so every request (refused, shed and
 //! failed ones too) has exactly one line.
 //!
-//! The keys and their order are a contract (README, "Request log"): [`KEYS`]. A line holds only
+//! The keys and their order are a contract (docs/request-log.md): [`KEYS`]. A line holds only
 //! bounded facts: never the prompt, the completion, a header value other than the sanitised
 //! request id, nor a credential.
 //!

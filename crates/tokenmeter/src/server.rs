@@ -13,6 +13,17 @@
 //! budget, `--header-read-timeout` from accept (`server/head.rs`), and the certificate's files are
 //! watched for a rotation ([`crate::tls::listener`]). Connections are served with upgrades on;
 //! an upgraded connection counts as open while it is joined ([`crate::drain`]).
+//!
+//! The files: `server/version.rs` tells a connection's HTTP version (hyper's HTTP/1 connection,
+//! upgrades on, or its HTTP/2 one) without consuming a byte; `server/http2.rs` holds the HTTP/2
+//! limits, each a named constant with its reason, and names the GOAWAY code that closed a
+//! connection for its counter; `server/listen.rs` binds both listeners with `--listen-backlog`
+//! (4,096, not tokio's 128); `server/admin_cap.rs` is the metrics listener's own cap: at
+//! `--metrics-max-connections` the connection idle longest gives way to the new one, so a crowd
+//! cannot lock a scraper out; `server/settings.rs` holds every default of `Settings`. The tasks
+//! that live beside the listeners (the page's sampler, the engine's reader, the replica watch)
+//! come in as `Background` futures, started when the server serves and aborted once it has
+//! drained; what must run after the drain comes in `Parts::on_exit`.
 
 use std::convert::Infallible;
 use std::future::Future;

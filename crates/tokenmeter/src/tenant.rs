@@ -42,7 +42,7 @@ use crate::metrics::{Capped, NO_TENANT, OTHER};
 pub const MAX_TENANT_LEN: usize = 64;
 
 /// `--max-tenants`' default: the same as `--max-models`'. Every tenant multiplies the series
-/// of the families that carry the label (README, "Tenants"), so the cap is a budget.
+/// of the families that carry the label (docs/tenants.md), so the cap is a budget.
 pub const DEFAULT_MAX_TENANTS: usize = 32;
 
 /// Most names an allow-list file may pin. They never count against the cap, so this is the

@@ -20,6 +20,15 @@
 //! moment's busy time goes to the requests in flight then, by their weight in the step. What
 //! it cannot know yet, a prompt's length before it is counted, is [`estimate`]d from the
 //! request's body and settled when the count comes.
+//!
+//! The files: `ledger.rs`, the books, integrated between a request's events and never per chunk,
+//! idle counted per replica; `rates.rs`, what the split reads of the engine (a step's cost at a
+//! batch, prefill per token), published by the capacity model at each refit
+//! (`Capacity::publish_rates`, on the model's own clock); `estimate.rs`, a prompt's tokens from its
+//! body's bytes, at a ratio learnt from the counts, until the tokenizer or the usage report settles
+//! it; `seconds.rs`, GPU-seconds by phase. The meter holds each request's `Ticket` and charges it
+//! once, after it leaves (`Ledger::charge`); the charge rides on the `Finished` record to the
+//! counters, the request log and the span.
 
 pub mod estimate;
 pub mod ledger;

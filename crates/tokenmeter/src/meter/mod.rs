@@ -22,6 +22,12 @@
 //! Here the meter times; `recorder.rs` holds what every meter shares and starts one, `finish.rs`
 //! builds the record at the end (charged, judged, handed to the sinks), `testing.rs` what tests
 //! drive a meter with.
+//!
+//! `concurrency.rs` is the exact time integral of requests in flight, read at every token without
+//! a lock. `counting.rs` is a request counted with `--tokenizer` (its prompt at admission, its
+//! streamed text when it ends): such a request is settled on the tokenizing threads and recorded
+//! from there, after it has left the gauges. A `Recorder`'s fields are private to `meter`, set
+//! with its `with_*` methods.
 
 pub mod concurrency;
 pub mod counting;

@@ -239,7 +239,7 @@ impl Metrics {
         let r = Registry::new();
         let b = &cfg.buckets;
         let m = ["model"];
-        // The families that carry `tenant` when it is on (README, "Tenants").
+        // The families that carry `tenant` when it is on (docs/tenants.md).
         let t = |names: &[&'static str]| tenanted(names, cfg.tenant);
         let in_flight = IntGaugeVec::new(
             Opts::new(

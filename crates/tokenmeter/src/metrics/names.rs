@@ -2,7 +2,7 @@
 //!
 //! The families register under these names, and the live page and the load generator read the
 //! exposition by them, so a rename is one edit that the compiler carries everywhere. What each
-//! family means, its type and its labels are in the README's table of series. The names are a
+//! family means, its type and its labels are in docs/metrics.md's table of series. The names are a
 //! contract with dashboards, rules and users' queries: changing one is a breaking change.
 //!
 //! The capacity model's families are named beside their code, in [`super::capacity::names`].

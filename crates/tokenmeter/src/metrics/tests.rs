@@ -354,7 +354,7 @@ fn record_observes_stall_first_outputs_reasoning_and_cache() {
 }
 
 /// The series the per-event families add per model, at most (every prompt band and every
-/// kind seen): the figure the README states.
+/// kind seen): the figure docs/metrics.md states ("Series per model").
 #[test]
 fn series_added_per_model_are_counted() {
     let m = Metrics::new(&MetricsConfig::default()).expect("metrics");
@@ -477,7 +477,7 @@ fn no_gpu_hour_cost_no_series() {
     assert!(!text.contains("tokenmeter_gpu_hour_cost"), "{text}");
 }
 
-/// The families that carry `tenant` when it is on (README, "Tenants"); every other family
+/// The families that carry `tenant` when it is on (docs/tenants.md); every other family
 /// never does.
 const TENANTED: [&str; 9] = [
     "tokenmeter_requests_total",

@@ -8,8 +8,14 @@
 //! [`detect::Auto`] recognises the format from the first message (the request path is the
 //! tie-breaker). [`timings`] reads what three engines state about a request's time. This module imports nothing above it: the reader chooses an extractor from
 //! here, and the metrics take only the label enums ([`Api`], [`TokenSource`]). Adding a format
-//! is one file here, one [`Api`] variant (with its arms in [`Api::as_str`] and [`extractor`]),
-//! its shapes in `detect`, plus corpus tests.
+//! touches: its file here; this file (the module, the [`Api`] variant, `Api::KNOWN`,
+//! [`Api::as_str`], [`extractor`]); `detect.rs` (what only it sends, its paths in `path_hint`;
+//! `detect/shape.rs` when a top-level key tells it apart that `Key` does not list yet; cases in
+//! `detect/tests.rs`); `operation.rs` (its OpenTelemetry operation, `Operation::of_api`, and its
+//! paths'); `read/mod.rs` (its framing in `stream_framing` when the content type does not say);
+//! `metrics/otel.rs` (its provider name, `provider`);
+//! `timings.rs` if its stream states the engine's timings; and the corpus tests
+//! (`tests/it/corpus.rs`). ARCHITECTURE.md lists the docs it goes into.
 
 pub mod anthropic;
 pub mod cohere;

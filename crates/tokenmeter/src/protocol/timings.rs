@@ -61,7 +61,7 @@ pub enum Part {
     /// Computing the prompt: the engine's prefill.
     Prefill,
     /// tokenmeter's own TTFT less every stated part: what no engine accounts for (its API
-    /// server, tokenization, the network, the proxy; README, "Where TTFT goes").
+    /// server, tokenization, the network, the proxy; docs/metrics.md, "Where TTFT goes").
     Other,
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Each event is one response of a decoupled model: `text_output` holds the new text, one token
 //! per event in streaming mode. Triton reports no usage, so tokens are counted events (a backend
-//! configured to stream several tokens per response is undercounted; the README says so).
+//! configured to stream several tokens per response is undercounted; docs/formats.md says so).
 //!
 //! The stream has no end marker, so [`Summary::ended`] is never set: Triton flags a decoupled
 //! model's final response outside its outputs, and the events carry no trace of that flag.

@@ -43,6 +43,12 @@
 //! or, for an upgrade, in the task [`upgrades`] joins it in.
 //! The proxy never fails a request for a reason of its own other than those in [`ProxyError`],
 //! and never answers 400 for an upstream's failure.
+//!
+//! Beside the layers: `pool/wake.rs` is the waker a pooled connection is polled with, so that
+//! handing a chunk to the body does not wake the task doing it (one poll of the task per chunk);
+//! `resend.rs` is the proxy's own rule for sending a request again: `inspect` marks a body it read
+//! whole (`Replayable`), the pool asks for a copy (`resend::again`), and neither knows the other;
+//! `settings.rs` holds `Settings`, the layers' own settings.
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -4,7 +4,7 @@
 //! SETTINGS and PING: h2 answers one frame at a time and stops reading while the answer is not
 //! written), but they are sized for a general web server, and they change between releases.
 //! These are tokenmeter's own, for a proxy whose streams are long LLM responses and whose
-//! memory is capped ("Overload" in the README has the table).
+//! memory is capped ("Overload" in docs/operations.md has the table).
 
 use std::time::Duration;
 

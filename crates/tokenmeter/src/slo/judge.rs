@@ -63,7 +63,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Every value, in the order of the README.
+    /// Every value, in the order of the results table in docs/slo.md.
     pub const ALL: [Verdict; 6] = [
         Verdict::Met,
         Verdict::TtftMissed,

@@ -1,5 +1,5 @@
 //! `/api/summary`: everything the page shows, as one small JSON document (its fields are
-//! documented in the README, section "The page").
+//! documented in docs/page.md).
 //!
 //! It is computed from one rendering of the registry (the text `/metrics` serves, read back by
 //! [`super::scrape`]) and the sampler's [`History`], so it agrees with `/metrics` by

@@ -1,7 +1,7 @@
 //! One request of the workload trace: what the request's thread takes of its record
 //! ([`Entry::of`]), and the line the writer makes of it ([`Entry::line`]).
 //!
-//! The keys and their order are a contract (README, "Record and replay the workload"):
+//! The keys and their order are a contract (docs/replay.md):
 //! [`KEYS`]. The first four are the Mooncake trace's, which vLLM's `bench serve` (`timed_trace`)
 //! and GuideLLM (`mooncake`) read; the rest are what replay tools take where present, and what
 //! tokenmeter's own `bench --trace` and `capacity --trace` read. Nothing of the prompt, the

@@ -548,7 +548,7 @@
     const gpuRows = gpu.by_tenant.map((r) => ({ name: r.name || 'all traffic', requests: r.gpu_seconds }));
     if (gpu.idle_seconds > 0) gpuRows.push({ name: 'idle', requests: gpu.idle_seconds });
     fillTable('gpu-table', gpuRows);
-    // The workload trace's file (README, "Record and replay the workload"): lines written, lost
+    // The workload trace's file (docs/replay.md): lines written, lost
     // to a full queue or disk, and requests it leaves out; shown only with --workload-log.
     const wl = s.workload_log;
     const wlTable = document.getElementById('workload-table');
