@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, Seen};
 use crate::support::metrics::metric;
 use crate::support::spawn_proxy;
@@ -187,7 +189,7 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
         .eventually(|s| m("tokenmeter_output_tokens_total").sum(s) == 3.0)
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total").sum(&live),
+        metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(&live),
         0.0,
         "{live}"
     );
