@@ -252,8 +252,8 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
             .value(&s),
         1.0
     );
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&s), 40.0);
-    assert_eq!(m("tokenmeter_input_tokens_total").value(&s), 12.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&s), 40.0);
+    assert_eq!(m(names::INPUT_TOKENS_TOTAL).value(&s), 12.0);
     assert_eq!(
         metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "usage")

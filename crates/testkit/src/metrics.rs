@@ -10,7 +10,8 @@
 use tokenmeter::exposition::Scrape;
 use tokenmeter::quantile::histogram_quantile;
 
-/// Selects samples by name and labels: `metric(names::X).label("k", "v").value(&scrape)`.
+/// Selects samples by name and labels (a failed read points at the test's line, not here:
+/// the reads are `#[track_caller]`): `metric(names::X).label("k", "v").value(&scrape)`.
 pub struct MetricMatch {
     name: String,
     labels: Vec<(String, String)>,
@@ -67,6 +68,7 @@ impl MetricMatch {
     }
 
     /// Panics, naming the family and listing those the scrape has, unless it is present.
+    #[track_caller]
     fn require(&self, scrape: &str) {
         assert!(
             self.is_present(scrape),
@@ -78,6 +80,7 @@ impl MetricMatch {
 
     /// The sum of all samples of this name whose labels include the given ones: 0 if the family
     /// has none of them; a panic if the scrape has no such family at all.
+    #[track_caller]
     pub fn sum(&self, scrape: &str) -> f64 {
         self.require(scrape);
         Scrape::parse(scrape).sum(&self.name, &self.pairs())
@@ -90,6 +93,7 @@ impl MetricMatch {
     }
 
     /// The sum of the selected samples, panicking with the scrape when there is none.
+    #[track_caller]
     pub fn value(&self, scrape: &str) -> f64 {
         self.require(scrape);
         let parsed = Scrape::parse(scrape);
@@ -105,6 +109,7 @@ impl MetricMatch {
 
     /// The `q`-quantile of this histogram (name without `_bucket`) over the selected series, as
     /// PromQL's `histogram_quantile` reads it; panics with the scrape when it has no observation.
+    #[track_caller]
     pub fn quantile(&self, q: f64, scrape: &str) -> f64 {
         self.require(scrape);
         let buckets = Scrape::parse(scrape).buckets(&self.name, &self.pairs());
