@@ -36,7 +36,7 @@ pub fn captured_dir() -> Option<PathBuf> {
 }
 
 /// Every corpus entry with its body. Without the corpus: panics under CI=true, else prints a loud
-/// SKIPPED line ([`crate::skip`]) and returns None.
+/// SKIPPED line ([`crate::skip()`]) and returns None.
 pub fn load(test: &str) -> Option<Vec<Entry>> {
     let Some(dir) = dir() else {
         assert!(
