@@ -26,7 +26,8 @@ pub use skip::{current_test, skip};
 /// sleep to be long enough). On a 2-core machine a busy test starves a timing test's timers,
 /// and the timing test then measures the machine instead of the code. A test that asserts only
 /// counts, bytes, labels or exit codes, and waits for conditions rather than for time, does not
-/// take it: a slow machine makes it slower, never wrong.
+/// take it: a slow machine makes it slower, never wrong. The turn is the process's: `cargo
+/// test` runs one test binary at a time, so the root package's and the tools' never overlap.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Takes the serial turn in an async test.

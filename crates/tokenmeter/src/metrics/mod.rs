@@ -86,7 +86,8 @@ pub struct Metrics {
     models: ModelLabels,
     rate: RateWindow,
     gpus: f64,
-    /// The families marked `tenant` carry the `tenant` label (`MetricsConfig::tenant`).
+    /// Whether the families that say who used what carry the `tenant` label
+    /// (`MetricsConfig::tenant`).
     tenant: bool,
     admission: Admission,
     requests: Requests,
