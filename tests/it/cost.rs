@@ -133,14 +133,16 @@ async fn run(proxy: &Proxy, loads: &[Load], hold: Duration) -> BTreeMap<&'static
 }
 
 /// Per tenant: GPU-seconds charged (all phases) and output tokens, from tokenmeter's scrape.
+/// A scrape before the first request has neither family yet: nothing charged is 0 (the
+/// callers assert what the load added, so a family that never appears still fails them).
 fn charged(scrape: &str, tenant: &str) -> (f64, f64) {
     (
         metric(names::cost::GPU_SECONDS)
             .label("tenant", tenant)
-            .sum(scrape),
+            .sum_or_zero_if_absent(scrape),
         metric(names::OUTPUT_TOKENS_TOTAL)
             .label("tenant", tenant)
-            .sum(scrape),
+            .sum_or_zero_if_absent(scrape),
     )
 }
 
@@ -293,10 +295,12 @@ async fn the_request_log_adds_up_to_the_counters() {
         ("gpu_prefill_seconds", "prefill"),
         ("gpu_decode_seconds", "decode"),
     ] {
+        // Before the first request nothing is charged yet (no series); `increase > 0` below
+        // fails if the family never appears.
         let counter = |s: &str| {
             metric(names::cost::GPU_SECONDS)
                 .label("phase", phase)
-                .sum(s)
+                .sum_or_zero_if_absent(s)
         };
         let (sum, increase) = (logged(key), counter(&after) - counter(&before));
         assert!(
