@@ -44,7 +44,7 @@ pub fn load(test: &str) -> Option<Vec<Entry>> {
             "{test}: corpus not found (set TOKENMETER_CORPUS or put it at ../shared/corpus)"
         );
         crate::skip(
-            test,
+            &crate::current_test(),
             "corpus not found (set TOKENMETER_CORPUS or put it at ../shared/corpus to run it)",
         );
         return None;
@@ -66,7 +66,7 @@ pub fn load_captured(test: &str) -> Option<Vec<Entry>> {
             "{test}: captured streams not found (set TOKENMETER_CAPTURED or put them at ../shared/captured)"
         );
         crate::skip(
-            test,
+            &crate::current_test(),
             "captured streams not found (set TOKENMETER_CAPTURED or put them at ../shared/captured to run it)",
         );
         return None;
