@@ -12,6 +12,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tokio::net::TcpStream;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{chat_request, get_text};
 use crate::support::metrics::metric;
 use crate::support::process::Binary;
@@ -140,7 +142,7 @@ async fn in_a_64_mib_cgroup_a_flood_is_shed_and_never_oom_killed() {
     let cg = match Cgroup::make(LIMIT) {
         Ok(cg) => cg,
         Err(why) if !in_ci() => {
-            eprintln!("SKIPPED the 64 MiB cgroup flood: {why}");
+            crate::support::skip(&crate::support::current_test(), &why);
             return;
         }
         Err(why) => panic!("{why}"),
@@ -256,11 +258,11 @@ async fn in_a_64_mib_cgroup_a_flood_is_shed_and_never_oom_killed() {
     let (peak, rss) = (cg.peak(), proxy.peak_rss());
     let s = get_text(&format!("http://{}/metrics", proxy.metrics_addr)).await;
     let counted = |outcome: &str| {
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", outcome)
             .value(&s)
     };
-    let refused = metric("tokenmeter_connections_refused_total").value(&s);
+    let refused = metric(names::CONNECTIONS_REFUSED_TOTAL).value(&s);
     eprintln!(
         "{ok} streamed, {shed} shed, {flooded} flood connections ({refused} refused); \
          cgroup peak {} MiB; tokenmeter peak anonymous RSS {} MiB (VmHWM {} MiB, with the \

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -74,7 +76,7 @@ async fn vllm_names_show_a_crafted_streams_ttft_latency_and_tokens() {
     assert_eq!(waiting.value(&s), 0.0);
     // The tokenmeter series stay.
     assert_eq!(
-        metric("tokenmeter_output_tokens_total")
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("model", "test-model")
             .value(&s),
         20.0
@@ -267,7 +269,7 @@ async fn otel_names_show_a_crafted_streams_tokens_ttft_and_attributes() {
         0.0
     );
     assert_eq!(
-        metric("tokenmeter_output_tokens_total")
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("model", "test-model")
             .value(&s),
         20.0
@@ -288,7 +290,7 @@ async fn otel_error_type_names_a_failed_request_by_its_outcome() {
     assert_eq!(failed.value(&s), 1.0, "{s}");
     // Only successful responses have a TTFT or a TPOT.
     assert_eq!(
-        metric("gen_ai_server_time_to_first_token_seconds_count").sum(&s),
+        metric("gen_ai_server_time_to_first_token_seconds_count").sum_or_zero_if_absent(&s),
         0.0
     );
     assert_eq!(
@@ -358,7 +360,7 @@ async fn otel_token_usage_through_the_simulator_is_exact_per_operation() {
         .sum(&s);
     assert_eq!(
         input,
-        metric("tokenmeter_input_tokens_total").sum(&s),
+        metric(names::INPUT_TOKENS_TOTAL).sum(&s),
         "prompt tokens as tokenmeter counts them"
     );
     assert!(input > 0.0);
@@ -394,7 +396,7 @@ async fn vllm_generation_tokens_move_while_the_stream_runs() {
     tokio::time::sleep(500 * MS).await;
     let s = proxy.scrape().await;
     let live = metric("vllm:generation_tokens_total").sum(&s);
-    let own = metric("tokenmeter_output_tokens_total").sum(&s);
+    let own = metric(names::OUTPUT_TOKENS_TOTAL).sum(&s);
     assert!((1.0..10.0).contains(&live), "mid-stream: {live}");
     assert_eq!(live, own, "vllm and tokenmeter move together");
     assert_eq!(req.await.expect("request").status, 200);

@@ -5,6 +5,8 @@
 use tokenmeter::protocol::{Api, Message, Summary};
 use tokenmeter::read::{self, ndjson, sse};
 
+use tokenmeter::metrics::names;
+
 use crate::support::corpus::{self, Entry};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -810,25 +812,23 @@ async fn through_the_proxy_the_metrics_equal_the_manifest() {
         *per_api.entry(expected_api(e).as_str()).or_default() += 1.0;
     }
     let s = proxy.settled(files.len() as f64).await;
-    assert_eq!(metric("tokenmeter_output_tokens_total").sum(&s), output);
-    assert_eq!(metric("tokenmeter_input_tokens_total").sum(&s), input);
+    assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).sum(&s), output);
+    assert_eq!(metric(names::INPUT_TOKENS_TOTAL).sum(&s), input);
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "usage")
             .sum(&s),
         files.len() as f64
     );
     for (api, n) in per_api {
         assert_eq!(
-            metric("tokenmeter_requests_total")
-                .label("api", api)
-                .sum(&s),
+            metric(names::REQUESTS_TOTAL).label("api", api).sum(&s),
             n,
             "api={api}"
         );
     }
     assert_eq!(
-        metric("tokenmeter_parse_errors_total").sum(&s),
+        metric(names::PARSE_ERRORS_TOTAL).sum(&s),
         0.0,
         "no parse errors:\n{s}"
     );

@@ -17,6 +17,8 @@ use tokenmeter_tools::bench::prompt::{Endpoint, RequestBuilder};
 use tokenmeter_tools::exposition::Scrape;
 use tokenmeter_tools::sim::{Model, SimConfig};
 
+use tokenmeter::metrics::names;
+
 use crate::support::levels;
 use crate::support::metrics::metric;
 use crate::support::{client, serial, spawn_proxy, start_sim, Proxy};
@@ -131,14 +133,16 @@ async fn run(proxy: &Proxy, loads: &[Load], hold: Duration) -> BTreeMap<&'static
 }
 
 /// Per tenant: GPU-seconds charged (all phases) and output tokens, from tokenmeter's scrape.
+/// A scrape before the first request has neither family yet: nothing charged is 0 (the
+/// callers assert what the load added, so a family that never appears still fails them).
 fn charged(scrape: &str, tenant: &str) -> (f64, f64) {
     (
-        metric("tokenmeter_gpu_seconds_total")
+        metric(names::cost::GPU_SECONDS)
             .label("tenant", tenant)
-            .sum(scrape),
-        metric("tokenmeter_output_tokens_total")
+            .sum_or_zero_if_absent(scrape),
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("tenant", tenant)
-            .sum(scrape),
+            .sum_or_zero_if_absent(scrape),
     )
 }
 
@@ -183,10 +187,10 @@ async fn measure(
 async fn closed_books(rig: &Rig, before: &str, total: u64) -> String {
     rig.proxy
         .eventually(|s| {
-            metric("tokenmeter_requests_in_flight").value(s) == 0.0
-                && metric("tokenmeter_gpu_unassigned_seconds").value(s) < 1e-9
-                && metric("tokenmeter_requests_total").sum(s)
-                    >= metric("tokenmeter_requests_total").sum(before) + total as f64
+            metric(names::REQUESTS_IN_FLIGHT).value(s) == 0.0
+                && metric(names::cost::GPU_UNASSIGNED_SECONDS).value(s) < 1e-9
+                && metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(s)
+                    >= metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(before) + total as f64
         })
         .await
 }
@@ -271,12 +275,15 @@ async fn the_request_log_adds_up_to_the_counters() {
     // requests that ended before the capacity model's first rates were settled into the
     // counters after their lines were written (docs/cost.md), so the load is compared alone.
     let before = rig.proxy.scrape().await;
-    let ramp = wait_for_lines(&log, metric("tokenmeter_requests_total").sum(&before))
-        .await
-        .lines()
-        .count();
+    let ramp = wait_for_lines(
+        &log,
+        metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(&before),
+    )
+    .await
+    .lines()
+    .count();
     let (_, after) = measure(&rig, &loads, Duration::from_secs(3)).await;
-    let text = wait_for_lines(&log, metric("tokenmeter_requests_total").sum(&after)).await;
+    let text = wait_for_lines(&log, metric(names::REQUESTS_TOTAL).sum(&after)).await;
     let logged = |key: &str| -> f64 {
         text.lines()
             .skip(ramp)
@@ -288,10 +295,12 @@ async fn the_request_log_adds_up_to_the_counters() {
         ("gpu_prefill_seconds", "prefill"),
         ("gpu_decode_seconds", "decode"),
     ] {
+        // Before the first request nothing is charged yet (no series); `increase > 0` below
+        // fails if the family never appears.
         let counter = |s: &str| {
-            metric("tokenmeter_gpu_seconds_total")
+            metric(names::cost::GPU_SECONDS)
                 .label("phase", phase)
-                .sum(s)
+                .sum_or_zero_if_absent(s)
         };
         let (sum, increase) = (logged(key), counter(&after) - counter(&before));
         assert!(
@@ -399,7 +408,7 @@ async fn charges_follow_a_changing_mix() {
         "c/d {got:.3} against {want:.3}: {why}"
     );
     // The request log: no request charged more than the GPU over its life.
-    let counted = metric("tokenmeter_requests_total").sum(&rig.proxy.scrape().await);
+    let counted = metric(names::REQUESTS_TOTAL).sum(&rig.proxy.scrape().await);
     let text = wait_for_lines(&log, counted).await;
     let mut lines = 0;
     for l in text.lines() {
@@ -519,7 +528,7 @@ async fn books_balance(rig: &Rig) {
     let s = Scrape::parse(&scrape);
     let charged = s.sum("tokenmeter_gpu_seconds_total", &[]);
     let idle = s.sum("tokenmeter_gpu_idle_seconds_total", &[]);
-    let unassigned = metric("tokenmeter_gpu_unassigned_seconds").value(&scrape);
+    let unassigned = metric(names::cost::GPU_UNASSIGNED_SECONDS).value(&scrape);
     let shortest = (before - rig.born.1).as_secs_f64();
     let longest = (after - rig.born.0).as_secs_f64();
     let books = charged + idle + unassigned;

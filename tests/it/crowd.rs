@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{get_text, send};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply};
@@ -38,7 +40,10 @@ async fn a_burst_of_a_thousand_connections_is_accepted_without_a_listen_overflow
     const CONNECTIONS: usize = 1_000;
     let Some(_) = listen_overflows() else {
         assert!(!in_ci(), "/proc/net/netstat has no ListenOverflows");
-        eprintln!("SKIPPED: no /proc/net/netstat to read listen overflows from");
+        crate::support::skip(
+            &crate::support::current_test(),
+            "no /proc/net/netstat to read listen overflows from (Linux only)",
+        );
         return;
     };
     let up = upstream::spawn(|_| Reply::json(200, "{\"data\":[]}")).await;
@@ -162,7 +167,7 @@ async fn two_thousand_idle_or_trickling_clients_leave_the_metrics_listener_answe
     while connected.load(Ordering::SeqCst) < CROWD {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let shed = |s: &str| metric("tokenmeter_metrics_connections_shed_total").value(s);
+    let shed = |s: &str| metric(names::METRICS_CONNECTIONS_SHED_TOTAL).value(s);
     // The server has taken the whole crowd once all but the cap's worth were shed (each scrape
     // here is a new connection too, and sheds one more).
     let mut scrape = String::new();
@@ -179,7 +184,7 @@ async fn two_thousand_idle_or_trickling_clients_leave_the_metrics_listener_answe
         shed(&scrape)
     );
     assert_eq!(
-        metric("tokenmeter_metrics_connections_limit").value(&scrape),
+        metric(names::METRICS_CONNECTIONS_LIMIT).value(&scrape),
         CAP as f64
     );
     for path in ["/metrics", "/readyz", "/"] {

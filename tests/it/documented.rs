@@ -10,6 +10,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use tokenmeter::metrics::names;
+
 use crate::support::stream_once;
 use crate::support::upstream;
 
@@ -104,6 +106,41 @@ async fn every_exported_family_has_a_row_in_the_metric_docs() {
     assert!(
         missing.is_empty(),
         "exported but not in the metric tables of docs/metrics.md or docs/compat.md: {missing:?}"
+    );
+}
+
+/// The families of the golden exposition (crates/tokenmeter/tests/golden/exposition.txt): every
+/// family a tokenmeter can export, with every optional part on, each on a line of its own
+/// (`name type {labels}`, its help indented below).
+fn golden_families() -> BTreeSet<String> {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/tokenmeter/tests/golden/exposition.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The scrape above sees only what one request makes; the golden file has every family
+/// registered, with a series or not yet (the capacity model's before its fit, the engine's view
+/// before the engine states it, the logs' counters).
+#[test]
+fn every_family_of_the_golden_exposition_has_a_row_in_the_metric_docs() {
+    let golden = golden_families();
+    // The file is found and read (a change of its layout must not make this test empty).
+    assert!(
+        golden.len() > 80,
+        "only {} families in the golden file",
+        golden.len()
+    );
+    assert!(golden.contains(names::capacity::MAX_CONCURRENCY));
+    let listed = listed(&metric_docs());
+    let missing: Vec<_> = golden.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "in the golden exposition but not in the metric docs' tables: {missing:?}"
     );
 }
 

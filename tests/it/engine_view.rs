@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::metrics::metric;
 use crate::support::process::Binary;
 use crate::support::upstream::{self, Reply, Step};
@@ -62,30 +64,27 @@ async fn the_simulators_cache_reaches_the_capacity_model() {
         // The capacity model takes the engine's word at its next refit: ask for one now.
         proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
-        if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
+        if metric(names::capacity::KV_CACHE_TOKENS).sum_or_zero_if_absent(&page) > 0.0 {
             break page;
         }
         assert!(start.elapsed() < DEADLINE, "no cache size:\n{page}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(
-        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        metric(names::engine_view::KV_CACHE_TOKENS).value(&page),
         2048.0
     );
     assert_eq!(
-        metric("tokenmeter_capacity_kv_cache_tokens").value(&page),
+        metric(names::capacity::KV_CACHE_TOKENS).value(&page),
         2048.0
     );
+    assert_eq!(metric(names::engine_view::KV_CACHE_USAGE).value(&page), 0.0);
     assert_eq!(
-        metric("tokenmeter_engine_kv_cache_usage_ratio").value(&page),
-        0.0
-    );
-    assert_eq!(
-        metric("tokenmeter_engine_requests_running").value(&page),
+        metric(names::engine_view::REQUESTS_RUNNING).value(&page),
         0.0
     );
     assert!(
-        metric("tokenmeter_engine_metrics_scrapes_total")
+        metric(names::engine_view::SCRAPES)
             .label("result", "ok")
             .value(&page)
             >= 1.0
@@ -104,16 +103,16 @@ async fn the_simulators_cache_reaches_the_capacity_model() {
     )
     .await;
     let _ = flagged
-        .eventually(|p| metric("tokenmeter_engine_kv_cache_tokens").sum(p) > 0.0)
+        .eventually(|p| metric(names::engine_view::KV_CACHE_TOKENS).sum_or_zero_if_absent(p) > 0.0)
         .await;
     flagged.capacity.next_report().await;
     let page = flagged.scrape().await;
     assert_eq!(
-        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        metric(names::engine_view::KV_CACHE_TOKENS).value(&page),
         2048.0
     );
     assert_eq!(
-        metric("tokenmeter_capacity_kv_cache_tokens").value(&page),
+        metric(names::capacity::KV_CACHE_TOKENS).value(&page),
         4096.0
     );
 }
@@ -159,9 +158,9 @@ async fn misbehaving(page: fn() -> Reply, result: &str) -> (String, Binary) {
     );
     let metrics = format!("http://{}/metrics", proxy.metrics_addr);
     let counted = until(&metrics, result, |p| {
-        metric("tokenmeter_engine_metrics_scrapes_total")
+        metric(names::engine_view::SCRAPES)
             .label("result", result)
-            .sum(p)
+            .sum_or_zero_if_absent(p)
             >= 1.0
     })
     .await;
@@ -177,9 +176,8 @@ async fn misbehaving(page: fn() -> Reply, result: &str) -> (String, Binary) {
         "the stream changed while the engine's page was {result}"
     );
     // No figure is made up from a page that said nothing, and the model has no cache size.
-    assert_eq!(
-        metric("tokenmeter_engine_kv_cache_tokens").sum(&counted),
-        0.0,
+    assert!(
+        metric(names::engine_view::KV_CACHE_TOKENS).is_absent(&counted),
         "{counted}"
     );
     (counted, proxy)
@@ -221,13 +219,13 @@ async fn an_engine_that_answers_fifty_megabytes_is_read_no_further_than_the_limi
     // Keep it reading for a few more intervals, then hold the peak: 50 MB read in full (let
     // alone parsed) would show; the 4 MiB limit and its parse stay far below.
     let metrics = format!("http://{}/metrics", proxy.metrics_addr);
-    let before = metric("tokenmeter_engine_metrics_scrapes_total")
+    let before = metric(names::engine_view::SCRAPES)
         .label("result", "too_large")
-        .sum(&page);
+        .sum_or_zero_if_absent(&page);
     until(&metrics, "more reads", |p| {
-        metric("tokenmeter_engine_metrics_scrapes_total")
+        metric(names::engine_view::SCRAPES)
             .label("result", "too_large")
-            .sum(p)
+            .sum_or_zero_if_absent(p)
             >= before + 3.0
     })
     .await;
@@ -273,7 +271,7 @@ async fn stated_beside(
     loop {
         proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
-        if metric("tokenmeter_capacity_kv_cache_tokens").sum(&page) > 0.0 {
+        if metric(names::capacity::KV_CACHE_TOKENS).sum_or_zero_if_absent(&page) > 0.0 {
             let memory = proxy.capacity.memory();
             return format!(
                 "{page}\n# memory {:?} {} {:?}",
@@ -318,7 +316,7 @@ async fn llamacpp_without_metrics_states_its_slots_on_props() {
     )
     .await;
     assert_eq!(
-        metric("tokenmeter_engine_kv_cache_tokens").value(&page),
+        metric(names::engine_view::KV_CACHE_TOKENS).value(&page),
         8192.0
     );
     assert!(

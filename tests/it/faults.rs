@@ -11,6 +11,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -40,13 +42,13 @@ async fn upstream_reset_mid_stream_ends_the_client_stream_the_same_way() {
     assert!(!seen.body.ends_with(b"[DONE]\n\n"));
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "upstream_error")
             .label("code", "200")
             .value(&s),
         1.0
     );
-    assert!(metric("tokenmeter_output_tokens_total").value(&s) >= 2.0);
+    assert!(metric(names::OUTPUT_TOKENS_TOTAL).value(&s) >= 2.0);
 }
 
 #[tokio::test]
@@ -66,7 +68,7 @@ async fn upstream_that_never_sends_headers_times_out_with_504() {
     assert_eq!(json["error"]["type"], "upstream_timeout");
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "timeout")
             .label("code", "504")
             .value(&s),
@@ -92,7 +94,7 @@ async fn upstream_that_stalls_mid_stream_is_cut_after_the_idle_timeout() {
     assert!(start.elapsed() < Duration::from_secs(3));
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "timeout")
             .value(&s),
         1.0
@@ -138,7 +140,7 @@ async fn upstream_errors_pass_through_unchanged_and_are_counted_by_code() {
     let s = proxy.settled(2.0).await;
     for code in ["400", "503"] {
         assert_eq!(
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("code", code)
                 .label("outcome", "complete")
                 .value(&s),
@@ -168,13 +170,13 @@ async fn client_hanging_up_during_prefill_cancels_the_upstream_request() {
     .expect("client");
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "client_disconnect")
             .value(&s),
         1.0
     );
     assert_eq!(
-        metric("tokenmeter_requests_in_flight")
+        metric(names::REQUESTS_IN_FLIGHT)
             .label("phase", "prefill")
             .value(&s),
         0.0
@@ -314,7 +316,7 @@ async fn http2_clients_and_h2c_upstreams_work_and_are_metered() {
         assert!(body.ends_with(b"data: [DONE]\n\n"), "{extra:?}");
         let s = proxy.settled(1.0).await;
         assert_eq!(
-            metric("tokenmeter_output_tokens_total").value(&s),
+            metric(names::OUTPUT_TOKENS_TOTAL).value(&s),
             10.0,
             "{extra:?}"
         );
@@ -344,7 +346,7 @@ async fn a_50_mb_line_is_forwarded_whole_and_counted_not_parsed() {
     assert!(seen.body == expected, "50 MB line changed in transit");
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_parse_errors_total")
+        metric(names::PARSE_ERRORS_TOTAL)
             .label("reason", "line_too_long")
             .value(&s),
         1.0
@@ -368,7 +370,7 @@ async fn a_gzip_encoded_event_stream_is_forwarded_untouched_and_counted() {
     assert_eq!(seen.body, payload);
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_parse_errors_total")
+        metric(names::PARSE_ERRORS_TOTAL)
             .label("reason", "content_encoding")
             .value(&s),
         1.0
@@ -403,7 +405,7 @@ async fn a_stream_that_never_ends_flows_until_the_client_leaves() {
     assert!(frames >= 10, "only {frames} frames in 500 ms");
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "client_disconnect")
             .value(&s),
         1.0
@@ -456,7 +458,7 @@ async fn model_labels_from_clients_are_bounded() {
         ]
     );
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("model", "other")
             .value(&s),
         17.0
@@ -478,7 +480,7 @@ async fn request_bodies_over_the_limit_stream_through_unchanged() {
     let s = proxy.settled(1.0).await;
     // The body was not read, so the model is not known from it.
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("model", "unknown")
             .value(&s),
         1.0
@@ -509,14 +511,14 @@ async fn a_request_body_the_proxy_cannot_read_is_a_metered_400() {
     assert!(reply.contains(r#""type":"request_body""#), "{reply}");
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "bad_request")
             .label("code", "400")
             .value(&s),
         1.0
     );
-    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 1.0, "{s}");
-    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(metric(names::REQUESTS_TOTAL).sum(&s), 1.0, "{s}");
+    assert_eq!(metric(names::REQUESTS_IN_FLIGHT).sum(&s), 0.0);
     assert_eq!(up.opened(), 0, "a refused request reached the upstream");
 }
 
@@ -535,15 +537,15 @@ async fn a_client_gone_in_the_middle_of_its_request_body_is_recorded_once() {
     .expect("client");
     let s = proxy.settled(1.0).await;
     // hyper either reports the short body (a refusal) or drops the request with its connection.
-    let gone = metric("tokenmeter_requests_total")
+    let gone = metric(names::REQUESTS_TOTAL)
         .label("outcome", "client_disconnect")
         .sum(&s);
-    let refused = metric("tokenmeter_requests_total")
+    let refused = metric(names::REQUESTS_TOTAL)
         .label("outcome", "bad_request")
         .sum(&s);
     assert_eq!(gone + refused, 1.0, "{s}");
-    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 1.0, "{s}");
-    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(metric(names::REQUESTS_TOTAL).sum(&s), 1.0, "{s}");
+    assert_eq!(metric(names::REQUESTS_IN_FLIGHT).sum(&s), 0.0);
     assert_eq!(
         up.opened(),
         0,

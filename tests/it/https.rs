@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{chat_request, post};
 use crate::support::metrics::metric;
 use crate::support::raw::read_request;
@@ -42,19 +44,16 @@ fn exact_figures(scrape: &str) -> Vec<(&'static str, f64)> {
     vec![
         (
             "complete",
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("outcome", "complete")
                 .label("code", "200")
                 .sum(scrape),
         ),
-        (
-            "output",
-            metric("tokenmeter_output_tokens_total").sum(scrape),
-        ),
-        ("input", metric("tokenmeter_input_tokens_total").sum(scrape)),
+        ("output", metric(names::OUTPUT_TOKENS_TOTAL).sum(scrape)),
+        ("input", metric(names::INPUT_TOKENS_TOTAL).sum(scrape)),
         (
             "usage",
-            metric("tokenmeter_token_count_source_total")
+            metric(names::TOKEN_COUNT_SOURCE_TOTAL)
                 .label("source", "usage")
                 .sum(scrape),
         ),
@@ -179,7 +178,7 @@ async fn certificate_failures_answer_502_naming_the_cause() {
         assert_eq!(e["cause"], cause, "{body}");
         assert_eq!(e["code"], 502, "{body}");
         assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()));
-        let n = metric("tokenmeter_requests_total")
+        let n = metric(names::REQUESTS_TOTAL)
             .label("outcome", "upstream_error")
             .label("code", "502")
             .value(&scrape);
@@ -250,7 +249,7 @@ async fn a_black_holed_upstream_answers_502_within_the_connect_timeout() {
         assert_eq!(v["error"]["cause"], "connect_timeout", "{v}");
         assert_eq!(v["error"]["type"], "upstream_connect_timeout", "{v}");
         let scrape = proxy.settled(1.0).await;
-        let n = metric("tokenmeter_requests_total")
+        let n = metric(names::REQUESTS_TOTAL)
             .label("outcome", "upstream_error")
             .label("code", "502")
             .value(&scrape);
@@ -333,7 +332,7 @@ async fn a_request_an_https_upstream_lost_on_a_reused_connection_is_sent_again()
         assert_eq!(read.load(Ordering::SeqCst), 3, "ALPN {alpn:?}");
         assert_eq!(served.load(Ordering::SeqCst), 2, "ALPN {alpn:?}");
         let scrape = proxy.settled(2.0).await;
-        let complete = metric("tokenmeter_requests_total")
+        let complete = metric(names::REQUESTS_TOTAL)
             .label("outcome", "complete")
             .value(&scrape);
         assert_eq!(complete, 2.0, "ALPN {alpn:?}");

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Received, Reply, Step};
@@ -122,31 +124,28 @@ async fn same_bytes_for_the_client_exact_counts_for_the_metrics() {
         assert_eq!(length, Some(received[1].body.len().to_string()));
 
         let s = plain.settled(1.0).await;
-        assert_eq!(metric("tokenmeter_output_tokens_total").sum(&s), 13.0);
-        assert_eq!(metric("tokenmeter_input_tokens_total").sum(&s), 0.0);
+        assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).sum(&s), 13.0);
         assert_eq!(
-            metric("tokenmeter_token_count_source_total")
+            metric(names::INPUT_TOKENS_TOTAL).sum_or_zero_if_absent(&s),
+            0.0
+        );
+        assert_eq!(
+            metric(names::TOKEN_COUNT_SOURCE_TOTAL)
                 .label("source", "counted")
                 .sum(&s),
             1.0
         );
         let s = injecting.settled(1.0).await;
+        assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).sum(&s), OUTPUT as f64);
+        assert_eq!(metric(names::INPUT_TOKENS_TOTAL).sum(&s), PROMPT as f64);
         assert_eq!(
-            metric("tokenmeter_output_tokens_total").sum(&s),
-            OUTPUT as f64
-        );
-        assert_eq!(
-            metric("tokenmeter_input_tokens_total").sum(&s),
-            PROMPT as f64
-        );
-        assert_eq!(
-            metric("tokenmeter_token_count_source_total")
+            metric(names::TOKEN_COUNT_SOURCE_TOTAL)
                 .label("source", "usage")
                 .sum(&s),
             1.0
         );
         assert_eq!(
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("api", "openai")
                 .label("outcome", "complete")
                 .sum(&s),
@@ -173,10 +172,7 @@ async fn a_client_that_asked_for_usage_gets_it_untouched() {
         "request forwarded unchanged"
     );
     let s = proxy.settled(1.0).await;
-    assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
-        OUTPUT as f64
-    );
+    assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).sum(&s), OUTPUT as f64);
 }
 
 #[tokio::test]
@@ -227,10 +223,7 @@ async fn the_usage_chunk_is_removed_whatever_the_media_type_case() {
         String::from_utf8_lossy(&seen.body)
     );
     let s = proxy.settled(1.0).await;
-    assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
-        OUTPUT as f64
-    );
+    assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).sum(&s), OUTPUT as f64);
 }
 
 /// [`vllm_like`], also serving a `/metrics` page in vLLM's dialect, as vLLM does.
@@ -260,9 +253,9 @@ async fn vllm_with_metrics() -> upstream::Upstream {
 async fn engine_read(proxy: &crate::support::Proxy) -> String {
     proxy
         .eventually(|s| {
-            metric("tokenmeter_engine_metrics_scrapes_total")
+            metric(names::engine_view::SCRAPES)
                 .label("result", "ok")
-                .sum(s)
+                .sum_or_zero_if_absent(s)
                 >= 1.0
         })
         .await
@@ -283,9 +276,9 @@ async fn by_default_usage_is_asked_for_once_the_upstream_is_known_to_be_vllm() {
         let proxy = spawn_proxy(&up.url(), &flags).await;
         let s = engine_read(&proxy).await;
         assert_eq!(
-            metric("tokenmeter_engine_metrics_scrapes_total")
+            metric(names::engine_view::SCRAPES)
                 .label("result", "ok")
-                .sum(&s)
+                .sum_or_zero_if_absent(&s)
                 .min(1.0),
             1.0,
             "{flags:?}: the engine's page was read"
@@ -312,14 +305,14 @@ async fn by_default_usage_is_asked_for_once_the_upstream_is_known_to_be_vllm() {
             ("counted", CHUNK_TOKENS.len())
         };
         assert_eq!(
-            metric("tokenmeter_token_count_source_total")
+            metric(names::TOKEN_COUNT_SOURCE_TOTAL)
                 .label("source", source)
                 .sum(&s),
             1.0,
             "{flags:?}"
         );
         assert_eq!(
-            metric("tokenmeter_output_tokens_total").sum(&s),
+            metric(names::OUTPUT_TOKENS_TOTAL).sum(&s),
             output as f64,
             "{flags:?}"
         );

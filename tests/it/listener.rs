@@ -9,6 +9,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::chat_request;
 use crate::support::metrics::metric;
 use crate::support::tls::{client_config, connect, https_client, Ca, Dir, Validity};
@@ -194,7 +196,7 @@ async fn a_certificate_replaced_on_disk_reaches_new_connections_while_a_stream_f
     }
     assert_eq!(got, want);
     let scrape = proxy.settled(1.0).await;
-    let n = metric("tokenmeter_requests_total")
+    let n = metric(names::REQUESTS_TOTAL)
         .label("outcome", "complete")
         .value(&scrape);
     assert_eq!(n, 1.0);
@@ -334,7 +336,7 @@ async fn plain_connections_are_told_apart_by_their_first_bytes_however_they_arri
         assert_eq!(body.as_ref(), &want[..], "http2={http2} first={first}");
     }
     let s = proxy.settled(1.0).await;
-    assert_eq!(metric("tokenmeter_output_tokens_total").value(&s), 24.0);
+    assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).value(&s), 24.0);
     assert_eq!(up.received.lock().expect("lock").len(), 4);
 }
 

@@ -2,10 +2,10 @@
 
 mod support;
 
-mod bench;
 mod capacity;
 mod cgroup;
 mod cli;
+mod commands;
 mod compat;
 mod context_capacity;
 mod corpus;
@@ -29,7 +29,6 @@ mod proxy;
 mod queue_or_shed;
 mod replay;
 mod reqlog;
-mod sim;
 mod slo;
 mod tenant;
 mod timings;

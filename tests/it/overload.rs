@@ -12,6 +12,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, openai_chat, script_bytes, Reply, Step};
@@ -103,7 +105,7 @@ async fn at_max_in_flight_the_rest_are_shed_at_once_and_never_reach_the_upstream
     assert_eq!((admitted, shed), (10, 20));
     let s = proxy.settled(30.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "shed")
             .label("code", "503")
             .value(&s),
@@ -111,12 +113,12 @@ async fn at_max_in_flight_the_rest_are_shed_at_once_and_never_reach_the_upstream
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "complete")
             .value(&s),
         10.0
     );
-    assert_eq!(metric("tokenmeter_in_flight_limit").value(&s), 10.0);
+    assert_eq!(metric(names::IN_FLIGHT_LIMIT).value(&s), 10.0);
     assert_eq!(
         upstream.received.lock().expect("lock").len(),
         10,
@@ -175,14 +177,14 @@ async fn readyz_is_503_at_the_cap_and_200_again_at_the_low_water_mark() {
     open.pop();
     let s = proxy
         .eventually(|s| {
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("outcome", "client_disconnect")
-                .sum(s)
+                .sum_or_zero_if_absent(s)
                 >= 1.0
         })
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "client_disconnect")
             .value(&s),
         1.0
@@ -254,11 +256,8 @@ async fn past_max_connections_a_new_connection_is_closed_at_once() {
         assert_eq!(get(c).await.expect("still served"), 200);
     }
     let s = proxy.scrape().await;
-    assert_eq!(
-        metric("tokenmeter_connections_refused_total").value(&s),
-        1.0
-    );
-    assert_eq!(metric("tokenmeter_connections_limit").value(&s), 3.0);
+    assert_eq!(metric(names::CONNECTIONS_REFUSED_TOTAL).value(&s), 1.0);
+    assert_eq!(metric(names::CONNECTIONS_LIMIT).value(&s), 3.0);
     // One closes: a new connection is served again.
     drop(conns.pop());
     let mut served = false;

@@ -20,6 +20,8 @@ use tokenmeter::protocol::Message;
 use tokenmeter::read::{ndjson, sse, DecodeErrors};
 use tokenmeter::record::Outcome;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client;
 use crate::support::metrics::metric;
 use crate::support::spawn_proxy;
@@ -359,20 +361,20 @@ fn proxy_forwards_arbitrary_bodies_in_arbitrary_pieces_byte_exact() {
     let scrape = rt.block_on(async {
         for _ in 0..100 {
             let s = proxy.scrape().await;
-            if metric("tokenmeter_requests_total").sum(&s) >= n as f64 {
+            if metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(&s) >= n as f64 {
                 return s;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         proxy.scrape().await
     });
-    let complete = metric("tokenmeter_requests_total")
+    let complete = metric(names::REQUESTS_TOTAL)
         .label("outcome", "complete")
         .label("code", "200")
         .sum(&scrape);
     assert_eq!(complete, n as f64, "{scrape}");
     for phase in ["prefill", "decode"] {
-        let v = metric("tokenmeter_requests_in_flight")
+        let v = metric(names::REQUESTS_IN_FLIGHT)
             .label("phase", phase)
             .value(&scrape);
         assert_eq!(v, 0.0, "{phase} gauge leaked:\n{scrape}");
@@ -488,14 +490,14 @@ proptest! {
         // more chunks than their usage states: see corpus::no_stream_shows_more_tokens_than...).
         let length = metric("tokenmeter_request_output_tokens_sum").label("model", model).value(&s);
         prop_assert_eq!(length, want as f64, "{} content chunks, usage {:?}", content, usage);
-        let output = metric("tokenmeter_output_tokens_total").label("model", model).value(&s);
+        let output = metric(names::OUTPUT_TOKENS_TOTAL).label("model", model).value(&s);
         prop_assert_eq!(output, want.max(content) as f64, "{} content chunks, usage {:?}", content, usage);
-        prop_assert_eq!(metric("tokenmeter_token_count_source_total").label("source", source).value(&s), 1.0);
+        prop_assert_eq!(metric(names::TOKEN_COUNT_SOURCE_TOTAL).label("source", source).value(&s), 1.0);
         if let Some((prompt, _)) = usage {
-            prop_assert_eq!(metric("tokenmeter_input_tokens_total").label("model", model).value(&s), prompt as f64);
+            prop_assert_eq!(metric(names::INPUT_TOKENS_TOTAL).label("model", model).value(&s), prompt as f64);
         }
-        prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "prefill").value(&s), 0.0);
-        prop_assert_eq!(metric("tokenmeter_requests_in_flight").label("phase", "decode").value(&s), 0.0);
+        prop_assert_eq!(metric(names::REQUESTS_IN_FLIGHT).label("phase", "prefill").value(&s), 0.0);
+        prop_assert_eq!(metric(names::REQUESTS_IN_FLIGHT).label("phase", "decode").value(&s), 0.0);
         prop_assert_eq!(recorder.concurrency().current(), 0);
     }
 }

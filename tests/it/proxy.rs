@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -87,14 +89,14 @@ async fn every_corpus_body_passes_through_byte_for_byte_in_random_pieces() {
     let n = entries.len() as f64;
     let s = proxy
         .eventually(|s| {
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("outcome", "complete")
-                .sum(s)
+                .sum_or_zero_if_absent(s)
                 == n
         })
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "complete")
             .sum(&s),
         n
@@ -179,10 +181,12 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
         );
     }
     let s = proxy
-        .eventually(|s| metric("tokenmeter_requests_total").sum(s) == cases.len() as f64)
+        .eventually(|s| {
+            metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(s) == cases.len() as f64
+        })
         .await;
     assert_eq!(
-        metric("tokenmeter_parse_errors_total")
+        metric(names::PARSE_ERRORS_TOTAL)
             .label("reason", "line_too_long")
             .value(&s),
         1.0,
@@ -191,7 +195,7 @@ async fn malformed_bodies_pass_through_unchanged_and_long_lines_are_counted() {
     // The event after the long line is still read: exactly one token in that request, and the
     // broken-JSON events are counted.
     assert!(
-        metric("tokenmeter_parse_errors_total")
+        metric(names::PARSE_ERRORS_TOTAL)
             .label("reason", "invalid_json")
             .value(&s)
             >= 2.0
@@ -240,7 +244,7 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
     assert_eq!(seen.status, 200);
     let m = |n: &str| metric(n).label("model", "test-model");
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("model", "test-model")
             .label("code", "200")
             .label("outcome", "complete")
@@ -248,10 +252,10 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
             .value(&s),
         1.0
     );
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&s), 40.0);
-    assert_eq!(m("tokenmeter_input_tokens_total").value(&s), 12.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&s), 40.0);
+    assert_eq!(m(names::INPUT_TOKENS_TOTAL).value(&s), 12.0);
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "usage")
             .value(&s),
         1.0
@@ -304,7 +308,7 @@ async fn ttft_speed_and_exact_tokens_of_a_timed_stream() {
         (1.0 / tpot - tps).abs() < 1e-6 * tps,
         "TPOT {tpot} is not 1 / {tps}"
     );
-    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(metric(names::REQUESTS_IN_FLIGHT).sum(&s), 0.0);
 }
 
 #[tokio::test]
@@ -331,7 +335,7 @@ async fn eight_concurrent_streams_land_in_band_5_to_8() {
         8.0,
         "every request decoded with 8 in flight"
     );
-    assert_eq!(metric("tokenmeter_output_tokens_total").value(&s), 320.0);
+    assert_eq!(metric(names::OUTPUT_TOKENS_TOTAL).value(&s), 320.0);
 }
 
 #[tokio::test]
@@ -367,36 +371,36 @@ async fn fifty_clients_hanging_up_mid_stream_leave_no_trace() {
     }
     let s = proxy
         .eventually(|s| {
-            metric("tokenmeter_requests_total")
+            metric(names::REQUESTS_TOTAL)
                 .label("outcome", "client_disconnect")
-                .sum(s)
+                .sum_or_zero_if_absent(s)
                 == 50.0
-                && metric("tokenmeter_requests_in_flight").sum(s) == 0.0
+                && metric(names::REQUESTS_IN_FLIGHT).sum(s) == 0.0
         })
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "client_disconnect")
             .value(&s),
         50.0
     );
     assert_eq!(
-        metric("tokenmeter_requests_in_flight")
+        metric(names::REQUESTS_IN_FLIGHT)
             .label("phase", "prefill")
             .value(&s),
         0.0
     );
     assert_eq!(
-        metric("tokenmeter_requests_in_flight")
+        metric(names::REQUESTS_IN_FLIGHT)
             .label("phase", "decode")
             .value(&s),
         0.0
     );
     // Tokens seen before the hang-up are still counted (at least 2 per request).
-    assert!(metric("tokenmeter_output_tokens_total").value(&s) >= 100.0);
+    assert!(metric(names::OUTPUT_TOKENS_TOTAL).value(&s) >= 100.0);
     // A stream cut mid-line is not malformed input.
     assert_eq!(
-        metric("tokenmeter_parse_errors_total")
+        metric(names::PARSE_ERRORS_TOTAL)
             .label("reason", "invalid_json")
             .value(&s),
         0.0
@@ -466,9 +470,9 @@ async fn an_anthropic_stream_leaves_the_gauges_at_message_stop_while_its_body_is
             .expect("request");
         client::client().request(req)
     };
-    let in_flight = |s: &str| metric("tokenmeter_requests_in_flight").sum(s);
+    let in_flight = |s: &str| metric(names::REQUESTS_IN_FLIGHT).sum(s);
     let requests = |s: &str, outcome| {
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("api", "anthropic")
             .label("model", "claude-test")
             .label("outcome", outcome)
@@ -485,7 +489,7 @@ async fn an_anthropic_stream_leaves_the_gauges_at_message_stop_while_its_body_is
     let s = proxy.scrape().await;
     assert_eq!(in_flight(&s), 1.0, "{s}");
     assert_eq!(
-        metric("tokenmeter_requests_in_flight")
+        metric(names::REQUESTS_IN_FLIGHT)
             .label("phase", "decode")
             .value(&s),
         1.0
@@ -506,7 +510,7 @@ async fn an_anthropic_stream_leaves_the_gauges_at_message_stop_while_its_body_is
     let s = proxy.scrape().await;
     assert_eq!(in_flight(&s), 0.0, "{s}");
     assert_eq!(
-        metric("tokenmeter_requests_total").sum(&s),
+        metric(names::REQUESTS_TOTAL).sum(&s),
         1.0,
         "the second request is not finished yet:\n{s}"
     );
@@ -517,7 +521,7 @@ async fn an_anthropic_stream_leaves_the_gauges_at_message_stop_while_its_body_is
     assert_eq!(requests(&s, "client_disconnect"), 1.0, "{s}");
     assert_eq!(in_flight(&s), 0.0);
     assert_eq!(
-        metric("tokenmeter_output_tokens_total")
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("model", "claude-test")
             .value(&s),
         6.0,
@@ -555,14 +559,14 @@ async fn unreachable_upstream_gives_502_json_and_is_counted() {
     assert_eq!(json["error"]["type"], "upstream_unavailable");
     let s = proxy.scrape().await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("code", "502")
             .label("outcome", "upstream_error")
             .label("model", "req-model")
             .value(&s),
         1.0
     );
-    assert_eq!(metric("tokenmeter_requests_in_flight").sum(&s), 0.0);
+    assert_eq!(metric(names::REQUESTS_IN_FLIGHT).sum(&s), 0.0);
 }
 
 #[tokio::test]
@@ -583,7 +587,7 @@ async fn non_streaming_json_is_measured_from_usage() {
     assert_eq!(seen.status, 200);
     let s = proxy.settled(1.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "complete")
             .label("model", "json-model")
             .value(&s),
@@ -591,13 +595,13 @@ async fn non_streaming_json_is_measured_from_usage() {
         "a Content-Length body read to its end is complete"
     );
     assert_eq!(
-        metric("tokenmeter_output_tokens_total")
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("model", "json-model")
             .value(&s),
         3.0
     );
     assert_eq!(
-        metric("tokenmeter_input_tokens_total")
+        metric(names::INPUT_TOKENS_TOTAL)
             .label("model", "json-model")
             .value(&s),
         9.0
@@ -609,7 +613,7 @@ async fn non_streaming_json_is_measured_from_usage() {
         1.0
     );
     assert_eq!(
-        metric("tokenmeter_time_to_first_token_seconds_count").sum(&s),
+        metric("tokenmeter_time_to_first_token_seconds_count").sum_or_zero_if_absent(&s),
         0.0
     );
 }
@@ -680,12 +684,12 @@ async fn aggregate_rate_gauges_and_bucket_overrides() {
     }
     let s = proxy.settled(3.0).await;
     // 120 tokens inside a 30 s window.
-    assert_eq!(metric("tokenmeter_output_tokens_per_second").value(&s), 4.0);
+    assert_eq!(metric(names::OUTPUT_TOKENS_PER_SECOND).value(&s), 4.0);
     assert_eq!(
-        metric("tokenmeter_output_tokens_per_second_per_gpu").value(&s),
+        metric(names::OUTPUT_TOKENS_PER_SECOND_PER_GPU).value(&s),
         2.0
     );
-    assert_eq!(metric("tokenmeter_gpus").value(&s), 2.0);
+    assert_eq!(metric(names::GPUS).value(&s), 2.0);
     let les: Vec<&str> = s
         .lines()
         .filter(|l| l.starts_with("tokenmeter_time_to_first_token_seconds_bucket"))
@@ -693,7 +697,7 @@ async fn aggregate_rate_gauges_and_bucket_overrides() {
         .collect();
     assert_eq!(les, ["0.1", "0.2", "+Inf"]);
     assert_eq!(
-        metric("tokenmeter_build_info")
+        metric(names::BUILD_INFO)
             .label("version", env!("CARGO_PKG_VERSION"))
             .value(&s),
         1.0

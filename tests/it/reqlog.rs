@@ -9,6 +9,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client;
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -351,12 +353,12 @@ async fn a_log_on_a_pipe_nobody_reads_holds_no_stream_back_and_counts_its_drops(
     let rss_late = rss(pid);
     let scrape = proxy.scrape().await;
     proxy.stop();
-    let dropped = metric("tokenmeter_request_log_dropped_total").value(&scrape);
+    let dropped = metric(names::REQUEST_LOG_DROPPED_TOTAL).value(&scrape);
     let done = REQUESTS as f64;
     println!(
         "{REQUESTS} requests: {dropped} lines dropped; resident {rss_early} -> {rss_late} bytes"
     );
-    assert_eq!(metric("tokenmeter_requests_total").sum(&scrape), done);
+    assert_eq!(metric(names::REQUESTS_TOTAL).sum(&scrape), done);
     // The pipe (64 KiB), the writer's buffer (64 KiB) and the queue (1,024 lines) hold at most
     // some 1,300 of the 2,988 lines: the rest were dropped and counted, none lost uncounted.
     assert!(dropped >= 1500.0, "dropped {dropped}");

@@ -13,6 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{chat_request, client};
 use crate::support::metrics::metric;
 use crate::support::spawn_proxy;
@@ -110,7 +112,7 @@ async fn hang_up(addr: std::net::SocketAddr, case: &str, class: &str, after: Dur
 }
 
 fn slo(scrape: &str, class: &str, result: &str) -> f64 {
-    metric("tokenmeter_slo_requests_total")
+    metric(names::SLO_REQUESTS_TOTAL)
         .label("class", class)
         .label("result", result)
         .sum(scrape)
@@ -151,10 +153,10 @@ async fn crafted_streams_give_each_result_and_goodput_counts_only_met_tokens() {
         assert_eq!(slo(&s, "fast", result), n, "fast/{result} in\n{s}");
     }
     assert_eq!(slo(&s, "quick", "e2e_missed"), 1.0, "{s}");
-    assert_eq!(metric("tokenmeter_slo_requests_total").sum(&s), 10.0, "{s}");
+    assert_eq!(metric(names::SLO_REQUESTS_TOTAL).sum(&s), 10.0, "{s}");
     // Goodput: the two 20-token streams and the 1-token one; nothing from the misses.
     assert_eq!(
-        metric("tokenmeter_goodput_output_tokens_total")
+        metric(names::GOODPUT_OUTPUT_TOKENS_TOTAL)
             .label("class", "fast")
             .label("model", "test-model")
             .value(&s),
@@ -162,14 +164,14 @@ async fn crafted_streams_give_each_result_and_goodput_counts_only_met_tokens() {
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_goodput_output_tokens_total")
+        metric(names::GOODPUT_OUTPUT_TOKENS_TOTAL)
             .label("class", "quick")
             .sum(&s),
         0.0
     );
     // One request at a time: every result is in band 1.
     assert_eq!(
-        metric("tokenmeter_slo_requests_total")
+        metric(names::SLO_REQUESTS_TOTAL)
             .label("concurrency", "1")
             .sum(&s),
         10.0,
@@ -177,9 +179,7 @@ async fn crafted_streams_give_each_result_and_goodput_counts_only_met_tokens() {
     );
     for (class, objective) in [("fast", 0.9), ("quick", 0.95), ("batch", 0.95)] {
         assert_eq!(
-            metric("tokenmeter_slo_objective")
-                .label("class", class)
-                .value(&s),
+            metric(names::SLO_OBJECTIVE).label("class", class).value(&s),
             objective
         );
     }
@@ -240,11 +240,8 @@ async fn gpus_and_their_cost_are_exported_with_the_source() {
     let flags = ["--gpus", "2", "--gpu-hour-cost", "2.25"];
     let proxy = spawn_proxy(&up.url(), &flags).await;
     let s = proxy.scrape().await;
-    assert_eq!(
-        metric("tokenmeter_gpus").label("source", "flag").value(&s),
-        2.0
-    );
-    assert_eq!(metric("tokenmeter_gpu_hour_cost").value(&s), 2.25);
+    assert_eq!(metric(names::GPUS).label("source", "flag").value(&s), 2.0);
+    assert_eq!(metric(names::GPU_HOUR_COST).value(&s), 2.25);
     let proxy = spawn_proxy(&up.url(), &[]).await;
     let s = proxy.scrape().await;
     assert!(!s.contains("tokenmeter_gpu_hour_cost "), "{s}");
@@ -268,7 +265,7 @@ async fn only_post_requests_are_judged() {
     send(&url, "met", &[]).await;
     let s = proxy.settled(2.0).await;
     // Both are requests; only the POST is an inference a consumer waited for.
-    assert_eq!(metric("tokenmeter_requests_total").sum(&s), 2.0, "{s}");
-    assert_eq!(metric("tokenmeter_slo_requests_total").sum(&s), 1.0, "{s}");
+    assert_eq!(metric(names::REQUESTS_TOTAL).sum(&s), 2.0, "{s}");
+    assert_eq!(metric(names::SLO_REQUESTS_TOTAL).sum(&s), 1.0, "{s}");
     assert_eq!(slo(&s, "interactive", "met"), 1.0, "{s}");
 }

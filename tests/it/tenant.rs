@@ -9,6 +9,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tokenmeter_tools::exposition::Scrape;
 
+use tokenmeter::metrics::names;
+
 use crate::cli::{sigterm, start_binary};
 use crate::support::client;
 use crate::support::metrics::metric;
@@ -85,7 +87,7 @@ async fn a_hundred_tenants_give_max_tenants_plus_one_values() {
         assert_eq!(values.len(), 6, "{family}: {values:?}");
     }
     assert_eq!(
-        metric("tokenmeter_output_tokens_total")
+        metric(names::OUTPUT_TOKENS_TOTAL)
             .label("tenant", "other")
             .value(&s),
         95.0 * 3.0

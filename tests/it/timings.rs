@@ -9,6 +9,8 @@ use tokenmeter::protocol::timings::{EngineTimings, TimingSource};
 use tokenmeter::read::Reader;
 use tokenmeter_tools::sim::{Model, SimConfig};
 
+use tokenmeter::metrics::names;
+
 use crate::support::corpus::{self, Entry};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
@@ -269,10 +271,10 @@ fn check_split(scrape: &str, ttft: f64, source: &str, stated: &[(&str, f64)]) {
     // The first token left the upstream 300 ms after the request; the rest is loopback.
     assert!((0.3..0.4).contains(&ttft), "{source}: ttft {ttft}");
     assert!(other >= 0.3 - stated_sum - 1e-6, "{source}: other {other}");
-    let covered = metric("tokenmeter_engine_timings_requests_total").label("source", source);
+    let covered = metric(names::ENGINE_TIMINGS_REQUESTS_TOTAL).label("source", source);
     assert_eq!(covered.value(scrape), 1.0, "{source} coverage");
     assert_eq!(
-        metric("tokenmeter_engine_timing_mismatch_total").sum(scrape),
+        metric(names::ENGINE_TIMING_MISMATCH_TOTAL).sum_or_zero_if_absent(scrape),
         0.0
     );
 }
@@ -313,9 +315,12 @@ async fn an_ollama_stream_splits_its_ttft_into_model_load_prefill_and_other() {
         &[("model_load", 0.050), ("prefill", 0.200)],
     );
     // Ollama states no queue: vLLM's queue series stays absent, its prefill one is observed.
-    let v = |name: &str| metric(name).label("model_name", "m").sum(&s);
-    assert_eq!(v("vllm:request_queue_time_seconds_count"), 0.0);
-    assert_eq!(v("vllm:request_prefill_time_seconds_count"), 1.0);
+    assert!(
+        metric("vllm:request_queue_time_seconds_count").is_absent(&s),
+        "{s}"
+    );
+    let prefill = metric("vllm:request_prefill_time_seconds_count").label("model_name", "m");
+    assert_eq!(prefill.value(&s), 1.0);
 }
 
 #[tokio::test]
@@ -326,7 +331,7 @@ async fn a_llamacpp_stream_splits_its_ttft_into_prefill_and_other() {
     let (s, ttft) = split_through_proxy("/completion", "text/event-stream", first, last).await;
     check_split(&s, ttft, "llamacpp", &[("prefill", 0.200)]);
     // 40 prompt tokens, 8 computed: the cache served 32.
-    let cached = metric("tokenmeter_cached_input_tokens_total").label("kind", "read");
+    let cached = metric(names::CACHED_INPUT_TOKENS_TOTAL).label("kind", "read");
     assert_eq!(cached.value(&s), 32.0);
 }
 
@@ -341,10 +346,7 @@ async fn stated_parts_beyond_the_ttft_leave_other_at_zero_and_count_a_mismatch()
     let (s, _) =
         split_through_proxy("/v1/chat/completions", "text/event-stream", first, last).await;
     assert_eq!(part(&s, "other"), (1.0, 0.0), "{s}");
-    assert_eq!(
-        metric("tokenmeter_engine_timing_mismatch_total").value(&s),
-        1.0
-    );
+    assert_eq!(metric(names::ENGINE_TIMING_MISMATCH_TOTAL).value(&s), 1.0);
     assert_eq!(part(&s, "queue").1, 0.4);
 }
 
@@ -357,14 +359,17 @@ async fn a_stream_without_timings_observes_no_part() {
     let (s, _) =
         split_through_proxy("/v1/chat/completions", "text/event-stream", first, last).await;
     assert_eq!(
-        metric("tokenmeter_time_to_first_token_part_seconds_count").sum(&s),
+        metric("tokenmeter_time_to_first_token_part_seconds_count").sum_or_zero_if_absent(&s),
         0.0
     );
     assert_eq!(
-        metric("tokenmeter_engine_timings_requests_total").sum(&s),
+        metric(names::ENGINE_TIMINGS_REQUESTS_TOTAL).sum_or_zero_if_absent(&s),
         0.0
     );
-    assert_eq!(metric("vllm:request_queue_time_seconds_count").sum(&s), 0.0);
+    assert_eq!(
+        metric("vllm:request_queue_time_seconds_count").sum_or_zero_if_absent(&s),
+        0.0
+    );
 }
 
 /// The simulator, under `--enable-per-request-metrics`, states its own queue as vLLM does: with
@@ -410,9 +415,9 @@ async fn the_simulators_stated_queue_is_the_wait_it_imposed() {
         "the wait is in the queue, not outside: other {other}"
     );
     assert_eq!(
-        metric("tokenmeter_engine_timing_mismatch_total").sum(&s),
+        metric(names::ENGINE_TIMING_MISMATCH_TOTAL).sum_or_zero_if_absent(&s),
         0.0
     );
-    let source = metric("tokenmeter_engine_timings_requests_total").label("source", "vllm");
+    let source = metric(names::ENGINE_TIMINGS_REQUESTS_TOTAL).label("source", "vllm");
     assert_eq!(source.value(&s), 2.0);
 }

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
+use tokenmeter::metrics::names;
+
 use crate::support::metrics::metric;
 use crate::support::{client, tokenizer};
 use crate::support::{sim_flags, spawn_proxy, start_sim, Proxy};
@@ -122,18 +124,18 @@ async fn without_usage_the_tokenizer_counts_prompt_answer_and_each_event() {
     }
     let s = proxy.settled(2.0).await;
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "tokenizer")
             .sum(&s),
         2.0,
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
+        metric(names::OUTPUT_TOKENS_TOTAL).sum(&s),
         2.0 * OUTPUT as f64
     );
     assert_eq!(
-        metric("tokenmeter_input_tokens_total").sum(&s),
+        metric(names::INPUT_TOKENS_TOTAL).sum(&s),
         2.0 * PROMPT_TOKENS as f64,
         "the prompt, counted at admission"
     );
@@ -185,28 +187,28 @@ async fn a_client_that_leaves_is_counted_between_what_it_read_and_what_was_made(
     let body = completion(20_000);
     let cut = client::post_read_then_drop(&url, &body, 1500).await;
     let s = proxy
-        .eventually(|s| metric("tokenmeter_requests_total").sum(s) >= 1.0)
+        .eventually(|s| metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(s) >= 1.0)
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "client_disconnect")
             .sum(&s),
         1.0,
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "tokenizer")
             .sum(&s),
         1.0,
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_input_tokens_total").sum(&s),
+        metric(names::INPUT_TOKENS_TOTAL).sum(&s),
         PROMPT_TOKENS as f64,
         "its prompt is counted though no usage came"
     );
-    let counted = metric("tokenmeter_output_tokens_total").sum(&s) as u64;
+    let counted = metric(names::OUTPUT_TOKENS_TOTAL).sum(&s) as u64;
     let read = sim_tokens(&streamed_text(&cut));
     let stats = client::get_text(&format!("{sim}/sim/stats")).await;
     let stats: serde_json::Value = serde_json::from_str(&stats).expect("stats");
@@ -221,7 +223,7 @@ async fn a_client_that_leaves_is_counted_between_what_it_read_and_what_was_made(
     post(&proxy, "/v1/completions", &completion(OUTPUT)).await;
     let s = proxy.settled(2.0).await;
     let check = |direction: &str, result: &str| {
-        metric("tokenmeter_tokenizer_checks_total")
+        metric(names::TOKENIZER_CHECKS_TOTAL)
             .label("direction", direction)
             .label("result", result)
             .sum(&s)
@@ -230,7 +232,7 @@ async fn a_client_that_leaves_is_counted_between_what_it_read_and_what_was_made(
     assert_eq!(check("output", "differs"), 0.0);
     assert_eq!(check("input", "equal") + check("input", "differs"), 1.0);
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "usage")
             .sum(&s),
         1.0

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, Seen};
 use crate::support::metrics::metric;
 use crate::support::{sim_flags, spawn_proxy, start_sim, Proxy};
@@ -94,7 +96,7 @@ async fn through(proxy: &Proxy) -> String {
     }
     let s = proxy.settled(2.0).await;
     assert_eq!(
-        metric("tokenmeter_requests_total")
+        metric(names::REQUESTS_TOTAL)
             .label("outcome", "complete")
             .sum(&s),
         2.0,
@@ -142,9 +144,9 @@ async fn injected_usage_counts_every_token_of_a_multi_token_event() {
             // `auto` rewrites once it knows the upstream is an engine that adds nothing else.
             proxy
                 .eventually(|s| {
-                    metric("tokenmeter_engine_metrics_scrapes_total")
+                    metric(names::engine_view::SCRAPES)
                         .label("result", "ok")
-                        .sum(s)
+                        .sum_or_zero_if_absent(s)
                         >= 1.0
                 })
                 .await;
@@ -165,12 +167,12 @@ async fn injected_usage_counts_every_token_of_a_multi_token_event() {
         }
         let s = proxy.settled(2.0).await;
         assert_eq!(
-            metric("tokenmeter_output_tokens_total").sum(&s),
+            metric(names::OUTPUT_TOKENS_TOTAL).sum(&s),
             f64::from(2 * OUTPUT),
             "{flags:?} {s}"
         );
         assert_eq!(
-            metric("tokenmeter_token_count_source_total")
+            metric(names::TOKEN_COUNT_SOURCE_TOTAL)
                 .label("source", "usage")
                 .sum(&s),
             2.0,
@@ -198,12 +200,12 @@ async fn without_injection_multi_token_events_are_counted_one_each() {
     let proxy = spawn_proxy(&sim, &["--inject-usage", "off"]).await;
     let s = through(&proxy).await;
     assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
+        metric(names::OUTPUT_TOKENS_TOTAL).sum(&s),
         f64::from(2 * EVENTS),
         "{s}"
     );
     assert_eq!(
-        metric("tokenmeter_token_count_source_total")
+        metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", "counted")
             .sum(&s),
         2.0
@@ -232,7 +234,7 @@ async fn speculative_events_are_counted_exactly_with_injected_usage() {
     let proxy = spawn_proxy(&sim, &["--inject-usage"]).await;
     let s = through(&proxy).await;
     assert_eq!(
-        metric("tokenmeter_output_tokens_total").sum(&s),
+        metric(names::OUTPUT_TOKENS_TOTAL).sum(&s),
         f64::from(2 * OUTPUT),
         "{s}"
     );

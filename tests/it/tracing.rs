@@ -11,6 +11,8 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 
+use tokenmeter::metrics::names;
+
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
 use crate::support::{client, spawn_proxy};
@@ -29,7 +31,10 @@ fn python_otlp() -> Option<String> {
                 !crate::support::in_ci(),
                 "TOKENMETER_OTLP_PYTHON is not set: tests/run prepares it"
             );
-            eprintln!("SKIPPED: no TOKENMETER_OTLP_PYTHON (run tests/run, which prepares it)");
+            crate::support::skip(
+                &crate::support::current_test(),
+                "no TOKENMETER_OTLP_PYTHON (run tests/run, which prepares it, or set it)",
+            );
             None
         }
     }
@@ -177,10 +182,7 @@ async fn a_sampled_caller_gets_one_span_in_its_trace_and_the_upstream_our_span_a
     assert_eq!(sent, format!("00-{TRACE_ID}-{our_span}-01"));
     assert_ne!(our_span, CALLER_SPAN);
     let scrape = proxy.settled(1.0).await;
-    assert_eq!(
-        metric("tokenmeter_trace_spans_dropped_total").value(&scrape),
-        0.0
-    );
+    assert_eq!(metric(names::TRACE_SPANS_DROPPED_TOTAL).value(&scrape), 0.0);
 }
 
 #[tokio::test]
@@ -215,10 +217,7 @@ async fn without_a_traceparent_sample_1_starts_a_trace_and_0_forwards_nothing() 
     assert_eq!(status, 200);
     assert_eq!(upstream_traceparent(&up, 2).as_deref(), Some(&*unsampled));
     let s = quiet.settled(2.0).await;
-    assert_eq!(
-        metric("tokenmeter_trace_spans_dropped_total").value(&s),
-        0.0
-    );
+    assert_eq!(metric(names::TRACE_SPANS_DROPPED_TOTAL).value(&s), 0.0);
 }
 
 #[tokio::test]
@@ -271,10 +270,10 @@ async fn a_dead_collector_holds_no_stream_back_and_its_spans_are_counted_as_drop
         assert_eq!(body, expected, "byte-exact");
     }
     let scrape = proxy
-        .eventually(|s| metric("tokenmeter_trace_spans_dropped_total").value(s) >= N as f64)
+        .eventually(|s| metric(names::TRACE_SPANS_DROPPED_TOTAL).value(s) >= N as f64)
         .await;
     assert_eq!(
-        metric("tokenmeter_trace_spans_dropped_total").value(&scrape),
+        metric(names::TRACE_SPANS_DROPPED_TOTAL).value(&scrape),
         N as f64,
         "every span of the {N} requests dropped and counted once"
     );
@@ -313,7 +312,7 @@ async fn a_collector_that_never_answers_bounds_the_queue_and_counts_the_rest() {
         t.await.expect("client task");
     }
     let scrape = proxy.settled(N as f64).await;
-    let dropped = metric("tokenmeter_trace_spans_dropped_total").value(&scrape);
+    let dropped = metric(names::TRACE_SPANS_DROPPED_TOTAL).value(&scrape);
     println!("{N} requests against a black-holed collector: {dropped} spans dropped");
     // Held at most: the queue and the one batch in flight.
     assert!(

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, chat_request, get_text};
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply};
@@ -92,7 +94,7 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
     );
 
     // The window: the process is younger than a minute, so it runs from the start.
-    let start = metric("tokenmeter_start_time_seconds").value(&scrape);
+    let start = metric(names::START_TIME_SECONDS).value(&scrape);
     assert_eq!(f(&s["now"]["window"]["from_unix_ms"]), start * 1000.0);
     let now = &s["now"];
     let ttft = "tokenmeter_time_to_first_token_seconds";
@@ -117,12 +119,12 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
         metric(tps).quantile(0.5, &scrape),
         "per-request p50",
     );
-    let rate = metric("tokenmeter_output_tokens_per_second").value(&scrape);
+    let rate = metric(names::OUTPUT_TOKENS_PER_SECOND).value(&scrape);
     assert!(rate > 0.0);
     assert_eq!(f(&now["output_tokens_per_second"]), rate);
     assert_eq!(
         f(&now["output_tokens_per_second_per_gpu"]),
-        metric("tokenmeter_output_tokens_per_second_per_gpu").value(&scrape)
+        metric(names::OUTPUT_TOKENS_PER_SECOND_PER_GPU).value(&scrape)
     );
     assert_eq!(f(&now["gpus"]), 2.0);
     assert_eq!(
@@ -154,22 +156,22 @@ async fn api_summary_agrees_with_metrics_over_the_same_window() {
     assert!(bands.len() >= 2, "two bands measured: {bands:?}");
 
     // Counts since start.
-    let total = metric("tokenmeter_requests_total").sum(&scrape);
+    let total = metric(names::REQUESTS_TOTAL).sum(&scrape);
     assert_eq!(f(&s["totals"]["requests"]), total);
     assert_eq!(
         f(&s["totals"]["output_tokens"]),
-        metric("tokenmeter_output_tokens_total").sum(&scrape)
+        metric(names::OUTPUT_TOKENS_TOTAL).sum(&scrape)
     );
     for o in s["outcomes"].as_array().expect("outcomes") {
         let name = o["name"].as_str().expect("name");
-        let want = metric("tokenmeter_requests_total")
+        let want = metric(names::REQUESTS_TOTAL)
             .label("outcome", name)
             .sum(&scrape);
         assert_eq!(f(&o["requests"]), want, "outcome {name}");
     }
     for o in s["token_sources"].as_array().expect("sources") {
         let name = o["name"].as_str().expect("name");
-        let want = metric("tokenmeter_token_count_source_total")
+        let want = metric(names::TOKEN_COUNT_SOURCE_TOTAL)
             .label("source", name)
             .sum(&scrape);
         assert_eq!(f(&o["requests"]), want, "source {name}");

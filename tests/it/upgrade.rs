@@ -9,6 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 
+use tokenmeter::metrics::names;
+
 use crate::support::metrics::metric;
 use crate::support::tls::{acceptor, client_config, connect, Ca, Dir, Validity};
 use crate::support::upstream::{self, Reply};
@@ -16,7 +18,7 @@ use crate::support::ws::{self, echo_round_trips, test_messages};
 use crate::support::{spawn_proxy, Rng};
 
 fn upgraded(scrape: &str) -> f64 {
-    metric("tokenmeter_requests_total")
+    metric(names::REQUESTS_TOTAL)
         .label("outcome", "upgraded")
         .label("code", "101")
         .sum(scrape)
@@ -78,7 +80,7 @@ async fn a_websocket_echo_passes_through_over_http_and_tls() {
         assert_eq!(durations, 1.0, "{case}");
         assert_eq!(echo.closed_cleanly(), 1, "{case}");
         assert_eq!(
-            metric("tokenmeter_requests_in_flight").sum(&scrape),
+            metric(names::REQUESTS_IN_FLIGHT).sum(&scrape),
             0.0,
             "{case}"
         );
@@ -155,7 +157,7 @@ async fn an_upgrade_the_upstream_declines_is_an_ordinary_response() {
         "{text}"
     );
     let scrape = proxy.settled(1.0).await;
-    let n = metric("tokenmeter_requests_total")
+    let n = metric(names::REQUESTS_TOTAL)
         .label("code", "426")
         .label("outcome", "complete")
         .value(&scrape);
@@ -218,7 +220,10 @@ fn python_websockets() -> Option<String> {
                 !crate::support::in_ci(),
                 "TOKENMETER_WS_PYTHON is not set: tests/run prepares it"
             );
-            eprintln!("SKIPPED: no TOKENMETER_WS_PYTHON (run tests/run, which prepares it)");
+            crate::support::skip(
+                &crate::support::current_test(),
+                "no TOKENMETER_WS_PYTHON (run tests/run, which prepares it, or set it)",
+            );
             None
         }
     }

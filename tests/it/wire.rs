@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use tokenmeter::metrics::names;
+
 use crate::support::client::{self, Seen};
 use crate::support::metrics::metric;
 use crate::support::spawn_proxy;
@@ -131,16 +133,16 @@ async fn a_reasoning_stream_gives_kinds_stall_band_and_usage_details() {
     assert_eq!(m("tokenmeter_tokens_per_event_count").value(&s), 6.0);
     assert_eq!(m("tokenmeter_tokens_per_event_sum").value(&s), 6.0);
     // Usage's details, and usage's output count (9) settles the 6 counted as they streamed.
-    assert_eq!(m("tokenmeter_reasoning_tokens_total").value(&s), 5.0);
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&s), 9.0);
+    assert_eq!(m(names::REASONING_TOKENS_TOTAL).value(&s), 5.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&s), 9.0);
     assert_eq!(
-        m("tokenmeter_cached_input_tokens_total")
+        m(names::CACHED_INPUT_TOKENS_TOTAL)
             .label("kind", "read")
             .value(&s),
         256.0
     );
     assert_eq!(
-        m("tokenmeter_cached_input_tokens_total")
+        m(names::CACHED_INPUT_TOKENS_TOTAL)
             .label("kind", "write")
             .sum(&s),
         0.0
@@ -184,14 +186,14 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
     let task = tokio::spawn(async move { client::post(&url, "{}").await });
     let m = |n: &str| metric(n).label("model", "claude");
     let live = proxy
-        .eventually(|s| m("tokenmeter_output_tokens_total").sum(s) == 3.0)
+        .eventually(|s| m(names::OUTPUT_TOKENS_TOTAL).sum_or_zero_if_absent(s) == 3.0)
         .await;
     assert_eq!(
-        metric("tokenmeter_requests_total").sum(&live),
+        metric(names::REQUESTS_TOTAL).sum_or_zero_if_absent(&live),
         0.0,
         "{live}"
     );
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&live), 3.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&live), 3.0);
     assert_eq!(
         m("tokenmeter_time_to_first_token_seconds_count")
             .label("prompt", "4k-16k")
@@ -206,16 +208,16 @@ async fn anthropic_thinking_counts_live_and_its_band_is_known_at_once() {
     let s = proxy.settled(1.0).await;
     // Usage's 7 settles the 3 that streamed; the two thinking deltas are the reasoning count
     // (Anthropic reports no reasoning count of its own).
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&s), 7.0);
-    assert_eq!(m("tokenmeter_reasoning_tokens_total").value(&s), 2.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&s), 7.0);
+    assert_eq!(m(names::REASONING_TOKENS_TOTAL).value(&s), 2.0);
     assert_eq!(
-        m("tokenmeter_cached_input_tokens_total")
+        m(names::CACHED_INPUT_TOKENS_TOTAL)
             .label("kind", "write")
             .value(&s),
         4096.0
     );
     assert_eq!(
-        m("tokenmeter_cached_input_tokens_total")
+        m(names::CACHED_INPUT_TOKENS_TOTAL)
             .label("kind", "read")
             .value(&s),
         0.0
@@ -280,13 +282,19 @@ async fn token_ids_give_tokens_per_event_and_no_usage_is_unknown_band() {
         [1.0, 2.0, 3.0, 4.0, 4.0]
     );
     assert_eq!(m("tokenmeter_tokens_per_event_sum").value(&s), 10.0);
-    assert_eq!(m("tokenmeter_output_tokens_total").value(&s), 10.0);
+    assert_eq!(m(names::OUTPUT_TOKENS_TOTAL).value(&s), 10.0);
     assert_eq!(
         m("tokenmeter_time_to_first_token_seconds_count")
             .label("prompt", "unknown")
             .value(&s),
         1.0
     );
-    assert_eq!(m("tokenmeter_reasoning_tokens_total").sum(&s), 0.0);
-    assert_eq!(m("tokenmeter_cached_input_tokens_total").sum(&s), 0.0);
+    assert_eq!(
+        m(names::REASONING_TOKENS_TOTAL).sum_or_zero_if_absent(&s),
+        0.0
+    );
+    assert_eq!(
+        m(names::CACHED_INPUT_TOKENS_TOTAL).sum_or_zero_if_absent(&s),
+        0.0
+    );
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
+use tokenmeter::metrics::names;
+
 use crate::support::metrics::metric;
 use crate::support::upstream::{self, Reply, Step};
 use crate::support::{client, spawn_proxy};
@@ -77,7 +79,7 @@ async fn the_requests_in_flight_hold_their_prompt_and_what_they_streamed() {
     let page = loop {
         proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
-        if metric("tokenmeter_kv_cache_wire_tokens").sum(&page) == 315.0 {
+        if metric(names::capacity::KV_WIRE_TOKENS).sum_or_zero_if_absent(&page) == 315.0 {
             break page;
         }
         assert!(
@@ -98,8 +100,8 @@ async fn the_requests_in_flight_hold_their_prompt_and_what_they_streamed() {
     loop {
         proxy.capacity.next_report().await;
         let page = proxy.scrape().await;
-        if metric("tokenmeter_requests_in_flight").sum(&page) == 0.0 {
-            assert_eq!(metric("tokenmeter_kv_cache_wire_tokens").value(&page), 0.0);
+        if metric(names::REQUESTS_IN_FLIGHT).sum(&page) == 0.0 {
+            assert_eq!(metric(names::capacity::KV_WIRE_TOKENS).value(&page), 0.0);
             assert_eq!(metric("vllm:kv_cache_usage_perc").value(&page), 0.0);
             break;
         }
@@ -122,6 +124,6 @@ async fn without_a_known_cache_there_is_no_vllm_usage() {
     proxy.settled(3.0).await;
     proxy.capacity.next_report().await;
     let page = proxy.scrape().await;
-    assert_eq!(metric("tokenmeter_kv_cache_wire_tokens").value(&page), 0.0);
+    assert_eq!(metric(names::capacity::KV_WIRE_TOKENS).value(&page), 0.0);
     assert!(!page.contains("vllm:kv_cache_usage_perc{"), "{page}");
 }

@@ -215,7 +215,10 @@ async fn without_a_tokenizer_lines_have_lengths_and_no_blocks_and_a_hangup_start
 async fn a_disk_that_refuses_every_write_costs_lines_not_requests() {
     let full = Path::new("/dev/full");
     if !full.exists() {
-        eprintln!("SKIPPED: no /dev/full on this system");
+        crate::support::skip(
+            &crate::support::current_test(),
+            "no /dev/full on this system to refuse the writes",
+        );
         return;
     }
     let proxy = proxy(full, Duration::from_millis(50), &[]).await;

@@ -1,4 +1,4 @@
-//! The capacity model's metric families: the only place their names are written.
+//! The capacity model's metric families (their names are in [`super::names::capacity`]).
 //!
 //! They are gauges refreshed from a [`Report`] when `/metrics` is rendered (a refit is at most
 //! every few seconds), never per chunk. Series that need a fit are absent until there is one, and
@@ -6,51 +6,16 @@
 //! rather than a made-up zero. Label values: the configured class names (a closed list), the
 //! curve's nine concurrencies, and closed enums.
 
-use prometheus::{Gauge, GaugeVec, Opts, Registry};
+use prometheus::{Gauge, GaugeVec, Opts};
+
+use super::families::Registrar;
 
 use crate::capacity::arrivals::Shape;
 use crate::capacity::plan::CURVE;
 use crate::capacity::support::Unsupported;
 use crate::capacity::{Bound, ClassTargets, Report};
 
-/// The family names, for the readers of an exposition (`tokenmeter capacity`).
-pub mod names {
-    pub const STEP_SECONDS: &str = "tokenmeter_capacity_step_seconds";
-    pub const FIT_SAMPLES: &str = "tokenmeter_capacity_fit_samples";
-    pub const FIT_R2: &str = "tokenmeter_capacity_fit_r2";
-    pub const OBSERVED_CONCURRENCY: &str = "tokenmeter_capacity_observed_concurrency";
-    pub const MAX_CONCURRENCY: &str = "tokenmeter_capacity_max_concurrency";
-    pub const OUTPUT_TPS: &str = "tokenmeter_capacity_output_tokens_per_second";
-    pub const OUTPUT_TPS_PER_GPU: &str = "tokenmeter_capacity_output_tokens_per_second_per_gpu";
-    pub const COST_PER_MILLION: &str = "tokenmeter_capacity_cost_per_million_output_tokens";
-    pub const CURVE_TPS: &str = "tokenmeter_capacity_curve_tokens_per_second";
-    pub const UTILIZATION: &str = "tokenmeter_capacity_utilization";
-    pub const TPS_FLOOR: &str = "tokenmeter_capacity_tps_floor";
-    /// The class's TTFT target, beside its floor: a reader of the exposition (`tokenmeter
-    /// capacity --trace`) judges a replay by both.
-    pub const TTFT_TARGET: &str = "tokenmeter_capacity_ttft_target_seconds";
-    pub const REPLICAS: &str = "tokenmeter_capacity_replicas";
-    pub const LIMIT_CONCURRENCY: &str = "tokenmeter_capacity_limit_concurrency";
-    pub const MAX_REQUEST_RATE: &str = "tokenmeter_capacity_max_request_rate";
-    pub const TTFT_SECONDS: &str = "tokenmeter_capacity_ttft_seconds";
-    pub const PREFILL_PER_TOKEN: &str = "tokenmeter_capacity_prefill_seconds_per_token";
-    pub const WORKLOAD_TOKENS: &str = "tokenmeter_capacity_workload_tokens";
-    pub const WORKLOAD_REQUESTS: &str = "tokenmeter_capacity_workload_requests";
-    pub const IN_FLIGHT: &str = "tokenmeter_capacity_in_flight";
-    pub const KV_CACHE_TOKENS: &str = "tokenmeter_capacity_kv_cache_tokens";
-    pub const KV_TOKENS_PER_REQUEST: &str = "tokenmeter_capacity_kv_tokens_per_request";
-    pub const CHECK_CONCURRENCY: &str = "tokenmeter_capacity_check_concurrency";
-    pub const CHECK_TTFT: &str = "tokenmeter_capacity_check_ttft_seconds";
-    pub const CHECK_TPS: &str = "tokenmeter_capacity_check_tokens_per_second";
-    pub const CHECK_ERROR: &str = "tokenmeter_capacity_check_error_ratio";
-    pub const CHECK_TRUSTED: &str = "tokenmeter_capacity_check_trusted";
-    pub const KV_WIRE_TOKENS: &str = "tokenmeter_kv_cache_wire_tokens";
-    /// 1 when a class's answer is exported, 0 when the model cannot answer it yet.
-    pub const SUPPORTED: &str = "tokenmeter_capacity_supported";
-    /// 1 for the `reason` the model cannot answer yet.
-    pub const UNSUPPORTED: &str = "tokenmeter_capacity_unsupported";
-    pub const ARRIVALS: &str = "tokenmeter_capacity_arrivals";
-}
+use super::names::capacity as names;
 
 /// A `reason` of [`names::UNSUPPORTED`] in words, for the readers of an exposition (the page,
 /// `tokenmeter capacity`).
@@ -125,36 +90,36 @@ pub struct CapacityMetrics {
     classes: Vec<(String, bool)>,
 }
 
-fn vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+fn vec(r: &Registrar, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
     let g = GaugeVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(g.clone()))?;
+    r.register(&g)?;
     Ok(g)
 }
 
 impl CapacityMetrics {
     /// Registers every family into `r`. `classes` are all the classes that can be reported.
-    pub fn register(r: &Registry, classes: &[ClassTargets]) -> prometheus::Result<Self> {
+    pub(super) fn register(r: &Registrar, classes: &[ClassTargets]) -> prometheus::Result<Self> {
         use names::*;
         let samples = Gauge::with_opts(Opts::new(
             FIT_SAMPLES,
             "Token samples in the capacity window at the concurrencies the fit can use.",
         ))?;
-        r.register(Box::new(samples.clone()))?;
+        r.register(&samples)?;
         let replicas = Gauge::with_opts(Opts::new(
             REPLICAS,
             "Inference engines the decoding concurrency is divided by (--replicas, or what auto found).",
         ))?;
-        r.register(Box::new(replicas.clone()))?;
+        r.register(&replicas)?;
         let workload_requests = Gauge::with_opts(Opts::new(
             WORKLOAD_REQUESTS,
             "Requests in the capacity window's mix that the first-token predictions replay.",
         ))?;
-        r.register(Box::new(workload_requests.clone()))?;
+        r.register(&workload_requests)?;
         let in_flight = Gauge::with_opts(Opts::new(
             IN_FLIGHT,
             "Mean requests in flight per engine over the last minute (decoding or waiting for the first token).",
         ))?;
-        r.register(Box::new(in_flight.clone()))?;
+        r.register(&in_flight)?;
         // The floors and TTFT targets are the classes' own: constant, set once, so a chart can
         // draw them beside the curve, and a replay judge by them, without the configuration.
         let floor = vec(
@@ -484,7 +449,7 @@ mod tests {
     use super::*;
     use crate::capacity::{Capacity, CapacityConfig, Fleet};
 
-    fn render(r: &Registry) -> String {
+    fn render(r: &Registrar) -> String {
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&r.gather(), &mut out)
@@ -504,7 +469,7 @@ mod tests {
                 ..ClassTargets::floor("batch", 1.0)
             },
         ];
-        let r = Registry::new();
+        let r = Registrar::new();
         let m = CapacityMetrics::register(&r, &classes).expect("register");
         let t0 = Instant::now();
         let cap = Capacity::new(
@@ -589,7 +554,7 @@ mod tests {
         assert_eq!(hundredths, PERCENTILE_LABELS);
 
         // A gauge with a `quantile` label is what `promtool check metrics` refuses.
-        let r = Registry::new();
+        let r = Registrar::new();
         let m = CapacityMetrics::register(&r, &[]).expect("register");
         let cap = Capacity::new(CapacityConfig::default(), Instant::now());
         let mut report = cap.refit(Instant::now());

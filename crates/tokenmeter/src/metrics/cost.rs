@@ -1,6 +1,6 @@
 //! Who pays for the GPU (`crate::cost`): GPU-seconds by model, phase and tenant, idle, what is
-//! not assigned yet, and with `--gpu-hour-cost` the same in USD. The families' names are
-//! written here only.
+//! not assigned yet, and with `--gpu-hour-cost` the same in USD. The families' names
+//! are in [`super::names::cost`].
 //!
 //! The charges are counted when a request is recorded; idle and unassigned are read from the
 //! ledger when `/metrics` is rendered, so the three always add up to `--gpus` x the proxy's
@@ -9,17 +9,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use prometheus::{Counter, CounterVec, Gauge, Opts, Registry};
+use prometheus::{Counter, CounterVec, Gauge, Opts};
+
+use super::families::Registrar;
 
 use super::labels::{child, tenanted};
 use crate::cost::{GpuSeconds, Ledger};
 
-pub mod names {
-    pub const GPU_SECONDS: &str = "tokenmeter_gpu_seconds_total";
-    pub const GPU_IDLE_SECONDS: &str = "tokenmeter_gpu_idle_seconds_total";
-    pub const GPU_UNASSIGNED_SECONDS: &str = "tokenmeter_gpu_unassigned_seconds";
-    pub const GPU_COST_USD: &str = "tokenmeter_gpu_cost_usd_total";
-}
+use super::names::cost as names;
 
 /// The families, and what the idle counter last showed (a counter only goes up by the
 /// difference).
@@ -48,8 +45,8 @@ struct Spread {
 
 impl CostMetrics {
     /// Registers the families; the USD one only with a GPU-hour cost.
-    pub fn register(
-        r: &Registry,
+    pub(super) fn register(
+        r: &Registrar,
         tenant: bool,
         gpu_hour_cost: Option<f64>,
     ) -> prometheus::Result<Self> {
@@ -61,7 +58,7 @@ impl CostMetrics {
             ),
             &tenanted(&["model", "phase"], tenant),
         )?;
-        r.register(Box::new(seconds.clone()))?;
+        r.register(&seconds)?;
         let cost = match gpu_hour_cost {
             Some(per_hour) => {
                 let c = CounterVec::new(
@@ -71,7 +68,7 @@ impl CostMetrics {
                     ),
                     &tenanted(&["model", "basis"], tenant),
                 )?;
-                r.register(Box::new(c.clone()))?;
+                r.register(&c)?;
                 Some(Usd {
                     family: c,
                     per_second: per_hour / 3600.0,
@@ -84,12 +81,12 @@ impl CostMetrics {
             GPU_IDLE_SECONDS,
             "GPU-seconds with no request in flight (--gpus x the time nothing was in flight).",
         )?;
-        r.register(Box::new(idle.clone()))?;
+        r.register(&idle)?;
         let unassigned = Gauge::new(
             GPU_UNASSIGNED_SECONDS,
             "GPU-seconds of busy time not charged yet: held by the requests in flight, charged when they end.",
         )?;
-        r.register(Box::new(unassigned.clone()))?;
+        r.register(&unassigned)?;
         Ok(CostMetrics {
             seconds,
             cost,
@@ -165,7 +162,7 @@ mod tests {
     /// Idle is spread over the users by their use: allocation adds up to the GPUs' time.
     #[test]
     fn allocation_spreads_idle_by_use() {
-        let r = Registry::new();
+        let r = Registrar::new();
         let m = CostMetrics::register(&r, true, Some(3600.0)).expect("register");
         let g = |s: f64| GpuSeconds {
             prefill: 0.0,

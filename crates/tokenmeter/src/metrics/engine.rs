@@ -13,9 +13,10 @@
 //! token to split, though its timings are counted in the coverage.
 
 use super::names;
-use prometheus::{HistogramVec, IntCounterVec, Registry};
+use prometheus::{HistogramVec, IntCounterVec};
 
-use super::{counter, histogram, Buckets};
+use super::families::{counter, histogram, Registrar};
+use super::Buckets;
 use crate::record::Finished;
 
 /// Draft acceptance rates: tenths, from none accepted to all.
@@ -30,7 +31,7 @@ pub(super) struct EngineMetrics {
 }
 
 impl EngineMetrics {
-    pub(super) fn new(r: &Registry, b: &Buckets) -> prometheus::Result<Self> {
+    pub(super) fn new(r: &Registrar, b: &Buckets) -> prometheus::Result<Self> {
         Ok(EngineMetrics {
             parts: histogram(
                 r,

@@ -1,5 +1,5 @@
-//! The engine's own view, as its metrics state it (`--engine-metrics`): the families' names are
-//! written here only.
+//! The engine's own view, as its metrics state it (`--engine-metrics`); the families' names
+//! are in [`super::names::engine_view`].
 //!
 //! Refreshed from [`crate::engine::observed::Observed`] when `/metrics` is rendered, never on
 //! the request path. Gauges are absent until the engine states them and again once its figures
@@ -7,18 +7,13 @@
 //! is the sum of the increases of the engine's own; reads are counted by result (a closed set),
 //! each result from its first occurrence.
 
-use prometheus::{GaugeVec, IntCounterVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, Opts};
+
+use super::families::Registrar;
 
 use crate::engine::observed::Observed;
 
-pub mod names {
-    pub const KV_CACHE_TOKENS: &str = "tokenmeter_engine_kv_cache_tokens";
-    pub const KV_CACHE_USAGE: &str = "tokenmeter_engine_kv_cache_usage_ratio";
-    pub const REQUESTS_RUNNING: &str = "tokenmeter_engine_requests_running";
-    pub const REQUESTS_WAITING: &str = "tokenmeter_engine_requests_waiting";
-    pub const PREEMPTIONS: &str = "tokenmeter_engine_preemptions_total";
-    pub const SCRAPES: &str = "tokenmeter_engine_metrics_scrapes_total";
-}
+use super::names::engine_view as names;
 
 /// The families.
 pub struct EngineViewMetrics {
@@ -28,17 +23,17 @@ pub struct EngineViewMetrics {
 }
 
 impl EngineViewMetrics {
-    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+    pub(super) fn register(r: &Registrar) -> prometheus::Result<Self> {
         use names::*;
         let gauge = |name: &str, help: &str| -> prometheus::Result<GaugeVec> {
             let g = GaugeVec::new(Opts::new(name, help), &[])?;
-            r.register(Box::new(g.clone()))?;
+            r.register(&g)?;
             Ok(g)
         };
         let counter =
             |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
                 let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-                r.register(Box::new(c.clone()))?;
+                r.register(&c)?;
                 Ok(c)
             };
         Ok(EngineViewMetrics {
@@ -99,7 +94,7 @@ mod tests {
     use crate::engine::view::EngineView;
     use crate::exposition::Scrape;
 
-    fn page(r: &Registry) -> Scrape {
+    fn page(r: &Registrar) -> Scrape {
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
         prometheus::Encoder::encode(&enc, &r.gather(), &mut buf).expect("encode");
@@ -108,7 +103,7 @@ mod tests {
 
     #[test]
     fn series_follow_what_was_observed() {
-        let r = Registry::new();
+        let r = Registrar::new();
         let m = EngineViewMetrics::register(&r).expect("register");
         let o = Observed::default();
         m.update(&o);

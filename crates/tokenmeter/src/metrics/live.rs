@@ -39,11 +39,11 @@ impl ModelMetrics {
             .tenant
             .then(|| tenant.map_or_else(|| Arc::from(NO_TENANT), Arc::clone));
         ModelMetrics {
-            ttft: m.ttft.clone(),
-            itl: m.itl.with_label_values(&[&label]),
+            ttft: m.latency.ttft.clone(),
+            itl: m.latency.itl.with_label_values(&[&label]),
             vllm: m.vllm.as_ref().map(|v| v.live(&label)),
-            per_event: m.tokens_per_event.with_label_values(&[&label]),
-            output_total: child(&m.output_tokens_total, &[&label], tenant.as_deref()),
+            per_event: m.tokens.per_event.with_label_values(&[&label]),
+            output_total: child(&m.tokens.output_total, &[&label], tenant.as_deref()),
             label,
             tenant,
         }
@@ -126,8 +126,14 @@ impl InFlight {
     /// only when a compat scheme labels its gauges by model).
     pub(super) fn resolve(m: &Metrics, model: Option<&str>) -> Self {
         InFlight {
-            prefill: m.in_flight.with_label_values(&[Phase::Prefill.as_str()]),
-            decode: m.in_flight.with_label_values(&[Phase::Decode.as_str()]),
+            prefill: m
+                .requests
+                .in_flight
+                .with_label_values(&[Phase::Prefill.as_str()]),
+            decode: m
+                .requests
+                .in_flight
+                .with_label_values(&[Phase::Decode.as_str()]),
             vllm: m.vllm.as_ref().map(|v| v.in_flight(&m.model_label(model))),
         }
     }

@@ -1,9 +1,10 @@
 //! Every metric tokenmeter exports, and the rules that keep their labels bounded.
 //!
-//! This is the only module that names a metric: its own names once each in [`names`], which
-//! the page and the load generator read the exposition by. The families are private fields of a
-//! [`Metrics`] struct built around its own [`Registry`] (never a global), so every test can build
-//! a fresh one; this file registers them and holds the whole of `Metrics`' public API, each door
+//! This is the only module that names a metric: every `tokenmeter_*` name once in [`names`],
+//! which the page, the tools and the tests read the exposition by. The families are private
+//! fields of a [`Metrics`] struct built around its own registry (never a global), so every test
+//! can build a fresh one; `families.rs` registers the request path's families one group at a
+//! time, and this file calls the groups and holds the whole of `Metrics`' public API, each door
 //! a few lines into the file of its concept. No caller passes a label value by position:
 //! [`Metrics::record`] takes the [`Finished`] record of a request when it ends,
 //! [`Metrics::model`] and [`Metrics::in_flight`] resolve the handles a request moves while it
@@ -21,6 +22,9 @@
 //! - `live.rs`: [`ModelMetrics`] and [`InFlight`], the per-event handles (allocation-free).
 //! - `recording.rs`: one finished request's record turned into its observations, once;
 //!   `goodput.rs`, the rule for which requests count as goodput.
+//! - `families.rs`: the groups of families (admission, requests, latency, tokens, throughput,
+//!   SLO), each registered by its own function, and the registrar every family goes through;
+//!   `tests/golden/exposition.txt` lists every family it can hold.
 //! - `capped.rs`, `rate.rs` (the aggregate tokens/s window), `engine.rs` (the parts of TTFT the
 //!   engines state), and the other naming schemes, `vllm.rs` and [`otel`] (`--compat`).
 //!
@@ -33,6 +37,7 @@ mod capped;
 pub mod cost;
 mod engine;
 pub mod engine_view;
+mod families;
 mod goodput;
 mod labels;
 mod live;
@@ -47,15 +52,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus::proto::MetricFamily;
-use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Encoder, IntCounter, TextEncoder};
 
 pub use self::buckets::Buckets;
 pub use self::capped::{Capped, OTHER};
 use self::engine::EngineMetrics;
-use self::labels::{tenanted, ModelLabels, ParseError};
+use self::families::{Admission, Latency, Registrar, Requests, Slo, Throughput, Tokens};
+use self::labels::ModelLabels;
 pub use self::labels::{Phase, NO_TENANT};
 pub use self::live::{InFlight, ModelMetrics};
 use self::otel::Otel;
@@ -65,7 +68,6 @@ use crate::capacity::Capacity;
 use crate::cost::{GpuSeconds, Ledger};
 use crate::engine::observed::Observed;
 use crate::gpus;
-use crate::protocol::TokenSource;
 use crate::record::{Finished, Sink};
 use crate::units::HumanDuration;
 
@@ -80,62 +82,35 @@ pub struct Compat {
 
 /// All metric families, registered in one registry.
 pub struct Metrics {
-    registry: Registry,
+    registry: Registrar,
     models: ModelLabels,
     rate: RateWindow,
     gpus: f64,
-    ttft: HistogramVec,
-    ttfb: HistogramVec,
-    itl: HistogramVec,
-    tpot: HistogramVec,
-    request_tps: HistogramVec,
-    duration: HistogramVec,
-    output_tokens: HistogramVec,
-    input_tokens: HistogramVec,
-    output_tokens_total: IntCounterVec,
-    input_tokens_total: IntCounterVec,
-    tokens_per_event: HistogramVec,
-    max_stall: HistogramVec,
-    bursts: IntCounterVec,
-    tokenizer_checks: IntCounterVec,
-    first_output: HistogramVec,
-    reasoning_tokens_total: IntCounterVec,
-    cached_input_tokens_total: IntCounterVec,
-    token_source: IntCounterVec,
-    requests: IntCounterVec,
-    in_flight: IntGaugeVec,
-    parse_errors: IntCounterVec,
-    output_tps: Gauge,
-    output_tps_per_gpu: Gauge,
-    vllm: Option<Vllm>,
-    otel: Option<Otel>,
-    /// The decode-phase child of `in_flight`, resolved once: read on every token-bearing event.
-    decoding: IntGauge,
-    /// The live capacity model, when one is exported ([`Metrics::export_capacity`]), and its
-    /// families.
-    capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
+    /// Whether the families that say who used what carry the `tenant` label
+    /// (`MetricsConfig::tenant`).
+    tenant: bool,
+    admission: Admission,
+    requests: Requests,
+    latency: Latency,
+    tokens: Tokens,
+    throughput: Throughput,
+    slo: Slo,
+    /// The parts of TTFT the engines state, and their coverage.
+    engine: EngineMetrics,
     /// Who pays for the GPU: the charges' families, and the books idle and unassigned are read
     /// from ([`Metrics::export_books`]).
     cost: cost::CostMetrics,
     books: OnceLock<cost::Books>,
+    vllm: Option<Vllm>,
+    otel: Option<Otel>,
+    /// The live capacity model, when one is exported ([`Metrics::export_capacity`]), and its
+    /// families.
+    capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
     /// What the engine's metrics reader observes, when it runs, and its families.
     engine_view: OnceLock<(Arc<Observed>, engine_view::EngineViewMetrics)>,
     /// Output tokens streamed so far by the requests in flight: the wire's view of the KV
     /// cache they hold (with their prompts, `capacity::wire_tokens`).
     wire_streamed: AtomicI64,
-    /// The parts of TTFT the engines state, and their coverage.
-    engine: EngineMetrics,
-    slo_requests: IntCounterVec,
-    goodput_tokens: IntCounterVec,
-    /// The families marked `tenant` below carry the `tenant` label (`MetricsConfig::tenant`).
-    tenant: bool,
-    in_flight_limit: IntGauge,
-    connections_limit: IntGauge,
-    connections_refused: IntCounter,
-    /// By the GOAWAY's reason: HTTP/2's fixed set of error codes, named by the server.
-    http2_closed: IntCounterVec,
-    metrics_connections_limit: IntGauge,
-    metrics_connections_shed: IntCounter,
 }
 
 /// `--max-models`' default: a server behind one proxy serves a handful of models (and LoRA
@@ -190,334 +165,33 @@ impl Default for MetricsConfig {
     }
 }
 
-fn histogram(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> prometheus::Result<HistogramVec> {
-    register_histogram(
-        r,
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )
-}
-
-/// Builds and registers a histogram family from its options (a compat scheme adds constant
-/// labels to them).
-fn register_histogram(
-    r: &Registry,
-    opts: HistogramOpts,
-    labels: &[&str],
-) -> prometheus::Result<HistogramVec> {
-    let h = HistogramVec::new(opts, labels)?;
-    r.register(Box::new(h.clone()))?;
-    Ok(h)
-}
-
-fn counter(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
-}
-
-fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<Gauge> {
-    let g = Gauge::new(name, help)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
-}
-
 impl Metrics {
-    /// Builds and registers every family. Fails only on invalid bucket boundaries.
+    /// Builds and registers every family of the request path, one group at a time (the groups
+    /// are in `families.rs`; those of the parts that may not run register when they start).
+    /// Fails only on invalid bucket boundaries.
     pub fn new(cfg: &MetricsConfig) -> prometheus::Result<Self> {
-        let r = Registry::new();
+        let r = Registrar::new();
         let b = &cfg.buckets;
-        let m = ["model"];
-        // The families that carry `tenant` when it is on (docs/tenants.md).
-        let t = |names: &[&'static str]| tenanted(names, cfg.tenant);
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                names::REQUESTS_IN_FLIGHT,
-                "Requests in flight: prefill (no token yet) or decode (streaming), until the stream's end marker.",
-            ),
-            &["phase"],
-        )?;
-        r.register(Box::new(in_flight.clone()))?;
-        for p in [Phase::Prefill, Phase::Decode] {
-            in_flight.with_label_values(&[p.as_str()]).set(0);
-        }
-        let gpus = GaugeVec::new(
-            Opts::new(
-                names::GPUS,
-                "GPUs behind this proxy (--gpus); source says where the number came from.",
-            ),
-            &["source"],
-        )?;
-        r.register(Box::new(gpus.clone()))?;
-        gpus.with_label_values(&[cfg.gpu_source.as_str()])
-            .set(cfg.gpus);
-        if let Some(cost) = cfg.gpu_hour_cost {
-            gauge(
-                &r,
-                names::GPU_HOUR_COST,
-                "What one GPU costs per hour, in USD (--gpu-hour-cost).",
-            )?
-            .set(cost);
-        }
-        let objective = GaugeVec::new(
-            Opts::new(
-                names::SLO_OBJECTIVE,
-                "The share of an SLO class's requests that must meet its targets (--slo objective).",
-            ),
-            &["class"],
-        )?;
-        r.register(Box::new(objective.clone()))?;
-        for (class, o) in &cfg.slo_objectives {
-            objective.with_label_values(&[class]).set(*o);
-        }
-        let build = IntGaugeVec::new(
-            Opts::new(
-                names::BUILD_INFO,
-                "Always 1; the version label says which build.",
-            ),
-            &["version"],
-        )?;
-        r.register(Box::new(build.clone()))?;
-        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        let uptime = IntGauge::new(names::START_TIME_SECONDS, "Unix time the process started.")?;
-        uptime.set(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs() as i64),
-        );
-        r.register(Box::new(uptime))?;
-        let in_flight_limit = IntGauge::new(
-            names::IN_FLIGHT_LIMIT,
-            "--max-in-flight: requests proxied at once; more are shed (503, outcome shed).",
-        )?;
-        r.register(Box::new(in_flight_limit.clone()))?;
-        let connections_limit = IntGauge::new(
-            names::CONNECTIONS_LIMIT,
-            "--max-connections: open client connections; more are closed when accepted.",
-        )?;
-        r.register(Box::new(connections_limit.clone()))?;
-        let connections_refused = IntCounter::new(
-            names::CONNECTIONS_REFUSED_TOTAL,
-            "Client connections closed as soon as they were accepted, at --max-connections.",
-        )?;
-        r.register(Box::new(connections_refused.clone()))?;
-        let http2_closed = counter(
-            &r,
-            names::HTTP2_CONNECTIONS_CLOSED_TOTAL,
-            "Client HTTP/2 connections tokenmeter closed with a GOAWAY for what the client did, by the GOAWAY's reason: enhance_your_calm for a flood limit (rapid reset, too many stream errors, a CONTINUATION or empty-frame flood), protocol_error and the others for a broken peer.",
-            &["reason"],
-        )?;
-        let metrics_connections_limit = IntGauge::new(
-            names::METRICS_CONNECTIONS_LIMIT,
-            "--metrics-max-connections: open connections on the metrics listener; past it the idlest gives way.",
-        )?;
-        r.register(Box::new(metrics_connections_limit.clone()))?;
-        let metrics_connections_shed = IntCounter::new(
-            names::METRICS_CONNECTIONS_SHED_TOTAL,
-            "Metrics-listener connections closed at --metrics-max-connections: the idlest one, to make room for a new one, or the new one when every open one was in a request.",
-        )?;
-        r.register(Box::new(metrics_connections_shed.clone()))?;
-        let parse_errors = counter(
-            &r,
-            names::PARSE_ERRORS_TOTAL,
-            "Parts of response bodies that could not be parsed (they are still forwarded untouched).",
-            &["reason"],
-        )?;
-        for e in ParseError::ALL {
-            parse_errors.with_label_values(&[e.as_str()]);
-        }
-        let token_source = counter(
-            &r,
-            names::TOKEN_COUNT_SOURCE_TOTAL,
-            "Requests by where their token counts came from.",
-            &["source"],
-        )?;
-        for s in TokenSource::ALL {
-            token_source.with_label_values(&[s.as_str()]);
-        }
-        let vllm = match cfg.compat.vllm {
-            true => Some(Vllm::new(&r, b)?),
-            false => None,
-        };
-        let otel = match cfg.compat.otel {
-            true => Some(Otel::new(&r)?),
-            false => None,
-        };
+        families::register_process(&r, cfg)?;
         Ok(Metrics {
-            vllm,
-            otel,
+            admission: Admission::register(&r)?,
+            requests: Requests::register(&r, cfg.tenant)?,
+            latency: Latency::register(&r, b, cfg.tenant)?,
+            tokens: Tokens::register(&r, b, cfg.tenant)?,
+            throughput: Throughput::register(&r)?,
+            slo: Slo::register(&r, cfg)?,
+            engine: EngineMetrics::new(&r, b)?,
+            cost: cost::CostMetrics::register(&r, cfg.tenant, cfg.gpu_hour_cost)?,
+            vllm: cfg.compat.vllm.then(|| Vllm::new(&r, b)).transpose()?,
+            otel: cfg.compat.otel.then(|| Otel::new(&r)).transpose()?,
             models: ModelLabels::new(cfg.max_models),
             rate: RateWindow::new(cfg.rate_window),
             gpus: cfg.gpus,
-            ttft: histogram(
-                &r,
-                names::TIME_TO_FIRST_TOKEN_SECONDS,
-                "From the request's arrival to the first token-bearing event (of any kind), by band of the prompt's tokens.",
-                &t(&["model", "prompt"]),
-                &b.ttft,
-            )?,
-            ttfb: histogram(
-                &r,
-                names::TIME_TO_FIRST_BYTE_SECONDS,
-                "From the request's arrival to the first byte of the response body.",
-                &m,
-                &b.ttft,
-            )?,
-            itl: histogram(
-                &r,
-                names::INTER_TOKEN_LATENCY_SECONDS,
-                "Gap between token-bearing events divided by the tokens the later one carries, observed once per token.",
-                &m,
-                &b.itl,
-            )?,
-            tpot: histogram(
-                &r,
-                names::TIME_PER_OUTPUT_TOKEN_SECONDS,
-                "Per request: (last token time - first token time) / (output tokens - 1).",
-                &m,
-                &b.itl,
-            )?,
-            request_tps: histogram(
-                &r,
-                names::REQUEST_TOKENS_PER_SECOND,
-                "Per request decode speed, (output tokens - 1) / decode time, by band of mean requests in flight during the decode.",
-                &t(&["model", "concurrency"]),
-                &b.tps,
-            )?,
-            duration: histogram(
-                &r,
-                names::REQUEST_DURATION_SECONDS,
-                "End to end: the request's arrival to the last byte of the response.",
-                &m,
-                &b.duration,
-            )?,
-            output_tokens: histogram(
-                &r,
-                names::REQUEST_OUTPUT_TOKENS,
-                "Output tokens per request.",
-                &m,
-                &b.tokens,
-            )?,
-            input_tokens: histogram(
-                &r,
-                names::REQUEST_INPUT_TOKENS,
-                "Prompt tokens per request (where the stream reports them).",
-                &m,
-                &b.tokens,
-            )?,
-            output_tokens_total: counter(
-                &r,
-                names::OUTPUT_TOKENS_TOTAL,
-                "Output tokens generated.",
-                &t(&m),
-            )?,
-            input_tokens_total: counter(
-                &r,
-                names::INPUT_TOKENS_TOTAL,
-                "Prompt tokens processed (where the stream reports them).",
-                &t(&m),
-            )?,
-            tokens_per_event: histogram(
-                &r,
-                names::TOKENS_PER_EVENT,
-                "Output tokens per token-bearing event: token ids where sent, the growth of usage repeated in every chunk, else 1.",
-                &m,
-                &b.per_event,
-            )?,
-            max_stall: histogram(
-                &r,
-                names::REQUEST_MAX_STALL_SECONDS,
-                "Per request: the longest gap between two token-bearing events (TTFT not counted).",
-                &m,
-                &b.stall,
-            )?,
-            bursts: counter(
-                &r,
-                names::REQUEST_BURSTS_TOTAL,
-                "Requests whose tokens all arrived faster than 50 us each with no engine-stated decode time: a burst, not a speed, left out of the tokens/s and TPOT histograms.",
-                &m,
-            )?,
-            tokenizer_checks: counter(
-                &r,
-                names::TOKENIZER_CHECKS_TOTAL,
-                "Requests whose --tokenizer count was checked against the server's usage, by direction (input, output) and result (equal, differs).",
-                &["direction", "result"],
-            )?,
-            first_output: histogram(
-                &r,
-                names::TIME_TO_FIRST_OUTPUT_SECONDS,
-                "From the request's arrival to the first event of each kind of output (reasoning, content, tool_call).",
-                &["model", "kind"],
-                &b.ttft,
-            )?,
-            reasoning_tokens_total: counter(
-                &r,
-                names::REASONING_TOKENS_TOTAL,
-                "Reasoning tokens (part of the output tokens): usage's reasoning details where reported, else counted from reasoning events.",
-                &t(&m),
-            )?,
-            cached_input_tokens_total: counter(
-                &r,
-                names::CACHED_INPUT_TOKENS_TOTAL,
-                "Prompt tokens read from (read) or written to (write) the server's prompt cache, where usage reports them.",
-                &t(&["model", "kind"]),
-            )?,
-            token_source,
-            requests: counter(
-                &r,
-                names::REQUESTS_TOTAL,
-                "Requests by model, HTTP status code, outcome and the API parser that ran.",
-                &t(&["model", "code", "outcome", "api"]),
-            )?,
-            decoding: in_flight.with_label_values(&[Phase::Decode.as_str()]),
-            engine: EngineMetrics::new(&r, b)?,
-            capacity: OnceLock::new(),
-            cost: cost::CostMetrics::register(&r, cfg.tenant, cfg.gpu_hour_cost)?,
+            tenant: cfg.tenant,
             books: OnceLock::new(),
+            capacity: OnceLock::new(),
             engine_view: OnceLock::new(),
             wire_streamed: AtomicI64::new(0),
-            in_flight,
-            parse_errors,
-            output_tps: gauge(
-                &r,
-                names::OUTPUT_TOKENS_PER_SECOND,
-                "Aggregate output tokens/s over the last --rate-window.",
-            )?,
-            output_tps_per_gpu: gauge(
-                &r,
-                names::OUTPUT_TOKENS_PER_SECOND_PER_GPU,
-                "tokenmeter_output_tokens_per_second / tokenmeter_gpus.",
-            )?,
-            slo_requests: counter(
-                &r,
-                names::SLO_REQUESTS_TOTAL,
-                "Requests by SLO class, model, concurrency band and result (met, the first target missed, error, or the client gone first), counted once when they end.",
-                &t(&["class", "model", "concurrency", "result"]),
-            )?,
-            goodput_tokens: counter(
-                &r,
-                names::GOODPUT_OUTPUT_TOKENS_TOTAL,
-                "Output tokens of requests that met their SLO class's targets.",
-                &t(&["class", "model"]),
-            )?,
-            tenant: cfg.tenant,
-            in_flight_limit,
-            connections_limit,
-            connections_refused,
-            http2_closed,
-            metrics_connections_limit,
-            metrics_connections_shed,
             registry: r,
         })
     }
@@ -526,9 +200,11 @@ impl Metrics {
     /// `--metrics-max-connections`).
     pub fn set_limits(&self, in_flight: usize, connections: usize, metrics_connections: usize) {
         let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.in_flight_limit.set(g(in_flight));
-        self.connections_limit.set(g(connections));
-        self.metrics_connections_limit.set(g(metrics_connections));
+        self.admission.in_flight_limit.set(g(in_flight));
+        self.admission.connections_limit.set(g(connections));
+        self.admission
+            .metrics_connections_limit
+            .set(g(metrics_connections));
     }
 
     /// `tokenmeter_request_log_dropped_total`, registered when `--request-log` is on (so a
@@ -569,25 +245,26 @@ impl Metrics {
     }
 
     fn register_counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-        let c = IntCounter::new(name, help)?;
-        self.registry.register(Box::new(c.clone()))?;
-        Ok(c)
+        families::int_counter(&self.registry, name, help)
     }
 
     /// Counts a client connection closed at `--max-connections`.
     pub fn connection_refused(&self) {
-        self.connections_refused.inc();
+        self.admission.connections_refused.inc();
     }
 
     /// Counts a client HTTP/2 connection closed with a GOAWAY whose reason is `reason`, one of
     /// a fixed set of names.
     pub fn http2_closed(&self, reason: &'static str) {
-        self.http2_closed.with_label_values(&[reason]).inc();
+        self.admission
+            .http2_closed
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// Counts a metrics-listener connection shed at `--metrics-max-connections`.
     pub fn metrics_connection_shed(&self) {
-        self.metrics_connections_shed.inc();
+        self.admission.metrics_connections_shed.inc();
     }
 
     /// The `model` label value for a model name: at most `--max-models` distinct names, the
@@ -617,14 +294,15 @@ impl Metrics {
     /// A request's `direction` count by `--tokenizer` was checked against the server's usage.
     pub fn tokenizer_check(&self, direction: &str, equal: bool) {
         let result = if equal { "equal" } else { "differs" };
-        self.tokenizer_checks
+        self.tokens
+            .tokenizer_checks
             .with_label_values(&[direction, result])
             .inc();
     }
 
     /// Requests decoding right now (one atomic read: it is taken on every token-bearing event).
     pub fn decoding(&self) -> i64 {
-        self.decoding.get()
+        self.requests.decoding.get()
     }
 
     /// Exports what the engine's metrics reader observes (`--engine-metrics` not off),
@@ -698,7 +376,12 @@ impl Metrics {
             families.update(&report);
             let in_flight: i64 = [Phase::Prefill, Phase::Decode]
                 .iter()
-                .map(|p| self.in_flight.with_label_values(&[p.as_str()]).get())
+                .map(|p| {
+                    self.requests
+                        .in_flight
+                        .with_label_values(&[p.as_str()])
+                        .get()
+                })
                 .sum();
             let wire = capacity::wire_tokens(
                 &report,
@@ -718,8 +401,8 @@ impl Metrics {
             families.update(observed);
         }
         let tps = self.rate.rate(now);
-        self.output_tps.set(tps);
-        self.output_tps_per_gpu.set(if self.gpus > 0.0 {
+        self.throughput.output_tps.set(tps);
+        self.throughput.output_tps_per_gpu.set(if self.gpus > 0.0 {
             tps / self.gpus
         } else {
             0.0

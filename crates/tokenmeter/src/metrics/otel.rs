@@ -69,9 +69,9 @@
 
 use std::collections::HashMap;
 
-use prometheus::{HistogramOpts, HistogramVec, Registry};
+use prometheus::{HistogramOpts, HistogramVec};
 
-use super::register_histogram;
+use super::families::{register_histogram, Registrar};
 use crate::protocol::operation::Operation;
 use crate::protocol::Api;
 use crate::record::{Finished, Outcome};
@@ -169,7 +169,7 @@ pub(super) struct Otel {
 
 /// A histogram carrying the instrumentation scope's labels, as an OTel exporter writes it.
 fn histogram(
-    r: &Registry,
+    r: &Registrar,
     name: &str,
     help: &str,
     labels: &[&str],
@@ -190,7 +190,7 @@ fn histogram(
 }
 
 impl Otel {
-    pub(super) fn new(r: &Registry) -> prometheus::Result<Self> {
+    pub(super) fn new(r: &Registrar) -> prometheus::Result<Self> {
         let with = |extra: &'static str| {
             let mut l = LABELS.to_vec();
             l.push(extra);

@@ -21,7 +21,7 @@ pub(super) fn observe(m: &Metrics, f: &Finished) {
     let code = f.code.to_string();
     let tenant = tenant_value(m, f);
     let values = [model, &code, f.outcome.as_str(), f.api.as_str()];
-    child(&m.requests, &values, tenant).inc();
+    child(&m.requests.total, &values, tenant).inc();
     if let Some(g) = &f.gpu_seconds {
         m.cost.charged(model, tenant, g);
     }
@@ -31,16 +31,20 @@ pub(super) fn observe(m: &Metrics, f: &Finished) {
     parse_error(m, ParseError::ContentEncoding, e.content_encoding);
     if let Some(slo) = &f.slo {
         let values = [&*slo.class, model, slo.band, slo.verdict.as_str()];
-        child(&m.slo_requests, &values, tenant).inc();
+        child(&m.slo.requests, &values, tenant).inc();
         if let Some(good) = goodput_tokens(slo.verdict, f.api, f.output_tokens) {
-            child(&m.goodput_tokens, &[&slo.class, model], tenant).inc_by(good);
+            child(&m.slo.goodput_tokens, &[&slo.class, model], tenant).inc_by(good);
         }
     }
-    m.duration
+    m.latency
+        .duration
         .with_label_values(&[model])
         .observe(f.duration.as_secs_f64());
     if let Some(fb) = f.first_byte {
-        m.ttfb.with_label_values(&[model]).observe(fb.as_secs_f64());
+        m.latency
+            .ttfb
+            .with_label_values(&[model])
+            .observe(fb.as_secs_f64());
     }
     if let Some(o) = &m.otel {
         // "If available": an empty value, which Prometheus reads as no label.
@@ -58,53 +62,60 @@ pub(super) fn observe(m: &Metrics, f: &Finished) {
     }
     m.engine.record(f);
     let output = f.output_tokens;
-    m.token_source
+    m.tokens
+        .source
         .with_label_values(&[f.token_source.as_str()])
         .inc();
     // Tokens already counted as they streamed stay; the final count settles the rest.
-    child(&m.output_tokens_total, &[model], tenant)
+    child(&m.tokens.output_total, &[model], tenant)
         .inc_by(output.saturating_sub(f.streamed_tokens));
-    m.output_tokens
+    m.tokens
+        .output
         .with_label_values(&[model])
         .observe(output as f64);
     if let Some(input) = f.input_tokens {
-        child(&m.input_tokens_total, &[model], tenant).inc_by(input);
-        m.input_tokens
+        child(&m.tokens.input_total, &[model], tenant).inc_by(input);
+        m.tokens
+            .input
             .with_label_values(&[model])
             .observe(input as f64);
     }
     if let Some(r) = f.reasoning_tokens {
-        child(&m.reasoning_tokens_total, &[model], tenant).inc_by(r);
+        child(&m.tokens.reasoning_total, &[model], tenant).inc_by(r);
     }
     for (kind, n) in [
         ("read", f.cached_input.read),
         ("write", f.cached_input.write),
     ] {
         if let Some(n) = n {
-            child(&m.cached_input_tokens_total, &[model, kind], tenant).inc_by(n);
+            child(&m.tokens.cached_input_total, &[model, kind], tenant).inc_by(n);
         }
     }
     for (kind, at) in OutputKind::ALL.iter().zip(f.first_output) {
         if let Some(at) = at {
-            m.first_output
+            m.latency
+                .first_output
                 .with_label_values(&[model, kind.as_str()])
                 .observe(at.as_secs_f64());
         }
     }
     if let Some(stall) = f.max_stall {
-        m.max_stall
+        m.latency
+            .max_stall
             .with_label_values(&[model])
             .observe(stall.as_secs_f64());
     }
     match f.decode() {
         Some(Decode::Wire(d) | Decode::Engine(d)) => {
             let decode = d.as_secs_f64();
-            m.tpot
+            m.latency
+                .tpot
                 .with_label_values(&[model])
                 .observe(decode / (output - 1) as f64);
-            child(&m.request_tps, &[model, f.band()], tenant).observe((output - 1) as f64 / decode);
+            child(&m.latency.request_tps, &[model, f.band()], tenant)
+                .observe((output - 1) as f64 / decode);
         }
-        Some(Decode::Burst) => m.bursts.with_label_values(&[model]).inc(),
+        Some(Decode::Burst) => m.latency.bursts.with_label_values(&[model]).inc(),
         None => {}
     }
 }
@@ -116,7 +127,8 @@ fn tenant_value<'a>(m: &Metrics, f: &'a Finished) -> Option<&'a str> {
 
 fn parse_error(m: &Metrics, reason: ParseError, n: u64) {
     if n > 0 {
-        m.parse_errors
+        m.requests
+            .parse_errors
             .with_label_values(&[reason.as_str()])
             .inc_by(n);
     }

@@ -635,3 +635,127 @@ fn coarse_buckets_thin_the_per_request_speed_histogram_in_every_band() {
     };
     assert_eq!((band("10"), band("30")), (0.0, 1.0));
 }
+
+/// The golden exposition: every family a tokenmeter can export, with its type, label names and
+/// help, in `tests/golden/exposition.txt`. A family added, renamed, retyped, relabelled or
+/// re-described shows as a diff of that file, reviewed with the change; rewrite it with
+/// `TOKENMETER_BLESS=1 cargo test -p tokenmeter --lib golden_exposition`.
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/exposition.txt");
+
+/// Metrics with every optional part on (both other schemes, tenants, a GPU-hour cost, the
+/// logs, the span exporter, the engine's view and the capacity model), and one request
+/// recorded.
+fn every_family() -> Metrics {
+    let m = Metrics::new(&MetricsConfig {
+        compat: Compat {
+            vllm: true,
+            otel: true,
+        },
+        gpu_hour_cost: Some(2.5),
+        tenant: true,
+        ..MetricsConfig::default()
+    })
+    .expect("metrics");
+    m.request_log_dropped().expect("request log");
+    m.workload_log_counters().expect("workload log");
+    m.trace_spans_dropped().expect("spans");
+    m.export_engine_view(Arc::new(Observed::default()))
+        .expect("engine view");
+    let classes = crate::slo::Classes::default()
+        .iter()
+        .map(|(name, t)| crate::capacity::ClassTargets::floor(name, t.objective))
+        .collect();
+    let capacity = Capacity::new(
+        crate::capacity::CapacityConfig {
+            classes,
+            ..crate::capacity::CapacityConfig::default()
+        },
+        Instant::now(),
+    );
+    m.export_capacity(Arc::new(capacity)).expect("capacity");
+    record_tenant_request(&m, Some("team-a"));
+    m
+}
+
+/// The golden file's text for `catalog`: a header, then per family a line `name type
+/// {labels}` and its help, indented.
+fn golden_text(catalog: &[(MetricFamily, Vec<String>)]) -> String {
+    let mut out = String::from(
+        "# Every metric family tokenmeter can export (all optional parts on), with its type,\n\
+         # label names and help. Checked by crates/tokenmeter/src/metrics/tests.rs; rewrite with\n\
+         # TOKENMETER_BLESS=1 cargo test -p tokenmeter --lib golden_exposition\n",
+    );
+    for (f, labels) in catalog {
+        out.push_str(&format!(
+            "{} {} {{{}}}\n    {}\n",
+            f.name(),
+            type_name(f),
+            labels.join(","),
+            f.help()
+        ));
+    }
+    out
+}
+
+/// The type as the text exposition's `# TYPE` line writes it.
+fn type_name(f: &MetricFamily) -> &'static str {
+    use prometheus::proto::MetricType;
+    match f.get_field_type() {
+        MetricType::COUNTER => "counter",
+        MetricType::GAUGE => "gauge",
+        MetricType::HISTOGRAM => "histogram",
+        MetricType::SUMMARY => "summary",
+        MetricType::UNTYPED => "untyped",
+    }
+}
+
+#[test]
+fn golden_exposition() {
+    let m = every_family();
+    let catalog = m.registry.catalog();
+    let text = golden_text(&catalog);
+    if std::env::var_os("TOKENMETER_BLESS").is_some() {
+        std::fs::write(GOLDEN, &text).expect("write the golden file");
+    }
+    let golden = std::fs::read_to_string(GOLDEN).unwrap_or_default();
+    if golden != text {
+        let diff: Vec<String> = diff_lines(&golden, &text);
+        panic!(
+            "the families differ from {GOLDEN} (- golden, + now); if the change is meant, rewrite \
+             it with TOKENMETER_BLESS=1 cargo test -p tokenmeter --lib golden_exposition\n{}",
+            diff.join("\n")
+        );
+    }
+    // What a scrape shows agrees with the catalog: each family it exposes is one registered,
+    // with the same type and help.
+    let exposition = String::from_utf8(m.render()).expect("utf8");
+    let registered: std::collections::BTreeMap<&str, String> = catalog
+        .iter()
+        .map(|(f, _)| (f.name(), format!("{} {}", type_name(f), f.help())))
+        .collect();
+    for f in m.gather() {
+        assert_eq!(
+            registered.get(f.name()),
+            Some(&format!("{} {}", type_name(&f), f.help())),
+            "{} as exposed",
+            f.name()
+        );
+        let typed = format!("# TYPE {} {}\n", f.name(), type_name(&f));
+        assert!(exposition.contains(&typed), "no {typed} in\n{exposition}");
+    }
+}
+
+/// The lines only in `a` (`-`) and only in `b` (`+`), in order: enough to read a change of a
+/// few families.
+fn diff_lines(a: &str, b: &str) -> Vec<String> {
+    let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    let gone = la
+        .iter()
+        .filter(|l| !lb.contains(l))
+        .map(|l| format!("- {l}"));
+    let new = lb
+        .iter()
+        .filter(|l| !la.contains(l))
+        .map(|l| format!("+ {l}"));
+    gone.chain(new).collect()
+}

@@ -27,11 +27,10 @@
 //! - "running" is a request whose tokens are streaming, "waiting" one sent upstream that has no
 //!   token yet: the engine's queue and its prefill together.
 
-use prometheus::{
-    Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
-use super::{counter, histogram, Buckets};
+use super::families::{counter, histogram, Registrar};
+use super::Buckets;
 use crate::protocol::Stop;
 use crate::record::{Finished, Outcome};
 
@@ -121,14 +120,14 @@ pub(super) struct VllmInFlight {
     pub waiting: IntGauge,
 }
 
-fn gauge_vec(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
+fn gauge_vec(r: &Registrar, name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
     let g = IntGaugeVec::new(Opts::new(name, help), &LABELS)?;
-    r.register(Box::new(g.clone()))?;
+    r.register(&g)?;
     Ok(g)
 }
 
 impl Vllm {
-    pub(super) fn new(r: &Registry, b: &Buckets) -> prometheus::Result<Self> {
+    pub(super) fn new(r: &Registrar, b: &Buckets) -> prometheus::Result<Self> {
         let l = &LABELS;
         Ok(Vllm {
             ttft: histogram(
@@ -230,7 +229,7 @@ impl Vllm {
                     ),
                     &LABELS,
                 )?;
-                r.register(Box::new(g.clone()))?;
+                r.register(&g)?;
                 g
             },
         })

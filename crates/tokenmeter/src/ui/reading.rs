@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use prometheus::proto::{MetricFamily, MetricType};
 
-use crate::metrics::capacity::names as capacity;
-use crate::metrics::cost::names as cost;
+use crate::metrics::names::capacity;
+use crate::metrics::names::cost;
 use crate::quantile::histogram_quantile;
 
 // The names the page reads the exposition by, under the short names its code uses.

@@ -67,7 +67,7 @@ impl Fixture {
         sources.with_label_values(&["counted"]).inc();
         r.register(Box::new(sources)).unwrap();
         let gpu = CounterVec::new(
-            Opts::new(crate::metrics::cost::names::GPU_SECONDS, "c"),
+            Opts::new(crate::metrics::names::cost::GPU_SECONDS, "c"),
             &["model", "phase", "tenant"],
         )
         .unwrap();
@@ -78,8 +78,8 @@ impl Fixture {
         gpu.with_label_values(&["b", "decode", "team-b"])
             .inc_by(0.5);
         r.register(Box::new(gpu)).unwrap();
-        g(crate::metrics::cost::names::GPU_IDLE_SECONDS, 6.0);
-        g(crate::metrics::cost::names::GPU_UNASSIGNED_SECONDS, 0.25);
+        g(crate::metrics::names::cost::GPU_IDLE_SECONDS, 6.0);
+        g(crate::metrics::names::cost::GPU_UNASSIGNED_SECONDS, 0.25);
         Fixture {
             registry: r,
             ttft,

@@ -26,8 +26,9 @@ use tokenmeter::capacity::summary::MAX_CONCURRENCY;
 use tokenmeter::capacity::{Bound, ClassTargets, Memory};
 use tokenmeter::exposition::Sample;
 use tokenmeter::metrics::capacity::{
-    names, BOUNDS, CHECK_QUANTITIES, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
+    BOUNDS, CHECK_QUANTITIES, CHECK_SOURCES, KINDS, PERCENTILE_LABELS, TERMS, WORKLOAD_KINDS,
 };
+use tokenmeter::metrics::names::capacity as names;
 use tokenmeter::slo::DEFAULT_OBJECTIVE;
 
 pub mod whatif;

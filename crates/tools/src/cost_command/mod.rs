@@ -24,7 +24,7 @@ use clap::Args;
 
 use crate::scrape::{is_prometheus, metrics_url, scrape, ScrapeError};
 use tokenmeter::exposition::Scrape;
-use tokenmeter::metrics::cost::names;
+use tokenmeter::metrics::names::cost as names;
 use tokenmeter::units::parse_duration;
 
 pub mod format;

@@ -25,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
-use tokenmeter::metrics::cost::names;
+use tokenmeter::metrics::names::cost as names;
 use tokenmeter::metrics::names::OUTPUT_TOKENS_TOTAL;
 
 use crate::scrape::{get_bounded, GetError, Http, MAX_SCRAPE};

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use tokenmeter::exposition::{Sample, Scrape};
-use tokenmeter::metrics::cost::names;
+use tokenmeter::metrics::names::cost as names;
 use tokenmeter::metrics::names::{GPUS, GPU_HOUR_COST, OUTPUT_TOKENS_TOTAL};
 
 /// One row: a tenant's use of one model.

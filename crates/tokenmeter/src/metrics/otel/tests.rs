@@ -1,7 +1,8 @@
 use super::*;
 use crate::exposition::Scrape;
-use crate::metrics::{Compat, Metrics, MetricsConfig, TokenSource};
+use crate::metrics::{Compat, Metrics, MetricsConfig};
 use crate::protocol::operation::{Operation, Route};
+use crate::protocol::TokenSource;
 use crate::record::Finished;
 
 /// One family the conventions define, as the OTel Prometheus exporter writes it.

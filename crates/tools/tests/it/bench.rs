@@ -20,7 +20,7 @@ use tokenmeter_tools::bench::{self, BenchArgs, BenchConfig, BenchError};
 use tokenmeter_tools::sim::{Model, Sim, SimConfig};
 
 use crate::support::upstream::{self, Reply, Upstream};
-use crate::support::{self as s};
+use crate::support::{self as s, tempdir};
 
 // === A scripted upstream ===
 
@@ -64,13 +64,6 @@ fn config(target: &str, extra: &[&str], out: &Path) -> BenchConfig {
     args.push(out);
     args.extend_from_slice(extra);
     Cli::try_parse_from(args).unwrap().bench.validate().unwrap()
-}
-
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("tokenmeter-it-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 const SCRIPT: Script = Script {
@@ -844,119 +837,6 @@ async fn through_tokenmeter_client_and_proxy_agree_on_the_simulator() {
     }
 }
 
-// === The command ===
-
-#[test]
-fn bad_flags_are_one_line_and_exit_64() {
-    for (args, needle) in [
-        (
-            &["--target", "https://h"][..],
-            "scheme https is not supported",
-        ),
-        (
-            &["--target", "http://h", "--concurrency", "1,0"][..],
-            "--concurrency",
-        ),
-        (
-            &[
-                "--target",
-                "http://h",
-                "--concurrency",
-                "1,16",
-                "--requests",
-                "8",
-            ][..],
-            "--requests 8 is below the highest --concurrency 16",
-        ),
-        (
-            &[
-                "--target",
-                "http://h",
-                "--trace",
-                "t.jsonl",
-                "--time-scale",
-                "0",
-            ][..],
-            "--time-scale 0: give a factor above 0",
-        ),
-        (
-            &["--target", "http://h", "--time-scale", "2"][..],
-            "--time-scale is for --trace",
-        ),
-        (
-            &[
-                "--target",
-                "http://h",
-                "--trace",
-                "t.jsonl",
-                "--concurrency",
-                "4",
-            ][..],
-            "cannot be used with",
-        ),
-    ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .arg("bench")
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(needle), "{stderr}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_command_runs_against_the_simulator_and_names_its_files() {
-    let url = spawn_sim(sim_model()).await;
-    let out = tempdir("command");
-    let dir = out.clone();
-    let cmd = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .args([
-                "bench",
-                "--target",
-                &url,
-                "--concurrency",
-                "2",
-                "--requests",
-                "2",
-            ])
-            .args(["--output-tokens", "4", "--out"])
-            .arg(&dir)
-            .output()
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&cmd.stdout);
-    assert!(
-        cmd.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&cmd.stderr)
-    );
-    // Not a terminal: no progress bar, nothing on stderr.
-    assert_eq!(String::from_utf8_lossy(&cmd.stderr), "");
-    let row = stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("2 "))
-        .unwrap();
-    let cells: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(cells[..3], ["2", "2", "0"], "{stdout}");
-    for f in [
-        bench::JSON_FILE,
-        bench::CSV_FILE,
-        bench::THROUGHPUT_SVG,
-        bench::TTFT_SVG,
-    ] {
-        assert!(
-            stdout.contains(&format!("wrote {}", out.join(f).display())),
-            "{stdout}"
-        );
-    }
-}
-
 // === The open loop ===
 
 /// An OpenAI server that serves one request at a time: each holds the server for `service`,
@@ -1311,44 +1191,4 @@ async fn a_trace_is_replayed_with_its_lengths_exactly_at_its_scaled_times() {
         svg.contains("a trace&apos;s, mean") || svg.contains("a trace's, mean"),
         "{svg}"
     );
-}
-
-#[test]
-fn a_trace_that_cannot_be_read_exits_2_naming_the_line() {
-    let dir = tempdir("bad-trace");
-    let bad = dir.join("bad.jsonl");
-    std::fs::write(
-        &bad,
-        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}\n\
-         {\"timestamp\": 5, \"input_length\": \"ten\", \"output_length\": 1}\n",
-    )
-    .unwrap();
-    let missing = dir.join("missing.jsonl");
-    // 10 GiB of nothing (a sparse file: no disk is spent): the reader takes a line at most
-    // 1 MiB long, so it stops a megabyte in, never reading the rest.
-    let huge = dir.join("huge.jsonl");
-    std::fs::File::create(&huge)
-        .and_then(|f| f.set_len(10 << 30))
-        .unwrap();
-    // Nothing listens at the target: a trace that cannot be read fails before any request.
-    for (path, needle) in [
-        (
-            &bad,
-            "line 2: \"input_length\" is not a non-negative integer: \"ten\"",
-        ),
-        (&missing, "cannot read"),
-        (&huge, "line 1 is longer than 1048576 bytes"),
-    ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tokenmeter"))
-            .args(["bench", "--target", "http://127.0.0.1:9", "--trace"])
-            .arg(path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(needle), "{stderr}");
-        assert!(stderr.contains(&path.display().to_string()), "{stderr}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }

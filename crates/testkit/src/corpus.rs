@@ -18,7 +18,9 @@ pub struct Entry {
 pub fn dir() -> Option<PathBuf> {
     let p = std::env::var_os("TOKENMETER_CORPUS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/corpus"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus")
+        });
     p.join("MANIFEST.tsv").is_file().then_some(p)
 }
 
@@ -27,19 +29,24 @@ pub fn dir() -> Option<PathBuf> {
 pub fn captured_dir() -> Option<PathBuf> {
     let p = std::env::var_os("TOKENMETER_CAPTURED")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/captured"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/captured")
+        });
     p.join("MANIFEST.tsv").is_file().then_some(p)
 }
 
 /// Every corpus entry with its body. Without the corpus: panics under CI=true, else prints a loud
-/// SKIPPED line and returns None.
+/// SKIPPED line ([`crate::skip()`]) and returns None.
 pub fn load(test: &str) -> Option<Vec<Entry>> {
     let Some(dir) = dir() else {
         assert!(
-            !super::in_ci(),
+            !crate::in_ci(),
             "{test}: corpus not found (set TOKENMETER_CORPUS or put it at ../shared/corpus)"
         );
-        eprintln!("SKIPPED {test}: corpus not found (set TOKENMETER_CORPUS)");
+        crate::skip(
+            &crate::current_test(),
+            "corpus not found (set TOKENMETER_CORPUS or put it at ../shared/corpus to run it)",
+        );
         return None;
     };
     let entries = read_manifest(&dir);
@@ -55,10 +62,13 @@ pub fn load(test: &str) -> Option<Vec<Entry>> {
 pub fn load_captured(test: &str) -> Option<Vec<Entry>> {
     let Some(dir) = captured_dir() else {
         assert!(
-            !super::in_ci(),
+            !crate::in_ci(),
             "{test}: captured streams not found (set TOKENMETER_CAPTURED or put them at ../shared/captured)"
         );
-        eprintln!("SKIPPED {test}: captured streams not found (set TOKENMETER_CAPTURED)");
+        crate::skip(
+            &crate::current_test(),
+            "captured streams not found (set TOKENMETER_CAPTURED or put them at ../shared/captured to run it)",
+        );
         return None;
     };
     Some(read_manifest(&dir))
