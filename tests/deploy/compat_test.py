@@ -140,7 +140,7 @@ OTEL_FAMILIES = [
 ]
 OTEL_MODES = {"otel", "vllm+otel"}
 
-# --- tenants (issue 14) ---
+# --- tenants ---
 # Sent to the tenant mode before the load: five names for a cap of three, one invalid value.
 # The load then carries an API key, whose id finds the cap full: "other".
 TENANT_HEADERS = ["tenant-a", "tenant-b", "tenant-c", "tenant-d", "tenant-e", "not a name"]

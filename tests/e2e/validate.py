@@ -4,7 +4,7 @@
 Three views of the same requests are compared phase by phase: vLLM's own /metrics (the
 server), tokenmeter's /metrics (the proxy) and what the client recorded (GuideLLM's JSON, the
 `openai` SDK, `curl -N`). Every phase is bracketed by snapshots of both /metrics pages, so each
-figure is a difference over exactly that phase. The tolerances are those of issue 7:
+figure is a difference over exactly that phase. The tolerances are these:
 
 - tokens: exact, all three views;
 - requests: exact; requests GuideLLM cuts at the end of a timed run count as `client_disconnect`;

@@ -1,6 +1,6 @@
 //! The live capacity model against the simulator, whose step costs are known exactly.
 //!
-//! Must hold (issue 15): under a load ramping from 1 to 64 streams, the fitted `base` and
+//! Must hold: under a load ramping from 1 to 64 streams, the fitted `base` and
 //! `per_sequence` land within 15% of the simulator's, and the max concurrency for a 40 tok/s
 //! floor within 15% of the truth; repeated with a second pair; a run where a few responses
 //! pause for 1 s moves them by less than 5%.

@@ -482,7 +482,7 @@ async fn logs_to_a_pipe_carry_no_colour_codes() {
     }
 }
 
-// --- TLS (issue 13) ---
+// --- TLS ---
 
 #[test]
 fn a_missing_or_unreadable_certificate_or_key_is_one_line_and_exit_64() {

@@ -1,4 +1,4 @@
-//! Reliability (issue 6): upstream faults, client faults, bad bodies, protocol variety, and the
+//! Reliability: upstream faults, client faults, bad bodies, protocol variety, and the
 //! security rules. tokenmeter must never be the reason a user loses a response.
 
 use std::io::{Read, Write};

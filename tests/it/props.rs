@@ -1,4 +1,4 @@
-//! Property tests (issue 6): the decoders give the same messages however their input is split,
+//! Property tests: the decoders give the same messages however their input is split,
 //! agree with a plain reference reading of the format, never panic and never hold more than their
 //! limit; the proxy forwards arbitrary bodies in arbitrary pieces byte-exact; the meter counts
 //! exactly the content chunks of an OpenAI stream, and the stream's usage report wins when present.

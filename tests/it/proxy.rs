@@ -1,4 +1,4 @@
-//! The proxy core (issue 2): byte-exact passthrough, no buffering, timing metrics, disconnects,
+//! The proxy core: byte-exact passthrough, no buffering, timing metrics, disconnects,
 //! upstream failures, bounded parsing, and an exposition that promtool accepts.
 
 use std::io::{Read, Write};

@@ -1,4 +1,4 @@
-//! What the wire shows (issue 12): crafted streams from a scripted upstream give exactly the
+//! What the wire shows: crafted streams from a scripted upstream give exactly the
 //! expected prompt bands, first-output times per kind, tokens per event, longest stall, reasoning
 //! and cached tokens, and an output counter that moves while a stream runs and is settled by the
 //! usage report.

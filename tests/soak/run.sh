@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test (issue 6; not part of CI): STREAMS concurrent streaming requests through a release
+# Soak test (not part of CI): STREAMS concurrent streaming requests through a release
 # tokenmeter for DURATION, against a streaming upstream. Samples tokenmeter's RSS, CPU, fds and
 # in-flight gauges every INTERVAL into a CSV, then checks: memory flat (last-quarter mean live heap
 # within 10% of the second quarter's and under 32 bytes per request over the second half; RSS
