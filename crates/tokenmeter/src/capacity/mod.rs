@@ -60,6 +60,7 @@ pub mod seen;
 pub mod stream;
 pub mod summary;
 pub mod support;
+pub mod wire;
 pub mod workload;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -207,6 +208,9 @@ pub struct Capacity {
     published: tokio::sync::watch::Sender<Option<(Instant, Arc<Report>)>>,
     /// Someone waits for a refit now ([`Capacity::next_report`]).
     asked: tokio::sync::Notify,
+    /// Output tokens the requests in flight have streamed: the wire's view of the KV cache
+    /// they hold ([`wire`]).
+    wire_streamed: std::sync::atomic::AtomicI64,
     /// The GPU-time books the step and prefill costs are published to at each refit, with the
     /// replicas whenever they change (`crate::cost`).
     books: OnceLock<Arc<Ledger>>,
@@ -226,6 +230,7 @@ impl Capacity {
             config,
             published: tokio::sync::watch::Sender::new(None),
             asked: tokio::sync::Notify::new(),
+            wire_streamed: std::sync::atomic::AtomicI64::new(0),
             books: OnceLock::new(),
             rates: Mutex::new(None),
         };

@@ -129,7 +129,7 @@ struct Clock {
     first_output: FirstOutput,
     /// Tokens already counted in the output total as they streamed.
     streamed: u64,
-    /// Tokens added to the wire's view of the KV cache (`Metrics::wire_streamed`) while in
+    /// Tokens added to the wire's view of the KV cache (`Capacity::wire_streamed`) while in
     /// flight, taken back when the request leaves.
     held: i64,
     /// The concurrency tracker as the request entered and left the in-flight gauges: the band of
@@ -386,11 +386,9 @@ impl Clock {
         self.last_token = Some(now);
         self.at_last = Some(rec.concurrency.snapshot(now));
         rec.metrics.tokens(u64::from(tokens), now);
-        if !self.left {
-            self.held += i64::from(tokens);
-            rec.metrics.wire_streamed(i64::from(tokens));
-        }
         if let (false, Some(c)) = (self.left, &rec.capacity) {
+            self.held += i64::from(tokens);
+            c.wire_streamed(i64::from(tokens));
             // The gap since this stream's last tokens was one decode step (or several, for an
             // event that carries several tokens) at the number of streams decoding now.
             let decoding = rec.metrics.decoding() as f64;
@@ -429,9 +427,9 @@ impl Clock {
             Phase::Prefill
         };
         self.in_flight.add(phase, -1);
-        self.recorder
-            .metrics
-            .wire_streamed(-std::mem::take(&mut self.held));
+        if let Some(c) = capacity {
+            c.wire_streamed(-std::mem::take(&mut self.held));
+        }
         self.at_leave = Some(self.recorder.concurrency.update(now, -1));
         self.share = self.recorder.ledger.leave(self.ticket, now);
     }

@@ -8,7 +8,7 @@
 
 use prometheus::{Gauge, GaugeVec, Opts};
 
-use super::families::Registrar;
+use super::registrar::Registrar;
 
 use crate::capacity::arrivals::Shape;
 use crate::capacity::plan::CURVE;
@@ -43,16 +43,6 @@ pub const TERMS: [&str; 2] = ["base", "per_sequence"];
 pub const BOUNDS: [&str; 2] = ["min", "max"];
 /// The `kind` label of [`names::CURVE_TPS`].
 pub const KINDS: [&str; 2] = ["per_request", "aggregate"];
-
-/// The KV-cache tokens the requests in flight hold per engine by the wire's count: `streamed`
-/// output tokens of the requests in flight, plus `in_flight` times the mix's mean uncached
-/// prompt (a request's own prompt is known only when its usage comes, at its end), over the
-/// replicas. `None` until the report has a mix.
-pub fn wire_tokens(report: &Report, streamed: f64, in_flight: f64) -> Option<f64> {
-    let mix = report.mix?;
-    let prompt = (mix.prompt - mix.cached).max(0.0);
-    Some((streamed.max(0.0) + in_flight.max(0.0) * prompt) / f64::from(report.replicas.max(1)))
-}
 
 /// The capacity families, registered in a given registry.
 pub struct CapacityMetrics {
@@ -304,7 +294,7 @@ impl CapacityMetrics {
         })
     }
 
-    /// Sets the wire's view of the KV cache (see [`wire_tokens`]).
+    /// Sets the wire's view of the KV cache (`Capacity::wire_tokens`).
     pub fn update_wire(&self, tokens: Option<f64>) {
         match tokens {
             Some(t) => self.wire.with_label_values::<&str>(&[]).set(t),
