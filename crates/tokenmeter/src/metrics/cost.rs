@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use prometheus::{Counter, CounterVec, Gauge, Opts};
 
-use super::families::Registrar;
+use super::registrar::Registrar;
 
 use super::labels::{child, tenanted};
 use crate::cost::{GpuSeconds, Ledger};

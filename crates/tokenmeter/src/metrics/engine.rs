@@ -15,7 +15,7 @@
 use super::names;
 use prometheus::{HistogramVec, IntCounterVec};
 
-use super::families::{counter, histogram, Registrar};
+use super::registrar::{counter, histogram, Registrar};
 use super::Buckets;
 use crate::record::Finished;
 

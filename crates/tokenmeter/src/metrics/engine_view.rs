@@ -9,7 +9,7 @@
 
 use prometheus::{GaugeVec, IntCounterVec, Opts};
 
-use super::families::Registrar;
+use super::registrar::Registrar;
 
 use crate::engine::observed::Observed;
 

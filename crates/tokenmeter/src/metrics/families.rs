@@ -1,5 +1,5 @@
 //! The request path's metric families, one group per struct, each registered by its own
-//! function; and the [`Registrar`] every family of [`super::Metrics`] is registered through.
+//! function through the [`Registrar`].
 //!
 //! A group is the families one concern writes: admission, requests and streams, latency,
 //! tokens, throughput, SLO. [`super::Metrics::new`] calls the groups' `register` in turn, so
@@ -8,139 +8,14 @@
 //! The families exported only when their part runs (capacity, cost, the engine's view) and the
 //! other naming schemes register in their own files, through the same [`Registrar`].
 
-use prometheus::core::Collector;
-use prometheus::proto::MetricFamily;
 use prometheus::{
-    Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    Gauge, GaugeVec, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 
 use super::labels::{tenanted, ParseError};
+use super::registrar::{counter, gauge, histogram, int_counter, int_gauge, Registrar};
 use super::{names, Buckets, MetricsConfig, Phase};
 use crate::protocol::TokenSource;
-
-/// The registry of one [`super::Metrics`]. In unit tests it also keeps every collector it
-/// registered, so the golden test can list each family with its type and labels even before
-/// it has a series (the exposition leaves out a family with none).
-pub(crate) struct Registrar {
-    registry: Registry,
-    #[cfg(test)]
-    registered: std::sync::Mutex<Vec<Box<dyn Collector>>>,
-}
-
-impl Registrar {
-    pub(crate) fn new() -> Self {
-        Registrar {
-            registry: Registry::new(),
-            #[cfg(test)]
-            registered: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Registers `c` (a handle: the registry holds a clone). Fails on a name or label set
-    /// already registered.
-    pub(crate) fn register<C: Collector + Clone + 'static>(&self, c: &C) -> prometheus::Result<()> {
-        self.registry.register(Box::new(c.clone()))?;
-        #[cfg(test)]
-        self.registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(Box::new(c.clone()));
-        Ok(())
-    }
-
-    /// Every family with at least one series, sorted by name.
-    pub(crate) fn gather(&self) -> Vec<MetricFamily> {
-        self.registry.gather()
-    }
-
-    /// Every family registered, series or not: name, help and type from collecting it, label
-    /// names from its descriptor, sorted by name.
-    #[cfg(test)]
-    pub(crate) fn catalog(&self) -> Vec<(MetricFamily, Vec<String>)> {
-        let registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut out: Vec<(MetricFamily, Vec<String>)> = registered
-            .iter()
-            .flat_map(|c| {
-                let labels: Vec<Vec<String>> = c
-                    .desc()
-                    .iter()
-                    .map(|d| {
-                        let mut l: Vec<String> = d
-                            .const_label_pairs
-                            .iter()
-                            .map(|p| p.name().to_string())
-                            .collect();
-                        l.extend(d.variable_labels.iter().cloned());
-                        l
-                    })
-                    .collect();
-                c.collect().into_iter().zip(labels)
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.name().cmp(b.0.name()));
-        out
-    }
-}
-
-pub(super) fn histogram(
-    r: &Registrar,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> prometheus::Result<HistogramVec> {
-    register_histogram(
-        r,
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )
-}
-
-/// Builds and registers a histogram family from its options (a compat scheme adds constant
-/// labels to them).
-pub(super) fn register_histogram(
-    r: &Registrar,
-    opts: HistogramOpts,
-    labels: &[&str],
-) -> prometheus::Result<HistogramVec> {
-    let h = HistogramVec::new(opts, labels)?;
-    r.register(&h)?;
-    Ok(h)
-}
-
-pub(super) fn counter(
-    r: &Registrar,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntCounterVec> {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-    r.register(&c)?;
-    Ok(c)
-}
-
-fn gauge(r: &Registrar, name: &str, help: &str) -> prometheus::Result<Gauge> {
-    let g = Gauge::new(name, help)?;
-    r.register(&g)?;
-    Ok(g)
-}
-
-fn int_gauge(r: &Registrar, name: &str, help: &str) -> prometheus::Result<IntGauge> {
-    let g = IntGauge::new(name, help)?;
-    r.register(&g)?;
-    Ok(g)
-}
-
-/// A counter with no labels (also a log's or an exporter's, registered when it is on).
-pub(super) fn int_counter(r: &Registrar, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-    let c = IntCounter::new(name, help)?;
-    r.register(&c)?;
-    Ok(c)
-}
 
 /// The process and its configuration: set once here, never again, so no handle is kept.
 pub(super) fn register_process(r: &Registrar, cfg: &MetricsConfig) -> prometheus::Result<()> {

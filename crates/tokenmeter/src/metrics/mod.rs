@@ -45,9 +45,9 @@ pub mod names;
 pub mod otel;
 mod rate;
 mod recording;
+mod registrar;
 mod vllm;
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,12 +57,13 @@ use prometheus::{Encoder, IntCounter, TextEncoder};
 pub use self::buckets::Buckets;
 pub use self::capped::{Capped, OTHER};
 use self::engine::EngineMetrics;
-use self::families::{Admission, Latency, Registrar, Requests, Slo, Throughput, Tokens};
+use self::families::{Admission, Latency, Requests, Slo, Throughput, Tokens};
 use self::labels::ModelLabels;
 pub use self::labels::{Phase, NO_TENANT};
 pub use self::live::{InFlight, ModelMetrics};
 use self::otel::Otel;
 use self::rate::RateWindow;
+use self::registrar::Registrar;
 use self::vllm::Vllm;
 use crate::capacity::Capacity;
 use crate::cost::{GpuSeconds, Ledger};
@@ -108,9 +109,6 @@ pub struct Metrics {
     capacity: OnceLock<(Arc<Capacity>, capacity::CapacityMetrics)>,
     /// What the engine's metrics reader observes, when it runs, and its families.
     engine_view: OnceLock<(Arc<Observed>, engine_view::EngineViewMetrics)>,
-    /// Output tokens streamed so far by the requests in flight: the wire's view of the KV
-    /// cache they hold (with their prompts, `capacity::wire_tokens`).
-    wire_streamed: AtomicI64,
 }
 
 /// `--max-models`' default: a server behind one proxy serves a handful of models (and LoRA
@@ -191,7 +189,6 @@ impl Metrics {
             books: OnceLock::new(),
             capacity: OnceLock::new(),
             engine_view: OnceLock::new(),
-            wire_streamed: AtomicI64::new(0),
             registry: r,
         })
     }
@@ -245,7 +242,7 @@ impl Metrics {
     }
 
     fn register_counter(&self, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-        families::int_counter(&self.registry, name, help)
+        registrar::int_counter(&self.registry, name, help)
     }
 
     /// Counts a client connection closed at `--max-connections`.
@@ -283,12 +280,6 @@ impl Metrics {
     /// scheme labels them by model).
     pub fn in_flight(&self, model: Option<&str>) -> InFlight {
         InFlight::resolve(self, model)
-    }
-
-    /// `delta` output tokens joined (or, negative, left) the KV cache the requests in flight
-    /// hold by the wire's count. One atomic add: called on every token-bearing event.
-    pub fn wire_streamed(&self, delta: i64) {
-        self.wire_streamed.fetch_add(delta, Ordering::Relaxed);
     }
 
     /// A request's `direction` count by `--tokenizer` was checked against the server's usage.
@@ -383,11 +374,7 @@ impl Metrics {
                         .get()
                 })
                 .sum();
-            let wire = capacity::wire_tokens(
-                &report,
-                self.wire_streamed.load(Ordering::Relaxed) as f64,
-                in_flight as f64,
-            );
+            let wire = model.wire_tokens(&report, in_flight as f64);
             families.update_wire(wire);
             if let Some(v) = &self.vllm {
                 let cache = report.memory.kv_cache_tokens.map(|t| t as f64);

@@ -71,7 +71,7 @@ use std::collections::HashMap;
 
 use prometheus::{HistogramOpts, HistogramVec};
 
-use super::families::{register_histogram, Registrar};
+use super::registrar::{register_histogram, Registrar};
 use crate::protocol::operation::Operation;
 use crate::protocol::Api;
 use crate::record::{Finished, Outcome};

@@ -29,7 +29,7 @@
 
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
-use super::families::{counter, histogram, Registrar};
+use super::registrar::{counter, histogram, Registrar};
 use super::Buckets;
 use crate::protocol::Stop;
 use crate::record::{Finished, Outcome};
