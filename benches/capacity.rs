@@ -16,20 +16,20 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use prometheus::{Histogram, HistogramOpts};
 use tokenmeter::capacity::fit::Fit;
 use tokenmeter::capacity::memory::Stated;
-use tokenmeter::capacity::{context, Capacity, CapacityConfig, ClassTargets, Request};
+use tokenmeter::capacity::{context, Capacity, ClassTargets, Inputs, Request};
 use tokenmeter::engine::view;
 use tokenmeter::exposition::Scrape;
 
 fn model() -> Capacity {
     Capacity::new(
-        CapacityConfig {
+        Inputs {
             classes: vec![ClassTargets {
                 name: "interactive".into(),
                 tps_floor: Some(20.0),
                 ttft: Some(2.0),
                 objective: 0.9,
             }],
-            ..CapacityConfig::default()
+            ..Inputs::default()
         },
         Instant::now(),
     )
@@ -164,7 +164,7 @@ fn bench(c: &mut Criterion) {
     // mix holds about 2,250 tokens, so memory binds at about 16 and every replay past that
     // queues for blocks and preempts.
     let memory = Capacity::new(
-        CapacityConfig {
+        Inputs {
             memory: Stated {
                 kv_cache_tokens: Some(36_000),
                 block_size: Some(16),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use tokenmeter::capacity::{Capacity, CapacityConfig};
+use tokenmeter::capacity::{Capacity, Inputs};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
@@ -147,10 +147,7 @@ fn bench(c: &mut Criterion) {
             Arc::new(Metrics::new(&MetricsConfig::default()).expect("metrics")),
             Default::default(),
         )
-        .with_capacity(Arc::new(Capacity::new(
-            CapacityConfig::default(),
-            Instant::now(),
-        ))),
+        .with_capacity(Arc::new(Capacity::new(Inputs::default(), Instant::now()))),
     );
     g.bench_function("meter_256_byte_frames", |bench| {
         bench.iter(|| {

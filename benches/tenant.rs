@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderName, HeaderValue};
-use tokenmeter::capacity::{Capacity, CapacityConfig};
+use tokenmeter::capacity::{Capacity, Inputs};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
@@ -75,9 +75,8 @@ fn bench(c: &mut Criterion) {
         })
         .expect("metrics");
         let recorder = Arc::new(
-            Recorder::new(Arc::new(metrics), Default::default()).with_capacity(Arc::new(
-                Capacity::new(CapacityConfig::default(), Instant::now()),
-            )),
+            Recorder::new(Arc::new(metrics), Default::default())
+                .with_capacity(Arc::new(Capacity::new(Inputs::default(), Instant::now()))),
         );
         let name = if tenant {
             "with_tenant"

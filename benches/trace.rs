@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderValue, Method};
 use prometheus::IntCounter;
-use tokenmeter::capacity::{Capacity, CapacityConfig};
+use tokenmeter::capacity::{Capacity, Inputs};
 use tokenmeter::context::{Identify, Sampler};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Metrics, MetricsConfig};
@@ -97,10 +97,7 @@ fn bench(c: &mut Criterion) {
         let identify = (log || traced).then(|| Identify::new(traced.then(Sampler::default)));
         let recorder = Arc::new(
             Recorder::new(metrics, Default::default())
-                .with_capacity(Arc::new(Capacity::new(
-                    CapacityConfig::default(),
-                    Instant::now(),
-                )))
+                .with_capacity(Arc::new(Capacity::new(Inputs::default(), Instant::now())))
                 .with_sinks(identify.clone(), sinks),
         );
         g.bench_function(name, |b| {

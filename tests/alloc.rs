@@ -26,7 +26,7 @@ use tokenmeter::server::Settings;
 use tokenmeter_flags::parse_upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use tokenmeter::capacity::{Capacity, CapacityConfig};
+use tokenmeter::capacity::{Capacity, Inputs};
 use tokenmeter::meter::Recorder;
 use tokenmeter::metrics::{Compat, Metrics, MetricsConfig};
 use tokenmeter::protocol::request::RequestInfo;
@@ -84,7 +84,7 @@ fn metering_a_content_chunk_allocates_nothing() {
 /// Heap allocations while a warmed-up meter reads 1,100 content chunks.
 fn allocations_over_chunks(metrics: Arc<Metrics>, tenant: bool) -> u64 {
     // The capacity model as the server wires it: fed on every token-bearing event.
-    let capacity = Arc::new(Capacity::new(CapacityConfig::default(), Instant::now()));
+    let capacity = Arc::new(Capacity::new(Inputs::default(), Instant::now()));
     let recorder = Arc::new(Recorder::new(metrics, Default::default()).with_capacity(capacity));
     let mut meter = recorder.start(RequestInfo::default());
     if tenant {

@@ -630,7 +630,7 @@ impl ProxyArgs {
         if self.metrics_max_connections == 0 {
             return Err(ConfigError::Zero("metrics-max-connections"));
         }
-        if self.capacity_window < capacity::summary::MIN_WINDOW {
+        if self.capacity_window < capacity::steps::MIN_WINDOW {
             return Err(ConfigError::ShortCapacityWindow(self.capacity_window));
         }
         let replicas = replicas::parse(&self.replicas)?;

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::capacity::{self, CapacityConfig};
+use crate::capacity::{self, Inputs};
 use crate::gpus::Note;
 use crate::meter;
 use crate::metrics::MetricsConfig;
@@ -107,8 +107,8 @@ impl Config {
     /// All the live capacity model needs: its own settings, each SLO class's targets and the
     /// fleet, taken from where this struct holds them once (the classes, `--replicas`, and the
     /// GPU count and cost of the metrics' settings).
-    pub fn capacity_model(&self) -> CapacityConfig {
-        CapacityConfig {
+    pub fn capacity_model(&self) -> Inputs {
+        Inputs {
             window: self.capacity.window,
             classes: capacity::ClassTargets::of(&self.slo),
             fleet: capacity::Fleet {

@@ -13,7 +13,7 @@
 //! than two neighbours. Unweighted, the levels a ramp passes through for a moment outvoted the
 //! levels it held, and the slope moved by 10% from one run to the next against the simulator.
 
-use super::summary::Column;
+use super::steps::Column;
 
 /// Samples a concurrency needs before its median is used: the median of 20 draws has a spread
 /// of about a quarter of the samples' own (1.25 / sqrt(20)).
@@ -244,7 +244,7 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::capacity::summary::SlidingSummary;
+    use crate::capacity::steps::StepWindow;
 
     /// A deterministic stream of uniform and normal draws (xorshift, Box-Muller).
     pub(crate) struct Rng(u64);
@@ -270,7 +270,7 @@ pub(crate) mod tests {
     /// steps (3x); returns the fit.
     fn fit_synthetic(base: f64, per_seq: f64, top: u32, per_level: u32, outliers: f64) -> Fit {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(Duration::from_secs(900), t0);
+        let s = StepWindow::new(Duration::from_secs(900), t0);
         let mut rng = Rng::new(7);
         for b in 1..=top {
             for _ in 0..per_level {

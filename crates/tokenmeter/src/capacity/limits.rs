@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use super::arrivals::Shape;
 use super::replay::{self, Engine, Job, Load, Replayed};
-use super::summary::MAX_CONCURRENCY;
+use super::steps::MAX_CONCURRENCY;
 
 /// Bisection steps for the rate: the interval shrinks 2^-12 times, far below the replay's own
 /// sampling error.

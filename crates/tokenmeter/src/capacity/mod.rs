@@ -6,7 +6,7 @@
 //! between two token-bearing events of a stream is one observation of `t` at the number of
 //! streams decoding as it ends (docs/capacity.md says why not a mean over the gap). The pieces:
 //!
-//! - [`summary`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
+//! - [`steps`]: the bounded sliding window of (concurrency, time per token), lock-free to push.
 //! - [`bins`]: its time-per-token axis and the per-concurrency median.
 //! - [`busy`]: the time-weighted mean of a count over the last minute, for utilization.
 //! - [`fit`]: Theil-Sen through the per-concurrency medians, and the fit's quality.
@@ -57,8 +57,8 @@ pub mod prefill;
 pub mod refits;
 pub mod replay;
 pub mod seen;
+pub mod steps;
 pub mod stream;
-pub mod summary;
 pub mod support;
 pub mod wire;
 pub mod workload;
@@ -80,7 +80,7 @@ pub use workload::{Mix, Request};
 
 /// What [`Capacity::costs`] reads of the window, for a refit to go on from.
 struct Costs {
-    columns: Vec<summary::Column>,
+    columns: Vec<steps::Column>,
     fit: Option<fit::Fit>,
     recent: Vec<workload::Request>,
     prefill: Option<prefill::PrefillFit>,
@@ -90,7 +90,7 @@ struct Costs {
 /// ([`prefill::fit_at_least`]): two, so one odd group does not set it alone.
 const FIRST_PREFILL: usize = 2;
 
-/// How often the fit is redone. A refit reads the whole summary (at most 256 x 10 histograms)
+/// How often the fit is redone. A refit reads the whole step window (at most 256 x 10 histograms)
 /// and sorts at most 32,640 slopes: about a millisecond, so every few seconds costs nothing,
 /// and the answers move as fast as a 15-minute window can.
 pub const REFIT_INTERVAL: Duration = Duration::from_secs(5);
@@ -100,10 +100,10 @@ pub const REFIT_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_WINDOW: HumanDuration = HumanDuration::mins(15);
 
 /// The capacity model's own flags; the rest of what it needs (the SLO classes, the fleet) is
-/// other subsystems' settings, joined in [`CapacityConfig`].
+/// other subsystems' settings, joined in [`Inputs`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
-    /// `--capacity-window`: the sliding window of the fit (at least [`summary::MIN_WINDOW`]).
+    /// `--capacity-window`: the sliding window of the fit (at least [`steps::MIN_WINDOW`]).
     pub window: Duration,
     /// `--kv-cache-tokens`, `--block-size`, `--max-num-seqs`: the engine's memory as the flags
     /// state it (each `None` when not given); they win over what the engine states.
@@ -119,9 +119,11 @@ impl Default for Settings {
     }
 }
 
-/// What the capacity model needs to know.
+/// What the capacity model is built from: its own flags ([`Settings`]) joined with the other
+/// subsystems' facts it needs (the SLO classes' targets, the fleet). `Config::capacity_model` joins
+/// them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CapacityConfig {
+pub struct Inputs {
     /// `--capacity-window`.
     pub window: Duration,
     /// The classes and their floors (from the SLO classes).
@@ -132,9 +134,9 @@ pub struct CapacityConfig {
     pub memory: memory::Stated,
 }
 
-impl Default for CapacityConfig {
+impl Default for Inputs {
     fn default() -> Self {
-        CapacityConfig {
+        Inputs {
             window: DEFAULT_WINDOW.get(),
             classes: Vec::new(),
             fleet: Fleet {
@@ -192,13 +194,13 @@ pub struct Report {
 
 /// The live model: pushed into per event, read per scrape.
 pub struct Capacity {
-    summary: summary::SlidingSummary,
+    steps: steps::StepWindow,
     busy: busy::Busy,
     /// Time requests spent waiting for their first token, per second: with `busy`, the
     /// time-weighted count of requests in flight.
     waiting: busy::Busy,
     workload: workload::Workload,
-    config: CapacityConfig,
+    config: Inputs,
     /// The replicas now (`--replicas`, or what `auto` last found), at least 1.
     replicas: AtomicU32,
     /// What the engine last stated of its memory (`--engine-metrics`).
@@ -219,9 +221,9 @@ pub struct Capacity {
 }
 
 impl Capacity {
-    pub fn new(config: CapacityConfig, origin: Instant) -> Self {
+    pub fn new(config: Inputs, origin: Instant) -> Self {
         let c = Capacity {
-            summary: summary::SlidingSummary::new(config.window, origin),
+            steps: steps::StepWindow::new(config.window, origin),
             busy: busy::Busy::new(origin),
             waiting: busy::Busy::new(origin),
             workload: workload::Workload::new(config.window),
@@ -239,7 +241,7 @@ impl Capacity {
         c
     }
 
-    pub fn config(&self) -> &CapacityConfig {
+    pub fn config(&self) -> &Inputs {
         &self.config
     }
 
@@ -294,7 +296,7 @@ impl Capacity {
         }
         let per_engine = decoding / f64::from(self.replicas());
         let per_token = gap.as_secs_f64() / f64::from(tokens);
-        self.summary.push(per_engine, per_token, tokens, at);
+        self.steps.push(per_engine, per_token, tokens, at);
         self.busy.add(gap, at);
     }
 
@@ -326,7 +328,7 @@ impl Capacity {
 
     /// The window's step and prefill fits, published to the books as they are.
     fn costs(&self, now: Instant) -> Costs {
-        let columns = self.summary.columns(now);
+        let columns = self.steps.columns(now);
         let usable = || columns.iter().filter(|c| c.samples >= fit::MIN_SAMPLES);
         let fit = fit::fit(&columns);
         let recent = self.workload.recent(now);
@@ -486,13 +488,13 @@ impl Capacity {
 
     /// The window's samples per concurrency (its medians), for a reader that wants to see what
     /// the fit was drawn through.
-    pub fn columns(&self, now: Instant) -> Vec<summary::Column> {
-        self.summary.columns(now)
+    pub fn columns(&self, now: Instant) -> Vec<steps::Column> {
+        self.steps.columns(now)
     }
 
-    /// Samples dropped for a concurrency above [`summary::MAX_CONCURRENCY`].
+    /// Samples dropped for a concurrency above [`steps::MAX_CONCURRENCY`].
     pub fn dropped(&self) -> u64 {
-        self.summary.dropped()
+        self.steps.dropped()
     }
 }
 
@@ -510,14 +512,14 @@ mod tests {
     fn replicas_divide_the_concurrency_and_the_report_waits_for_a_refit() {
         let t0 = Instant::now();
         let cap = Capacity::new(
-            CapacityConfig {
+            Inputs {
                 classes: vec![ClassTargets::floor("interactive", 40.0)],
                 fleet: Fleet {
                     replicas: 2,
                     gpus: 2.0,
                     gpu_hour_cost: None,
                 },
-                ..CapacityConfig::default()
+                ..Inputs::default()
             },
             t0,
         );
@@ -548,9 +550,9 @@ mod tests {
     fn a_new_replica_count_divides_what_comes_after_it_and_multiplies_the_fleet() {
         let t0 = Instant::now();
         let cap = Capacity::new(
-            CapacityConfig {
+            Inputs {
                 classes: vec![ClassTargets::floor("interactive", 40.0)],
-                ..CapacityConfig::default()
+                ..Inputs::default()
             },
             t0,
         );

@@ -9,7 +9,7 @@
 
 use super::fit::Fit;
 use super::limits::Replays;
-use super::summary::MAX_CONCURRENCY;
+use super::steps::MAX_CONCURRENCY;
 use crate::slo::{Classes, Targets};
 
 /// The concurrencies the curve is reported at: the concurrency bands' edges.

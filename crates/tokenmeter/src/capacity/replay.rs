@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 
 use super::context::ContextTerm;
 use super::memory::Memory;
-use super::summary::MAX_CONCURRENCY;
+use super::steps::MAX_CONCURRENCY;
 pub use super::workload::Job;
 use crate::quantile::nearest_rank;
 use crate::rng::SplitMix64;

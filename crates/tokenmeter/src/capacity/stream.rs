@@ -73,12 +73,12 @@ impl StreamGaps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::{Capacity, CapacityConfig};
+    use crate::capacity::{Capacity, Inputs};
 
     #[test]
     fn a_coalesced_frame_is_one_observation_of_its_gap_over_its_tokens() {
         let t0 = Instant::now();
-        let cap = Capacity::new(CapacityConfig::default(), t0);
+        let cap = Capacity::new(Inputs::default(), t0);
         let ms = |n| t0 + Duration::from_millis(n);
         let mut s = StreamGaps::default();
         // The first token and one more in the same read: no observation.
@@ -92,7 +92,7 @@ mod tests {
             s.on_tokens(&cap, 1, 4.0, ms(100 + 20 * 30 + 80));
         }
         s.finish(&cap);
-        let cols = cap.summary.columns(ms(1000));
+        let cols = cap.steps.columns(ms(1000));
         assert_eq!(cols.len(), 1);
         // 30 single tokens and a group of 4: 34 samples, every one 20 ms.
         assert_eq!((cols[0].concurrency, cols[0].samples), (4, 34));

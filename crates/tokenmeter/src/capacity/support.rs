@@ -126,14 +126,14 @@ mod tests {
 
     use super::*;
     use crate::capacity::fit::{fit, tests::Rng};
-    use crate::capacity::summary::SlidingSummary;
+    use crate::capacity::steps::StepWindow;
 
     /// A window whose tokens came at concurrencies drawn by `level`, from a step of
     /// 16 ms + 0.2 ms per sequence with 3% jitter (the simulator's defaults, seen through a
     /// proxy).
     fn window(tokens: u32, mut level: impl FnMut(&mut Rng) -> f64) -> Option<Fit> {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(Duration::from_secs(900), t0);
+        let s = StepWindow::new(Duration::from_secs(900), t0);
         let mut rng = Rng::new(11);
         for _ in 0..tokens {
             let b = level(&mut rng).round().max(1.0);
@@ -175,7 +175,7 @@ mod tests {
         // Bursts: levels 2..44, one in five of them seen only while prompts were prefilled,
         // their steps 30% slower. Theil-Sen outvotes them; the slope stays known.
         let t0 = Instant::now();
-        let s = SlidingSummary::new(Duration::from_secs(900), t0);
+        let s = StepWindow::new(Duration::from_secs(900), t0);
         let mut rng = Rng::new(5);
         for b in 2..=44u32 {
             let off = if b % 5 == 0 { 1.3 } else { 1.0 };
@@ -192,7 +192,7 @@ mod tests {
     #[test]
     fn a_falling_or_flat_line_is_never_a_negative_cost() {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(Duration::from_secs(900), t0);
+        let s = StepWindow::new(Duration::from_secs(900), t0);
         // Steps that get cheaper with the batch (another process left the machine midway).
         for b in 1..=32u32 {
             for _ in 0..200 {

@@ -437,7 +437,7 @@ mod tests {
     use prometheus::{Encoder, TextEncoder};
 
     use super::*;
-    use crate::capacity::{Capacity, CapacityConfig, Fleet};
+    use crate::capacity::{Capacity, Fleet, Inputs};
 
     fn render(r: &Registrar) -> String {
         let mut out = Vec::new();
@@ -463,14 +463,14 @@ mod tests {
         let m = CapacityMetrics::register(&r, &classes).expect("register");
         let t0 = Instant::now();
         let cap = Capacity::new(
-            CapacityConfig {
+            Inputs {
                 classes,
                 fleet: Fleet {
                     replicas: 1,
                     gpus: 1.0,
                     gpu_hour_cost: Some(3.6),
                 },
-                ..CapacityConfig::default()
+                ..Inputs::default()
             },
             t0,
         );
@@ -546,7 +546,7 @@ mod tests {
         // A gauge with a `quantile` label is what `promtool check metrics` refuses.
         let r = Registrar::new();
         let m = CapacityMetrics::register(&r, &[]).expect("register");
-        let cap = Capacity::new(CapacityConfig::default(), Instant::now());
+        let cap = Capacity::new(Inputs::default(), Instant::now());
         let mut report = cap.refit(Instant::now());
         report.ttft_curve = vec![crate::capacity::TtftPoint {
             concurrency: 4,

@@ -666,9 +666,9 @@ fn every_family() -> Metrics {
         .map(|(name, t)| crate::capacity::ClassTargets::floor(name, t.objective))
         .collect();
     let capacity = Capacity::new(
-        crate::capacity::CapacityConfig {
+        crate::capacity::Inputs {
             classes,
-            ..crate::capacity::CapacityConfig::default()
+            ..crate::capacity::Inputs::default()
         },
         Instant::now(),
     );

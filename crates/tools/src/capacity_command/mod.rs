@@ -22,7 +22,7 @@ use crate::trace::TraceError;
 use tokenmeter::capacity::memory::DEFAULT_BLOCK_SIZE;
 use tokenmeter::capacity::plan::CURVE;
 use tokenmeter::capacity::replay::Engine;
-use tokenmeter::capacity::summary::MAX_CONCURRENCY;
+use tokenmeter::capacity::steps::MAX_CONCURRENCY;
 use tokenmeter::capacity::{Bound, ClassTargets, Memory};
 use tokenmeter::exposition::Sample;
 use tokenmeter::metrics::capacity::{

@@ -1,4 +1,5 @@
-//! The bounded summary of (decoding concurrency, time per token) over a sliding window.
+//! The step window: the bounded record of (decoding concurrency, time per token) over a sliding
+//! window, the samples the decode fit reads.
 //!
 //! For each integer concurrency 1..=[`MAX_CONCURRENCY`] it keeps a ring of [`SLOTS`] time slots,
 //! each a fixed histogram of time per token ([`super::bins`]); the window is the sum of the
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::bins::{self, BINS};
 
 /// Concurrencies told apart: 1 to 256, the band edges of the concurrency labels. Samples from a
-/// higher concurrency are dropped and counted ([`SlidingSummary::dropped`]), not clamped: piling 300,
+/// higher concurrency are dropped and counted ([`StepWindow::dropped`]), not clamped: piling 300,
 /// 500 and 1,000 onto 256 would put a wrong point into the fit.
 pub const MAX_CONCURRENCY: usize = 256;
 
@@ -42,7 +43,7 @@ struct Slot {
 type Ring = [Slot; SLOTS];
 
 /// The sliding summary. See the module documentation.
-pub struct SlidingSummary {
+pub struct StepWindow {
     origin: Instant,
     slot: Duration,
     /// Index: concurrency - 1.
@@ -63,11 +64,11 @@ pub struct Column {
     pub spread: f64,
 }
 
-impl SlidingSummary {
+impl StepWindow {
     /// An empty summary over `window` (at least [`MIN_WINDOW`]).
     pub fn new(window: Duration, origin: Instant) -> Self {
         let window = window.max(MIN_WINDOW);
-        SlidingSummary {
+        StepWindow {
             origin,
             slot: window / SLOTS as u32,
             rings: (0..MAX_CONCURRENCY).map(|_| OnceLock::new()).collect(),
@@ -181,7 +182,7 @@ mod tests {
     #[test]
     fn the_median_per_concurrency_comes_from_the_window_only() {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(10 * MINUTE, t0);
+        let s = StepWindow::new(10 * MINUTE, t0);
         for _ in 0..100 {
             s.push(4.0, 0.012, 1, t0);
             s.push(4.4, 0.012, 1, t0);
@@ -207,7 +208,7 @@ mod tests {
     #[test]
     fn concurrency_above_the_limit_is_dropped_and_nonsense_is_ignored() {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(MINUTE, t0);
+        let s = StepWindow::new(MINUTE, t0);
         s.push(256.4, 0.01, 1, t0);
         s.push(300.0, 0.01, 3, t0);
         s.push(0.2, 0.01, 1, t0);
@@ -228,7 +229,7 @@ mod tests {
     #[test]
     fn memory_stays_flat_over_a_million_token_events() {
         let t0 = Instant::now();
-        let s = SlidingSummary::new(15 * MINUTE, t0);
+        let s = StepWindow::new(15 * MINUTE, t0);
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
             // xorshift: a cheap deterministic stream.
