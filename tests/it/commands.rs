@@ -21,6 +21,20 @@ use crate::support::{sim_flags, start_sim};
 
 // === the demo ===
 
+/// Reads the demo's output up to the line naming its metrics URL: the address it serves.
+fn metrics_addr(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> String {
+    lines
+        .map_while(Result::ok)
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("metrics:")
+                .and_then(|u| u.trim().strip_prefix("http://"))
+                .and_then(|u| u.strip_suffix("/metrics"))
+                .map(str::to_string)
+        })
+        .expect("the metrics URL")
+}
+
 fn scrape(addr: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
     write!(
@@ -160,17 +174,7 @@ fn demo_with_no_ui_serves_no_page() {
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a line").expect("utf-8");
     assert!(first.starts_with("tokenmeter demo:"), "{first}");
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("metrics:")
-                .and_then(|u| u.trim().strip_prefix("http://"))
-                .and_then(|u| u.strip_suffix("/metrics"))
-                .map(str::to_string)
-        })
-        .expect("the metrics URL");
+    let addr = metrics_addr(&mut lines);
     let mut s = std::net::TcpStream::connect(&addr).expect("connect");
     write!(
         s,
@@ -206,17 +210,7 @@ fn the_demos_capacity_model_is_trusted_within_two_minutes() {
         .expect("start the demo");
     let started = Instant::now();
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("metrics:")
-                .and_then(|u| u.trim().strip_prefix("http://"))
-                .and_then(|u| u.strip_suffix("/metrics"))
-                .map(str::to_string)
-        })
-        .expect("the metrics URL");
+    let addr = metrics_addr(&mut lines);
     // Keep reading the table, so the demo never meets a closed pipe.
     let reader = std::thread::spawn(move || lines.map_while(Result::ok).count());
     let (trusted_after, last) = loop {
