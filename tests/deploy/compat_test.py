@@ -13,7 +13,7 @@ On loopback only, in a temporary directory, it starts:
     one stepping through RAMP: together three concurrencies, which the capacity model needs
     before it fits (crates/tokenmeter/src/capacity/fit.rs, MIN_POINTS).
 It waits, with a deadline, until every mode's exposition holds every capacity series
-(CAPACITY_SERIES: the families crates/tokenmeter/src/metrics/capacity.rs names, with every label set this set-up
+(CAPACITY_SERIES: the families crates/tokenmeter/src/metrics/names.rs names in its `capacity` module, with every label set this set-up
 makes), then until each check below passes or its deadline passes. Then:
   1. every panel of vLLM's example dashboard (vllm-project/vllm,
      examples/observability/prometheus_grafana/grafana.json) that concerns latency, tokens,
@@ -82,7 +82,7 @@ PROMPT_TOKENS, OUTPUT_TOKENS = "40", "48"
 CAPACITY_DEADLINE_S = 120
 CHECKS_DEADLINE_S = 60
 
-# The capacity families (crates/tokenmeter/src/metrics/capacity.rs names them) and every label set each takes in
+# The capacity families (crates/tokenmeter/src/metrics/names.rs names them, in `capacity`) and every label set each takes in
 # this set-up: the default SLO classes (`interactive` with a TTFT target and a tokens/s floor;
 # `batch` with neither, so none of its own), one engine, the curve's nine concurrencies, and
 # the simulator stating its prefill times (--enable-per-request-metrics), so the prefill cost's
@@ -230,8 +230,8 @@ def fail(msg):
 
 
 def capacity_families_in_source():
-    """The family names crates/tokenmeter/src/metrics/capacity.rs declares in its `names` module."""
-    text = (REPO / "crates" / "tokenmeter" / "src" / "metrics" / "capacity.rs").read_text()
+    """The family names crates/tokenmeter/src/metrics/names.rs declares in its `capacity` module."""
+    text = (REPO / "crates" / "tokenmeter" / "src" / "metrics" / "names.rs").read_text()
     return set(re.findall(r'pub const \w+: &str = "(tokenmeter_capacity_\w+)";', text))
 
 
@@ -371,7 +371,7 @@ def main():
         return 1
     declared = capacity_families_in_source()
     if declared != set(CAPACITY_SERIES):
-        fail(f"CAPACITY_SERIES lists {sorted(set(CAPACITY_SERIES) - declared)} that crates/tokenmeter/src/metrics/capacity.rs "
+        fail(f"CAPACITY_SERIES lists {sorted(set(CAPACITY_SERIES) - declared)} that crates/tokenmeter/src/metrics/names.rs "
              f"does not name and lacks {sorted(declared - set(CAPACITY_SERIES))}: say which series each takes here")
         return 1
     tmp = tempfile.mkdtemp(prefix="tokenmeter-compat-")
