@@ -34,13 +34,23 @@ pub async fn run(capacity: Arc<Capacity>) {
             _ = capacity.asked.notified() => true,
         };
         let now = Instant::now();
-        let prefill = if asked || now >= next_refit {
+        let full = asked || now >= next_refit;
+        if full {
             next_refit = now + REFIT_INTERVAL;
-            capacity.publish_report(now).prefill.is_some()
-        } else {
-            // The costs alone: the answers' replays wait for the refit's turn.
-            capacity.refresh_rates(now)
-        };
+        }
+        // A refit is milliseconds of CPU (the answers' replays): on a blocking thread, so no
+        // worker that moves streams' bytes waits for it.
+        let c = Arc::clone(&capacity);
+        let prefill = tokio::task::spawn_blocking(move || {
+            if full {
+                c.publish_report(now).prefill.is_some()
+            } else {
+                // The costs alone: the answers' replays wait for the refit's turn.
+                c.refresh_rates(now)
+            }
+        })
+        .await
+        .unwrap_or(false);
         // Known once both the step and the prefill are (or prompts are too short to cost
         // anything).
         known = capacity.rates().is_some() && prefill;
