@@ -73,8 +73,10 @@ async fn fitted(model: Model, stall: Option<Stall>) -> Fitted {
         tokio::time::sleep(HOLD).await;
     }
     ramp.abort().await;
-    // Let the proxy finish the streams the abort cut.
+    // Let the proxy finish the streams the abort cut, then read a report of the whole ramp (the
+    // model refits on its own clock; one may have been published mid-ramp).
     tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.capacity.next_report().await;
     let text = proxy.scrape().await;
     if std::env::var_os("CAPACITY_TEST_COLUMNS").is_some() {
         for c in proxy.capacity.columns(std::time::Instant::now()) {
