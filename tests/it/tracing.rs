@@ -14,7 +14,7 @@ use tokio::process::{Child, ChildStdout, Command};
 use tokenmeter::metrics::names;
 
 use crate::support::metrics::metric;
-use crate::support::upstream::{self, Reply, Step};
+use crate::support::upstream::{self, script_bytes, Reply};
 use crate::support::{client, spawn_proxy};
 
 const MS: Duration = Duration::from_millis(1);
@@ -104,17 +104,6 @@ async fn post(url: &str, headers: &[(&str, &str)]) -> (u16, Vec<u8>) {
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     (status, body.to_vec())
-}
-
-fn script_bytes(steps: &[Step]) -> Vec<u8> {
-    steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Send(b) => Some(b.to_vec()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
 }
 
 /// The `traceparent` the upstream received on its `i`th request.
