@@ -22,8 +22,6 @@
 //! group in twenty arrived just as a step began, which any window of more than a few dozen
 //! steps has.
 
-use std::time::{Duration, Instant};
-
 use super::workload::Request;
 
 /// Groups whose uncached prompts add up to fewer tokens are left out: their prefill is lost in
@@ -139,7 +137,6 @@ pub fn fit_at_least(
     } else {
         PrefillSource::Wire
     };
-    let ends = StepEnds::of(requests);
     let mut per_token: Vec<f64> = long
         .iter()
         .filter_map(|g| {
@@ -162,8 +159,7 @@ pub fn fit_at_least(
                                 })
                         })
                         .max()?;
-                    let own_step = ends.running_step_end(g.len(), start, step(batch));
-                    first.saturating_duration_since(own_step).as_secs_f64()
+                    first.saturating_duration_since(start).as_secs_f64()
                 }
             };
             wait.is_finite()
@@ -180,62 +176,6 @@ pub fn fit_at_least(
         samples: per_token.len(),
         source,
     })
-}
-
-/// The ends of steps the proxy saw in the window (every first token and every last one), and
-/// when the window's requests arrived and ended, to tell whether the engine was busy.
-struct StepEnds {
-    ends: Vec<Instant>,
-    arrivals: Vec<Instant>,
-    lasts: Vec<Instant>,
-}
-
-impl StepEnds {
-    fn of(requests: &[Request]) -> StepEnds {
-        let sorted = |mut v: Vec<Instant>| {
-            v.sort();
-            v
-        };
-        StepEnds {
-            ends: sorted(
-                requests
-                    .iter()
-                    .flat_map(|r| [r.first_token(), Some(r.at)])
-                    .flatten()
-                    .collect(),
-            ),
-            arrivals: sorted(requests.iter().map(|r| r.arrival).collect()),
-            lasts: sorted(requests.iter().map(|r| r.at).collect()),
-        }
-    }
-
-    /// When the group's own step began, as well as the window tells: at `start` (its last
-    /// member's arrival), or, if the engine was computing a step for others then, when that
-    /// step ended, where it can be placed. A closed loop's next request arrives as long after
-    /// the running step began as its client took to send again (the step began with the last
-    /// answer's last token), and waits for the rest of it: a remainder the same for every
-    /// client of the window, which a low quantile of the waits cannot remove. The step is
-    /// placed from the last step end seen before `start`, when that came less than a step `t`
-    /// before it and a request other than the group's `members` was in flight across `start`.
-    /// (The two hops between the proxy and the engine then come off the wait too: a
-    /// millisecond or so, against a remainder of up to a step.)
-    fn running_step_end(&self, members: usize, start: Instant, t: f64) -> Instant {
-        let Ok(t) = Duration::try_from_secs_f64(t) else {
-            return start;
-        };
-        let Some(&last) = self.ends[..self.ends.partition_point(|&e| e <= start)].last() else {
-            return start;
-        };
-        // In flight across `start`: arrived before it, and not ended by it (every request ends
-        // after it arrives). Of the group, at most all but the last to arrive are counted.
-        let arrived = self.arrivals.partition_point(|&a| a < start);
-        let ended = self.lasts.partition_point(|&e| e <= start);
-        let busy = arrived.saturating_sub(ended) >= members;
-        match last.checked_add(t) {
-            Some(end) if busy && end > start => end,
-            _ => start,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -362,46 +302,6 @@ mod tests {
         let f = fit(&rs, sim_step).expect("a fit");
         assert_eq!((f.samples, f.source), (20, PrefillSource::Wire));
         assert!((f.per_token / 0.000_05 - 1.0).abs() < 0.1, "{f:?}");
-    }
-
-    #[test]
-    fn a_closed_loops_remainder_is_placed_from_the_last_answers_end() {
-        // Beside two long answers decoding in 10 ms steps, one client sends a 1,000-token
-        // prompt (0.1 ms a token) 4 ms after its last answer's last token, each round: it waits
-        // the 6 ms left of the running step, then its own step (10 ms and its prefill). Every
-        // round waits the same, so the low quantile kept 6 ms a round: 6% high.
-        let t0 = Instant::now();
-        let long = |i: u32| Request {
-            arrival: t0,
-            at: t0 + Duration::from_secs(100),
-            ttft: Some(0.005 + 0.001 * f64::from(i)),
-            ..req(0, 20, 0, 0.0, None)
-        };
-        let mut rs = vec![long(0), long(1)];
-        let mut ended = t0 + Duration::from_secs(1);
-        for _ in 0..20 {
-            let arrival = ended + Duration::from_millis(4);
-            let ttft = 0.006 + 0.010 + 0.1;
-            let first = arrival + Duration::from_secs_f64(ttft);
-            ended = first + Duration::from_millis(50);
-            rs.push(Request {
-                arrival,
-                at: ended,
-                ..req(0, 1000, 0, ttft, None)
-            });
-        }
-        let f = fit(&rs, flat).expect("a fit");
-        assert!((f.per_token / 0.000_1 - 1.0).abs() < 1e-6, "{f:?}");
-        // Alone, nobody else's step runs when it arrives: nothing comes off.
-        let alone: Vec<Request> = rs[2..]
-            .iter()
-            .map(|r| Request {
-                ttft: Some(0.010 + 0.1),
-                ..*r
-            })
-            .collect();
-        let f = fit(&alone, flat).expect("a fit");
-        assert!((f.per_token / 0.000_1 - 1.0).abs() < 1e-6, "{f:?}");
     }
 
     #[test]
