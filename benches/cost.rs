@@ -3,6 +3,9 @@
 //! flight and a prefill budget running. Never per chunk. The whole request through the meter,
 //! charge included, is `cargo bench --bench tenant`'s `request` group.
 //!
+//! `four_bare_visits` is the floor under that design: four visits that split nothing, each a
+//! time since the origin, an uncontended lock and an addition.
+//!
 //! `cargo bench --bench cost`
 
 use std::time::{Duration, Instant};
@@ -46,6 +49,20 @@ fn bench(c: &mut Criterion) {
                 };
                 ledger.charge(h, Some(prompt), at + Duration::from_micros(7), labels)
             })
+        })
+    });
+    // The floor under any design that visits the books at a request's four events: each visit
+    // a time since the origin, an uncontended lock and an addition, no split at all.
+    let floor = std::sync::Mutex::new(0.0f64);
+    g.bench_function("four_bare_visits", |b| {
+        b.iter(|| {
+            at += Duration::from_micros(10);
+            for dt in [0, 3, 6, 7] {
+                let secs = (at + Duration::from_micros(dt))
+                    .saturating_duration_since(t0)
+                    .as_secs_f64();
+                *floor.lock().unwrap_or_else(|e| e.into_inner()) += black_box(secs);
+            }
         })
     });
     g.finish();
