@@ -324,6 +324,7 @@ const MIX_TOLERANCE: f64 = 0.05;
 /// a step (13 ms of a's 150 ms prefill), about -12% on `b` and +4% on `a`, and a busy machine
 /// adds about -2% and +2%.
 const B_TOLERANCE: f64 = 0.15;
+/// `a`'s bar: see [`B_TOLERANCE`].
 const A_TOLERANCE: f64 = 0.07;
 
 /// A fresh proxy, no ramp first: the mix the charges have to follow as it changes. Two tenants
@@ -399,25 +400,24 @@ async fn charges_follow_a_changing_mix() {
             "too little load for {tenant}: {} requests",
             s.requests
         );
+        let error = (s.charged / s.truth - 1.0) * 100.0;
         eprintln!(
-            "{tenant}: charged {:.3}, truth {:.3}, {:+.1}%; {:.0} GPU-seconds per million output tokens",
+            "{tenant}: charged {:.3}, truth {:.3}, {error:+.1}%; {:.0} GPU-seconds per million output tokens",
             s.charged,
             s.truth,
-            (s.charged / s.truth - 1.0) * 100.0,
             s.charged / s.output_tokens * 1e6
         );
-        // The figures first, on one line: a failure's first line says which and by how much.
         let bar = match *tenant {
             "a" => A_TOLERANCE,
             "b" => B_TOLERANCE,
             _ => MIX_TOLERANCE,
         };
+        // The figures on the message's one line: what CI prints of a failure starts there.
         assert!(
             within(s.charged, s.truth, bar),
-            "{tenant}: {:.3} GPU-seconds against the truth's {:.3} ({:+.1}%, the bar {}%)",
+            "{tenant}: {:.3} GPU-seconds against the truth's {:.3} ({error:+.1}%, the bar {}%)",
             s.charged,
             s.truth,
-            (s.charged / s.truth - 1.0) * 100.0,
             bar * 100.0
         );
     }

@@ -42,7 +42,7 @@ struct Slot {
 /// All slots of one concurrency.
 type Ring = [Slot; SLOTS];
 
-/// The sliding summary. See the module documentation.
+/// The step window. See the module documentation.
 pub struct StepWindow {
     origin: Instant,
     slot: Duration,
@@ -65,7 +65,7 @@ pub struct Column {
 }
 
 impl StepWindow {
-    /// An empty summary over `window` (at least [`MIN_WINDOW`]).
+    /// An empty step window over `window` (at least [`MIN_WINDOW`]).
     pub fn new(window: Duration, origin: Instant) -> Self {
         let window = window.max(MIN_WINDOW);
         StepWindow {
@@ -153,8 +153,8 @@ impl StepWindow {
         out
     }
 
-    /// Bytes this summary holds on the heap: the table of rings and the rings allocated so far.
-    /// It is what the memory test watches (the summary allocates nothing else).
+    /// Bytes this window holds on the heap: the table of rings and the rings allocated so far.
+    /// It is what the memory test watches (the window allocates nothing else).
     pub fn heap_bytes(&self) -> usize {
         let table = self.rings.len() * std::mem::size_of::<OnceLock<Box<Ring>>>();
         table + self.allocated_rings() * std::mem::size_of::<Ring>()
@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(s.dropped(), 3);
     }
 
-    // The summary's memory stays flat over 1,000,000 token events.
+    // The window's memory stays flat over 1,000,000 token events.
     #[test]
     fn memory_stays_flat_over_a_million_token_events() {
         let t0 = Instant::now();
