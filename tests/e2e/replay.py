@@ -10,10 +10,12 @@ wherever the same prefix recurs). vLLM's benchmark (`--dataset-name timed_trace`
    in front of vLLM, and an open-loop load through it: `N_REQUESTS` streamed `/v1/completions`
    sent one every `SPACING_S`, short (`SHORT_TOKENS` prompt tokens, `SHORT_MAX` output tokens)
    and long (`LONG_TOKENS`, `LONG_MAX`) in turn, the long ones sharing their first
-   `SHARED_TOKENS` tokens; `ignore_eos`, temperature 0. Checked: one line per request (paired in
-   order of timestamp with the requests in the order they were sent), `input_length` equal to
-   vLLM's usage, `output_length` to `max_tokens`, `ceil(input_length / 512)` hash ids, the long
-   prompts' first id shared and no other id shared, every line complete and exact.
+   `SHARED_TOKENS` tokens, each prompt `STEP_TOKENS` longer than the one before; `ignore_eos`,
+   temperature 0. Checked: one line per request, paired by prompt length (no two requests' usage
+   is the same; the order they reach the proxy is not the order they were sent on a busy machine,
+   and a pairing by time swapped two of them once), `input_length` equal to vLLM's usage,
+   `output_length` to `max_tokens`, `ceil(input_length / 512)` hash ids, the long prompts' first
+   id shared and no other id shared, every line complete and exact, the lines in arrival order.
 2. **vLLM's bench** replays the trace through a second, plain tokenmeter with `--request-log`.
    It sends each prompt as token ids and names each request after its line (`x-request-id`,
    `REQUEST_ID_PREFIX` + the line's index), so the request log pairs exactly: one request per
@@ -51,6 +53,10 @@ N_REQUESTS = 12
 SPACING_S = 0.2
 SHORT_TOKENS, SHORT_MAX = 600, 16
 LONG_TOKENS, LONG_MAX = 1100, 32
+# Each prompt this much longer than the one before: no two alike, which pairs lines to requests.
+# More than the overshoot of `Prompts.grow` (one word, a few tokens); 11 steps keep the short
+# prompts in two blocks (about 800 tokens at most) and the long ones in three (about 1320).
+STEP_TOKENS = 20
 # More than a block: the long prompts' first block is the same, their second differs.
 SHARED_TOKENS = 700
 REQUEST_ID_PREFIX = "replay-"
@@ -112,9 +118,9 @@ def plan(model_dir):
     for i in range(N_REQUESTS):
         long = i % 2 == 1
         if long:
-            text = prompts.grow(f"{shared} Question {i}:", LONG_TOKENS)
+            text = prompts.grow(f"{shared} Question {i}:", LONG_TOKENS + STEP_TOKENS * i)
         else:
-            text = prompts.grow(f"Request {i} {tag}:", SHORT_TOKENS)
+            text = prompts.grow(f"Request {i} {tag}:", SHORT_TOKENS + STEP_TOKENS * i)
         load.append({"i": i, "long": long, "prompt": text, "max_tokens": LONG_MAX if long else SHORT_MAX,
                      "at_s": i * SPACING_S})  # fmt: skip
     return prompts, load
@@ -307,21 +313,37 @@ def check_trace(checks, name, lines, load, recs, model):
     """Step 1: the trace tokenmeter wrote, against what the load sent and vLLM reported."""
     n = len(load)
     checks.equal(name, "the workload log has one line per request", workload_log=len(lines), requests=n)
-    # In order of timestamp against the order sent (one every SPACING_S: arrival order).
-    tl = sorted(lines, key=lambda l: l.get("timestamp", -1))[:n]
-    pairs = list(zip(load, recs, tl))
-    usage = [(rec.get("usage") or {}) for rec in recs]
-    bad_in = [(r["i"], l.get("input_length"), u.get("prompt_tokens")) for (r, _, l), u in zip(pairs, usage)
-              if l.get("input_length") != u.get("prompt_tokens")]  # fmt: skip
+    # Paired by prompt length: each request's usage is its own (STEP_TOKENS apart).
+    usage = [(rec.get("usage") or {}).get("prompt_tokens") for rec in recs]
+    distinct = None not in usage and len(set(usage)) == n
+    checks.add(name, "the load's prompt lengths (usage) are all different, which pairs each line to its request",
+               distinct, f"prompt tokens {_lens(usage)}")  # fmt: skip
+    by_len = {u: i for i, u in enumerate(usage)}
+    tl = [None] * n
+    unpaired = []
+    for l in lines:
+        i = by_len.get(l.get("input_length"))
+        if i is None or tl[i] is not None:
+            unpaired.append(l.get("input_length"))
+        else:
+            tl[i] = l
+    missing = [i for i in range(n) if tl[i] is None]
     checks.add(name, "each line's input_length is vLLM's prompt tokens for that request (usage)",
-               len(tl) == n and not bad_in,
-               f"{len(tl) - len(bad_in)} of {n} equal; input_length {_lens([l.get('input_length') for l in tl])}"
-               + (f"; differ (request, line, usage): {bad_in}" if bad_in else ""))
+               distinct and not unpaired and not missing,
+               f"{n - len(missing)} of {n} requests have a line of their length; input_length "
+               f"{_lens([l.get('input_length') for l in lines])}"
+               + (f"; lines of no request's length: {unpaired}" if unpaired else "")
+               + (f"; requests without a line (request, usage): {[(i, usage[i]) for i in missing]}" if missing else ""))  # fmt: skip
+    pairs = [(r, rec, l) for r, rec, l in zip(load, recs, tl) if l is not None]
+    tl = [l for l in tl if l is not None]
     bad_out = [(r["i"], l.get("output_length"), r["max_tokens"]) for r, _, l in pairs
                if l.get("output_length") != r["max_tokens"]]  # fmt: skip
     checks.add(name, "each line's output_length is the request's max_tokens", len(tl) == n and not bad_out,
                f"{len(tl) - len(bad_out)} of {n} equal; output_length {_lens([l.get('output_length') for l in tl])}"
                + (f"; differ (request, line, max_tokens): {bad_out}" if bad_out else ""))
+    stamps = [l.get("timestamp", -1) for l in lines]
+    checks.add(name, "the lines are in arrival order, the first at timestamp 0",
+               bool(stamps) and stamps == sorted(stamps) and stamps[0] == 0, f"timestamps (ms) {stamps}")
     bad_h = [(r["i"], l.get("input_length"), len(l.get("hash_ids") or [])) for r, _, l in pairs
              if not isinstance(l.get("input_length"), int)
              or len(l.get("hash_ids") or []) != math.ceil(l["input_length"] / BLOCK)]  # fmt: skip
@@ -338,10 +360,8 @@ def check_trace(checks, name, lines, load, recs, model):
                f"{shared or 'none'} ({len(seen)} distinct ids)")
     bad_o = [(l.get("outcome"), l.get("exact"), l.get("model")) for l in tl
              if l.get("outcome") != "complete" or l.get("exact") is not True or l.get("model") != model]  # fmt: skip
-    checks.add(name, "every line is complete, exact, with the model, the first at timestamp 0",
-               len(tl) == n and not bad_o and tl[0].get("timestamp") == 0,
-               f"first timestamp {tl[0].get('timestamp') if tl else 'n/a'}"
-               + (f"; otherwise: {bad_o}" if bad_o else ""))
+    checks.add(name, "every line is complete, exact, with the model", len(tl) == n and not bad_o,
+               f"{len(tl) - len(bad_o)} of {n}" + (f"; otherwise: {bad_o}" if bad_o else ""))
     sent = [1000 * rec["sent_s"] for rec in recs]
     return spacing([l.get("timestamp") for l in tl], sent) if len(tl) == n else None
 
@@ -436,7 +456,8 @@ def phase(cfg, checks, urls, stack, model, bounds, capacity_class, settle):
     with vLLM's bench and GuideLLM through a second tokenmeter; returns the report's figures."""
     started = time.monotonic()
     out = {"requests": N_REQUESTS, "spacing_ms": 1000 * SPACING_S, "block": BLOCK,
-           "short": (SHORT_TOKENS, SHORT_MAX), "long": (LONG_TOKENS, LONG_MAX), "shared": SHARED_TOKENS}  # fmt: skip
+           "short": (SHORT_TOKENS, SHORT_MAX), "long": (LONG_TOKENS, LONG_MAX), "shared": SHARED_TOKENS,
+           "step": STEP_TOKENS}  # fmt: skip
     wl_path = os.path.join(cfg.out_dir, "workload.jsonl")
     if os.path.exists(wl_path):
         os.remove(wl_path)

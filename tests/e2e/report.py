@@ -337,8 +337,9 @@ def _replay(w, rp):
     w(
         f"{rp['requests']} streamed `/v1/completions` through a tokenmeter with `--workload-log` and "
         f"`--tokenizer`, one every {rp['spacing_ms']:.0f} ms whatever the others were doing: prompts of "
-        f"about {sh[0]:,} tokens ({sh[1]} output tokens) and {lo[0]:,} ({lo[1]}) in turn, the long ones "
-        f"sharing their first {rp['shared']:,} tokens (`ignore_eos`). The trace, in the Mooncake format "
+        f"about {sh[0]:,} tokens ({sh[1]} output tokens) and {lo[0]:,} ({lo[1]}) in turn, each "
+        f"{rp.get('step', 0)} tokens longer than the one before (lines are paired to requests by length), "
+        f"the long ones sharing their first {rp['shared']:,} tokens (`ignore_eos`). The trace, in the Mooncake format "
         f"(hash ids of {rp['block']}-token blocks), was then replayed at its timestamps through a second "
         "tokenmeter by vLLM's own bench (`--dataset-name timed_trace`, prompts sent as token ids, each "
         "request named after its line) and by GuideLLM (`--profile kind=replay`, the `mooncake` data "
