@@ -1,4 +1,5 @@
-//! What the capacity model costs: one push (on every token-bearing event of every stream), one
+//! What the capacity model costs: one push and one step end seen (on every token-bearing event
+//! of every stream), the step a request waited for (per first token), one
 //! wait and one finished request (per request), and one refit (every few seconds, when /metrics
 //! is rendered: with a TTFT target it replays the engine over the mix), beside a Prometheus histogram
 //! observation (what the meter already does once per token for the inter-token latency) so the
@@ -57,6 +58,23 @@ fn bench(c: &mut Criterion) {
     c.bench_function("histogram observe (for scale)", |bench| {
         bench.iter(|| h.observe(black_box(0.021)))
     });
+    // Every token-bearing event is a step end seen; every first token looks back for the step
+    // that ran when its request arrived (steps every 10 ms, seen by four streams each).
+    let ends = model();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    c.bench_function("capacity step end seen (per event)", |bench| {
+        bench.iter(|| {
+            n += 1;
+            ends.saw_step_end(black_box(
+                t0 + Duration::from_micros(10_000 * (n / 4) + n % 4),
+            ))
+        })
+    });
+    let now = t0 + Duration::from_micros(10_000 * (n / 4) + 1);
+    c.bench_function("capacity running step end (per first token)", |bench| {
+        bench.iter(|| ends.running_step_end(black_box(now - Duration::from_millis(15)), now))
+    });
 
     // Eight threads pushing at once: the push has no lock, so it should not serialise.
     let shared = Arc::new(model());
@@ -107,6 +125,7 @@ fn bench(c: &mut Criterion) {
         ttft: Some(0.05 + 0.0002 * f64::from(200 + 37 * (i % 100))),
         stated_prefill: None,
         stated_queue: None,
+        step_end: None,
         tps: Some(40.0 + f64::from(i % 7)),
         batch: Some(f64::from(1 + i % 8)),
     };

@@ -88,6 +88,9 @@ pub struct Finished {
     /// Arrival to the first and to the last token-bearing event.
     pub first_token: Option<Duration>,
     pub last_token: Option<Duration>,
+    /// Arrival to the end of the step the engine was running when the request arrived, as the
+    /// proxy saw it (`crate::capacity::Capacity::running_step_end`): where its own step began.
+    pub running_step_end: Option<Duration>,
     /// Output tokens by the order of truth, and where the count came from.
     pub output_tokens: u64,
     pub token_source: TokenSource,
@@ -257,6 +260,7 @@ pub(crate) mod tests {
             first_byte: Some(Duration::from_millis(50)),
             first_token: Some(Duration::from_millis(100)),
             last_token: Some(Duration::from_millis(300)),
+            running_step_end: None,
             output_tokens: 5,
             token_source: TokenSource::Counted,
             input_tokens: Some(7),

@@ -135,6 +135,7 @@ mod tests {
             ttft: Some(ttft),
             stated_prefill: None,
             stated_queue: None,
+            step_end: None,
             tps: None,
             batch: None,
         }

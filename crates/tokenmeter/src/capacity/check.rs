@@ -144,6 +144,7 @@ mod tests {
             ttft: Some(ttft),
             stated_prefill: None,
             stated_queue: None,
+            step_end: None,
             tps: Some(tps),
             batch: None,
         }

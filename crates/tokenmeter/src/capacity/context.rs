@@ -142,6 +142,7 @@ mod tests {
             ttft: Some(0.1),
             stated_prefill: None,
             stated_queue: None,
+            step_end: None,
             tps: Some(1.0 / step),
             batch: Some(batch),
         }

@@ -31,15 +31,17 @@ fn request(f: &Finished, at: Instant, replicas: u32) -> Option<Request> {
     let read = f.cached_input.read.unwrap_or(0);
     let prompt = whole_prompt(f, prompt);
     let stated = f.engine.as_ref();
+    let arrival = at.checked_sub(f.duration).unwrap_or(at);
     Some(Request {
         at,
-        arrival: at.checked_sub(f.duration).unwrap_or(at),
+        arrival,
         prompt: count(prompt),
         cached: count(read),
         output: count(f.output_tokens),
         ttft: Some(ttft.as_secs_f64()),
         stated_prefill: stated.and_then(|e| e.prefill).map(|d| d.as_secs_f64()),
         stated_queue: stated.and_then(|e| e.queue).map(|d| d.as_secs_f64()),
+        step_end: f.running_step_end.and_then(|d| arrival.checked_add(d)),
         tps: f.tokens_per_second(),
         batch: f.mean_in_flight.map(|b| b / f64::from(replicas.max(1))),
     })

@@ -18,6 +18,8 @@
 //! - [`workload`]: the live mix of prompt, cached and output lengths, bounded.
 //! - [`prefill`]: the cost per uncached prompt token, from the engine's stated prefill times
 //!   or the proxy's TTFTs.
+//! - [`step_ends`]: the ends of the engine's steps as the proxy sees them, where a request's
+//!   own step began.
 //! - [`replay`]: the engine replayed over the mix with both costs, closed loop or open.
 //! - [`limits`]: the concurrency and arrival rate at which a class's TTFT objective breaks,
 //!   and the predicted TTFT curve.
@@ -57,6 +59,7 @@ pub mod prefill;
 pub mod refits;
 pub mod replay;
 pub mod seen;
+pub mod step_ends;
 pub mod steps;
 pub mod stream;
 pub mod support;
@@ -195,6 +198,7 @@ pub struct Report {
 /// The live model: pushed into per event, read per scrape.
 pub struct Capacity {
     steps: steps::StepWindow,
+    step_ends: step_ends::StepEnds,
     busy: busy::Busy,
     /// Time requests spent waiting for their first token, per second: with `busy`, the
     /// time-weighted count of requests in flight.
@@ -224,6 +228,7 @@ impl Capacity {
     pub fn new(config: Inputs, origin: Instant) -> Self {
         let c = Capacity {
             steps: steps::StepWindow::new(config.window, origin),
+            step_ends: step_ends::StepEnds::new(origin),
             busy: busy::Busy::new(origin),
             waiting: busy::Busy::new(origin),
             workload: workload::Workload::new(config.window),
@@ -300,6 +305,22 @@ impl Capacity {
         self.busy.add(gap, at);
     }
 
+    /// A token-bearing event passed at `at`: the end of an engine step was seen. Lock-free.
+    pub fn saw_step_end(&self, at: Instant) {
+        self.step_ends.sighted(at);
+    }
+
+    /// For a request that arrived at `arrived` and whose first token came at `now`: the end of
+    /// the step the engine was running when it arrived, as the proxy saw it ([`step_ends`]);
+    /// `None` where no step was seen running, and in front of several replicas, whose steps
+    /// end apart: another engine's step end says nothing of when this request's began.
+    pub fn running_step_end(&self, arrived: Instant, now: Instant) -> Option<Instant> {
+        if self.replicas() > 1 {
+            return None;
+        }
+        self.step_ends.running_step_end(arrived, now)
+    }
+
     /// A request waited `wait` for its first token, which came at `at` (or it ended at `at`
     /// without one): load the engine held before it decoded. Lock-free.
     pub fn waited(&self, wait: Duration, at: Instant) {
@@ -345,6 +366,12 @@ impl Capacity {
                 })
                 .map(|c| c.median),
         };
+        if let Some(one) = step_at(1.0) {
+            // One step's ends are seen as close together as one step's first tokens are.
+            if let Ok(t) = Duration::try_from_secs_f64(prefill::group_tolerance(one)) {
+                self.step_ends.set_tolerance(t);
+            }
+        }
         let prefill = match step_at(1.0) {
             Some(_) if recent.len() >= prefill::MIN_SAMPLES => {
                 prefill::fit(&recent, |b| step_at(b).unwrap_or(0.0))

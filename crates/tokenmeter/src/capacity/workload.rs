@@ -39,6 +39,10 @@ pub struct Request {
     /// The engine's own prefill and queue times, where its stream stated them.
     pub stated_prefill: Option<f64>,
     pub stated_queue: Option<f64>,
+    /// The end of the step that was running when it arrived, as the proxy saw it (the first
+    /// step end seen after its arrival, before its first token's own, [`super::step_ends`]);
+    /// `None` where none was seen.
+    pub step_end: Option<Instant>,
     /// Its decode tokens/s, as the proxy saw it (for the model's self-check).
     pub tps: Option<f64>,
     /// The mean number of requests in flight per engine while it decoded (the context term's
@@ -145,6 +149,7 @@ mod tests {
             ttft: None,
             stated_prefill: None,
             stated_queue: None,
+            step_end: None,
             tps: None,
             batch: None,
         }

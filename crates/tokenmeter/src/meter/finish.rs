@@ -61,6 +61,7 @@ impl State {
             first_byte: s.first_byte.map(since),
             first_token: s.first_token.map(since),
             last_token: s.last_token.map(since),
+            running_step_end: s.running_step_end.map(since),
             output_tokens: output,
             token_source,
             input_tokens: summary.input_tokens,

@@ -113,6 +113,9 @@ struct Clock {
     first_byte: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// The end of the step the engine was running when the request arrived, as the proxy saw
+    /// it, taken at the first token (the capacity model's prefill fit starts its step there).
+    running_step_end: Option<Instant>,
     /// The concurrency tracker at the first and at the latest token.
     at_first: Option<Snapshot>,
     at_last: Option<Snapshot>,
@@ -333,6 +336,7 @@ impl Clock {
     /// handles are resolved once.
     fn on_tokens(&mut self, e: Event, named: Option<&str>, now: Instant) {
         let tokens = e.tokens;
+        let first = self.last_token.is_none();
         let since = now.saturating_duration_since(self.start);
         for (i, kind) in OutputKind::ALL.into_iter().enumerate() {
             if e.kinds.contains(kind) && self.first_output[i].is_none() {
@@ -393,6 +397,10 @@ impl Clock {
             // event that carries several tokens) at the number of streams decoding now.
             let decoding = rec.metrics.decoding() as f64;
             self.gaps.on_tokens(c.as_ref(), tokens, decoding, now);
+            c.saw_step_end(now);
+            if first {
+                self.running_step_end = c.running_step_end(self.start, now);
+            }
         }
     }
 

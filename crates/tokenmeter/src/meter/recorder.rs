@@ -153,6 +153,7 @@ impl Recorder {
                 first_byte: None,
                 first_token: None,
                 last_token: None,
+                running_step_end: None,
                 at_first: None,
                 at_last: None,
                 gaps: StreamGaps::default(),
