@@ -366,13 +366,14 @@ impl Capacity {
                 })
                 .map(|c| c.median),
         };
-        if let Some(one) = step_at(1.0) {
+        let one = step_at(1.0);
+        if let Some(one) = one {
             // One step's ends are seen as close together as one step's first tokens are.
             if let Ok(t) = Duration::try_from_secs_f64(prefill::group_tolerance(one)) {
                 self.step_ends.set_tolerance(t);
             }
         }
-        let prefill = match step_at(1.0) {
+        let prefill = match one {
             Some(_) if recent.len() >= prefill::MIN_SAMPLES => {
                 prefill::fit(&recent, |b| step_at(b).unwrap_or(0.0))
             }
@@ -395,7 +396,7 @@ impl Capacity {
         // Before the prefill fit is believed, a first reading from fewer groups: every second
         // without one splits long prompts' prefill over the requests beside them. (Only a
         // reading from prompts: that prompts cost nothing takes the full fit's evidence.)
-        let first_prefill = || match step_at(1.0) {
+        let first_prefill = || match one {
             Some(_) => prefill::fit_at_least(&recent, |b| step_at(b).unwrap_or(0.0), FIRST_PREFILL)
                 .filter(|p| p.samples >= FIRST_PREFILL),
             None => None,
@@ -404,7 +405,7 @@ impl Capacity {
             let reading = prefill.or_else(first_prefill);
             // A closed loop's next request is sent as the step that ended the last one ends,
             // and waits the whole of the next.
-            let closed = step_at(1.0)
+            let closed = one
                 .and_then(|one| arrivals::shape(&recent, one))
                 .is_some_and(|s| s != arrivals::Shape::Open);
             *self.rates.lock().unwrap_or_else(|e| e.into_inner()) = Some(Rates {

@@ -40,9 +40,9 @@ pub struct Request {
     /// The engine's own prefill and queue times, where its stream stated them.
     pub stated_prefill: Option<f64>,
     pub stated_queue: Option<f64>,
-    /// The end of the step that was running when it arrived, as the proxy saw it (the first
-    /// step end seen after its arrival, before its first token's own, [`super::step_ends`]);
-    /// `None` where none was seen.
+    /// The end of the step that was running when it arrived, as the proxy saw it: the one step
+    /// end seen between its arrival and its first token's own ([`super::step_ends`]); `None`
+    /// where there was none or more than one.
     pub step_end: Option<Instant>,
     /// Its decode tokens/s, as the proxy saw it (for the model's self-check).
     pub tps: Option<f64>,
